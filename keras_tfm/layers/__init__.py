@@ -1,0 +1,24 @@
+"""The transformer building blocks. Every layer speaks `keras.ops` only and runs on TensorFlow,
+JAX and PyTorch."""
+
+from keras_tfm.layers.attention import MultiHeadAttention
+from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
+from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
+from keras_tfm.layers.feed_forward import FeedForward
+from keras_tfm.layers.positions import (
+    LearnedPositionEmbedding,
+    SinusoidalPositionEncoding,
+    SinusoidalPositionEncoding2D,
+)
+
+__all__ = [
+    "DecoderBlock",
+    "EncoderBlock",
+    "FeedForward",
+    "LearnedPositionEmbedding",
+    "MultiHeadAttention",
+    "PatchEmbedding",
+    "SinusoidalPositionEncoding",
+    "SinusoidalPositionEncoding2D",
+    "TokenEmbedding",
+]

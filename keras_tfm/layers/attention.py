@@ -1,0 +1,274 @@
+"""Multi-head attention: each output is a weighted average of value vectors, with weights
+softmax(Q K^T / sqrt(key_dim)) over the keys; `num_heads` attentions run in parallel and their
+results are merged by one output projection (W_o)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+# keras-hub reads Keras masks the same way; there is no public accessor yet.
+from keras.src.backend import get_keras_mask
+
+_LARGE_NEGATIVE = -1e9  # masked logits; softmax is taken in float32, where exp(-1e9) == 0 exactly
+
+
+def _static_dims_differ(received, expected) -> bool:
+    return any(r is not None and e is not None and r != e for r, e in zip(received, expected))
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class MultiHeadAttention(keras.layers.Layer):
+    """Masked multi-head attention for self- and cross-attention, with an optional key/value cache.
+
+    Args:
+        num_heads: number of attention heads.
+        key_dim: size of each head's queries and keys.
+        value_dim: size of each head's values; defaults to `key_dim`.
+        dropout: dropout rate on the attention weights (training only).
+        use_bias: whether the four projections have biases.
+        output_dim: size of the output; defaults to the last dimension of `query`.
+        kernel_initializer, bias_initializer: of the four projections.
+
+    Call arguments:
+        query: `(batch, query_length, query_dim)`.
+        value: `(batch, key_length, value_dim_in)`; defaults to `query` (self-attention).
+        key: `(batch, key_length, key_dim_in)`; defaults to `value`.
+        query_mask: `(batch, query_length)` Keras mask of `query`. It does not change the result;
+            it is passed on as the mask of the output.
+        value_mask: `(batch, key_length)` padding mask, True at real keys. Defaults to the Keras
+            mask of `value` (for self-attention, of `query`).
+        attention_mask: boolean `(batch, query_length, key_length)` or
+            `(batch, num_heads | 1, query_length, key_length)`, True where a query may attend.
+        use_causal_mask: forbid attending to later positions. With a cache, query `i` sits at
+            position `cache_update_index + i`.
+        cache: `(batch, 2, cache_length, num_heads, key_dim)` keys and values of earlier steps.
+            With `cache_update_index`, this call's keys and values are written at that index and
+            the attention runs over the whole cache (self-attention decoding). Without it, the cache
+            is used as precomputed keys and values (cross-attention decoding; see
+            `precompute_key_value`).
+        cache_update_index: int or scalar tensor, where to write into `cache`.
+        return_attention_weights: also return the `(batch, num_heads, query_length, key_length)`
+            attention weights.
+
+    All masks are combined with a logical AND and applied by setting logits to a large negative
+    number before the softmax, so masked weights are exactly 0. A query row with no visible key
+    gets uniform weights (never NaN).
+
+    Returns:
+        `output` of shape `(batch, query_length, output_dim)`, followed, in this order, by the
+        attention weights if `return_attention_weights`, and the updated cache if `cache` was given.
+
+    Example:
+    >>> attention = MultiHeadAttention(num_heads=4, key_dim=16)
+    >>> x = np.random.rand(2, 10, 64).astype("float32")
+    >>> y = attention(x, use_causal_mask=True)                                 # (2, 10, 64)
+    >>> y, weights = attention(x, return_attention_weights=True)              # (2, 4, 10, 10)
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        output_dim: int | None = None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim or key_dim
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.output_dim = output_dim
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+        self.weights_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def _dense(self, units: int, name: str) -> keras.layers.Dense:
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        self.query_dense = self._dense(self.num_heads * self.key_dim, "query")
+        self.key_dense = self._dense(self.num_heads * self.key_dim, "key")
+        self.value_dense = self._dense(self.num_heads * self.value_dim, "value")
+        self.output_dense = self._dense(self.output_dim or query_shape[-1], "output")
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_shape)
+        self.value_dense.build(value_shape)
+        self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
+        self.built = True
+
+    def _split_heads(self, x, head_dim: int):
+        return ops.reshape(x, (ops.shape(x)[0], -1, self.num_heads, head_dim))
+
+    def precompute_key_value(self, value, key=None):
+        """Keys and values of `value` (and `key`) as a cache for cross-attention decoding:
+        `(batch, 2, key_length, num_heads, key_dim)`. Requires `value_dim == key_dim`."""
+        self._check_cacheable()
+        key = value if key is None else key
+        return ops.stack(
+            [self._split_heads(self.key_dense(key), self.key_dim),
+             self._split_heads(self.value_dense(value), self.value_dim)],
+            axis=1,
+        )
+
+    def _check_cacheable(self):
+        if self.value_dim != self.key_dim:
+            raise ValueError(
+                f"MultiHeadAttention: a key/value cache needs value_dim == key_dim; received "
+                f"key_dim={self.key_dim}, value_dim={self.value_dim}."
+            )
+
+    def _combined_mask(self, batch, query_length, key_length, value_mask, attention_mask,
+                       use_causal_mask, cache_update_index, has_cache):
+        """One boolean mask broadcastable to (batch, heads, query_length, key_length), or None."""
+        masks = []
+        if value_mask is not None:
+            if len(value_mask.shape) != 2 or _static_dims_differ(value_mask.shape, (batch, key_length)):
+                raise ValueError(
+                    f"MultiHeadAttention: `value_mask` must have shape (batch, key_length) = "
+                    f"({batch}, {key_length}); received shape {tuple(value_mask.shape)}."
+                )
+            masks.append(ops.cast(value_mask, "bool")[:, None, None, :])
+        if attention_mask is not None:
+            rank = len(attention_mask.shape)
+            expected = (batch, query_length, key_length) if rank == 3 else (batch, None, query_length, key_length)
+            if rank not in (3, 4) or _static_dims_differ(attention_mask.shape, expected) or (
+                rank == 4 and attention_mask.shape[1] not in (None, 1, self.num_heads)
+            ):
+                raise ValueError(
+                    f"MultiHeadAttention: `attention_mask` must have shape (batch, query_length, "
+                    f"key_length) = ({batch}, {query_length}, {key_length}) or (batch, num_heads "
+                    f"or 1, query_length, key_length); received shape {tuple(attention_mask.shape)}."
+                )
+            attention_mask = ops.cast(attention_mask, "bool")
+            masks.append(attention_mask[:, None] if rank == 3 else attention_mask)
+        if use_causal_mask or has_cache:
+            offset = 0 if cache_update_index is None else cache_update_index
+            query_positions = ops.arange(query_length) + offset
+            key_positions = ops.arange(key_length)
+            if use_causal_mask:
+                visible = key_positions[None, :] <= query_positions[:, None]
+            else:  # a cache is only filled up to the current step
+                visible = ops.broadcast_to(
+                    key_positions[None, :] < offset + query_length, (query_length, key_length)
+                )
+            masks.append(visible[None, None])
+        if not masks:
+            return None
+        mask = masks[0]
+        for other in masks[1:]:
+            mask = ops.logical_and(mask, other)
+        return mask
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        attention_mask=None,
+        use_causal_mask: bool = False,
+        cache=None,
+        cache_update_index=None,
+        return_attention_weights: bool = False,
+        training=None,
+    ):
+        if value is None:
+            value = query
+            value_mask = query_mask if value_mask is None else value_mask
+        key = value if key is None else key
+        if value_mask is None:
+            value_mask = get_keras_mask(value)
+
+        query_heads = self._split_heads(self.query_dense(query), self.key_dim)
+        if cache is not None and cache_update_index is None:
+            key_heads, value_heads = cache[:, 0], cache[:, 1]
+        else:
+            key_heads = self._split_heads(self.key_dense(key), self.key_dim)
+            value_heads = self._split_heads(self.value_dense(value), self.value_dim)
+            if cache is not None:
+                self._check_cacheable()
+                start = (0, cache_update_index, 0, 0)
+                key_heads = ops.slice_update(cache[:, 0], start, ops.cast(key_heads, cache.dtype))
+                value_heads = ops.slice_update(cache[:, 1], start, ops.cast(value_heads, cache.dtype))
+                cache = ops.stack([key_heads, value_heads], axis=1)
+
+        batch, query_length = query.shape[0], query.shape[1]
+        key_length = key_heads.shape[1]
+        self_attention_only_causal = (
+            use_causal_mask and cache is None and value_mask is None and attention_mask is None
+        )
+        mask = None
+        if not self_attention_only_causal:
+            mask = self._combined_mask(
+                batch, query_length, key_length, value_mask, attention_mask,
+                use_causal_mask, cache_update_index, cache is not None and cache_update_index is not None,
+            )
+
+        scale = 1.0 / float(self.key_dim) ** 0.5
+        weights = None
+        # The fused op needs equal key and value head sizes (JAX) and has no dropout on weights.
+        explicit = return_attention_weights or (training and self.dropout > 0)
+        if explicit or self.value_dim != self.key_dim:
+            if self_attention_only_causal:
+                mask = self._combined_mask(batch, query_length, key_length, None, None, True, None, False)
+            logits = ops.einsum("bqhd,bkhd->bhqk", query_heads, key_heads)
+            logits = ops.cast(logits, "float32") * scale
+            if mask is not None:
+                logits = ops.where(mask, logits, _LARGE_NEGATIVE)
+            weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
+            dropped = self.weights_dropout(weights, training=training)
+            attended = ops.einsum("bhqk,bkhd->bqhd", dropped, ops.cast(value_heads, self.compute_dtype))
+        else:
+            # Fused kernels (flash attention on GPU) where the backend has them.
+            attended = ops.dot_product_attention(
+                query_heads,
+                ops.cast(key_heads, query_heads.dtype),
+                ops.cast(value_heads, query_heads.dtype),
+                mask=mask,
+                scale=scale,
+                is_causal=self_attention_only_causal,
+            )
+        attended = ops.reshape(attended, (ops.shape(attended)[0], -1, self.num_heads * self.value_dim))
+        output = self.output_dense(attended)
+
+        extras = []
+        if return_attention_weights:
+            extras.append(weights)
+        if cache is not None:
+            extras.append(cache)
+        return (output, *extras) if extras else output
+
+    def compute_mask(self, query, value=None, key=None, query_mask=None, **kwargs):
+        return query_mask
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            key_dim=self.key_dim,
+            value_dim=self.value_dim,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            output_dim=self.output_dim,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+        )
+        return config

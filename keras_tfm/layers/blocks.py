@@ -1,0 +1,298 @@
+"""Transformer blocks: attention mixes tokens, a feed-forward network refines each token.
+
+Pre-norm (`norm_first=True`, ViT/GPT):  Y = X + MHSA(LN(X));   X' = Y + FFN(LN(Y))
+Post-norm (`norm_first=False`, original Transformer/BERT):  Z = LN(X + MHSA(X));  X' = LN(Z + FFN(Z))
+"""
+
+from __future__ import annotations
+
+import keras
+
+from keras_tfm.layers.attention import MultiHeadAttention, get_keras_mask
+from keras_tfm.layers.feed_forward import FeedForward
+
+
+def _residual(x, sublayer, norm, dropout, norm_first: bool, training):
+    """One residual sub-layer, pre- or post-norm. `sublayer` may return `(y, *extras)`."""
+    out = sublayer(norm(x) if norm_first else x)
+    extras = ()
+    if isinstance(out, tuple):
+        out, *extras = out
+    out = x + dropout(out, training=training)
+    return (out if norm_first else norm(out)), tuple(extras)
+
+
+class _Block(keras.layers.Layer):
+    """What encoder and decoder blocks share: arguments, config, and the sub-layer factories."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        intermediate_dim: int,
+        key_dim: int | None = None,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        activation: str = "gelu",
+        norm_first: bool = True,
+        layer_norm_epsilon: float = 1e-5,
+        use_bias: bool = True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.key_dim = key_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = activation
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+        self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def _head_dim(self, hidden_dim: int) -> int:
+        if self.key_dim is not None:
+            return self.key_dim
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                f"{type(self).__name__}: hidden_dim must be divisible by num_heads when key_dim is "
+                f"not given; received hidden_dim={hidden_dim}, num_heads={self.num_heads}."
+            )
+        return hidden_dim // self.num_heads
+
+    def _attention(self, hidden_dim: int, name: str) -> MultiHeadAttention:
+        return MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=self._head_dim(hidden_dim),
+            dropout=self.attention_dropout,
+            use_bias=self.use_bias,
+            output_dim=hidden_dim,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _norm(self, name: str) -> keras.layers.LayerNormalization:
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _feed_forward(self) -> FeedForward:
+        return FeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim,
+            key_dim=self.key_dim,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            activation=self.activation,
+            norm_first=self.norm_first,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class EncoderBlock(_Block):
+    """Bidirectional self-attention + feed-forward, each with a residual connection and LayerNorm.
+
+    Args:
+        num_heads: attention heads.
+        intermediate_dim: hidden width of the feed-forward network.
+        key_dim: size per head; defaults to `hidden_dim // num_heads` (then `hidden_dim` must be
+            divisible by `num_heads`).
+        dropout: on each sub-layer's output before the residual addition.
+        attention_dropout: on the attention weights.
+        activation: of the feed-forward network ("gelu", "relu", "gelu_approximate", ...).
+        norm_first: True for pre-norm (ViT, GPT), False for post-norm (original Transformer, BERT).
+        layer_norm_epsilon, use_bias, kernel_initializer, bias_initializer.
+
+    Call arguments:
+        inputs: `(batch, length, hidden_dim)`.
+        padding_mask: `(batch, length)`, True at real tokens; defaults to the Keras mask of
+            `inputs` (e.g. from `TokenEmbedding(mask_zero=True)`). Pad tokens are never attended to.
+        attention_mask: optional boolean `(batch, length, length)`, combined with the padding mask.
+        return_attention_weights: also return the `(batch, num_heads, length, length)` weights.
+
+    Masks: the output keeps the input's Keras mask.
+
+    Example:
+    >>> block = EncoderBlock(num_heads=4, intermediate_dim=256)
+    >>> y = block(np.random.rand(2, 10, 64).astype("float32"))  # (2, 10, 64)
+    """
+
+    def build(self, inputs_shape):
+        hidden_dim = inputs_shape[-1]
+        self.self_attention = self._attention(hidden_dim, "self_attention")
+        self.self_attention_norm = self._norm("self_attention_norm")
+        self.feed_forward = self._feed_forward()
+        self.feed_forward_norm = self._norm("feed_forward_norm")
+        self.self_attention.build(inputs_shape)
+        self.self_attention_norm.build(inputs_shape)
+        self.feed_forward.build(inputs_shape)
+        self.feed_forward_norm.build(inputs_shape)
+        self.built = True
+
+    def call(self, inputs, padding_mask=None, attention_mask=None,
+             return_attention_weights: bool = False, training=None):
+        if padding_mask is None:
+            padding_mask = get_keras_mask(inputs)
+
+        def attend(x):
+            return self.self_attention(
+                x, value_mask=padding_mask, attention_mask=attention_mask,
+                return_attention_weights=return_attention_weights, training=training,
+            )
+
+        x, extras = _residual(inputs, attend, self.self_attention_norm, self.residual_dropout,
+                              self.norm_first, training)
+        x, _ = _residual(x, lambda h: self.feed_forward(h, training=training),
+                         self.feed_forward_norm, self.residual_dropout, self.norm_first, training)
+        return (x, *extras) if extras else x
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class DecoderBlock(_Block):
+    """Causal self-attention, optional cross-attention over an encoder output, and feed-forward.
+
+    Without cross-attention this is the GPT block; with it, the decoder block of the original
+    Transformer (queries from the decoder, keys and values from the encoder output).
+
+    Args: as `EncoderBlock`, plus
+        use_cross_attention: add the cross-attention sub-layer (an encoder-decoder model).
+
+    Call arguments:
+        decoder_sequence: `(batch, target_length, hidden_dim)`.
+        encoder_sequence: `(batch, source_length, encoder_dim)`, needed with cross-attention
+            (unless `cross_attention_cache` is given).
+        decoder_padding_mask: `(batch, target_length)` (or `(batch, cache_length)` when decoding
+            with a cache), True at real tokens; defaults to the Keras mask of `decoder_sequence`.
+        encoder_padding_mask: `(batch, source_length)`, True at real source tokens; defaults to the
+            Keras mask of `encoder_sequence`.
+        self_attention_cache, cache_update_index: key/value cache of the self-attention
+            (see `MultiHeadAttention`); query `i` sits at position `cache_update_index + i`.
+        cross_attention_cache: precomputed encoder keys/values
+            (`block.cross_attention.precompute_key_value(encoder_sequence)`).
+        use_causal_mask: True (default) for autoregressive decoding.
+        return_attention_weights: also return the attention weights.
+
+    Returns:
+        the output `(batch, target_length, hidden_dim)`, followed, in this order and only when
+        asked for, by: self-attention weights, cross-attention weights (`return_attention_weights`),
+        the updated self-attention cache, the cross-attention cache (when caches were given).
+
+    Example:
+    >>> block = DecoderBlock(num_heads=4, intermediate_dim=256, use_cross_attention=True)
+    >>> target, source = np.zeros((2, 7, 64), "float32"), np.zeros((2, 9, 64), "float32")
+    >>> y = block(target, source)  # (2, 7, 64)
+    """
+
+    def __init__(self, *args, use_cross_attention: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.use_cross_attention = use_cross_attention
+
+    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        hidden_dim = decoder_sequence_shape[-1]
+        self.self_attention = self._attention(hidden_dim, "self_attention")
+        self.self_attention_norm = self._norm("self_attention_norm")
+        self.self_attention.build(decoder_sequence_shape)
+        self.self_attention_norm.build(decoder_sequence_shape)
+        if self.use_cross_attention:
+            encoder_sequence_shape = encoder_sequence_shape or decoder_sequence_shape
+            self.cross_attention = self._attention(hidden_dim, "cross_attention")
+            self.cross_attention_norm = self._norm("cross_attention_norm")
+            self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
+            self.cross_attention_norm.build(decoder_sequence_shape)
+        self.feed_forward = self._feed_forward()
+        self.feed_forward_norm = self._norm("feed_forward_norm")
+        self.feed_forward.build(decoder_sequence_shape)
+        self.feed_forward_norm.build(decoder_sequence_shape)
+        self.built = True
+
+    def call(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        use_causal_mask: bool = True,
+        return_attention_weights: bool = False,
+        training=None,
+    ):
+        if decoder_padding_mask is None:
+            decoder_padding_mask = get_keras_mask(decoder_sequence)
+        if self.use_cross_attention and encoder_sequence is None and cross_attention_cache is None:
+            raise ValueError(
+                "DecoderBlock(use_cross_attention=True) needs `encoder_sequence` or "
+                "`cross_attention_cache`; received neither."
+            )
+        if not self.use_cross_attention and (encoder_sequence is not None or cross_attention_cache is not None):
+            raise ValueError(
+                "DecoderBlock received `encoder_sequence` or `cross_attention_cache` but was built "
+                "with use_cross_attention=False."
+            )
+        if encoder_padding_mask is None and encoder_sequence is not None:
+            encoder_padding_mask = get_keras_mask(encoder_sequence)
+
+        def self_attend(x):
+            return self.self_attention(
+                x, value_mask=decoder_padding_mask, use_causal_mask=use_causal_mask,
+                cache=self_attention_cache, cache_update_index=cache_update_index,
+                return_attention_weights=return_attention_weights, training=training,
+            )
+
+        x, self_extras = _residual(decoder_sequence, self_attend, self.self_attention_norm,
+                                   self.residual_dropout, self.norm_first, training)
+        cross_extras = ()
+        if self.use_cross_attention:
+            def cross_attend(h):
+                return self.cross_attention(
+                    h, encoder_sequence, value_mask=encoder_padding_mask,
+                    cache=cross_attention_cache,
+                    return_attention_weights=return_attention_weights, training=training,
+                )
+
+            x, cross_extras = _residual(x, cross_attend, self.cross_attention_norm,
+                                        self.residual_dropout, self.norm_first, training)
+        x, _ = _residual(x, lambda h: self.feed_forward(h, training=training),
+                         self.feed_forward_norm, self.residual_dropout, self.norm_first, training)
+
+        weights, caches = [], []
+        for extras in (self_extras, cross_extras):
+            if return_attention_weights:
+                weights.append(extras[0])
+                extras = extras[1:]
+            caches.extend(extras)
+        extras = weights + caches
+        return (x, *extras) if extras else x
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(use_cross_attention=self.use_cross_attention)
+        return config

@@ -1,0 +1,92 @@
+"""The token-wise MLP that refines each token on its own: Dense -> activation -> Dense."""
+
+from __future__ import annotations
+
+import keras
+
+
+def _approximate_gelu(x):
+    return keras.activations.gelu(x, approximate=True)
+
+
+def get_activation(name):
+    """A Keras activation, plus "gelu_approximate" (the tanh form used by GPT-2 and BERT-TF)."""
+    return _approximate_gelu if name == "gelu_approximate" else keras.activations.get(name)
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class FeedForward(keras.layers.Layer):
+    """`Dense(intermediate_dim) -> activation -> dropout -> Dense(output_dim)`, applied to each token.
+
+    Args:
+        intermediate_dim: width of the hidden layer (typically 4 x hidden_dim).
+        activation: a Keras activation name, or "gelu_approximate" (tanh GELU).
+        dropout: dropout after the activation (training only).
+        output_dim: output size; defaults to the input's last dimension.
+        use_bias, kernel_initializer, bias_initializer: of both projections.
+
+    Masks: passes the input's Keras mask through unchanged.
+
+    Example:
+    >>> y = FeedForward(intermediate_dim=256)(np.zeros((2, 10, 64), "float32"))  # (2, 10, 64)
+    """
+
+    def __init__(
+        self,
+        intermediate_dim: int,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+        output_dim: int | None = None,
+        use_bias: bool = True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.dropout = dropout
+        self.output_dim = output_dim
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+        self.activation_fn = get_activation(activation)
+        self.hidden_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def _dense(self, units: int, name: str) -> keras.layers.Dense:
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, inputs_shape):
+        self.intermediate_dense = self._dense(self.intermediate_dim, "intermediate")
+        self.output_dense = self._dense(self.output_dim or inputs_shape[-1], "output")
+        self.intermediate_dense.build(inputs_shape)
+        self.output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        hidden = self.activation_fn(self.intermediate_dense(inputs))
+        return self.output_dense(self.hidden_dropout(hidden, training=training))
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape[:-1]) + (self.output_dim or inputs_shape[-1],)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            intermediate_dim=self.intermediate_dim,
+            activation=self.activation,
+            dropout=self.dropout,
+            output_dim=self.output_dim,
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+        )
+        return config

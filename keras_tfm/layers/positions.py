@@ -1,0 +1,206 @@
+"""Positions: without them attention is permutation equivariant. Learned tables and sinusoids.
+
+Every position layer returns only the position vectors, broadcast to the shape of its input; the
+caller adds them (`x = x + positions(x)`). `start_index` shifts the positions, so a decoder that
+feeds one token at a time (with a key/value cache) gets the position of that token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+
+def _sinusoids(positions, dim: int, max_wavelength: float, interleave: bool):
+    """sin/cos of `positions` (float, shape (n,)) at `dim // 2` geometric frequencies -> (n, dim)."""
+    half = dim // 2
+    frequencies = ops.exp(
+        ops.arange(half, dtype="float32") * (-math.log(max_wavelength) * 2.0 / dim)
+    )
+    angles = ops.expand_dims(positions, -1) * frequencies  # (n, half)
+    if interleave:  # "Attention is all you need": dims 2i are sin, 2i+1 are cos
+        return ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (-1, 2 * half))
+    return ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)  # [sin | cos] (Marian, MAE)
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class LearnedPositionEmbedding(keras.layers.Layer):
+    """A trainable table of `max_length` position vectors (BERT, GPT-2, ViT).
+
+    Args:
+        max_length: number of positions in the table; longer inputs raise `ValueError`.
+        initializer: of the `(max_length, hidden_dim)` table.
+
+    Call arguments:
+        inputs: `(batch, length, hidden_dim)`; only its shape is used.
+        start_index: position of the first token (an int or scalar tensor), for cached decoding.
+
+    Masks: passes the input's Keras mask through unchanged.
+
+    Example:
+    >>> x = np.zeros((2, 10, 32), "float32")
+    >>> x = x + LearnedPositionEmbedding(max_length=512)(x)
+    """
+
+    def __init__(self, max_length: int, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.max_length, inputs_shape[-1]),
+            initializer=self.initializer,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        length = inputs.shape[1]
+        if length is not None and isinstance(start_index, int) and start_index + length > self.max_length:
+            raise ValueError(
+                f"LearnedPositionEmbedding: sequence length {length} starting at position "
+                f"{start_index} exceeds max_length={self.max_length}; received `inputs` of shape "
+                f"{tuple(inputs.shape)}."
+            )
+        if length is None:
+            length = ops.shape(inputs)[1]
+        table = ops.cast(self.embeddings, self.compute_dtype)
+        positions = ops.slice(table, (start_index, 0), (length, table.shape[-1]))
+        return ops.broadcast_to(positions, ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            max_length=self.max_length,
+            initializer=keras.initializers.serialize(self.initializer),
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """Fixed 1-D sinusoidal positions: `PE[p, 2i] = sin(p / w^(2i/d))`, `PE[p, 2i+1] = cos(...)`.
+
+    Args:
+        max_wavelength: `w` above, the longest wavelength (10000 in the original Transformer).
+        interleave: True puts sin and cos in alternating dimensions (the formula above);
+            False puts all sines first, then all cosines (Marian / fairseq layout).
+
+    Call arguments:
+        inputs: `(batch, length, hidden_dim)` with an even `hidden_dim`; only its shape is used.
+        start_index: position of the first token, for cached decoding.
+
+    Masks: passes the input's Keras mask through unchanged.
+
+    Example:
+    >>> x = np.zeros((2, 10, 32), "float32")
+    >>> x = x + SinusoidalPositionEncoding()(x)
+    """
+
+    def __init__(self, max_wavelength: float = 10000.0, interleave: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = max_wavelength
+        self.interleave = interleave
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        if inputs_shape[-1] is not None and inputs_shape[-1] % 2:
+            raise ValueError(
+                f"SinusoidalPositionEncoding needs an even hidden_dim; received `inputs` of shape "
+                f"{tuple(inputs_shape)}."
+            )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        length = ops.shape(inputs)[1]
+        positions = ops.cast(ops.arange(length) + start_index, "float32")
+        encoding = _sinusoids(positions, inputs.shape[-1], self.max_wavelength, self.interleave)
+        return ops.broadcast_to(ops.cast(encoding, self.compute_dtype), ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(max_wavelength=self.max_wavelength, interleave=self.interleave)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class SinusoidalPositionEncoding2D(keras.layers.Layer):
+    """Fixed 2-D sinusoidal positions for a grid of patches (as in MAE): the first half of each
+    vector encodes the row, the second half the column, each with 1-D sin/cos features.
+
+    Args:
+        max_wavelength: the longest wavelength of the per-axis sinusoids.
+
+    Call arguments:
+        inputs: `(batch, rows * cols, hidden_dim)` patch tokens in raster order (as produced by
+            `PatchEmbedding`) together with `grid_shape=(rows, cols)`, or `(batch, rows, cols,
+            hidden_dim)`. `hidden_dim` must be a multiple of 4.
+        grid_shape: `(rows, cols)` for rank-3 inputs.
+
+    Example:
+    >>> tokens = np.zeros((2, 64, 32), "float32")  # an 8 x 8 grid
+    >>> tokens = tokens + SinusoidalPositionEncoding2D()(tokens, grid_shape=(8, 8))
+    """
+
+    def __init__(self, max_wavelength: float = 10000.0, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = max_wavelength
+        self.supports_masking = True
+
+    def call(self, inputs, grid_shape: tuple[int, int] | None = None):
+        dim = inputs.shape[-1]
+        if dim is None or dim % 4:
+            raise ValueError(
+                f"SinusoidalPositionEncoding2D needs hidden_dim divisible by 4; received `inputs` "
+                f"of shape {tuple(inputs.shape)}."
+            )
+        if len(inputs.shape) == 4:
+            rows, cols = inputs.shape[1], inputs.shape[2]
+        elif len(inputs.shape) == 3:
+            if grid_shape is None:
+                raise ValueError(
+                    "SinusoidalPositionEncoding2D: rank-3 `inputs` (batch, tokens, hidden_dim) need "
+                    "`grid_shape=(rows, cols)`."
+                )
+            rows, cols = grid_shape
+            if inputs.shape[1] is not None and rows * cols != inputs.shape[1]:
+                raise ValueError(
+                    f"SinusoidalPositionEncoding2D: `grid_shape`={tuple(grid_shape)} has "
+                    f"{rows * cols} cells but `inputs` has {inputs.shape[1]} tokens."
+                )
+        else:
+            raise ValueError(
+                f"SinusoidalPositionEncoding2D expects rank-3 or rank-4 `inputs`; received shape "
+                f"{tuple(inputs.shape)}."
+            )
+        half = dim // 2
+        row_enc = _sinusoids(ops.arange(rows, dtype="float32"), half, self.max_wavelength, False)
+        col_enc = _sinusoids(ops.arange(cols, dtype="float32"), half, self.max_wavelength, False)
+        grid = ops.concatenate(
+            [
+                ops.broadcast_to(row_enc[:, None, :], (rows, cols, half)),
+                ops.broadcast_to(col_enc[None, :, :], (rows, cols, half)),
+            ],
+            axis=-1,
+        )
+        if len(inputs.shape) == 3:
+            grid = ops.reshape(grid, (rows * cols, dim))
+        return ops.broadcast_to(ops.cast(grid, self.compute_dtype), ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(max_wavelength=self.max_wavelength)
+        return config

@@ -1,0 +1,80 @@
+"""The checks every layer and model must pass, written once: config round trip, `.keras` round
+trip, a jit-compiled fit step, and mixed precision."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def to_numpy(x):
+    return ops.convert_to_numpy(x)
+
+
+def first(outputs):
+    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+
+def functional_model(layer, args, kwargs=None) -> keras.Model:
+    inputs = [keras.Input(shape=a.shape[1:], batch_size=a.shape[0], dtype=str(a.dtype)) for a in args]
+    outputs = first(layer(*inputs, **(kwargs or {})))
+    return keras.Model(inputs, outputs)
+
+
+def assert_close(actual, expected, atol=1e-5, rtol=1e-5):
+    np.testing.assert_allclose(to_numpy(actual), to_numpy(expected), atol=atol, rtol=rtol)
+
+
+def check_config_round_trip(layer, args, kwargs=None):
+    kwargs = kwargs or {}
+    expected = first(layer(*args, **kwargs))
+    clone = type(layer).from_config(layer.get_config())
+    first(clone(*args, **kwargs))
+    clone.set_weights(layer.get_weights())
+    assert clone.get_config() == layer.get_config()
+    assert_close(first(clone(*args, **kwargs)), expected)
+
+
+def check_saved_model_round_trip(layer, args, kwargs, tmp_path):
+    model = functional_model(layer, args, kwargs)
+    expected = model.predict(list(args), verbose=0)
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert_close(loaded.predict(list(args), verbose=0), expected)
+
+
+def check_jit_fit_step(layer, args, kwargs=None):
+    """Two jit-compiled training steps with a small head: finite loss, and the layer's weights move."""
+    model = functional_model(layer, args, kwargs)
+    target_shape = model.output.shape[1:]
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=True)
+    before = [to_numpy(w).copy() for w in layer.trainable_weights]
+    target = np.ones((args[0].shape[0], *target_shape), "float32")
+    history = model.fit(list(args), target, epochs=2, batch_size=args[0].shape[0], verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    after = [to_numpy(w) for w in layer.trainable_weights]
+    assert any(not np.allclose(a, b) for a, b in zip(before, after)), "no weight changed"
+
+
+def check_mixed_precision(make_layer, args, kwargs=None, policies=("mixed_bfloat16", "mixed_float16")):
+    for policy in policies:
+        layer = make_layer(dtype=policy)
+        output = first(layer(*args, **(kwargs or {})))
+        compute_dtype = keras.DTypePolicy(policy).compute_dtype
+        assert keras.backend.standardize_dtype(output.dtype) == compute_dtype, policy
+        assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
+        assert np.all(np.isfinite(to_numpy(ops.cast(output, "float32")))), policy
+
+
+def run_layer_checks(make_layer, args, kwargs=None, tmp_path=None, mixed_precision=True):
+    """All common checks for a layer made by `make_layer(**layer_kwargs)` called as `layer(*args, **kwargs)`."""
+    check_config_round_trip(make_layer(), args, kwargs)
+    if tmp_path is not None:
+        check_saved_model_round_trip(make_layer(), args, kwargs, tmp_path)
+    check_jit_fit_step(make_layer(), args, kwargs)
+    if mixed_precision:
+        check_mixed_precision(make_layer, args, kwargs)

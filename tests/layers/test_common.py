@@ -1,0 +1,37 @@
+"""The shared checks (config, .keras, jit fit step, mixed precision) for every layer."""
+
+import numpy as np
+import pytest
+
+from keras_tfm import layers
+from tests.checks import run_layer_checks
+
+RNG = np.random.default_rng(0)
+TOKENS = RNG.integers(1, 50, size=(2, 8)).astype("int32")
+SEQUENCE = RNG.normal(size=(2, 8, 32)).astype("float32")
+SOURCE = RNG.normal(size=(2, 5, 32)).astype("float32")
+IMAGES = RNG.normal(size=(2, 16, 16, 3)).astype("float32")
+
+CASES = {
+    "token_embedding": (lambda **kw: layers.TokenEmbedding(50, 32, **kw), (TOKENS,), {}),
+    "token_embedding_reverse": (lambda **kw: layers.TokenEmbedding(50, 32, **kw), (SEQUENCE,), {"reverse": True}),
+    "patch_embedding": (lambda **kw: layers.PatchEmbedding(4, 32, **kw), (IMAGES,), {}),
+    "learned_positions": (lambda **kw: layers.LearnedPositionEmbedding(16, **kw), (SEQUENCE,), {}),
+    "attention": (lambda **kw: layers.MultiHeadAttention(4, 8, **kw), (SEQUENCE,), {"use_causal_mask": True}),
+    "cross_attention": (lambda **kw: layers.MultiHeadAttention(4, 8, value_dim=6, **kw), (SEQUENCE, SOURCE), {}),
+    "feed_forward": (lambda **kw: layers.FeedForward(64, **kw), (SEQUENCE,), {}),
+    "encoder_block_pre_norm": (lambda **kw: layers.EncoderBlock(4, 64, **kw), (SEQUENCE,), {}),
+    "encoder_block_post_norm": (lambda **kw: layers.EncoderBlock(4, 64, norm_first=False, dropout=0.1, **kw), (SEQUENCE,), {}),
+    "decoder_block": (lambda **kw: layers.DecoderBlock(4, 64, **kw), (SEQUENCE,), {}),
+    "decoder_block_cross": (
+        lambda **kw: layers.DecoderBlock(4, 64, use_cross_attention=True, norm_first=False, **kw),
+        (SEQUENCE, SOURCE), {},
+    ),
+}
+# Fixed encodings have no weights to train; they get the config and saving checks in test_positions.
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_layer_passes_common_checks(name, tmp_path):
+    make_layer, args, kwargs = CASES[name]
+    run_layer_checks(make_layer, args, kwargs, tmp_path=tmp_path)
