@@ -48,10 +48,16 @@ def check_saved_model_round_trip(layer, args, kwargs, tmp_path):
 
 
 def check_jit_fit_step(layer, args, kwargs=None):
-    """Two jit-compiled training steps with a small head: finite loss, and the layer's weights move."""
+    """Two jit-compiled training steps: finite loss, and the layer's weights move.
+
+    On PyTorch `jit_compile=True` means torch.compile, about 30 s a model on 2 CPU cores, so each
+    layer trains eagerly there and `tests/layers/test_all_layers.py` compiles one model holding
+    every layer instead.
+    """
     model = functional_model(layer, args, kwargs)
     target_shape = model.output.shape[1:]
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=True)
+    jit = keras.backend.backend() != "torch"
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit)
     before = [to_numpy(w).copy() for w in layer.trainable_weights]
     target = np.ones((args[0].shape[0], *target_shape), "float32")
     history = model.fit(list(args), target, epochs=2, batch_size=args[0].shape[0], verbose=0)
@@ -78,3 +84,25 @@ def run_layer_checks(make_layer, args, kwargs=None, tmp_path=None, mixed_precisi
     check_jit_fit_step(make_layer(), args, kwargs)
     if mixed_precision:
         check_mixed_precision(make_layer, args, kwargs)
+
+
+def all_layers_model(vocabulary_size=50, hidden_dim=32, length=8, image_size=16) -> keras.Model:
+    """A small functional model that uses every layer of `keras_tfm.layers` once."""
+    from keras_tfm import layers
+
+    ids = keras.Input((length,), dtype="int32", name="ids")
+    images = keras.Input((image_size, image_size, 3), name="images")
+    embedding = layers.TokenEmbedding(vocabulary_size, hidden_dim, mask_zero=True)
+    tokens = embedding(ids)
+    tokens = tokens + layers.LearnedPositionEmbedding(length)(tokens)
+    tokens = tokens + layers.SinusoidalPositionEncoding()(tokens)
+    tokens = layers.EncoderBlock(4, 2 * hidden_dim, norm_first=False, dropout=0.1)(tokens)
+    patches = layers.PatchEmbedding(4, hidden_dim)(images)
+    grid = image_size // 4
+    patches = patches + layers.SinusoidalPositionEncoding2D()(patches, grid_shape=(grid, grid))
+    patches = layers.EncoderBlock(4, 2 * hidden_dim)(patches)
+    decoded = layers.DecoderBlock(4, 2 * hidden_dim, use_cross_attention=True)(tokens, patches)
+    decoded = decoded + layers.MultiHeadAttention(2, 8)(decoded, patches)
+    decoded = layers.FeedForward(2 * hidden_dim, activation="gelu_approximate")(decoded)
+    logits = embedding(decoded, reverse=True)
+    return keras.Model([ids, images], logits)

@@ -225,8 +225,10 @@ class MultiHeadAttention(keras.layers.Layer):
         scale = 1.0 / float(self.key_dim) ** 0.5
         weights = None
         # The fused op needs equal key and value head sizes (JAX) and has no dropout on weights.
+        # JAX's fused op also accumulates float16 logits in float32, whose gradient XLA:CPU lacks.
         explicit = return_attention_weights or (training and self.dropout > 0)
-        if explicit or self.value_dim != self.key_dim:
+        jax_float16 = keras.backend.backend() == "jax" and query_heads.dtype == "float16"
+        if explicit or self.value_dim != self.key_dim or jax_float16:
             if self_attention_only_causal:
                 mask = self._combined_mask(batch, query_length, key_length, None, None, True, None, False)
             logits = ops.einsum("bqhd,bkhd->bhqk", query_heads, key_heads)

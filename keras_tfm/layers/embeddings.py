@@ -55,6 +55,12 @@ class TokenEmbedding(keras.layers.Embedding):
         kernel = ops.cast(self.embeddings, self.compute_dtype)
         return ops.matmul(ops.cast(inputs, self.compute_dtype), ops.transpose(kernel))
 
+    def compute_mask(self, inputs, mask=None):
+        # The reverse projection gets float vectors: keep their padding mask instead of testing != 0.
+        if "float" in keras.backend.standardize_dtype(inputs.dtype):
+            return mask
+        return super().compute_mask(inputs, mask)
+
     def compute_output_spec(self, inputs, reverse: bool = False):
         if reverse:
             shape = tuple(inputs.shape[:-1]) + (self.vocabulary_size,)

@@ -1,0 +1,124 @@
+import numpy as np
+import pytest
+
+from keras_tfm.layers import DecoderBlock, EncoderBlock
+from tests.checks import assert_close, to_numpy
+
+
+@pytest.fixture
+def x(rng):
+    return rng.normal(size=(2, 6, 16)).astype("float32")
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_encoder_stack_without_positions_is_permutation_equivariant(rng, x, norm_first):
+    blocks = [EncoderBlock(num_heads=4, intermediate_dim=32, norm_first=norm_first) for _ in range(2)]
+
+    def stack(h):
+        for block in blocks:
+            h = block(h)
+        return to_numpy(h)
+
+    permutation = rng.permutation(6)
+    np.testing.assert_allclose(stack(x[:, permutation]), stack(x)[:, permutation], atol=1e-5)
+
+
+def test_pre_norm_block_follows_its_equation(x):
+    block = EncoderBlock(num_heads=4, intermediate_dim=32, norm_first=True)
+    out = block(x)
+    y = x + to_numpy(block.self_attention(block.self_attention_norm(x)))
+    expected = y + to_numpy(block.feed_forward(block.feed_forward_norm(y)))
+    assert_close(out, expected, atol=1e-5)
+
+
+def test_post_norm_block_follows_its_equation(x):
+    block = EncoderBlock(num_heads=4, intermediate_dim=32, norm_first=False)
+    out = block(x)
+    z = to_numpy(block.self_attention_norm(x + to_numpy(block.self_attention(x))))
+    expected = block.feed_forward_norm(z + to_numpy(block.feed_forward(z)))
+    assert_close(out, expected, atol=1e-5)
+
+
+def test_decoder_block_with_cross_attention_follows_its_equation(rng, x):
+    source = rng.normal(size=(2, 4, 16)).astype("float32")
+    block = DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True, norm_first=False)
+    out = block(x, source)
+    z = to_numpy(block.self_attention_norm(x + to_numpy(block.self_attention(x, use_causal_mask=True))))
+    c = to_numpy(block.cross_attention_norm(z + to_numpy(block.cross_attention(z, source))))
+    expected = block.feed_forward_norm(c + to_numpy(block.feed_forward(c)))
+    assert_close(out, expected, atol=1e-5)
+
+
+def test_encoder_padding_invariance(rng, x):
+    block = EncoderBlock(num_heads=4, intermediate_dim=32)
+    padding = np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool)
+    changed = x.copy()
+    changed[0, 4:] = rng.normal(size=(2, 16))
+    before, after = to_numpy(block(x, padding_mask=padding)), to_numpy(block(changed, padding_mask=padding))
+    np.testing.assert_allclose(before[0, :4], after[0, :4], atol=1e-5)
+    np.testing.assert_allclose(before[1], after[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("use_cross_attention", [False, True])
+def test_decoder_is_causal(rng, x, use_cross_attention):
+    source = rng.normal(size=(2, 4, 16)).astype("float32") if use_cross_attention else None
+    block = DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=use_cross_attention)
+    changed = x.copy()
+    changed[:, 3:] = rng.normal(size=(2, 3, 16))
+    before, after = to_numpy(block(x, source)), to_numpy(block(changed, source))
+    np.testing.assert_allclose(before[:, :3], after[:, :3], atol=1e-5)
+    assert not np.allclose(before[:, 3:], after[:, 3:], atol=1e-3)
+
+
+def test_cross_attention_ignores_padded_source(rng, x):
+    source = rng.normal(size=(2, 5, 16)).astype("float32")
+    source_padding = np.array([[1, 1, 1, 0, 0], [1] * 5], bool)
+    changed = source.copy()
+    changed[0, 3:] = rng.normal(size=(2, 16))
+    block = DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True)
+    before = block(x, source, encoder_padding_mask=source_padding)
+    after = block(x, changed, encoder_padding_mask=source_padding)
+    assert_close(before, after, atol=1e-5)
+
+
+def test_decoder_cache_equals_full_pass(rng, x):
+    source = rng.normal(size=(2, 4, 16)).astype("float32")
+    block = DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True)
+    full = to_numpy(block(x, source))
+    self_cache = np.zeros((2, 2, 8, 4, 4), "float32")
+    cross_cache = block.cross_attention.precompute_key_value(source)
+    out, self_cache, cross_cache = block(
+        x[:, :2], self_attention_cache=self_cache, cache_update_index=0, cross_attention_cache=cross_cache
+    )
+    outputs = [to_numpy(out)]
+    for t in range(2, 6):
+        out, self_cache, cross_cache = block(
+            x[:, t:t + 1], self_attention_cache=self_cache, cache_update_index=t,
+            cross_attention_cache=cross_cache,
+        )
+        outputs.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
+
+
+def test_blocks_return_attention_weights(rng, x):
+    source = rng.normal(size=(2, 4, 16)).astype("float32")
+    _, weights = EncoderBlock(num_heads=4, intermediate_dim=32)(x, return_attention_weights=True)
+    assert tuple(weights.shape) == (2, 4, 6, 6)
+    block = DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True)
+    out, self_weights, cross_weights = block(x, source, return_attention_weights=True)
+    assert tuple(self_weights.shape) == (2, 4, 6, 6) and tuple(cross_weights.shape) == (2, 4, 6, 4)
+    assert np.all(np.triu(to_numpy(self_weights)[0, 0], k=1) == 0)
+    assert_close(out, block(x, source), atol=1e-5)
+
+
+def test_hidden_dim_must_divide_by_heads(x):
+    with pytest.raises(ValueError, match="hidden_dim=16, num_heads=3"):
+        EncoderBlock(num_heads=3, intermediate_dim=32)(x)
+    assert EncoderBlock(num_heads=3, intermediate_dim=32, key_dim=8)(x).shape == x.shape
+
+
+def test_decoder_block_cross_attention_arguments_checked(x):
+    with pytest.raises(ValueError, match="needs `encoder_sequence`"):
+        DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True)(x)
+    with pytest.raises(ValueError, match="use_cross_attention=False"):
+        DecoderBlock(num_heads=4, intermediate_dim=32)(x, x)
