@@ -1,5 +1,15 @@
 """keras_tfm: transformers for Keras 3 that run unchanged on TensorFlow, JAX and PyTorch."""
 
 from keras_tfm import layers
+from keras_tfm.convert import from_huggingface
+from keras_tfm.models import (
+    GPT,
+    gpt2_large,
+    gpt2_medium,
+    gpt2_small,
+    gpt2_xl,
+    gpt_shakespeare_char,
+    gpt_shakespeare_char_cpu,
+)
 
 __version__ = "0.1.0"

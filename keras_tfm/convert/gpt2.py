@@ -1,0 +1,57 @@
+"""GPT-2 (`GPT2Model`, `GPT2LMHeadModel`) -> `keras_tfm.GPT`.
+
+GPT-2 stores its projections as `Conv1D` with kernels laid out (in, out), as Keras does; the fused
+`c_attn` kernel is split into query, key and value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_tfm.convert.huggingface import WeightReader, converter, set_dense, set_layer_norm
+from keras_tfm.models.gpt import GPT
+
+_ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu", "relu": "relu"}
+
+
+@converter("gpt2")
+def convert_gpt2(config: dict, weights: dict) -> GPT:
+    if config.get("activation_function", "gelu_new") not in _ACTIVATIONS:
+        raise ValueError(f"from_huggingface: GPT-2 activation {config['activation_function']!r} is not supported.")
+    hidden_dim = config["n_embd"]
+    model = GPT(
+        vocabulary_size=config["vocab_size"],
+        max_length=config["n_positions"],
+        num_layers=config["n_layer"],
+        num_heads=config["n_head"],
+        hidden_dim=hidden_dim,
+        intermediate_dim=config.get("n_inner") or 4 * hidden_dim,
+        layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
+        tie_embeddings=config.get("tie_word_embeddings", True),
+        activation=_ACTIVATIONS[config.get("activation_function", "gelu_new")],
+    )
+    model.build()
+    w = WeightReader(weights, prefixes=("transformer.",))
+    model.token_embedding.set_weights([w("wte.weight")])
+    model.position_embedding.set_weights([w("wpe.weight")])
+    for i, block in enumerate(model.blocks):
+        p = f"h.{i}."
+        set_layer_norm(block.self_attention_norm, w(p + "ln_1.weight"), w(p + "ln_1.bias"))
+        qkv_kernel = np.split(w(p + "attn.c_attn.weight"), 3, axis=1)
+        qkv_bias = np.split(w(p + "attn.c_attn.bias"), 3)
+        attention = block.self_attention
+        for dense, kernel, bias in zip(
+            (attention.query_dense, attention.key_dense, attention.value_dense), qkv_kernel, qkv_bias
+        ):
+            set_dense(dense, kernel, bias)
+        set_dense(attention.output_dense, w(p + "attn.c_proj.weight"), w(p + "attn.c_proj.bias"))
+        set_layer_norm(block.feed_forward_norm, w(p + "ln_2.weight"), w(p + "ln_2.bias"))
+        set_dense(block.feed_forward.intermediate_dense, w(p + "mlp.c_fc.weight"), w(p + "mlp.c_fc.bias"))
+        set_dense(block.feed_forward.output_dense, w(p + "mlp.c_proj.weight"), w(p + "mlp.c_proj.bias"))
+    set_layer_norm(model.final_norm, w("ln_f.weight"), w("ln_f.bias"))
+    if not model.tie_embeddings:
+        model.lm_head.set_weights([w("lm_head.weight").T])
+    leftover = w.unused(ignore=lambda name: name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")))
+    if leftover:
+        raise ValueError(f"from_huggingface: GPT-2 weights not converted: {leftover[:5]}")
+    return model

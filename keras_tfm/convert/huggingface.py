@@ -1,0 +1,131 @@
+"""`from_huggingface`: build the matching keras_tfm model and copy a Hugging Face model's weights.
+
+Takes an in-memory `transformers` model (PyTorch) or a local directory with `config.json` and
+`model.safetensors` / `pytorch_model.bin`. Reading a directory needs no `transformers` and no
+network; converting weights needs only NumPy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import numpy as np
+
+_CONVERTERS: dict[str, Callable] = {}
+
+
+def converter(*model_types: str):
+    """Registers a function `(config: dict, weights: dict[str, np.ndarray]) -> keras model`."""
+    def register(fn):
+        for model_type in model_types:
+            _CONVERTERS[model_type] = fn
+        return fn
+    return register
+
+
+def _read_config(path: str) -> dict:
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"from_huggingface: no config.json in directory {path!r}.")
+    with open(config_path) as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"from_huggingface: {config_path!r} is not valid JSON ({error}).") from None
+    _check_model_type(config)
+    return config
+
+
+def _read_weights(path: str) -> dict:
+    safetensors_path = os.path.join(path, "model.safetensors")
+    torch_path = os.path.join(path, "pytorch_model.bin")
+    if os.path.isfile(safetensors_path):
+        from safetensors.numpy import load_file
+
+        try:
+            weights = load_file(safetensors_path)
+        except Exception as error:  # safetensors raises its own error types for corrupt files
+            raise ValueError(f"from_huggingface: cannot read {safetensors_path!r}: {error}") from None
+    elif os.path.isfile(torch_path):
+        import torch
+
+        try:
+            state = torch.load(torch_path, map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise ValueError(f"from_huggingface: cannot read {torch_path!r}: {error}") from None
+        weights = {k: v.float().numpy() for k, v in state.items()}
+    else:
+        raise FileNotFoundError(
+            f"from_huggingface: directory {path!r} has neither model.safetensors nor pytorch_model.bin."
+        )
+    return weights
+
+
+def _check_model_type(config: dict) -> None:
+    if config.get("model_type") not in _CONVERTERS:
+        raise ValueError(
+            f"from_huggingface: unsupported model_type {config.get('model_type')!r}; supported: "
+            f"{sorted(_CONVERTERS)}."
+        )
+
+
+def from_huggingface(model_or_directory):
+    """A keras_tfm model with the weights of a Hugging Face model.
+
+    Args:
+        model_or_directory: a `transformers` PyTorch model (e.g. `GPT2LMHeadModel`), or the path of
+            a local directory saved by `save_pretrained` (`config.json` + weights).
+
+    Supported: GPT-2 (`GPT2Model`, `GPT2LMHeadModel`).
+
+    Example:
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64))
+    >>> model = keras_tfm.from_huggingface(hf)   # a keras_tfm.GPT with the same logits
+    """
+    if isinstance(model_or_directory, (str, os.PathLike)):
+        config = _read_config(os.fspath(model_or_directory))
+        weights = _read_weights(os.fspath(model_or_directory))
+    elif hasattr(model_or_directory, "state_dict") and hasattr(model_or_directory, "config"):
+        config = model_or_directory.config.to_dict()
+        _check_model_type(config)
+        weights = {k: v.detach().float().cpu().numpy() for k, v in model_or_directory.state_dict().items()}
+    else:
+        raise TypeError(
+            "from_huggingface expects a transformers model or a directory path; received "
+            f"{type(model_or_directory).__name__}."
+        )
+    return _CONVERTERS[config["model_type"]](config, weights)
+
+
+class WeightReader:
+    """Hands out checkpoint arrays by name, so a converter can check at the end that it used them all."""
+
+    def __init__(self, weights: dict, prefixes: tuple[str, ...] = ()):
+        self.weights = weights
+        self.prefixes = prefixes
+        self.used: set[str] = set()
+
+    def __call__(self, name: str) -> np.ndarray:
+        for prefix in ("",) + self.prefixes:
+            if prefix + name in self.weights:
+                self.used.add(prefix + name)
+                return np.asarray(self.weights[prefix + name], "float32")
+        raise KeyError(f"from_huggingface: checkpoint has no weight {name!r} (prefixes tried: {self.prefixes}).")
+
+    def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
+        return sorted(k for k in self.weights if k not in self.used and not ignore(k))
+
+
+def set_dense(dense, kernel: np.ndarray, bias: np.ndarray | None = None) -> None:
+    dense.set_weights([kernel] if bias is None else [kernel, bias])
+
+
+def set_layer_norm(norm, gamma: np.ndarray, beta: np.ndarray) -> None:
+    norm.set_weights([gamma, beta])
+
+
+# Importing registers the converters.
+from keras_tfm.convert import gpt2  # noqa: E402,F401

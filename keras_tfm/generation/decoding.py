@@ -1,0 +1,140 @@
+"""The key/value-cached decoding loop shared by every generating model, compiled once per backend.
+
+Prompts of different lengths are right-padded into one buffer. Decoding starts after the shortest
+prompt; at each position a row keeps its own prompt token while it has one, and takes the sampled
+token after that. Every position is thus written by a real token before any later query reads it,
+so no padding mask is needed while decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_tfm.generation.sampling import Sampler
+
+
+def prepare_prompts(token_ids, padding_mask, max_new_tokens: int, pad_token_id: int):
+    """Right-padded `(batch, prompt_length + max_new_tokens)` buffer, its prompt mask, and lengths.
+
+    `token_ids` is a list of id lists, or an array `(batch, length)` (with `padding_mask` when rows
+    are padded; padding must be on the right)."""
+    if isinstance(token_ids, (list, tuple)) and token_ids and isinstance(token_ids[0], (list, tuple, np.ndarray)):
+        lengths = np.array([len(row) for row in token_ids])
+        ids = np.full((len(token_ids), lengths.max()), pad_token_id, "int32")
+        for i, row in enumerate(token_ids):
+            ids[i, : len(row)] = row
+        mask = np.arange(ids.shape[1])[None] < lengths[:, None]
+    else:
+        ids = np.asarray(ops.convert_to_numpy(token_ids)).astype("int32")
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2:
+            raise ValueError(f"`token_ids` must be (batch, length) or a list of lists; received shape {ids.shape}.")
+        mask = np.ones(ids.shape, bool) if padding_mask is None else np.asarray(ops.convert_to_numpy(padding_mask), bool)
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"`padding_mask` must have the shape of `token_ids` {ids.shape}; received {mask.shape}."
+            )
+        lengths = mask.sum(axis=1)
+        if not np.array_equal(mask, np.arange(ids.shape[1])[None] < lengths[:, None]):
+            raise ValueError("`padding_mask` must mark padding on the right of each prompt only.")
+    if lengths.min() < 1:
+        raise ValueError("Every prompt needs at least one token; received an empty prompt.")
+    if max_new_tokens < 1:
+        raise ValueError(f"`max_new_tokens` must be >= 1; received {max_new_tokens}.")
+    total = ids.shape[1] + max_new_tokens
+    buffer = np.full((ids.shape[0], total), pad_token_id, "int32")
+    buffer[:, : ids.shape[1]] = np.where(mask, ids, pad_token_id)
+    prompt_mask = np.zeros((ids.shape[0], total), bool)
+    prompt_mask[:, : ids.shape[1]] = mask
+    return buffer, prompt_mask, lengths.astype("int32")
+
+
+_SEED_VESSEL: list = []
+
+
+def _seed_vessel() -> keras.random.SeedGenerator:
+    """One SeedGenerator whose state is threaded through the loop explicitly (compiled code cannot
+    keep Python-side random state), created once outside every model."""
+    if not _SEED_VESSEL:
+        _SEED_VESSEL.append(keras.random.SeedGenerator(0))
+    return _SEED_VESSEL[0]
+
+
+def initial_seed_state(seed: int | None):
+    seed = int(np.random.randint(0, 2**31 - 1)) if seed is None else int(seed)
+    return ops.convert_to_tensor([seed, 0], dtype=_seed_vessel().state.dtype)
+
+
+def decode(
+    step: Callable,
+    cache,
+    buffer,
+    prompt_mask,
+    prompt_lengths,
+    prompt_width: int,
+    max_new_tokens,
+    stop_token_ids,
+    pad_token_id,
+    seed_state,
+    sampler: Sampler,
+):
+    """Runs the loop in `keras.ops`; returns the filled buffer and the advanced seed state.
+
+    `step(token_ids, cache, index) -> (logits, cache)` runs the model on `token_ids` placed at
+    positions `index, index + 1, ...`."""
+    batch, total = buffer.shape
+    vessel = _seed_vessel()
+    _, cache = step(buffer[:, :prompt_width], cache, 0)  # prefill every prompt position at once
+    start = ops.min(prompt_lengths)
+    end = prompt_lengths + max_new_tokens  # (batch,) first position a row no longer writes
+    done = ops.zeros((batch,), "bool")
+
+    def cond(t, buffer, cache, done, seed_state):
+        return ops.logical_and(t < total, ops.logical_not(ops.all(done)))
+
+    def body(t, buffer, cache, done, seed_state):
+        previous = ops.slice(buffer, (0, t - 1), (batch, 1))
+        logits, cache = step(previous, cache, t - 1)
+        with keras.StatelessScope(state_mapping=[(vessel.state, seed_state)]) as scope:
+            sampled = sampler(logits[:, -1, :], vessel)
+        advanced = scope.get_current_value(vessel.state)
+        seed_state = seed_state if advanced is None else advanced
+        from_prompt = ops.take(prompt_mask, t, axis=1)
+        current = ops.reshape(ops.slice(buffer, (0, t), (batch, 1)), (batch,))
+        token = ops.where(from_prompt, current, sampled)
+        token = ops.where(done, pad_token_id, token)
+        buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (batch, 1)))
+        generated = ops.logical_and(ops.logical_not(from_prompt), ops.logical_not(done))
+        stopped = ops.any(ops.equal(token[:, None], stop_token_ids[None, :]), axis=-1)
+        done = ops.logical_or(done, ops.logical_and(generated, stopped))
+        done = ops.logical_or(done, t + 1 >= end)
+        return t + 1, buffer, cache, done, seed_state
+
+    _, buffer, _, _, seed_state = ops.while_loop(cond, body, (start, buffer, cache, done, seed_state))
+    return buffer, seed_state
+
+
+def compile_function(fn: Callable, model: keras.Model) -> Callable:
+    """Compiles `fn` once for this backend: XLA through `jax.jit` (the model's variables passed in
+    as state) or `tf.function(jit_compile=True)`. PyTorch runs it eagerly: `torch.compile` of a
+    Keras model recompiles at every layer boundary and is slower than eager on CPU."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        @jax.jit
+        def stateless(values, *args):
+            with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
+                return fn(*args)
+
+        return lambda *args: stateless([v.value for v in model.variables], *args)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True)  # one trace per batch shape, like jax.jit
+    return fn

@@ -1,0 +1,57 @@
+"""Choosing the next token from logits: greedy, temperature, top-k and top-p (nucleus) sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import keras
+from keras import ops
+
+_NEG_INF = -1e9
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How to pick the next token. `temperature=0` (the default) is greedy decoding.
+
+    Args:
+        temperature: divides the logits before sampling; 0 means argmax.
+        top_k: sample only among the `top_k` most likely tokens (0 = no limit).
+        top_p: sample only among the smallest set of tokens whose probability reaches `top_p`.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"`temperature` must be >= 0; received {self.temperature}.")
+        if self.top_k < 0:
+            raise ValueError(f"`top_k` must be >= 0; received {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"`top_p` must be in (0, 1]; received {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def __call__(self, logits, seed_generator: keras.random.SeedGenerator | None = None):
+        """`logits` (batch, vocabulary) -> token ids (batch,)."""
+        logits = ops.cast(logits, "float32")
+        if self.greedy:
+            return ops.cast(ops.argmax(logits, axis=-1), "int32")
+        logits = logits / self.temperature
+        if self.top_k:
+            kth_largest = ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
+            logits = ops.where(logits < kth_largest, _NEG_INF, logits)
+        if self.top_p < 1.0:
+            descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
+            probabilities = ops.softmax(descending, axis=-1)
+            mass_before = ops.cumsum(probabilities, axis=-1) - probabilities
+            # the smallest logit still inside the nucleus; the most likely token is always kept
+            kept = ops.where(mass_before < self.top_p, descending, 1e9)
+            threshold = ops.min(kept, axis=-1, keepdims=True)
+            logits = ops.where(logits < threshold, _NEG_INF, logits)
+        choice = keras.random.categorical(logits, 1, seed=seed_generator, dtype="int32")
+        return choice[:, 0]

@@ -1,0 +1,11 @@
+"""The model zoo: one configurable class per model, and its named sizes as plain functions."""
+
+from keras_tfm.models.gpt import (
+    GPT,
+    gpt2_large,
+    gpt2_medium,
+    gpt2_small,
+    gpt2_xl,
+    gpt_shakespeare_char,
+    gpt_shakespeare_char_cpu,
+)

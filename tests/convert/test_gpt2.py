@@ -1,0 +1,78 @@
+"""keras_tfm GPT vs Hugging Face GPT-2 built from small random configurations (no network)."""
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def hf_gpt2(initializer_range=0.02, **config):
+    torch.manual_seed(0)
+    defaults = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=97, n_positions=40, bos_token_id=0,
+                    eos_token_id=0, initializer_range=initializer_range)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**defaults, **config})).eval()
+
+
+def hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+
+
+@pytest.mark.parametrize("config", [{}, {"tie_word_embeddings": False}, {"n_inner": 48, "activation_function": "relu"}])
+def test_logits_and_parameter_count_match(rng, config):
+    hf = hf_gpt2(**config)
+    model = keras_tfm.from_huggingface(hf)
+    ids = rng.integers(0, 97, size=(3, 17))
+    np.testing.assert_allclose(to_numpy(model(ids)), hf_logits(hf, ids), atol=1e-4, rtol=0)
+    assert model.count_params() == sum(p.numel() for p in hf.parameters())
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False])
+def test_loads_a_saved_directory(rng, tmp_path, safe_serialization):
+    hf = hf_gpt2()
+    hf.save_pretrained(tmp_path, safe_serialization=safe_serialization)
+    model = keras_tfm.from_huggingface(str(tmp_path))
+    ids = rng.integers(0, 97, size=(2, 9))
+    np.testing.assert_allclose(to_numpy(model(ids)), hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+
+def test_gpt2_model_without_head_loads(rng):
+    torch.manual_seed(0)
+    base = transformers.GPT2Model(hf_gpt2().config).eval()
+    model = keras_tfm.from_huggingface(base)
+    ids = rng.integers(0, 97, size=(1, 5))
+    with torch.no_grad():
+        hidden = base(torch.tensor(ids)).last_hidden_state
+        expected = (hidden @ base.wte.weight.T).numpy()
+    np.testing.assert_allclose(to_numpy(model(ids)), expected, atol=1e-4, rtol=0)
+
+
+def test_greedy_generate_matches_hugging_face(rng):
+    hf = hf_gpt2(initializer_range=0.5)  # peaked logits: argmax decided by the model, not float noise
+    model = keras_tfm.from_huggingface(hf)
+    prompts = rng.integers(1, 97, size=(2, 5))
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor(prompts), attention_mask=torch.ones_like(torch.tensor(prompts)),
+                               max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None).numpy()
+    np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=12), expected)
+
+
+def test_directory_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        keras_tfm.from_huggingface(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        keras_tfm.from_huggingface(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors nor pytorch_model.bin"):
+        keras_tfm.from_huggingface(str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"corrupt")
+    with pytest.raises(ValueError, match="cannot read"):
+        keras_tfm.from_huggingface(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match="unsupported model_type 'llama'"):
+        keras_tfm.from_huggingface(str(tmp_path))

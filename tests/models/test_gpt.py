@@ -1,0 +1,146 @@
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_tfm
+from tests.checks import assert_close, run_layer_checks, to_numpy
+
+
+def tiny_gpt(**overrides):
+    config = dict(vocabulary_size=40, max_length=24, num_layers=2, num_heads=2, hidden_dim=16)
+    return keras_tfm.GPT(**{**config, **overrides})
+
+
+def peaked(model):
+    """Scale up random weights so logits are far apart and argmax is not decided by float noise."""
+    model.build()
+    model.set_weights([w * 8.0 if w.ndim == 2 else w for w in model.get_weights()])
+    return model
+
+
+def full_forward_greedy(model, prompt, steps):
+    """Greedy decoding without a cache: the whole sequence through the model at every step (right
+    padding keeps one input shape; causal attention keeps it from touching real positions)."""
+    ids = np.zeros((1, len(prompt) + steps), "int32")
+    ids[0, : len(prompt)] = prompt
+    for t in range(len(prompt), len(prompt) + steps):
+        ids[0, t] = to_numpy(model(ids))[0, t - 1].argmax()
+    return ids[0].tolist()
+
+
+@pytest.mark.parametrize("tie_embeddings", [True, False])
+def test_gpt_passes_common_checks(tmp_path, rng, tie_embeddings):
+    ids = rng.integers(0, 40, size=(2, 12)).astype("int32")
+    run_layer_checks(lambda **kw: tiny_gpt(tie_embeddings=tie_embeddings, dropout=0.1, **kw), (ids,),
+                     tmp_path=tmp_path)
+
+
+def test_logits_are_causal(rng):
+    model = tiny_gpt()
+    ids = rng.integers(0, 40, size=(2, 10)).astype("int32")
+    changed = ids.copy()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 40
+    assert_close(to_numpy(model(ids))[:, :6], to_numpy(model(changed))[:, :6], atol=1e-5)
+
+
+def test_cached_greedy_equals_full_forward_greedy():
+    model = peaked(tiny_gpt())
+    prompt = [3, 17, 5, 9]
+    generated = model.generate([prompt], max_new_tokens=10)[0]
+    assert generated.tolist() == full_forward_greedy(model, prompt, 10)
+
+
+def test_prompts_of_different_lengths_decode_as_if_alone():
+    model = peaked(tiny_gpt())
+    prompts = [[3, 17], [5, 9, 11, 2, 30], [7]]
+    batch = model.generate(prompts, max_new_tokens=6)
+    assert batch.shape == (3, 5 + 6)
+    for row, prompt in zip(batch, prompts):
+        alone = model.generate([prompt], max_new_tokens=6)[0]
+        n = len(prompt) + 6
+        assert row[:n].tolist() == alone.tolist()
+        assert np.all(row[n:] == 0)
+
+
+def test_padded_array_with_mask_equals_list_of_prompts():
+    model = peaked(tiny_gpt())
+    ids = np.array([[3, 17, 0, 0], [5, 9, 11, 2]], "int32")
+    mask = ids != 0
+    from_array = model.generate(ids, max_new_tokens=4, padding_mask=mask)
+    from_lists = model.generate([[3, 17], [5, 9, 11, 2]], max_new_tokens=4)
+    np.testing.assert_array_equal(from_array, from_lists)
+
+
+def test_stop_tokens_end_a_row_and_pad_the_rest():
+    model = peaked(tiny_gpt())
+    free = model.generate([[3, 17, 5]], max_new_tokens=8)[0]
+    stop = int(free[4])  # the second generated token
+    stopped = model.generate([[3, 17, 5]], max_new_tokens=8, stop_token_ids=[stop], pad_token_id=39)[0]
+    first = 3 + list(free[3:]).index(stop)
+    assert stopped[: first + 1].tolist() == free[: first + 1].tolist()
+    assert np.all(stopped[first + 1:] == 39)
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_without():
+    model = tiny_gpt()
+    prompt = [[1, 2, 3]]
+    a = model.generate(prompt, max_new_tokens=12, temperature=1.0, seed=7)
+    b = model.generate(prompt, max_new_tokens=12, temperature=1.0, seed=7)
+    c = model.generate(prompt, max_new_tokens=12, temperature=1.0, seed=8)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    model = peaked(tiny_gpt())
+    greedy = model.generate([[1, 2, 3]], max_new_tokens=8)
+    np.testing.assert_array_equal(model.generate([[1, 2, 3]], max_new_tokens=8, temperature=1.0, top_k=1, seed=1), greedy)
+    np.testing.assert_array_equal(model.generate([[1, 2, 3]], max_new_tokens=8, temperature=1.0, top_p=1e-6, seed=1), greedy)
+
+
+def test_top_k_samples_only_among_the_k_best():
+    from keras_tfm.generation import Sampler
+    import keras
+
+    logits = np.log(np.array([[0.05, 0.4, 0.3, 0.05, 0.2]] * 500, "float32"))
+    tokens = to_numpy(Sampler(temperature=1.0, top_k=2)(logits, keras.random.SeedGenerator(0)))
+    assert set(tokens.tolist()) == {1, 2}
+    tokens = to_numpy(Sampler(temperature=1.0, top_p=0.65)(logits, keras.random.SeedGenerator(0)))
+    assert set(tokens.tolist()) == {1, 2}  # 0.4 + 0.3 reaches 0.65
+    tokens = to_numpy(Sampler(temperature=1.0, top_p=0.75)(logits, keras.random.SeedGenerator(0)))
+    assert set(tokens.tolist()) == {1, 2, 4}
+
+
+def test_bad_generation_arguments():
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match="exceeds max_length=24"):
+        model.generate([[1] * 20], max_new_tokens=5)
+    with pytest.raises(ValueError, match="empty prompt"):
+        model.generate([[1, 2], []], max_new_tokens=2)
+    with pytest.raises(ValueError, match="`top_p` must be in"):
+        model.generate([[1]], max_new_tokens=2, top_p=0.0)
+    with pytest.raises(ValueError, match="padding on the right"):
+        model.generate(np.array([[0, 1, 2]]), padding_mask=np.array([[0, 1, 1]], bool), max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_length=24"):
+        model(np.zeros((1, 25), "int32"))
+
+
+@pytest.mark.parametrize(
+    "size, layers_, hidden",
+    [(keras_tfm.gpt2_medium, 24, 1024), (keras_tfm.gpt2_xl, 48, 1600), (keras_tfm.gpt_shakespeare_char, 6, 384)],
+)
+def test_size_functions_configure_the_one_class(size, layers_, hidden):
+    model = size(vocabulary_size=11)
+    assert isinstance(model, keras_tfm.GPT)
+    assert (model.num_layers, model.hidden_dim, model.vocabulary_size) == (layers_, hidden, 11)
+
+
+def test_gpt2_small_has_the_published_parameter_count():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+    hf_count = sum(p.numel() for p in hf.parameters())
+    model = keras_tfm.gpt2_small()
+    model.build()
+    assert model.count_params() == hf_count == 124_439_808
