@@ -173,9 +173,11 @@ class GPT(keras.Model):
         prompt_width = buffer.shape[1] - max_new_tokens
         key = (sampler, prompt_width)
         if key not in self._generate_functions:
+            step = decoding.fast_step(self.call_with_cache, self)
+
             def run(buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
                 cache = self.empty_cache(buffer.shape[0], buffer.shape[1])
-                return decoding.decode(self.call_with_cache, cache, buffer, prompt_mask, lengths,
+                return decoding.decode(step, cache, buffer, prompt_mask, lengths,
                                        prompt_width, max_new, stops, pad, seed_state, sampler)
 
             self._generate_functions[key] = decoding.compile_function(run, self)

@@ -144,3 +144,13 @@ def test_gpt2_small_has_the_published_parameter_count():
     model = keras_tfm.gpt2_small()
     model.build()
     assert model.count_params() == hf_count == 124_439_808
+
+
+def test_generation_sees_weight_updates_after_compiling():
+    model = peaked(tiny_gpt())
+    before = model.generate([[3, 17, 5]], max_new_tokens=6)
+    weights = model.get_weights()
+    model.set_weights([w[::-1].copy() if w.ndim == 2 else w for w in weights])  # a different model
+    after = model.generate([[3, 17, 5]], max_new_tokens=6)
+    assert after[0].tolist() == full_forward_greedy(model, [3, 17, 5], 6)
+    assert not np.array_equal(before, after)

@@ -1,0 +1,160 @@
+"""GPT speed on this machine: training tokens/s and greedy generation tokens/s, keras_tfm vs
+keras-hub (each Keras backend) vs Hugging Face transformers (PyTorch), same configuration.
+
+    python benchmarks/gpt.py                  # both tables
+    python benchmarks/gpt.py --only train     # or: --only generate
+
+Training: nanoGPT's CPU Shakespeare configuration (4 layers, 4 heads, 128 wide, context 64,
+batch 12, vocabulary 65, no dropout), AdamW, random tokens. Generation: the same model with context
+256, batch 1, a 16-token prompt, 200 new tokens, greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Timer, print_table, report, run_worker  # noqa: E402
+
+CONFIG = dict(vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128)
+TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=60)
+GENERATE = dict(context=256, prompt=16, new_tokens=200, repeats=3)
+BACKENDS = ("jax", "tensorflow", "torch")
+
+
+def keras_train(model, inputs, targets) -> float:
+    import keras
+
+    jit = keras.backend.backend() != "torch"  # torch.compile of Keras models is slower on CPU
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+    batch = TRAIN["batch"]
+    model.fit(inputs, targets, batch_size=batch, steps_per_epoch=TRAIN["warmup_steps"], epochs=1, verbose=0)
+    with Timer() as timer:
+        model.fit(inputs, targets, batch_size=batch, steps_per_epoch=TRAIN["steps"], epochs=1, verbose=0)
+    return TRAIN["steps"] * batch * TRAIN["context"] / timer.seconds
+
+
+def random_tokens(n, length):
+    import numpy as np
+
+    return np.random.default_rng(0).integers(0, CONFIG["vocabulary_size"], size=(n, length + 1)).astype("int32")
+
+
+def worker(contender: str, task: str) -> dict:
+    import numpy as np
+
+    n = TRAIN["batch"] * (TRAIN["warmup_steps"] + TRAIN["steps"])
+    if contender == "keras_tfm":
+        import keras_tfm
+
+        if task == "train":
+            data = random_tokens(n, TRAIN["context"])
+            model = keras_tfm.GPT(max_length=TRAIN["context"], **CONFIG)
+            return {"value": keras_train(model, data[:, :-1], data[:, 1:])}
+        model = keras_tfm.GPT(max_length=GENERATE["context"], **CONFIG)
+        prompt = random_tokens(1, GENERATE["prompt"] - 1)
+        model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])  # compile
+        with Timer() as timer:
+            for _ in range(GENERATE["repeats"]):
+                out = model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])
+        assert out.shape[1] == GENERATE["prompt"] + GENERATE["new_tokens"]
+        return {"value": GENERATE["repeats"] * GENERATE["new_tokens"] / timer.seconds}
+
+    if contender == "keras_hub":
+        import keras_hub
+
+        context = TRAIN["context"] if task == "train" else GENERATE["context"]
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=CONFIG["vocabulary_size"], num_layers=CONFIG["num_layers"],
+            num_heads=CONFIG["num_heads"], hidden_dim=CONFIG["hidden_dim"],
+            intermediate_dim=4 * CONFIG["hidden_dim"], dropout=0.0, max_sequence_length=context,
+        )
+        model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+        if task == "train":
+            data = random_tokens(n, context)
+            inputs = {"token_ids": data[:, :-1], "padding_mask": np.ones_like(data[:, :-1], bool)}
+            return {"value": keras_train(model, inputs, data[:, 1:])}
+        total = GENERATE["prompt"] + GENERATE["new_tokens"]
+        ids = np.zeros((1, total), "int32")
+        ids[:, : GENERATE["prompt"]] = random_tokens(1, GENERATE["prompt"] - 1)
+        mask = np.zeros((1, total), bool)
+        mask[:, : GENERATE["prompt"]] = True
+        inputs = {"token_ids": ids, "padding_mask": mask}
+        model.generate(inputs, stop_token_ids=None)
+        with Timer() as timer:
+            for _ in range(GENERATE["repeats"]):
+                model.generate(inputs, stop_token_ids=None)
+        return {"value": GENERATE["repeats"] * GENERATE["new_tokens"] / timer.seconds}
+
+    if contender == "hugging_face":
+        import torch
+        import transformers
+
+        context = TRAIN["context"] if task == "train" else GENERATE["context"]
+        config = transformers.GPT2Config(
+            vocab_size=CONFIG["vocabulary_size"], n_layer=CONFIG["num_layers"], n_head=CONFIG["num_heads"],
+            n_embd=CONFIG["hidden_dim"], n_positions=context, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=0, eos_token_id=0,
+        )
+        model = transformers.GPT2LMHeadModel(config)
+        if task == "train":
+            data = torch.tensor(random_tokens(n, context), dtype=torch.long)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            model.train()
+
+            def step(i):
+                batch = data[i * TRAIN["batch"]:(i + 1) * TRAIN["batch"]]
+                logits = model(batch[:, :-1]).logits
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+            for i in range(TRAIN["warmup_steps"]):
+                step(i)
+            with Timer() as timer:
+                for i in range(TRAIN["steps"]):
+                    step(TRAIN["warmup_steps"] + i)
+            return {"value": TRAIN["steps"] * TRAIN["batch"] * TRAIN["context"] / timer.seconds}
+        model.eval()
+        prompt = torch.tensor(random_tokens(1, GENERATE["prompt"] - 1), dtype=torch.long)
+        kwargs = dict(max_new_tokens=GENERATE["new_tokens"], min_new_tokens=GENERATE["new_tokens"],
+                      do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt))
+        with torch.no_grad():
+            model.generate(prompt, **kwargs)
+            with Timer() as timer:
+                for _ in range(GENERATE["repeats"]):
+                    model.generate(prompt, **kwargs)
+        return {"value": GENERATE["repeats"] * GENERATE["new_tokens"] / timer.seconds}
+    raise ValueError(contender)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["train", "generate"])
+    parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "BACKEND", "TASK"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        contender, _, task = args.worker
+        report(worker(contender, task))
+        return
+    for task in ("train", "generate"):
+        if args.only and task != args.only:
+            continue
+        rows = []
+        for contender in ("keras_tfm", "keras_hub"):
+            for backend in BACKENDS:
+                rows.append((f"{contender} ({backend})", run_worker(__file__, backend, [contender, backend, task])))
+        rows.append(("hugging_face (torch)", run_worker(__file__, "torch", ["hugging_face", "torch", task])))
+        unit = "train tokens/s" if task == "train" else "new tokens/s"
+        title = ("Training, 4 layers / 4 heads / 128 wide, context 64, batch 12" if task == "train"
+                 else "Greedy generation, batch 1, 200 new tokens, context 256")
+        print_table(title, unit, rows, {"keras-hub jax": "keras_hub (jax)", "keras-hub torch": "keras_hub (torch)",
+                                        "Hugging Face": "hugging_face (torch)"})
+
+
+if __name__ == "__main__":
+    main()
