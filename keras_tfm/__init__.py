@@ -10,6 +10,12 @@ from keras_tfm.models import (
     gpt2_xl,
     gpt_shakespeare_char,
     gpt_shakespeare_char_cpu,
+    ViT,
+    vit_base,
+    vit_huge,
+    vit_large,
+    vit_small,
+    vit_tiny,
 )
 
 __version__ = "0.1.0"

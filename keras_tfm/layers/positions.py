@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -204,3 +205,26 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
         config = super().get_config()
         config.update(max_wavelength=self.max_wavelength)
         return config
+
+
+def bicubic_resize_matrix(in_size: int, out_size: int) -> np.ndarray:
+    """`(out_size, in_size)` matrix of PyTorch's bicubic resize (A = -0.75, align_corners=False).
+
+    Resizing a grid of position vectors is then `M_rows @ grid @ M_cols^T`, identical on every backend
+    and to Hugging Face's `interpolate_pos_encoding`."""
+    a = -0.75
+    matrix = np.zeros((out_size, in_size), "float64")
+    scale = in_size / out_size
+    for i in range(out_size):
+        source = (i + 0.5) * scale - 0.5
+        left = math.floor(source)
+        t = source - left
+        weights = (
+            ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+            ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+        )
+        weights = weights + (1.0 - sum(weights),)
+        for k, weight in enumerate(weights):
+            matrix[i, min(max(left - 1 + k, 0), in_size - 1)] += weight
+    return matrix.astype("float32")

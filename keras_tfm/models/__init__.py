@@ -9,3 +9,4 @@ from keras_tfm.models.gpt import (
     gpt_shakespeare_char,
     gpt_shakespeare_char_cpu,
 )
+from keras_tfm.models.vit import ViT, vit_base, vit_huge, vit_large, vit_small, vit_tiny

@@ -56,6 +56,7 @@ class GPT(keras.Model):
         activation: str = "gelu_approximate",
         **kwargs,
     ):
+        kwargs.setdefault("name", "gpt")
         super().__init__(**kwargs)
         self.vocabulary_size = vocabulary_size
         self.max_length = max_length

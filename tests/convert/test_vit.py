@@ -1,0 +1,71 @@
+"""keras_tfm ViT vs Hugging Face ViT built from small random configurations (no network)."""
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
+              patch_size=4, num_labels=5)
+
+
+def hf_vit(head=True, **config):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(**{**CONFIG, **config})
+    model = transformers.ViTForImageClassification(config) if head else transformers.ViTModel(config)
+    return model.eval()
+
+
+def run_hf(hf, images, **kwargs):
+    with torch.no_grad():
+        out = hf(torch.tensor(images).permute(0, 3, 1, 2), **kwargs)
+    return (out.logits if hasattr(out, "logits") else out.last_hidden_state).numpy()
+
+
+def test_logits_and_parameter_count_match(rng):
+    hf = hf_vit()
+    model = keras_tfm.from_huggingface(hf)
+    images = rng.random((2, 16, 16, 3)).astype("float32")
+    np.testing.assert_allclose(to_numpy(model(images)), run_hf(hf, images), atol=1e-4, rtol=0)
+    assert model.count_params() == sum(p.numel() for p in hf.parameters())
+
+
+def test_interpolated_positions_match_hugging_face(rng):
+    hf = hf_vit()
+    model = keras_tfm.from_huggingface(hf)
+    images = rng.random((2, 24, 32, 3)).astype("float32")
+    expected = run_hf(hf, images, interpolate_pos_encoding=True)
+    np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-4, rtol=0)
+
+
+def test_vit_model_gives_features(rng):
+    hf = hf_vit(head=False)
+    model = keras_tfm.from_huggingface(hf)
+    assert not model.include_top
+    images = rng.random((1, 16, 16, 3)).astype("float32")
+    np.testing.assert_allclose(to_numpy(model(images)), run_hf(hf, images), atol=1e-4, rtol=0)
+
+
+def test_checkpoint_with_pre_v5_weight_names(rng, tmp_path):
+    """Checkpoints saved before transformers 5 name the layers encoder.layer.N.attention.attention.query..."""
+    from safetensors.numpy import save_file
+
+    hf = hf_vit()
+    renames = [("vit.layers.", "vit.encoder.layer."), (".attention.q_proj.", ".attention.attention.query."),
+               (".attention.k_proj.", ".attention.attention.key."), (".attention.v_proj.", ".attention.attention.value."),
+               (".attention.o_proj.", ".attention.output.dense."), (".mlp.fc1.", ".intermediate.dense."),
+               (".mlp.fc2.", ".output.dense.")]
+    old = {}
+    for name, value in hf.state_dict().items():
+        for new, previous in renames:
+            name = name.replace(new, previous)
+        old[name] = value.numpy()
+    assert "vit.encoder.layer.0.attention.attention.query.weight" in old
+    save_file(old, str(tmp_path / "model.safetensors"))
+    hf.config.to_json_file(str(tmp_path / "config.json"))
+    model = keras_tfm.from_huggingface(str(tmp_path))
+    images = rng.random((1, 16, 16, 3)).astype("float32")
+    np.testing.assert_allclose(to_numpy(model(images)), run_hf(hf, images), atol=1e-4, rtol=0)

@@ -1,0 +1,87 @@
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_tfm
+from keras_tfm.layers.positions import bicubic_resize_matrix
+from tests.checks import assert_close, run_layer_checks, to_numpy
+
+
+def tiny_vit(**overrides):
+    config = dict(image_size=16, patch_size=4, num_classes=5, num_layers=2, num_heads=2, hidden_dim=16)
+    return keras_tfm.ViT(**{**config, **overrides})
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pooling": "mean", "positions": "sinusoidal", "dropout": 0.1}])
+def test_vit_passes_common_checks(tmp_path, rng, overrides):
+    images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
+    run_layer_checks(lambda **kw: tiny_vit(**overrides, **kw), (images,), tmp_path=tmp_path)
+
+
+def test_features_and_pooling(rng):
+    images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
+    features = tiny_vit(include_top=False)
+    tokens = features(images)
+    assert tuple(tokens.shape) == (2, 1 + 16, 16)
+    mean_model = tiny_vit(pooling="mean")
+    mean_model.build()
+    expected = to_numpy(mean_model.head(ops.mean(mean_model.final_norm(_encoded(mean_model, images)), axis=1)[:, None]))[:, 0]
+    assert_close(mean_model(images), expected, atol=1e-5)
+
+
+def _encoded(model, images):
+    """Patch tokens after the encoder, recomputed by hand from the model's parts."""
+    x = model.patch_embedding(images)
+    cls = np.broadcast_to(to_numpy(model.class_token), (images.shape[0], 1, model.hidden_dim))
+    x = np.concatenate([cls, to_numpy(x)], axis=1)
+    x = x + to_numpy(model.position_embedding.embeddings)[None]
+    for block in model.blocks:
+        x = block(x)
+    return to_numpy(x)[:, 1:]
+
+
+def test_returns_every_layers_attention_weights(rng):
+    model = tiny_vit()
+    images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
+    logits, weights = model(images, return_attention_weights=True)
+    assert len(weights) == 2 and all(tuple(w.shape) == (2, 2, 17, 17) for w in weights)
+    np.testing.assert_allclose(to_numpy(weights[0]).sum(-1), 1.0, atol=1e-5)
+    assert_close(logits, model(images), atol=1e-5)
+
+
+def test_other_resolutions_interpolate_positions(rng):
+    model = tiny_vit()
+    for shape in [(1, 32, 32, 3), (1, 8, 12, 3)]:
+        assert tuple(model(rng.normal(size=shape).astype("float32")).shape) == (1, 5)
+
+
+def test_bicubic_matrix_is_identity_at_same_size_and_keeps_constants():
+    np.testing.assert_allclose(bicubic_resize_matrix(7, 7), np.eye(7), atol=1e-6)
+    np.testing.assert_allclose(bicubic_resize_matrix(4, 11).sum(axis=1), 1.0, atol=1e-6)
+
+
+def test_bad_images_and_configurations_raise():
+    model = tiny_vit()
+    with pytest.raises(ValueError, match=r"multiple of patch_size=4.*received image shape \(1, 18, 16, 3\)"):
+        model(np.zeros((1, 18, 16, 3), "float32"))
+    with pytest.raises(ValueError, match=r"\(batch, height, width, 3\); received shape \(1, 16, 16, 1\)"):
+        model(np.zeros((1, 16, 16, 1), "float32"))
+    with pytest.raises(ValueError, match="image_size=30, patch_size=4"):
+        tiny_vit(image_size=30)
+    with pytest.raises(ValueError, match="pooling must be"):
+        tiny_vit(pooling="max")
+
+
+def test_size_functions_have_hugging_face_parameter_counts():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cases = [(keras_tfm.vit_base, dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)),
+             (keras_tfm.vit_tiny, dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768))]
+    for size, hf_config in cases:
+        with torch.device("meta"):
+            hf = transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=1000, **hf_config))
+        model = size(num_classes=1000)
+        model.build()
+        assert model.count_params() == sum(p.numel() for p in hf.parameters())
+        if size is keras_tfm.vit_base:
+            assert model.count_params() == 86_567_656
