@@ -51,3 +51,40 @@ def print_table(title: str, unit: str, rows: list[tuple[str, dict]], baselines: 
             b = values.get(base)
             ratios.append(f"{result['value'] / b:.2f}x" if b else "-")
         print(f"| {name} | {result['value']:,.0f} | " + " | ".join(ratios) + " |")
+
+
+def keras_train_throughput(model, inputs, targets, batch_size: int, warmup_steps: int, steps: int) -> float:
+    """Examples per second of `model.fit` after `warmup_steps` (compilation) with AdamW and sparse
+    categorical cross-entropy. XLA on JAX and TensorFlow; eager on PyTorch, where Keras' torch.compile
+    path recompiles at every layer boundary and trains slower than eager on CPU."""
+    import keras
+
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=keras.backend.backend() != "torch")
+    model.fit(inputs, targets, batch_size=batch_size, steps_per_epoch=warmup_steps, epochs=1, verbose=0)
+    with Timer() as timer:
+        model.fit(inputs, targets, batch_size=batch_size, steps_per_epoch=steps, epochs=1, verbose=0)
+    return steps * batch_size / timer.seconds
+
+
+def torch_train_throughput(model, loss_fn, batches, warmup_steps: int, steps: int) -> float:
+    """Examples per second of a plain PyTorch AdamW loop; `batches[i]` is `(inputs, targets)`."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+
+    def step(i):
+        inputs, targets = batches[i]
+        loss = loss_fn(model, inputs, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for i in range(warmup_steps):
+        step(i)
+    with Timer() as timer:
+        for i in range(steps):
+            step(warmup_steps + i)
+    return steps * len(batches[0][0]) / timer.seconds

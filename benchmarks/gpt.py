@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, print_table, report, run_worker  # noqa: E402
+from common import Timer, keras_train_throughput, print_table, report, run_worker, torch_train_throughput  # noqa: E402
 
 CONFIG = dict(vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128)
 TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=60)
@@ -25,16 +25,8 @@ BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def keras_train(model, inputs, targets) -> float:
-    import keras
-
-    jit = keras.backend.backend() != "torch"  # torch.compile of Keras models is slower on CPU
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
-    batch = TRAIN["batch"]
-    model.fit(inputs, targets, batch_size=batch, steps_per_epoch=TRAIN["warmup_steps"], epochs=1, verbose=0)
-    with Timer() as timer:
-        model.fit(inputs, targets, batch_size=batch, steps_per_epoch=TRAIN["steps"], epochs=1, verbose=0)
-    return TRAIN["steps"] * batch * TRAIN["context"] / timer.seconds
+    examples = keras_train_throughput(model, inputs, targets, TRAIN["batch"], TRAIN["warmup_steps"], TRAIN["steps"])
+    return examples * TRAIN["context"]
 
 
 def random_tokens(n, length):
@@ -102,23 +94,15 @@ def worker(contender: str, task: str) -> dict:
         model = transformers.GPT2LMHeadModel(config)
         if task == "train":
             data = torch.tensor(random_tokens(n, context), dtype=torch.long)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            model.train()
+            b = TRAIN["batch"]
+            batches = [(data[i * b:(i + 1) * b, :-1], data[i * b:(i + 1) * b, 1:]) for i in range(len(data) // b)]
 
-            def step(i):
-                batch = data[i * TRAIN["batch"]:(i + 1) * TRAIN["batch"]]
-                logits = model(batch[:, :-1]).logits
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+            def loss_fn(model, inputs, targets):
+                logits = model(inputs).logits
+                return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-            for i in range(TRAIN["warmup_steps"]):
-                step(i)
-            with Timer() as timer:
-                for i in range(TRAIN["steps"]):
-                    step(TRAIN["warmup_steps"] + i)
-            return {"value": TRAIN["steps"] * TRAIN["batch"] * TRAIN["context"] / timer.seconds}
+            examples = torch_train_throughput(model, loss_fn, batches, TRAIN["warmup_steps"], TRAIN["steps"])
+            return {"value": examples * TRAIN["context"]}
         model.eval()
         prompt = torch.tensor(random_tokens(1, GENERATE["prompt"] - 1), dtype=torch.long)
         kwargs = dict(max_new_tokens=GENERATE["new_tokens"], min_new_tokens=GENERATE["new_tokens"],

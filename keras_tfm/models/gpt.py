@@ -12,6 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.generation import decoding
+from keras_tfm.generation.beam_search import beam_decode
 from keras_tfm.generation.sampling import Sampler
 from keras_tfm.layers import DecoderBlock, LearnedPositionEmbedding, TokenEmbedding
 
@@ -143,6 +144,8 @@ class GPT(keras.Model):
         seed: int | None = None,
         stop_token_ids=(),
         pad_token_id: int = 0,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
     ) -> np.ndarray:
         """Continues each prompt by up to `max_new_tokens` tokens with a key/value cache.
 
@@ -154,6 +157,8 @@ class GPT(keras.Model):
             seed: makes sampling reproducible.
             stop_token_ids: a row stops after generating one of these (it is kept).
             pad_token_id: fills a row after it stops, and the tail of shorter rows.
+            num_beams: > 1 runs beam search (deterministic; the sampling arguments are ignored).
+            length_penalty: beams are ranked by log-probability / length ** length_penalty.
 
         Returns:
             int array `(batch, prompt_length + max_new_tokens)`: row `i` holds its prompt followed
@@ -164,6 +169,8 @@ class GPT(keras.Model):
         """
         if not self.built:
             self.build()  # weights must exist before the loop is traced
+        if num_beams < 1:
+            raise ValueError(f"`num_beams` must be >= 1; received {num_beams}.")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         buffer, prompt_mask, lengths = decoding.prepare_prompts(token_ids, padding_mask, max_new_tokens, pad_token_id)
         if buffer.shape[1] > self.max_length:
@@ -172,12 +179,16 @@ class GPT(keras.Model):
                 f"{max_new_tokens} exceeds max_length={self.max_length}."
             )
         prompt_width = buffer.shape[1] - max_new_tokens
-        key = (sampler, prompt_width)
+        key = (sampler, prompt_width, num_beams, length_penalty)
         if key not in self._generate_functions:
             step = decoding.fast_step(self.call_with_cache, self)
 
             def run(buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
-                cache = self.empty_cache(buffer.shape[0], buffer.shape[1])
+                cache = self.empty_cache(buffer.shape[0] * num_beams, buffer.shape[1])
+                if num_beams > 1:
+                    best = beam_decode(step, cache, buffer, prompt_mask, lengths, prompt_width, max_new,
+                                       stops, pad, num_beams, length_penalty)
+                    return best, seed_state
                 return decoding.decode(step, cache, buffer, prompt_mask, lengths,
                                        prompt_width, max_new, stops, pad, seed_state, sampler)
 

@@ -76,3 +76,15 @@ def test_directory_errors(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ValueError, match="unsupported model_type 'llama'"):
         keras_tfm.from_huggingface(str(tmp_path))
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_beam_search_matches_hugging_face(rng, num_beams):
+    hf = hf_gpt2(initializer_range=0.3)
+    model = keras_tfm.from_huggingface(hf)
+    prompts = rng.integers(1, 97, size=(2, 4))
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor(prompts), attention_mask=torch.ones_like(torch.tensor(prompts)),
+                               max_new_tokens=8, num_beams=num_beams, do_sample=False, pad_token_id=0,
+                               eos_token_id=None, early_stopping=False).numpy()
+    np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=8, num_beams=num_beams), expected)

@@ -154,3 +154,33 @@ def test_generation_sees_weight_updates_after_compiling():
     after = model.generate([[3, 17, 5]], max_new_tokens=6)
     assert after[0].tolist() == full_forward_greedy(model, [3, 17, 5], 6)
     assert not np.array_equal(before, after)
+
+
+def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
+    model = tiny_gpt()
+
+    def log_likelihood(ids, prompt_length):
+        logits = to_numpy(model(np.array([ids], "int32")))[0]
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+        return sum(log_probs[t - 1, ids[t]] for t in range(prompt_length, len(ids)))
+
+    prompt = [3, 17, 5]
+    greedy = model.generate([prompt], max_new_tokens=6)[0].tolist()
+    beam = model.generate([prompt], max_new_tokens=6, num_beams=4)[0].tolist()
+    assert beam[:3] == prompt
+    assert log_likelihood(beam, 3) >= log_likelihood(greedy, 3) - 1e-5
+    assert model.generate([prompt], max_new_tokens=6, num_beams=1)[0].tolist() == greedy
+
+
+def test_beam_search_batches_ragged_prompts_and_stops():
+    model = peaked(tiny_gpt())
+    prompts = [[3, 17], [5, 9, 11, 2, 30]]
+    batch = model.generate(prompts, max_new_tokens=5, num_beams=3)
+    for row, prompt in zip(batch, prompts):
+        alone = model.generate([prompt], max_new_tokens=5, num_beams=3)[0]
+        assert row[: len(prompt) + 5].tolist() == alone.tolist()
+    every_id_stops = list(range(39))
+    stopped = model.generate(prompts, max_new_tokens=5, num_beams=3, stop_token_ids=every_id_stops, pad_token_id=39)
+    for row, prompt in zip(stopped, prompts):
+        n = len(prompt)
+        assert row[:n].tolist() == prompt and row[n] != 39 and np.all(row[n + 1:] == 39)

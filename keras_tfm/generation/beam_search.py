@@ -1,0 +1,88 @@
+"""Beam search over the cached decoding step: keep the `num_beams` highest-scoring continuations
+(sum of token log-probabilities) of each prompt, and return the best one.
+
+Rows are expanded to `batch * num_beams` beams. While a row is still reading its prompt its beams
+stay in place; when it generates, every beam's `vocabulary` continuations compete, the best
+`num_beams` survive, and buffers and caches are reordered to follow them. A beam that emits a stop
+token is finished: it may only continue with padding at no cost, so its score stays comparable.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from keras import ops
+
+_NEG = -1e9
+
+
+def beam_decode(
+    step: Callable,
+    cache,
+    buffer,
+    prompt_mask,
+    prompt_lengths,
+    prompt_width: int,
+    max_new_tokens,
+    stop_token_ids,
+    pad_token_id,
+    num_beams: int,
+    length_penalty: float,
+):
+    """`buffer`, `prompt_mask`: `(batch, total)`; `cache` sized for `batch * num_beams` rows.
+    Returns the best beam of each row, `(batch, total)`."""
+    batch, total = buffer.shape
+    beams = batch * num_beams
+    buffer = ops.repeat(buffer, num_beams, axis=0)
+    _, cache = step(buffer[:, :prompt_width], cache, 0)
+    start = ops.min(prompt_lengths)
+    end = prompt_lengths + max_new_tokens
+    # only the first beam of each row is alive at first, so the beams do not start as copies
+    scores = ops.tile(ops.convert_to_tensor([[0.0] + [_NEG] * (num_beams - 1)]), (batch, 1))
+    finished = ops.zeros((batch, num_beams), "bool")
+    beam_range = ops.arange(num_beams, dtype="int32")
+
+    def cond(t, buffer, cache, scores, finished):
+        return t < total
+
+    def body(t, buffer, cache, scores, finished):
+        previous = ops.slice(buffer, (0, t - 1), (beams, 1))
+        logits, cache = step(previous, cache, t - 1)
+        log_probs = ops.log_softmax(ops.cast(logits[:, -1, :], "float32"), axis=-1)
+        vocabulary = log_probs.shape[-1]
+        log_probs = ops.reshape(log_probs, (batch, num_beams, vocabulary))
+        pad_only = ops.where(ops.arange(vocabulary) == pad_token_id, 0.0, _NEG)
+        log_probs = ops.where(finished[..., None], pad_only, log_probs)
+
+        candidates = ops.reshape(scores[..., None] + log_probs, (batch, num_beams * vocabulary))
+        top_scores, top_index = ops.top_k(candidates, num_beams)
+        top_index = ops.cast(top_index, "int32")
+        origin, token = top_index // vocabulary, top_index % vocabulary
+
+        prompt_token = ops.take(ops.reshape(ops.slice(buffer, (0, t), (beams, 1)), (batch, num_beams)), 0, axis=1)
+        reading = ops.take(prompt_mask, t, axis=1)[:, None]  # (batch, 1): row still in its prompt
+        stopped_row = (t >= end)[:, None]  # (batch, 1): row has all its new tokens
+        frozen = ops.logical_or(reading, stopped_row)
+        origin = ops.where(frozen, beam_range[None, :], origin)
+        token = ops.where(reading, prompt_token[:, None], ops.where(stopped_row, pad_token_id, token))
+        scores = ops.where(frozen, scores, top_scores)
+
+        rows = ops.reshape(ops.arange(batch, dtype="int32")[:, None] * num_beams + origin, (beams,))
+        buffer = ops.take(buffer, rows, axis=0)
+        cache = ops.take(cache, rows, axis=0)
+        finished = ops.take_along_axis(finished, origin, axis=1)
+        buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (beams, 1)))
+        is_stop = ops.any(ops.equal(token[..., None], stop_token_ids[None, None, :]), axis=-1)
+        finished = ops.logical_or(finished, ops.logical_and(is_stop, ops.logical_not(frozen)))
+        return t + 1, buffer, cache, scores, finished
+
+    _, buffer, _, scores, _ = ops.while_loop(cond, body, (start, buffer, cache, scores, finished))
+
+    # rank by length-normalized score: log-probability / (new tokens up to the stop token) ** penalty
+    tokens = ops.reshape(buffer, (batch, num_beams, total))
+    positions = ops.arange(total, dtype="int32")[None, None, :]
+    generated = ops.logical_and(positions >= prompt_lengths[:, None, None], positions < end[:, None, None])
+    generated = ops.logical_and(generated, tokens != pad_token_id)
+    lengths = ops.maximum(ops.sum(ops.cast(generated, "float32"), axis=-1), 1.0)
+    best = ops.argmax(scores / lengths**length_penalty, axis=-1)
+    return ops.take_along_axis(tokens, ops.cast(best, "int32")[:, None, None], axis=1)[:, 0]
