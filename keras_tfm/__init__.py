@@ -1,6 +1,6 @@
 """keras_tfm: transformers for Keras 3 that run unchanged on TensorFlow, JAX and PyTorch."""
 
-from keras_tfm import layers
+from keras_tfm import layers, viz
 from keras_tfm.convert import from_huggingface
 from keras_tfm.models import (
     GPT,

@@ -1,0 +1,106 @@
+"""Pictures of what a transformer does: attention maps, attention rollout, learning curves (PNG).
+
+Needs matplotlib (`pip install keras_tfm[dev]` or `pip install matplotlib`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+
+def attention_rollout(attention_weights, residual_weight: float = 0.5) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema, 2020): how much each output token draws on each input token
+    through all layers. Each layer's head-averaged attention is mixed with the identity (for the
+    residual connection), rows are renormalized, and the layers are multiplied in order.
+
+    Args:
+        attention_weights: list of `(batch, num_heads, tokens, tokens)` arrays, first layer first
+            (e.g. from `ViT(...)(images, return_attention_weights=True)`).
+        residual_weight: weight of the identity in each layer's mix.
+
+    Returns:
+        `(batch, tokens, tokens)`; each row sums to 1.
+    """
+    rollout = None
+    for weights in attention_weights:
+        layer = np.asarray(ops.convert_to_numpy(ops.cast(weights, "float32"))).mean(axis=1)
+        layer = residual_weight * np.eye(layer.shape[-1])[None] + (1.0 - residual_weight) * layer
+        layer = layer / layer.sum(axis=-1, keepdims=True)
+        rollout = layer if rollout is None else layer @ rollout
+    return rollout
+
+
+def plot_attention_maps(image, attention_weights, path: str, layer: int = -1, class_token: bool = True) -> str:
+    """Saves a PNG: the image, the class token's attention of each head in `layer`, and the rollout.
+
+    Args:
+        image: `(height, width, channels)` (or `(height, width)`), values in [0, 1] or [0, 255].
+        attention_weights: the list returned with `return_attention_weights=True`, for a batch
+            whose first element is `image`.
+        path: where to write the PNG.
+        layer: which layer's heads to draw.
+        class_token: the first token is a class token (ViT); False draws the mean attention.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    image = np.asarray(image, "float32")
+    if image.max() > 1.0:
+        image = image / 255.0
+    weights = np.asarray(ops.convert_to_numpy(ops.cast(attention_weights[layer], "float32")))[0]  # (heads, T, T)
+    num_heads, tokens = weights.shape[0], weights.shape[-1]
+    patches = tokens - 1 if class_token else tokens
+    side = int(round(patches**0.5))
+    if side * side != patches:
+        raise ValueError(f"plot_attention_maps needs a square patch grid; received {patches} patch tokens.")
+    source = 0 if class_token else slice(None)
+    offset = 1 if class_token else 0
+
+    def to_grid(row):
+        row = row[..., offset:] if class_token else row.mean(axis=0)
+        grid = row.reshape(side, side)
+        return np.kron(grid, np.ones((image.shape[0] // side, image.shape[1] // side)))
+
+    rollout = attention_rollout([w[:1] for w in attention_weights])[0]
+    layer_number = layer % len(attention_weights)
+    panels = [("image", None)] + [(f"layer {layer_number} head {h}", to_grid(weights[h, source])) for h in range(num_heads)]
+    panels.append(("rollout", to_grid(rollout[source])))
+    figure, axes = plt.subplots(1, len(panels), figsize=(2.2 * len(panels), 2.4))
+    for axis, (title, heat) in zip(np.atleast_1d(axes), panels):
+        axis.imshow(image, cmap=None if image.ndim == 3 else "gray")
+        if heat is not None:
+            axis.imshow(heat, cmap="inferno", alpha=0.6)
+        axis.set_title(title, fontsize=8)
+        axis.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_learning_curves(history: dict, path: str, title: str = "") -> str:
+    """Saves a PNG with one panel per metric (e.g. `model.fit(...).history`), training and
+    validation (`val_*`) curves together."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [name for name in history if not name.startswith("val_")]
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3), squeeze=False)
+    for axis, name in zip(axes[0], metrics):
+        axis.plot(history[name], label="train")
+        if f"val_{name}" in history:
+            axis.plot(history[f"val_{name}"], label="validation")
+        axis.set_xlabel("epoch")
+        axis.set_title(name)
+        axis.legend()
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

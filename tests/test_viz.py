@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+
+import keras_tfm
+from keras_tfm import viz
+
+
+def test_rollout_of_identity_attention_is_identity_and_rows_sum_to_one(rng):
+    identity = [np.broadcast_to(np.eye(5), (2, 3, 5, 5))] * 4
+    np.testing.assert_allclose(viz.attention_rollout(identity), np.broadcast_to(np.eye(5), (2, 5, 5)), atol=1e-6)
+    random = [rng.dirichlet(np.ones(5), size=(2, 3, 5)) for _ in range(3)]
+    rollout = viz.attention_rollout(random)
+    np.testing.assert_allclose(rollout.sum(-1), 1.0, atol=1e-6)
+    # two layers by hand
+    a = [0.5 * np.eye(5) + 0.5 * w.mean(1) for w in random[:2]]
+    np.testing.assert_allclose(viz.attention_rollout(random[:2]), a[1] @ a[0], atol=1e-6)
+
+
+def test_attention_map_png_from_a_vit(tmp_path, rng):
+    pytest.importorskip("matplotlib")
+    model = keras_tfm.ViT(image_size=16, patch_size=4, num_classes=3, num_layers=2, num_heads=2, hidden_dim=16)
+    images = rng.random((1, 16, 16, 3)).astype("float32")
+    _, weights = model(images, return_attention_weights=True)
+    path = viz.plot_attention_maps(images[0], weights, str(tmp_path / "attention.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="square patch grid"):
+        viz.plot_attention_maps(images[0], [w[:, :, :-1, :-1] for w in weights], str(tmp_path / "x.png"))
+
+
+def test_learning_curves_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = viz.plot_learning_curves({"loss": [3, 2, 1], "val_loss": [3, 2.5, 2], "accuracy": [0.1, 0.5, 0.7]},
+                                    str(tmp_path / "curves.png"), title="test")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
