@@ -3,6 +3,15 @@
 from keras_tfm import layers, viz
 from keras_tfm.convert import from_huggingface
 from keras_tfm.models import (
+    Bert,
+    BertClassifier,
+    BertMLM,
+    bert_base,
+    bert_large,
+    bert_medium,
+    bert_mini,
+    bert_small,
+    bert_tiny,
     GPT,
     gpt2_large,
     gpt2_medium,

@@ -78,7 +78,8 @@ def from_huggingface(model_or_directory):
         model_or_directory: a `transformers` PyTorch model (e.g. `GPT2LMHeadModel`), or the path of
             a local directory saved by `save_pretrained` (`config.json` + weights).
 
-    Supported: GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), ViT (`ViTModel` without its pooler, as
+    Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`,
+    `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), ViT (`ViTModel` without its pooler, as
     `include_top=False`, and `ViTForImageClassification`).
 
     Example:
@@ -129,4 +130,4 @@ def set_layer_norm(norm, gamma: np.ndarray, beta: np.ndarray) -> None:
 
 
 # Importing registers the converters.
-from keras_tfm.convert import gpt2, vit  # noqa: E402,F401
+from keras_tfm.convert import bert, gpt2, vit  # noqa: E402,F401

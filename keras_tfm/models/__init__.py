@@ -1,5 +1,16 @@
 """The model zoo: one configurable class per model, and its named sizes as plain functions."""
 
+from keras_tfm.models.bert import (
+    Bert,
+    BertClassifier,
+    BertMLM,
+    bert_base,
+    bert_large,
+    bert_medium,
+    bert_mini,
+    bert_small,
+    bert_tiny,
+)
 from keras_tfm.models.gpt import (
     GPT,
     gpt2_large,

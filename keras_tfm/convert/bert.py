@@ -1,0 +1,68 @@
+"""BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) -> `keras_tfm.Bert`,
+`BertMLM`, `BertClassifier`. PyTorch `Linear` kernels are (out, in) and are transposed; the MLM
+decoder is tied to the word embeddings, so only its bias is read."""
+
+from __future__ import annotations
+
+from keras_tfm.convert.huggingface import WeightReader, converter, set_dense, set_layer_norm
+from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
+
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
+
+
+@converter("bert")
+def convert_bert(config: dict, weights: dict):
+    if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
+        raise ValueError(f"from_huggingface: BERT activation {config['hidden_act']!r} is not supported.")
+    arguments = dict(
+        vocabulary_size=config["vocab_size"],
+        max_length=config["max_position_embeddings"],
+        num_segments=config.get("type_vocab_size", 2),
+        num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"],
+        hidden_dim=config["hidden_size"],
+        intermediate_dim=config["intermediate_size"],
+        dropout=config.get("hidden_dropout_prob", 0.1),
+        layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
+        activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
+    )
+    if "cls.predictions.transform.dense.weight" in weights:
+        model = BertMLM(**arguments)
+    elif "classifier.weight" in weights:
+        model = BertClassifier(num_classes=weights["classifier.weight"].shape[0], **arguments)
+    else:
+        model = Bert(**arguments)
+    model.build()
+    encoder = model if isinstance(model, Bert) else model.encoder
+    w = WeightReader(weights, prefixes=("bert.",))
+    encoder.token_embedding.set_weights([w("embeddings.word_embeddings.weight")])
+    encoder.position_embedding.set_weights([w("embeddings.position_embeddings.weight")])
+    encoder.segment_embedding.set_weights([w("embeddings.token_type_embeddings.weight")])
+    set_layer_norm(encoder.embedding_norm, w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
+    for i, block in enumerate(encoder.blocks):
+        p = f"encoder.layer.{i}."
+        attention = block.self_attention
+        for dense, name in ((attention.query_dense, "attention.self.query"), (attention.key_dense, "attention.self.key"),
+                            (attention.value_dense, "attention.self.value"),
+                            (attention.output_dense, "attention.output.dense"),
+                            (block.feed_forward.intermediate_dense, "intermediate.dense"),
+                            (block.feed_forward.output_dense, "output.dense")):
+            set_dense(dense, w(p + name + ".weight").T, w(p + name + ".bias"))
+        set_layer_norm(block.self_attention_norm, w(p + "attention.output.LayerNorm.weight"),
+                       w(p + "attention.output.LayerNorm.bias"))
+        set_layer_norm(block.feed_forward_norm, w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias"))
+    ignored = ("cls.predictions.decoder.",)  # tied to the word embeddings; its bias is cls.predictions.bias
+    if isinstance(model, BertMLM):
+        set_dense(model.transform, w("cls.predictions.transform.dense.weight").T, w("cls.predictions.transform.dense.bias"))
+        set_layer_norm(model.transform_norm, w("cls.predictions.transform.LayerNorm.weight"),
+                       w("cls.predictions.transform.LayerNorm.bias"))
+        model.output_bias.assign(w("cls.predictions.bias"))
+    elif isinstance(model, BertClassifier):
+        set_dense(model.pooler, w("pooler.dense.weight").T, w("pooler.dense.bias"))
+        set_dense(model.classifier, w("classifier.weight").T, w("classifier.bias"))
+    else:
+        ignored += ("pooler.", "bert.pooler.")  # keras_tfm.Bert returns token vectors, not a pooled vector
+    leftover = w.unused(ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids"))
+    if leftover:
+        raise ValueError(f"from_huggingface: BERT weights not converted: {leftover[:5]}")
+    return model

@@ -1,0 +1,237 @@
+"""BERT: a bidirectional encoder, pretrained as a masked language model, fine-tuned as a classifier.
+
+    tokens -> token + learned position + segment embeddings -> LayerNorm -> dropout
+           -> num_layers x post-norm EncoderBlock (padding-masked self-attention, GELU MLP)
+    BertMLM:        selected positions -> Dense + GELU + LayerNorm -> logits tied to the token embedding + bias
+    BertClassifier: [CLS] -> pooler (Dense + tanh) -> dropout -> Dense(num_classes)
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
+
+_ENCODER_ARGUMENTS = ("vocabulary_size", "max_length", "num_segments", "num_layers", "num_heads", "hidden_dim",
+                      "intermediate_dim", "dropout", "layer_norm_epsilon", "activation")
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class Bert(keras.Model):
+    """The BERT encoder: `model(token_ids)` gives one vector per token.
+
+    Args:
+        vocabulary_size, max_length, num_segments: sizes of the token, position and segment tables.
+        num_layers, num_heads, hidden_dim, intermediate_dim (default 4 x hidden_dim): the encoder.
+        dropout: on embeddings, attention weights and residual branches (training only).
+        layer_norm_epsilon, activation.
+
+    Call arguments:
+        token_ids: int `(batch, length)`.
+        segment_ids: int `(batch, length)`, sentence A = 0 / B = 1; default all 0.
+        padding_mask: `(batch, length)`, True at real tokens; pad tokens are never attended to.
+            Default: every token is real (as Hugging Face's default `attention_mask`).
+
+    Example:
+    >>> encoder = bert_tiny(head=None)
+    >>> vectors = encoder(ids, padding_mask=ids != 0)     # (batch, length, 128)
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int = 30522,
+        max_length: int = 512,
+        num_segments: int = 2,
+        num_layers: int = 12,
+        num_heads: int = 12,
+        hidden_dim: int = 768,
+        intermediate_dim: int | None = None,
+        dropout: float = 0.1,
+        layer_norm_epsilon: float = 1e-12,
+        activation: str = "gelu",
+        **kwargs,
+    ):
+        kwargs.setdefault("name", "bert")
+        super().__init__(**kwargs)
+        self.vocabulary_size = vocabulary_size
+        self.max_length = max_length
+        self.num_segments = num_segments
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim or 4 * hidden_dim
+        self.dropout = dropout
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.activation = activation
+
+        init = keras.initializers.TruncatedNormal(stddev=0.02)
+        policy = self.dtype_policy
+        self.token_embedding = TokenEmbedding(vocabulary_size, hidden_dim, embeddings_initializer=init,
+                                              dtype=policy, name="token_embedding")
+        self.position_embedding = LearnedPositionEmbedding(max_length, initializer=init, dtype=policy,
+                                                           name="position_embedding")
+        self.segment_embedding = keras.layers.Embedding(num_segments, hidden_dim, embeddings_initializer=init,
+                                                        dtype=policy, name="segment_embedding")
+        self.embedding_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy,
+                                                              name="embedding_norm")
+        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
+        self.blocks = [
+            EncoderBlock(num_heads, self.intermediate_dim, dropout=dropout, attention_dropout=dropout,
+                         activation=activation, norm_first=False, layer_norm_epsilon=layer_norm_epsilon,
+                         kernel_initializer=init, dtype=policy, name=f"block_{i}")
+            for i in range(num_layers)
+        ]
+
+    def build(self, token_ids_shape=None):
+        self.call(ops.zeros((1, 2), "int32"))
+        self.built = True
+
+    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
+        if segment_ids is None:
+            segment_ids = ops.zeros_like(token_ids)
+        x = self.token_embedding(token_ids)
+        x = x + self.position_embedding(x) + self.segment_embedding(segment_ids)
+        x = self.embedding_dropout(self.embedding_norm(x), training=training)
+        for block in self.blocks:
+            x = block(x, padding_mask=padding_mask, training=training)
+        return x
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update({name: getattr(self, name) for name in _ENCODER_ARGUMENTS})
+        return config
+
+
+class _BertWithHead(keras.Model):
+    """Shared by the task models: an encoder built from the same arguments as `Bert`."""
+
+    def __init__(self, default_name: str, **kwargs):
+        encoder_arguments = {k: kwargs.pop(k) for k in _ENCODER_ARGUMENTS if k in kwargs}
+        kwargs.setdefault("name", default_name)
+        super().__init__(**kwargs)
+        self.encoder = Bert(**encoder_arguments, dtype=self.dtype_policy, name="encoder")
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update({name: getattr(self.encoder, name) for name in _ENCODER_ARGUMENTS})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class BertMLM(_BertWithHead):
+    """BERT with its masked-language-model head (pretraining).
+
+    Args: those of `Bert`.
+
+    Call arguments: those of `Bert`, plus
+        mask_positions: int `(batch, num_masked)`: compute logits only at these positions (the
+            masked tokens), as in the original recipe; default: every position.
+
+    Returns: logits `(batch, num_masked or length, vocabulary_size)`.
+
+    Example:
+    >>> mlm = bert_tiny()                                 # a BertMLM
+    >>> logits = mlm(ids, padding_mask=ids != 0, mask_positions=positions)
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__("bert_mlm", **kwargs)
+        policy = self.dtype_policy
+        init = keras.initializers.TruncatedNormal(stddev=0.02)
+        self.transform = keras.layers.Dense(self.encoder.hidden_dim, activation=self.encoder.activation,
+                                            kernel_initializer=init, dtype=policy, name="transform")
+        self.transform_norm = keras.layers.LayerNormalization(epsilon=self.encoder.layer_norm_epsilon,
+                                                              dtype=policy, name="transform_norm")
+
+    def build(self, token_ids_shape=None):
+        self.encoder.build()
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.encoder.vocabulary_size,),
+                                           initializer="zeros")
+        self.transform.build((None, self.encoder.hidden_dim))
+        self.transform_norm.build((None, self.encoder.hidden_dim))
+        self.built = True
+
+    def call(self, token_ids, segment_ids=None, padding_mask=None, mask_positions=None, training=None):
+        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
+        if mask_positions is not None:
+            x = ops.take_along_axis(x, ops.cast(mask_positions, "int32")[..., None], axis=1)
+        x = self.transform_norm(self.transform(x))
+        return self.encoder.token_embedding(x, reverse=True) + ops.cast(self.output_bias, x.dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class BertClassifier(_BertWithHead):
+    """BERT with a sentence-classification head on the [CLS] token (fine-tuning).
+
+    Args: `num_classes`, plus those of `Bert`.
+
+    Example:
+    >>> classifier = bert_tiny(head="classifier", num_classes=2)
+    >>> logits = classifier(ids, padding_mask=ids != 0)       # (batch, 2)
+    """
+
+    def __init__(self, num_classes: int = 2, **kwargs):
+        super().__init__("bert_classifier", **kwargs)
+        self.num_classes = num_classes
+        policy = self.dtype_policy
+        init = keras.initializers.TruncatedNormal(stddev=0.02)
+        self.pooler = keras.layers.Dense(self.encoder.hidden_dim, activation="tanh", kernel_initializer=init,
+                                         dtype=policy, name="pooler")
+        self.pooled_dropout = keras.layers.Dropout(self.encoder.dropout, dtype=policy, name="pooled_dropout")
+        self.classifier = keras.layers.Dense(num_classes, kernel_initializer=init, dtype=policy, name="classifier")
+
+    def build(self, token_ids_shape=None):
+        self.encoder.build()
+        self.pooler.build((None, self.encoder.hidden_dim))
+        self.classifier.build((None, self.encoder.hidden_dim))
+        self.built = True
+
+    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
+        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
+        pooled = self.pooled_dropout(self.pooler(x[:, 0]), training=training)
+        return self.classifier(pooled)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(num_classes=self.num_classes)
+        return config
+
+
+_HEADS = {"mlm": BertMLM, "classifier": BertClassifier, None: Bert}
+
+
+def _bert(defaults: dict, head: str | None, overrides: dict) -> keras.Model:
+    if head not in _HEADS:
+        raise ValueError(f"BERT: head must be 'mlm', 'classifier' or None; received {head!r}.")
+    return _HEADS[head](**{**defaults, **overrides})
+
+
+def bert_tiny(head: str | None = "mlm", **overrides) -> keras.Model:
+    """BERT-Tiny: 2 layers, 2 heads, 128 wide. `head`: "mlm" (BertMLM), "classifier", or None (encoder)."""
+    return _bert(dict(num_layers=2, num_heads=2, hidden_dim=128), head, overrides)
+
+
+def bert_mini(head: str | None = "mlm", **overrides) -> keras.Model:
+    """BERT-Mini: 4 layers, 4 heads, 256 wide."""
+    return _bert(dict(num_layers=4, num_heads=4, hidden_dim=256), head, overrides)
+
+
+def bert_small(head: str | None = "mlm", **overrides) -> keras.Model:
+    """BERT-Small: 4 layers, 8 heads, 512 wide."""
+    return _bert(dict(num_layers=4, num_heads=8, hidden_dim=512), head, overrides)
+
+
+def bert_medium(head: str | None = "mlm", **overrides) -> keras.Model:
+    """BERT-Medium: 8 layers, 8 heads, 512 wide."""
+    return _bert(dict(num_layers=8, num_heads=8, hidden_dim=512), head, overrides)
+
+
+def bert_base(head: str | None = "mlm", **overrides) -> keras.Model:
+    """BERT-Base: 12 layers, 12 heads, 768 wide (110M)."""
+    return _bert(dict(num_layers=12, num_heads=12, hidden_dim=768), head, overrides)
+
+
+def bert_large(head: str | None = "mlm", **overrides) -> keras.Model:
+    """BERT-Large: 24 layers, 16 heads, 1024 wide (340M)."""
+    return _bert(dict(num_layers=24, num_heads=16, hidden_dim=1024), head, overrides)

@@ -1,0 +1,64 @@
+"""keras_tfm BERT vs Hugging Face BERT built from small random configurations (no network)."""
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=60,
+              max_position_embeddings=24, num_labels=3)
+
+
+def hf_bert(cls):
+    torch.manual_seed(0)
+    return cls(transformers.BertConfig(**CONFIG)).eval()
+
+
+def inputs(rng):
+    ids = rng.integers(1, 60, size=(2, 11))
+    segments = np.concatenate([np.zeros((2, 6), int), np.ones((2, 5), int)], axis=1)
+    mask = np.ones((2, 11), bool)
+    mask[0, 8:] = False
+    return ids, segments, mask
+
+
+def run_hf(hf, ids, segments, mask):
+    with torch.no_grad():
+        out = hf(torch.tensor(ids), token_type_ids=torch.tensor(segments), attention_mask=torch.tensor(mask.astype(int)))
+    return (out.logits if hasattr(out, "logits") else out.last_hidden_state).numpy()
+
+
+@pytest.mark.parametrize("name", ["BertForMaskedLM", "BertForSequenceClassification", "BertModel"])
+def test_outputs_and_parameter_counts_match(rng, name):
+    hf = hf_bert(getattr(transformers, name))
+    model = keras_tfm.from_huggingface(hf)
+    ids, segments, mask = inputs(rng)
+    ours = to_numpy(model(ids, segment_ids=segments, padding_mask=mask))
+    expected = run_hf(hf, ids, segments, mask)
+    if name == "BertForSequenceClassification":
+        np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=0)
+    else:  # padded positions are garbage in both; compare the real tokens
+        np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
+    hf_count = sum(p.numel() for p in hf.parameters()) - (hf.config.hidden_size ** 2 + hf.config.hidden_size if name == "BertModel" else 0)
+    assert model.count_params() == hf_count  # BertModel's pooler is not converted
+
+
+def test_masked_positions_select_the_same_logits(rng):
+    hf = hf_bert(transformers.BertForMaskedLM)
+    model = keras_tfm.from_huggingface(hf)
+    ids, segments, mask = inputs(rng)
+    positions = np.array([[1, 4, 7], [0, 2, 10]])
+    full = run_hf(hf, ids, segments, mask)
+    selected = to_numpy(model(ids, segment_ids=segments, padding_mask=mask, mask_positions=positions))
+    np.testing.assert_allclose(selected, np.take_along_axis(full, positions[..., None], axis=1), atol=1e-4, rtol=0)
+
+
+def test_bert_base_mlm_parameter_count():
+    with torch.device("meta"):
+        hf = transformers.BertForMaskedLM(transformers.BertConfig())
+    model = keras_tfm.bert_base()
+    model.build()
+    assert model.count_params() == sum(p.numel() for p in hf.parameters()) == 109_514_298

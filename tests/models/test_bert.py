@@ -1,0 +1,34 @@
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import assert_close, run_layer_checks, to_numpy
+
+SMALL = dict(vocabulary_size=30, max_length=16, num_layers=2, hidden_dim=16, num_heads=2)
+
+
+@pytest.mark.parametrize("head", ["mlm", "classifier", None])
+def test_bert_models_pass_common_checks(tmp_path, rng, head):
+    ids = rng.integers(1, 30, size=(2, 10)).astype("int32")
+    run_layer_checks(lambda **kw: keras_tfm.bert_tiny(head=head, **SMALL, **kw), (ids,), tmp_path=tmp_path)
+
+
+def test_padding_is_invisible_to_real_tokens(rng):
+    model = keras_tfm.bert_tiny(head=None, **SMALL, dropout=0.0)
+    ids = rng.integers(1, 30, size=(1, 10)).astype("int32")
+    mask = np.arange(10)[None] < 6
+    changed = ids.copy()
+    changed[0, 6:] = (changed[0, 6:] + 3) % 30
+    assert_close(to_numpy(model(ids, padding_mask=mask))[0, :6], to_numpy(model(changed, padding_mask=mask))[0, :6], atol=1e-5)
+
+
+def test_heads_and_errors():
+    classifier = keras_tfm.bert_tiny(head="classifier", num_classes=4, **SMALL)
+    assert tuple(classifier(np.ones((3, 8), "int32")).shape) == (3, 4)
+    mlm = keras_tfm.bert_tiny(**SMALL)
+    assert isinstance(mlm, keras_tfm.BertMLM)
+    assert tuple(mlm(np.ones((3, 8), "int32"), mask_positions=np.zeros((3, 2), "int32")).shape) == (3, 2, 30)
+    with pytest.raises(ValueError, match="head must be"):
+        keras_tfm.bert_tiny(head="qa")
+    with pytest.raises(ValueError, match="max_length=16"):
+        mlm(np.ones((1, 17), "int32"))
