@@ -20,7 +20,7 @@ from common import Timer, keras_train_throughput, print_table, report, run_worke
 
 CONFIG = dict(vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128)
 TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=60)
-GENERATE = dict(context=256, prompt=16, new_tokens=200, repeats=3)
+GENERATE = dict(context=256, prompt=16, new_tokens=200, repeats=10)
 BACKENDS = ("jax", "tensorflow", "torch")
 
 

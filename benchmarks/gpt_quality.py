@@ -1,0 +1,87 @@
+"""GPT quality against nanoGPT's published CPU run on tiny Shakespeare (characters).
+
+nanoGPT (4 layers, 4 heads, 128 wide, context 64, batch 12, 2000 iterations, no dropout, AdamW
+lr 1e-3 with warmup and cosine decay, first 90% of the text for training) reports validation loss
+1.88. This trains `keras_tfm.gpt_shakespeare_char_cpu()` on the same number of tokens (2000 x 12 x
+64, random windows, as nanoGPT samples them) and evaluates on the last 10%.
+
+    python benchmarks/gpt_quality.py [--data ../shared/data/tinyshakespeare/input.txt] [--learning-rate 2e-3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                            "tinyshakespeare", "input.txt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=DEFAULT_DATA, help="tiny Shakespeare input.txt")
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=12)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--eval-batches", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1337)
+    args = parser.parse_args()
+    if not os.path.isfile(args.data):
+        raise SystemExit(f"--data: no file at {args.data!r}; pass the path of tiny Shakespeare's input.txt.")
+
+    import keras
+
+    import keras_tfm
+
+    keras.utils.set_random_seed(args.seed)
+    text = open(args.data, encoding="utf-8").read()
+    vocabulary = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocabulary)}
+    ids = np.array([index[c] for c in text], "int32")
+    split = int(0.9 * len(ids))
+    train, validation = ids[:split], ids[split:]
+    model = keras_tfm.gpt_shakespeare_char_cpu(vocabulary_size=len(vocabulary))
+    context = model.max_length
+    rng = np.random.default_rng(args.seed)
+
+    def windows(data, count):
+        starts = rng.integers(0, len(data) - context - 1, size=count)
+        batch = np.stack([data[s:s + context + 1] for s in starts])
+        return batch[:, :-1], batch[:, 1:]
+
+    x, y = windows(train, args.iterations * args.batch_size)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=args.iterations - args.warmup, alpha=0.1, warmup_target=args.learning_rate,
+        warmup_steps=args.warmup,
+    )
+    model.compile(
+        optimizer=keras.optimizers.AdamW(schedule, beta_2=0.99, weight_decay=0.1, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=keras.backend.backend() != "torch",
+    )
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=2)
+    seconds = time.perf_counter() - start
+    vx, vy = windows(validation, args.eval_batches * args.batch_size)
+    validation_loss = model.evaluate(vx, vy, batch_size=args.batch_size, verbose=0)
+    sample = model.generate([[vocabulary.index("\n")]], max_new_tokens=model.max_length - 1, temperature=0.8, top_k=20, seed=0)[0]
+    result = {
+        "backend": keras.backend.backend(),
+        "parameters": model.count_params(),
+        "iterations": args.iterations,
+        "tokens": args.iterations * args.batch_size * context,
+        "validation_loss": round(float(validation_loss), 4),
+        "nanogpt_validation_loss": 1.88,
+        "train_seconds": round(seconds, 1),
+    }
+    print("".join(vocabulary[i] for i in sample))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
