@@ -5,7 +5,7 @@ lr 1e-3 with warmup and cosine decay, first 90% of the text for training) report
 1.88. This trains `keras_tfm.gpt_shakespeare_char_cpu()` on the same number of tokens (2000 x 12 x
 64, random windows, as nanoGPT samples them) and evaluates on the last 10%.
 
-    python benchmarks/gpt_quality.py [--data ../shared/data/tinyshakespeare/input.txt] [--learning-rate 2e-3]
+    python benchmarks/gpt_quality.py [--data ../shared/data/tinyshakespeare/input.txt] [--learning-rate 3e-3]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--data", default=DEFAULT_DATA, help="tiny Shakespeare input.txt")
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=12)
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--eval-batches", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1337)

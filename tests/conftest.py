@@ -1,5 +1,3 @@
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -21,5 +19,3 @@ def _seed_and_policy():
 def rng():
     return np.random.default_rng(0)
 
-
-SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
