@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_tfm.generation import decoding
+from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
 from keras_tfm.generation.sampling import Sampler
 from keras_tfm.layers import DecoderBlock, LearnedPositionEmbedding, TokenEmbedding
@@ -181,7 +181,7 @@ class GPT(keras.Model):
         prompt_width = buffer.shape[1] - max_new_tokens
         key = (sampler, prompt_width, num_beams, length_penalty)
         if key not in self._generate_functions:
-            step = decoding.fast_step(self.call_with_cache, self)
+            step = compiled.fast_step(self.call_with_cache, self)
 
             def run(buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
                 cache = self.empty_cache(buffer.shape[0] * num_beams, buffer.shape[1])
@@ -192,7 +192,7 @@ class GPT(keras.Model):
                 return decoding.decode(step, cache, buffer, prompt_mask, lengths,
                                        prompt_width, max_new, stops, pad, seed_state, sampler)
 
-            self._generate_functions[key] = decoding.compile_function(run, self)
+            self._generate_functions[key] = compiled.compile_function(run, self)
         output, _ = self._generate_functions[key](
             ops.convert_to_tensor(buffer),
             ops.convert_to_tensor(prompt_mask),
