@@ -1,0 +1,5 @@
+"""Data for the recipes: datasets (TFDS, local files, offline defaults) and tokenizers (keras-hub)."""
+
+from keras_tfm.data.errors import DataError
+from keras_tfm.data.text import TextSplits, load_text, offline_text, read_text
+from keras_tfm.data.tokenizers import CharacterTokenizer, WordPieceTokenizer, load_or_fit_tokenizer, load_tokenizer

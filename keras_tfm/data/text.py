@@ -1,0 +1,113 @@
+"""Text corpora for language-model recipes: local files, a named TFDS dataset, or the offline default.
+
+The offline default is Python's own documentation (`pydoc_data.topics`, about 460k characters of
+English prose and code that every CPython ships), so a recipe trains on a fresh machine with no
+network and no arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+from collections.abc import Callable
+
+from keras_tfm.data.errors import DataError
+from keras_tfm.data.tfds import load_tfds
+
+OFFLINE_TEXT_SOURCE = "the offline default: Python's bundled documentation text (pydoc_data.topics)"
+
+
+@dataclasses.dataclass
+class TextSplits:
+    train: str
+    validation: str
+    source: str
+
+
+def offline_text() -> str:
+    from pydoc_data import topics
+
+    return "\n\n".join(topics.topics[name].strip() for name in sorted(topics.topics))
+
+
+def read_text(path: str, flag: str = "--data") -> str:
+    """Reads a UTF-8 text file (`.gz` too) or every `.txt`/`.txt.gz` file under a directory, in name order."""
+    if os.path.isdir(path):
+        files = sorted(
+            os.path.join(root, name)
+            for root, _, names in os.walk(path)
+            for name in names
+            if name.endswith((".txt", ".txt.gz"))
+        )
+        if not files:
+            raise DataError(f"{flag}: the directory {path!r} holds no .txt or .txt.gz files.")
+        return "\n".join(read_text(file, flag) for file in files)
+    if not os.path.isfile(path):
+        raise DataError(f"{flag}: expected a text file or a directory of .txt files, but nothing is at {path!r}.")
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rb") as file:
+                raw = file.read()
+        else:
+            with open(path, "rb") as file:
+                raw = file.read()
+        text = raw.decode("utf-8")
+    except (OSError, EOFError) as error:
+        raise DataError(f"{flag}: {path!r} is corrupt or unreadable ({error}).") from None
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{flag}: {path!r} is not UTF-8 text (undecodable byte at offset {error.start}); is it the right file?"
+        ) from None
+    if not text.strip():
+        raise DataError(f"{flag}: {path!r} is empty; expected text to train on.")
+    return text
+
+
+def split_text(text: str, validation_fraction: float = 0.1) -> tuple[str, str]:
+    cut = int(len(text) * (1 - validation_fraction))
+    return text[:cut], text[cut:]
+
+
+def load_text(
+    data: str | None = None,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    validation_fraction: float = 0.1,
+    log: Callable[[str], None] = print,
+) -> TextSplits:
+    """Train and validation text from `--data` files, `--dataset` (TFDS) or the offline default.
+
+    Local text and the offline default are split by position: the first 90% trains, the rest validates
+    (as nanoGPT does). A TFDS dataset uses its own train and validation (or test) splits.
+    """
+    if data and dataset:
+        raise DataError("pass either --data PATH or --dataset NAME, not both.")
+    if data:
+        train, validation = split_text(read_text(data), validation_fraction)
+        source = f"local text {data!r}"
+    elif dataset:
+        train = _tfds_text(dataset, "train", data_dir)
+        validation = None
+        for split in ("validation", "test"):
+            try:
+                validation = _tfds_text(dataset, split, data_dir)
+                break
+            except DataError:
+                continue
+        if validation is None:
+            train, validation = split_text(train, validation_fraction)
+        source = f"tensorflow-datasets {dataset!r}"
+    else:
+        train, validation = split_text(offline_text(), validation_fraction)
+        source = OFFLINE_TEXT_SOURCE
+    log(f"Data: {source}: {len(train):,} training and {len(validation):,} validation characters.")
+    return TextSplits(train, validation, source)
+
+
+def _tfds_text(name: str, split: str, data_dir: str | None) -> str:
+    pieces = []
+    for example in load_tfds(name, split, data_dir, instead="--data PATH (a text file or a directory of .txt files)"):
+        value = example["text"] if isinstance(example, dict) else example
+        pieces.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+    return "\n".join(pieces)

@@ -1,0 +1,127 @@
+"""Tokenizers for the recipes: characters (nanoGPT's), or subwords through keras-hub's WordPiece.
+
+Both expose `encode(text) -> int32 array`, `decode(ids) -> str`, `vocabulary_size` and `save(path)`;
+`load_or_fit_tokenizer` saves the fitted vocabulary in the output directory and reuses it on resume,
+so a resumed run sees the same token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from keras_tfm.data.errors import DataError
+
+WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+class CharacterTokenizer:
+    """One id per distinct character of the training text, in sorted order (as nanoGPT)."""
+
+    kind = "char"
+
+    def __init__(self, vocabulary: list[str]):
+        self.vocabulary = list(vocabulary)
+        self._index = {character: i for i, character in enumerate(self.vocabulary)}
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None) -> CharacterTokenizer:
+        return cls(sorted(set(text)))
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def encode(self, text: str) -> np.ndarray:
+        unknown = set(text) - self._index.keys()
+        if unknown:  # characters only in validation text: drop them rather than invent ids
+            text = "".join(c for c in text if c in self._index)
+        return np.fromiter((self._index[c] for c in text), dtype="int32", count=len(text))
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocabulary[int(i)] for i in np.asarray(ids).reshape(-1))
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "vocabulary": self.vocabulary}, file)
+
+
+class WordPieceTokenizer:
+    """keras-hub's `WordPieceTokenizer` over a vocabulary from `compute_word_piece_vocabulary`."""
+
+    kind = "wordpiece"
+
+    def __init__(self, vocabulary: list[str], lowercase: bool = True):
+        import keras_hub
+
+        self.vocabulary = list(vocabulary)
+        self.lowercase = lowercase
+        self._tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
+            vocabulary=self.vocabulary, lowercase=lowercase, oov_token="[UNK]", dtype="int32"
+        )
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None, lowercase: bool = True) -> WordPieceTokenizer:
+        import keras_hub
+        import tensorflow as tf  # keras-hub's tokenizers run on tf.text
+
+        lines = [line for line in text.splitlines() if line.strip()]
+        vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
+            tf.data.Dataset.from_tensor_slices(lines).batch(1024), vocabulary_size or 8192, lowercase=lowercase, reserved_tokens=WORDPIECE_RESERVED
+        )
+        return cls(vocabulary, lowercase)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def token_id(self, token: str) -> int:
+        return self.vocabulary.index(token)
+
+    def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
+        rows = self._tokenizer(lines)  # a tf.RaggedTensor on TensorFlow, lists on other backends
+        rows = rows.to_list() if hasattr(rows, "to_list") else rows
+        return [np.asarray(row, "int32") for row in rows]
+
+    def encode(self, text: str) -> np.ndarray:
+        rows = self.encode_lines([line for line in text.splitlines() if line.strip()])
+        return np.concatenate(rows) if rows else np.zeros((0,), "int32")
+
+    def decode(self, ids) -> str:
+        text = self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1))
+        text = text.numpy() if hasattr(text, "numpy") else text
+        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "lowercase": self.lowercase}, file)
+
+
+TOKENIZERS = {"char": CharacterTokenizer, "wordpiece": WordPieceTokenizer}
+
+
+def load_tokenizer(path: str):
+    try:
+        with open(path, encoding="utf-8") as file:
+            state = json.load(file)
+        kind = state.pop("kind")
+        return TOKENIZERS[kind](**state)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(f"--tokenizer: {path!r} is not a saved keras_tfm tokenizer ({error}).") from None
+
+
+def load_or_fit_tokenizer(kind: str, text: str, output_dir: str, vocabulary_size: int | None = None, log=print):
+    """Loads `output_dir/tokenizer.json` if an earlier run saved one, else fits `kind` on `text` and saves it."""
+    path = os.path.join(output_dir, "tokenizer.json")
+    if os.path.exists(path):
+        tokenizer = load_tokenizer(path)
+        log(f"Tokenizer: reusing {path} ({tokenizer.kind}, {tokenizer.vocabulary_size} tokens).")
+        return tokenizer
+    if kind not in TOKENIZERS:
+        raise DataError(f"--tokenizer: expected one of {sorted(TOKENIZERS)}, got {kind!r}.")
+    tokenizer = TOKENIZERS[kind].fit(text, vocabulary_size)
+    tokenizer.save(path)
+    log(f"Tokenizer: fitted {kind} on the training text ({tokenizer.vocabulary_size} tokens), saved to {path}.")
+    return tokenizer

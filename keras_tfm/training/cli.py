@@ -1,0 +1,79 @@
+"""The command line every recipe shares: model size by name and overrides, schedule, data, runtime."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+from keras_tfm.data.errors import DataError
+
+MODEL_OVERRIDES = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "max_length")
+
+
+def recipe_parser(description: str, sizes: dict, default_size: str, default_output_dir: str) -> argparse.ArgumentParser:
+    """An `ArgumentParser` with the flags of the shared runtime; a recipe adds its own to it."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default=default_size, metavar="SIZE",
+                       help=f"named size, one of: {', '.join(sizes)} (default: %(default)s)")
+    model.add_argument("--num-layers", type=int, help="override the size's number of blocks")
+    model.add_argument("--num-heads", type=int, help="override the size's attention heads")
+    model.add_argument("--hidden-dim", type=int, help="override the size's width")
+    model.add_argument("--intermediate-dim", type=int, help="override the size's feed-forward width")
+    model.add_argument("--dropout", type=float, help="override the size's dropout rate")
+    model.add_argument("--max-length", type=int, help="override the size's longest sequence (context)")
+
+    training = parser.add_argument_group("training")
+    training.add_argument("--epochs", type=int, default=10, help="epochs; a checkpoint is written after each (default: %(default)s)")
+    training.add_argument("--steps-per-epoch", type=int,
+                          help="optimizer steps per epoch (default: one pass over the training data)")
+    training.add_argument("--steps", type=int,
+                          help="total optimizer steps; replaces --epochs (epochs are then at most --steps-per-epoch long)")
+    training.add_argument("--batch-size", type=int, default=32, help="global batch size (default: %(default)s)")
+    training.add_argument("--learning-rate", type=float, default=1e-3,
+                          help="peak learning rate of AdamW, reached after the warmup, then cosine decay to 10%% of it (default: %(default)s)")
+    training.add_argument("--warmup-steps", type=int, default=None,
+                          help="linear warmup steps (default: 5%% of all steps)")
+    training.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: %(default)s)")
+    training.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clipping (default: %(default)s)")
+    training.add_argument("--seed", type=int, default=0, help="seed of weights, data order and sampling (default: %(default)s)")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", metavar="PATH", help="local files to train on (see the recipe's description)")
+    data.add_argument("--dataset", metavar="NAME", help="a tensorflow-datasets name (needs network the first time)")
+    data.add_argument("--data-dir", metavar="DIR", help="where tensorflow-datasets keeps its downloads")
+
+    runtime = parser.add_argument_group("runtime")
+    runtime.add_argument("--output-dir", default=default_output_dir,
+                         help="checkpoints, logs, metrics.json and plots; rerunning with the same directory resumes (default: %(default)s)")
+    runtime.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                         help="Keras dtype policy (default: %(default)s)")
+    runtime.add_argument("--jit-compile", default="auto", choices=["auto", "on", "off"],
+                         help="XLA compilation: auto = on for TensorFlow and JAX, off (eager) for PyTorch, whose "
+                              "torch.compile path is slower here (default: %(default)s)")
+    runtime.add_argument("--distribute", default="none", choices=["none", "data", "model"],
+                         help="data: replicate the model on every device and split the batch (JAX DataParallel, "
+                              "TensorFlow MirroredStrategy); model: also shard attention heads and feed-forward "
+                              "over a 'model' mesh axis (JAX ModelParallel) (default: %(default)s)")
+    runtime.add_argument("--model-parallel", type=int, default=None, metavar="N",
+                         help="devices on the 'model' axis for --distribute model (default: all)")
+    runtime.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                         help="split the CPU into N virtual devices, to try --distribute without accelerators")
+    runtime.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorflow)")
+    runtime.add_argument("--verbose", type=int, default=None, choices=[0, 1, 2],
+                         help="Keras progress: 1 = bars, 2 = a line per epoch (default: bars on a terminal)")
+    return parser
+
+
+def build_model(sizes: dict, args: argparse.Namespace, **fixed):
+    """Calls the size function named by `--model` with `fixed` arguments and the overrides given."""
+    if args.model not in sizes:
+        raise DataError(f"--model: expected one of {', '.join(sizes)}; got {args.model!r}.")
+    size = sizes[args.model]
+    accepted = inspect.signature(size).parameters
+    overrides = {name: getattr(args, name) for name in MODEL_OVERRIDES if getattr(args, name, None) is not None}
+    for name in overrides:
+        if name not in accepted and not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+            raise DataError(f"--{name.replace('_', '-')}: {args.model} has no such setting.")
+    return size(**{**overrides, **fixed})

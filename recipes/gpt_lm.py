@@ -1,0 +1,111 @@
+"""Train a GPT language model on text, then sample from it.
+
+Data (one of):
+  --data PATH         a UTF-8 text file (.txt or .txt.gz) or a directory of .txt files; the first 90%
+                      trains, the last 10% validates (e.g. ../shared/data/tinyshakespeare/input.txt)
+  --dataset NAME      a tensorflow-datasets text dataset, e.g. tiny_shakespeare (needs network once)
+  (neither)           the offline default: Python's bundled documentation text
+
+Tokens are characters (`--tokenizer char`, nanoGPT's setting) or keras-hub WordPiece subwords
+(`--tokenizer wordpiece --vocabulary-size 8192`). Each epoch draws fresh random windows of the model's
+context, as nanoGPT does. Reports validation loss and perplexity, prints samples as it trains, and
+leaves checkpoints, log.csv, metrics.json, learning_curves.png and samples.txt in --output-dir.
+Rerunning the same command resumes an interrupted run.
+
+    python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt --steps 2000 --batch-size 12
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+
+def main() -> None:
+    from keras_tfm import training
+    from keras_tfm.models import gpt
+
+    sizes = {name: getattr(gpt, name) for name in
+             ("gpt_shakespeare_char_cpu", "gpt_shakespeare_char", "gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl")}
+    parser = training.recipe_parser(__doc__, sizes, "gpt_shakespeare_char_cpu", "runs/gpt_lm")
+    parser.set_defaults(batch_size=12, learning_rate=3e-3, weight_decay=0.1, epochs=5)
+    recipe = parser.add_argument_group("language model")
+    recipe.add_argument("--tokenizer", default="char", choices=["char", "wordpiece"], help="(default: %(default)s)")
+    recipe.add_argument("--vocabulary-size", type=int, default=8192, help="WordPiece vocabulary size (default: %(default)s)")
+    recipe.add_argument("--eval-batches", type=int, default=50, help="validation batches of random windows (default: %(default)s)")
+    recipe.add_argument("--prompt", default="\n", help="text the samples start from (default: a newline)")
+    recipe.add_argument("--sample-tokens", type=int, default=200, help="tokens per sample (default: %(default)s)")
+    recipe.add_argument("--sample-every", type=int, default=1, help="print a sample every N epochs; 0 = only at the end")
+    recipe.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: %(default)s)")
+    recipe.add_argument("--top-k", type=int, default=20, help="sample among the k likeliest tokens (default: %(default)s)")
+    args = parser.parse_args()
+    training.setup(args)
+
+    import keras
+
+    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text
+
+    text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
+    tokenizer = load_or_fit_tokenizer(args.tokenizer, text.train, args.output_dir, args.vocabulary_size,
+                                      log=training.runtime.log)
+    train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
+    # Constructing a size is cheap (weights are made at build time); it tells the default context.
+    context = args.max_length or training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size).max_length
+    for name, ids in (("training", train_ids), ("validation", validation_ids)):
+        if len(ids) <= context + 1:
+            raise DataError(f"--data: the {name} text has {len(ids)} tokens, fewer than one window of "
+                            f"{context + 1}; give more text or a smaller --max-length.")
+
+    def windows(ids, count, rng):
+        starts = rng.integers(0, len(ids) - context - 1, size=count)
+        batch = np.stack([ids[s:s + context + 1] for s in starts])
+        return batch[:, :-1], batch[:, 1:]
+
+    def train_batch(epoch: int, step: int):
+        return windows(train_ids, args.batch_size, np.random.default_rng([args.seed, epoch, step]))
+
+    validation = windows(validation_ids, args.eval_batches * args.batch_size, np.random.default_rng([args.seed, 1 << 30]))
+    prompt = tokenizer.encode(args.prompt)
+    prompt = prompt if len(prompt) else np.zeros((1,), "int32")
+
+    def sample(model) -> str:
+        new_tokens = max(1, min(args.sample_tokens, context - len(prompt)))
+        ids = model.generate([list(prompt)], max_new_tokens=new_tokens, temperature=args.temperature,
+                             top_k=args.top_k, seed=args.seed)[0]
+        return tokenizer.decode(ids)
+
+    class PrintSample(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if args.sample_every and (epoch + 1) % args.sample_every == 0 and args.distribute == "none":
+                print(f"--- sample after epoch {epoch + 1} ---\n{sample(self.model)}\n---", flush=True)
+
+    def evaluate(model) -> dict:
+        loss = model.evaluate(*validation, batch_size=args.batch_size, verbose=0, return_dict=True)["loss"]
+        return {"validation_perplexity": math.exp(loss), "tokenizer": tokenizer.kind,
+                "vocabulary_size": tokenizer.vocabulary_size, "data": text.source}
+
+    result = training.train(
+        args,
+        build_model=lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size,
+                                                 max_length=context),
+        train_batch=train_batch,
+        steps_per_pass=len(train_ids) // (args.batch_size * context),
+        validation_data=validation,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        callbacks=[PrintSample()],
+        evaluate=evaluate,
+    )
+    text_out = sample(result.model)
+    with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:
+        file.write(text_out)
+    print(f"--- final sample ---\n{text_out}\n---")
+    print(f"validation loss {result.metrics['validation_loss']:.4f}, "
+          f"perplexity {result.metrics['validation_perplexity']:.2f}")
+
+
+if __name__ == "__main__":
+    from keras_tfm.training import run_main
+
+    run_main(main)

@@ -1,0 +1,155 @@
+"""The shared training runtime: recipes finish, resume after kill -9, stop on NaN, fail clearly, distribute."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_tfm.data import DataError
+from keras_tfm.training import TrainingDiverged, plan_steps, train
+from keras_tfm.training.cli import recipe_parser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
+BACKEND = keras.backend.backend()
+TINY_GPT = ["--num-layers", "1", "--num-heads", "2", "--hidden-dim", "32", "--max-length", "32",
+            "--batch-size", "8", "--eval-batches", "2", "--sample-tokens", "8", "--verbose", "2"]
+
+
+def recipe(name: str, *flags: str, wait: bool = True, timeout: int = 600):
+    command = [sys.executable, os.path.join(ROOT, "recipes", name), *flags]
+    environment = {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if not wait:
+        return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=timeout)
+
+
+def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
+    out = tmp_path / "run"
+    done = recipe("gpt_lm.py", "--steps", "4", "--steps-per-epoch", "2", "--output-dir", str(out),
+                  "--precision", "mixed_bfloat16", *TINY_GPT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "offline default" in done.stdout  # no --data: the bundled text, announced
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["epoch"] == 2 and (out / "checkpoint" / state["weights"]).stat().st_size > 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["backend"] == BACKEND and metrics["steps"] == 4 and metrics["precision"] == "mixed_bfloat16"
+    assert 2.0 < metrics["validation_loss"] < 6.0
+    assert np.isclose(metrics["validation_perplexity"], np.exp(metrics["validation_loss"]), rtol=1e-4)
+    assert (out / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((out / "log.csv").read_text().splitlines()) == 3  # header + 2 epochs
+    assert (out / "samples.txt").read_text()
+
+
+@pytest.mark.slow
+def test_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
+    flags = ["--data", SHAKESPEARE, "--steps", "24", "--steps-per-epoch", "4", "--sample-every", "0", *TINY_GPT]
+    straight = recipe("gpt_lm.py", *flags, "--output-dir", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+
+    out = tmp_path / "killed"
+    process = recipe("gpt_lm.py", *flags, "--output-dir", str(out), wait=False)
+    state_path = out / "checkpoint" / "state.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if state_path.exists() and json.loads(state_path.read_text())["epoch"] >= 2:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed:\n" + process.stdout.read()
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    killed_at = json.loads(state_path.read_text())["epoch"]
+    assert 2 <= killed_at < 6 and not (out / "metrics.json").exists()
+
+    resumed = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{killed_at} epochs done, optimizer step {4 * killed_at}" in resumed.stdout
+    expected = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    got = json.loads((out / "metrics.json").read_text())
+    assert got["validation_loss"] == pytest.approx(expected["validation_loss"], rel=1e-5, abs=1e-6)
+    assert expected["validation_loss"] < 3.6  # it learned: an untrained model scores about ln(65) = 4.17
+    straight_log = (tmp_path / "straight" / "log.csv").read_text().splitlines()
+    resumed_log = (out / "log.csv").read_text().splitlines()
+    assert len(resumed_log) == len(straight_log) == 7  # header + 6 epochs, none repeated or lost
+
+
+def _args(tmp_path, **overrides):
+    args = recipe_parser("test", {}, "tiny", str(tmp_path)).parse_args([])
+    args.verbose = 0
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
+    args = _args(tmp_path, epochs=3, steps_per_epoch=2, batch_size=4)
+
+    def batch(epoch, step):
+        x = np.ones((4, 3), "float32")
+        return (x * np.nan if epoch == 1 else x), np.zeros((4, 1), "float32")
+
+    with pytest.raises(TrainingDiverged, match=r"NaN at step 0.*last good checkpoint \(epoch 1\).*--learning-rate"):
+        train(args, build_model=lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
+              train_batch=batch, steps_per_pass=2, validation_data=(np.ones((4, 3)), np.zeros((4, 1))), loss="mse")
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["epoch"] == 1
+
+
+def test_steps_plan_and_bad_numbers():
+    args = argparse.Namespace(steps_per_epoch=None, epochs=3, steps=None, batch_size=8)
+    assert plan_steps(args, 50) == (3, 50)
+    args.steps = 120
+    assert plan_steps(args, 50) == (3, 40)
+    args.steps, args.batch_size = None, 0
+    with pytest.raises(DataError, match="--batch-size: expected a positive number, got 0"):
+        plan_steps(args, 50)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model", "gpt_huge"], "--model: expected one of gpt_shakespeare_char_cpu, .* got 'gpt_huge'"),
+        (["--data", "/nonexistent/input.txt"], "--data: expected a text file .* nothing is at '/nonexistent/input.txt'"),
+    ],
+)
+def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, flags, message):
+    import re
+
+    done = recipe("gpt_lm.py", "--output-dir", str(tmp_path), *flags, timeout=120)
+    assert done.returncode == 2
+    assert re.search(message, done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="keras.distribution (JAX) and tf.distribute (TensorFlow)")
+@pytest.mark.parametrize("mode", ["data", "model"])
+def test_distributed_step_equals_single_device_step(mode):
+    if mode == "model" and BACKEND != "jax":
+        pytest.skip("model parallelism runs on the jax backend")
+    jit = "nojit" if BACKEND == "tensorflow" else "jit"  # see runtime.use_jit
+    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "distributed_check.py"), mode, jit],
+                          env={**os.environ, "KERAS_BACKEND": BACKEND}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 4
+    assert result["weights_changed"] > 1e-3  # the step did something
+    assert result["loss"][1] == pytest.approx(result["loss"][0], rel=1e-5)
+    assert result["max_weight_difference"] < 1e-5
+
+
+def test_torch_refuses_distribute_clearly(tmp_path):
+    if BACKEND != "torch":
+        pytest.skip("the torch backend has no keras distribution engine")
+    from keras_tfm.training import distribution_scope
+
+    with pytest.raises(DataError, match="--distribute data: supported on the jax and tensorflow backends, not torch"):
+        distribution_scope("data")
