@@ -24,6 +24,7 @@ from keras_tfm.models import (
     vit_huge,
     vit_large,
     vit_small,
+    vit_small_images,
     vit_tiny,
 )
 

@@ -1,11 +1,12 @@
 """Data loading: local text files, the offline default, TFDS failures, tokenizers."""
 
 import gzip
+import os
 
 import numpy as np
 import pytest
 
-from keras_tfm.data import CharacterTokenizer, DataError, load_or_fit_tokenizer, load_text, read_text
+from keras_tfm.data import CharacterTokenizer, DataError, load_images, load_or_fit_tokenizer, load_text, read_text
 from keras_tfm.data import tfds as tfds_module
 
 
@@ -82,3 +83,48 @@ def test_wordpiece_tokenizer_from_keras_hub(tmp_path):
     assert tokenizer.vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     ids = tokenizer.encode("the cat sat on the log")
     assert len(ids) == 6 and tokenizer.decode(ids) == "the cat sat on the log"
+
+
+FASHION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "fashion-mnist")
+
+
+def test_fashion_mnist_idx_directory():
+    splits = load_images(FASHION, log=lambda m: None)
+    (train_x, train_y), (test_x, test_y) = splits.train, splits.test
+    assert train_x.shape == (60000, 28, 28, 1) and test_x.shape == (10000, 28, 28, 1)
+    assert train_x.dtype == np.uint8 and set(np.unique(train_y)) == set(range(10))
+    assert np.bincount(test_y).tolist() == [1000] * 10  # balanced, as published
+
+
+def test_npz_and_image_folder(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x_train=rng.integers(0, 255, (6, 4, 4), dtype=np.uint8), y_train=np.arange(6) % 2,
+             x_test=rng.integers(0, 255, (2, 4, 4), dtype=np.uint8), y_test=np.array([0, 1]))
+    splits = load_images(str(tmp_path / "d.npz"), log=lambda m: None)
+    assert splits.train[0].shape == (6, 4, 4, 1) and splits.test[1].tolist() == [0, 1]
+    for split in ("train", "test"):
+        for label in ("cat", "dog"):
+            (tmp_path / "folder" / split / label).mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 255, (5, 5, 3), dtype=np.uint8)).save(tmp_path / "folder" / split / label / f"{i}.png")
+    splits = load_images(str(tmp_path / "folder"), log=lambda m: None)
+    assert splits.class_names == ["cat", "dog"] and splits.train[0].shape == (6, 5, 5, 3)
+    assert splits.train[1].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_offline_digits():
+    messages = []
+    splits = load_images(log=messages.append)
+    assert "offline default" in messages[0] and splits.train[0].shape[1:] == (8, 8, 1)
+    assert splits.train[0].max() == 255 and len(splits.train[0]) + len(splits.test[0]) == 1797
+
+
+def test_corrupt_idx_and_missing_labels(tmp_path):
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (10).to_bytes(4, "big") * 3 + b"\x00" * 7)
+    with pytest.raises(DataError, match="not a readable IDX file .*header says \\(10, 10, 10\\), but 7 values follow"):
+        load_images(str(tmp_path), log=lambda m: None)
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (1).to_bytes(4, "big") * 3 + b"\x00")
+    with pytest.raises(DataError, match="has no train-labels-idx1-ubyte"):
+        load_images(str(tmp_path), log=lambda m: None)

@@ -20,4 +20,4 @@ from keras_tfm.models.gpt import (
     gpt_shakespeare_char,
     gpt_shakespeare_char_cpu,
 )
-from keras_tfm.models.vit import ViT, vit_base, vit_huge, vit_large, vit_small, vit_tiny
+from keras_tfm.models.vit import ViT, vit_base, vit_huge, vit_large, vit_small, vit_small_images, vit_tiny

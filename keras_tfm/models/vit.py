@@ -197,3 +197,11 @@ def vit_large(**overrides) -> ViT:
 def vit_huge(**overrides) -> ViT:
     """ViT-H/14: 32 layers, 16 heads, 1280 wide, MLP 5120, patch 14."""
     return _vit(dict(num_layers=32, num_heads=16, hidden_dim=1280, intermediate_dim=5120, patch_size=14), overrides)
+
+
+def vit_small_images(**overrides) -> ViT:
+    """A ViT for small images (CIFAR, Fashion-MNIST) trained from scratch on one machine: 32x32,
+    patch 4, 6 layers, 3 heads, 192 wide, MLP 768, 10 classes."""
+    return _vit(dict(image_size=32, patch_size=4, num_classes=10, num_layers=6, num_heads=3, hidden_dim=192,
+                     intermediate_dim=768), overrides)
+

@@ -153,3 +153,16 @@ def test_torch_refuses_distribute_clearly(tmp_path):
 
     with pytest.raises(DataError, match="--distribute data: supported on the jax and tensorflow backends, not torch"):
         distribution_scope("data")
+
+
+def test_vit_recipe_short_run_on_the_offline_digits(tmp_path):
+    out = tmp_path / "run"
+    done = recipe("vit.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
+                  "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "scikit-learn's bundled 8x8 handwritten digits" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and 0.0 <= metrics["validation_accuracy"] <= 1.0
+    for name in ("learning_curves.png", "attention_maps.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["epoch"] == 2

@@ -1,0 +1,159 @@
+"""Labelled images for classifier recipes: local files, a named TFDS dataset, or the offline default.
+
+Local `--data PATH` may be
+  - a directory of IDX files (MNIST / Fashion-MNIST layout: `train-images-idx3-ubyte[.gz]`,
+    `train-labels-idx1-ubyte[.gz]`, `t10k-...`),
+  - an `.npz` file with `x_train, y_train, x_test, y_test`,
+  - an image folder `PATH/<class>/*.png|jpg` (or `PATH/train/<class>/...` and `PATH/test/<class>/...`).
+The offline default is scikit-learn's bundled handwritten digits (1,797 images, 8x8, 10 classes).
+Images come back as uint8 `(count, height, width, channels)` and int32 labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from keras_tfm.data.errors import DataError
+from keras_tfm.data.tfds import load_tfds
+
+OFFLINE_IMAGES_SOURCE = "the offline default: scikit-learn's bundled 8x8 handwritten digits"
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+
+
+@dataclasses.dataclass
+class ImageSplits:
+    train: tuple[np.ndarray, np.ndarray]
+    test: tuple[np.ndarray, np.ndarray]
+    class_names: list[str]
+    source: str
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Reads an IDX file (gzipped or not): magic, dimensions, then unsigned bytes."""
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as file:
+            raw = file.read()
+        if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+            raise ValueError("not an IDX file of unsigned bytes")
+        rank = raw[3]
+        shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(rank))
+        data = np.frombuffer(raw, np.uint8, offset=4 + 4 * rank)
+        if data.size != int(np.prod(shape)):
+            raise ValueError(f"header says {shape}, but {data.size} values follow")
+        return data.reshape(shape)
+    except (OSError, EOFError, ValueError) as error:
+        raise DataError(f"--data: {path!r} is not a readable IDX file ({error}).") from None
+
+
+def _find(directory: str, stem: str) -> str:
+    for name in (stem, stem + ".gz"):
+        if os.path.exists(os.path.join(directory, name)):
+            return os.path.join(directory, name)
+    raise DataError(f"--data: the IDX directory {directory!r} has no {stem}[.gz].")
+
+
+def _load_idx_directory(path: str):
+    splits = []
+    for prefix in ("train", "t10k"):
+        images = read_idx(_find(path, f"{prefix}-images-idx3-ubyte"))
+        labels = read_idx(_find(path, f"{prefix}-labels-idx1-ubyte")).astype("int32")
+        if len(images) != len(labels):
+            raise DataError(f"--data: {prefix} has {len(images)} images but {len(labels)} labels in {path!r}.")
+        splits.append((images[..., None], labels))
+    return splits
+
+
+def _load_npz(path: str):
+    try:
+        with np.load(path) as arrays:
+            missing = {"x_train", "y_train", "x_test", "y_test"} - set(arrays.files)
+            if missing:
+                raise DataError(f"--data: {path!r} lacks the arrays {sorted(missing)}; expected x_train, y_train, x_test, y_test.")
+            splits = [(arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])]
+    except (OSError, ValueError) as error:
+        raise DataError(f"--data: {path!r} is not a readable .npz file ({error}).") from None
+    return [(x if x.ndim == 4 else x[..., None], y.astype("int32").reshape(-1)) for x, y in splits]
+
+
+def _load_folder(path: str, class_names: list[str] | None = None):
+    from PIL import Image
+
+    class_names = class_names or sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+    if not class_names:
+        raise DataError(f"--data: {path!r} has no class sub-folders; expected PATH/<class>/<image files>.")
+    images, labels = [], []
+    for label, name in enumerate(class_names):
+        folder = os.path.join(path, name)
+        for file in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if file.lower().endswith(_IMAGE_SUFFIXES):
+                try:
+                    images.append(np.asarray(Image.open(os.path.join(folder, file)).convert("RGB")))
+                except OSError as error:
+                    raise DataError(f"--data: cannot read the image {os.path.join(folder, file)!r} ({error}).") from None
+                labels.append(label)
+    if not images:
+        raise DataError(f"--data: no images ({', '.join(_IMAGE_SUFFIXES)}) under {path!r}.")
+    shapes = {image.shape for image in images}
+    if len(shapes) > 1:
+        raise DataError(f"--data: images under {path!r} differ in size ({sorted(shapes)[:3]}...); resize them to one size.")
+    return (np.stack(images), np.array(labels, "int32")), class_names
+
+
+def _split(x, y, test_fraction: float, seed: int = 0):
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(len(x) * (1 - test_fraction))
+    return (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
+
+
+def load_images(
+    data: str | None = None,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    log: Callable[[str], None] = print,
+) -> ImageSplits:
+    if data and dataset:
+        raise DataError("pass either --data PATH or --dataset NAME, not both.")
+    class_names = None
+    if data:
+        if not os.path.exists(data):
+            raise DataError(f"--data: expected an IDX directory, an .npz file or an image folder; nothing is at {data!r}.")
+        if data.endswith(".npz"):
+            train, test = _load_npz(data)
+        elif any(name.startswith("train-images-idx3") for name in os.listdir(data)):
+            train, test = _load_idx_directory(data)
+        elif os.path.isdir(os.path.join(data, "train")):
+            train, class_names = _load_folder(os.path.join(data, "train"))
+            test, _ = _load_folder(os.path.join(data, "test"), class_names)
+        else:
+            (x, y), class_names = _load_folder(data)
+            train, test = _split(x, y, 0.1)
+        source = f"local images {data!r}"
+    elif dataset:
+        instead = "--data PATH (IDX directory, .npz or image folder)"
+        train, test = [_tfds_arrays(dataset, split, data_dir, instead) for split in ("train", "test")]
+        source = f"tensorflow-datasets {dataset!r}"
+    else:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x = np.round(digits.images * (255 / 16)).astype("uint8")[..., None]
+        train, test = _split(x, digits.target.astype("int32"), 0.2)
+        source = OFFLINE_IMAGES_SOURCE
+    class_names = class_names or [str(i) for i in range(int(max(train[1].max(), test[1].max())) + 1)]
+    log(f"Data: {source}: {len(train[0]):,} training and {len(test[0]):,} test images of shape "
+        f"{train[0].shape[1:]}, {len(class_names)} classes.")
+    return ImageSplits(train, test, class_names, source)
+
+
+def _tfds_arrays(name: str, split: str, data_dir: str | None, instead: str):
+    images, labels = [], []
+    for example in load_tfds(name, split, data_dir, instead=instead):
+        images.append(example["image"])
+        labels.append(example["label"])
+    return np.stack(images), np.array(labels, "int32")

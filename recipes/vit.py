@@ -1,0 +1,123 @@
+"""Train a Vision Transformer image classifier, then draw what it attends to.
+
+Data (one of):
+  --data PATH       a directory of IDX files (MNIST/Fashion-MNIST layout, e.g. ../shared/data/fashion-mnist),
+                    an .npz file with x_train, y_train, x_test, y_test, or an image folder PATH/<class>/*.png
+                    (or PATH/train/<class>/... and PATH/test/<class>/...)
+  --dataset NAME    tensorflow-datasets: cifar10, cifar100, fashion_mnist, mnist (needs network once)
+  (neither)         the offline default: scikit-learn's bundled 8x8 digits
+
+Images are augmented (random shifts, and flips with --flip) by Keras preprocessing layers as batches
+are drawn, with a seed per (epoch, step) so a resumed run sees the same batches; the model itself
+scales pixels to [0, 1] and resizes to --image-size, so it takes raw pixels. AdamW with warmup and
+cosine decay, label smoothing. Prints test accuracy; leaves checkpoints, log.csv,
+metrics.json, learning_curves.png and attention_maps.png in --output-dir. Rerunning resumes.
+
+    python recipes/vit.py --data ../shared/data/fashion-mnist --epochs 10
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+
+def main() -> None:
+    from keras_tfm import training
+    from keras_tfm.models import vit
+
+    sizes = {name: getattr(vit, name) for name in
+             ("vit_small_images", "vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge")}
+    parser = training.recipe_parser(__doc__, sizes, "vit_small_images", "runs/vit")
+    parser.set_defaults(batch_size=128, learning_rate=1e-3, weight_decay=0.05, epochs=10)
+    recipe = parser.add_argument_group("image classifier")
+    recipe.add_argument("--image-size", type=int, help="side the images are resized to (default: theirs)")
+    recipe.add_argument("--patch-size", type=int, help="patch side (default: 4, or 2 for images under 16 pixels)")
+    recipe.add_argument("--pooling", choices=["token", "mean"], default="token", help="(default: %(default)s)")
+    recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
+    recipe.add_argument("--shift", type=float, default=0.1, help="random shift, as a fraction of the side (default: %(default)s)")
+    recipe.add_argument("--flip", action="store_true", help="random horizontal flips (not for digits or text)")
+    args = parser.parse_args()
+    training.setup(args)
+
+    import keras
+
+    from keras_tfm import viz
+    from keras_tfm.data import DataError, load_images
+
+    data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log)
+    (train_x, train_y), (test_x, test_y) = data.train, data.test
+    height, width, channels = train_x.shape[1:]
+    if height != width and not args.image_size:
+        raise DataError(f"--image-size: the images are {height}x{width}; give a square size to resize them to.")
+    image_size = args.image_size or height
+    patch_size = args.patch_size or (4 if image_size >= 16 else 2)
+    if image_size % patch_size:
+        raise DataError(f"--patch-size: must divide --image-size {image_size}; got {patch_size}.")
+    num_classes = len(data.class_names)
+
+    preprocess = [keras.layers.Rescaling(1 / 255)]
+    if (height, width) != (image_size, image_size):
+        preprocess.append(keras.layers.Resizing(image_size, image_size))
+
+    def build_model():
+        backbone = training.build_model(sizes, args, image_size=image_size, patch_size=patch_size,
+                                        num_classes=num_classes, num_channels=channels, pooling=args.pooling)
+        inputs = keras.Input((height, width, channels), name="pixels")
+        x = inputs
+        for layer in preprocess:
+            x = layer(x)
+        return keras.Model(inputs, backbone(x), name=f"{backbone.name}_classifier")
+
+    # Augmentation runs on the batches, not in the model: RandomTranslation does not support XLA.
+    augment = []
+    if args.shift:
+        augment.append(keras.layers.RandomTranslation(args.shift, args.shift, fill_mode="constant"))
+    if args.flip:
+        augment.append(keras.layers.RandomFlip("horizontal"))
+
+    def one_hot(labels):
+        return np.eye(num_classes, dtype="float32")[labels]
+
+    @functools.lru_cache(maxsize=2)
+    def order(epoch: int) -> np.ndarray:
+        return np.random.default_rng([args.seed, epoch]).permutation(len(train_x))
+
+    def train_batch(epoch: int, step: int):
+        chosen = order(epoch)[(step * args.batch_size) % len(train_x):][: args.batch_size]
+        images = train_x[chosen].astype("float32")
+        for i, layer in enumerate(augment):
+            seed = int(np.random.default_rng([args.seed, epoch, step, i]).integers(1 << 30))
+            transformation = layer.get_random_transformation(images, training=True, seed=seed)
+            images = keras.ops.convert_to_numpy(layer.transform_images(images, transformation, training=True))
+        return images, one_hot(train_y[chosen])
+
+    def draw_attention(model) -> dict:
+        backbone = model.layers[-1]
+        images = test_x[:1].astype("float32")
+        x = images
+        for layer in preprocess:
+            x = layer(x)
+        _, weights = backbone(x, return_attention_weights=True)
+        path = viz.plot_attention_maps(images[0], weights, os.path.join(args.output_dir, "attention_maps.png"))
+        return {"attention_maps": path, "data": data.source}
+
+    result = training.train(
+        args,
+        build_model=build_model,
+        train_batch=train_batch,
+        steps_per_pass=len(train_x) // args.batch_size,
+        validation_data=(test_x.astype("float32"), one_hot(test_y)),
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
+        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        evaluate=draw_attention,
+    )
+    print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images")
+
+
+if __name__ == "__main__":
+    from keras_tfm.training import run_main
+
+    run_main(main)
