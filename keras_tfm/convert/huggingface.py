@@ -130,4 +130,4 @@ def set_layer_norm(norm, gamma: np.ndarray, beta: np.ndarray) -> None:
 
 
 # Importing registers the converters.
-from keras_tfm.convert import bert, gpt2, vit  # noqa: E402,F401
+from keras_tfm.convert import bert, gpt2, marian, vit  # noqa: E402,F401

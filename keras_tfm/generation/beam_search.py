@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from keras import ops
+from keras import ops, tree
 
 _NEG = -1e9
 
@@ -69,7 +69,7 @@ def beam_decode(
 
         rows = ops.reshape(ops.arange(batch, dtype="int32")[:, None] * num_beams + origin, (beams,))
         buffer = ops.take(buffer, rows, axis=0)
-        cache = ops.take(cache, rows, axis=0)
+        cache = tree.map_structure(lambda part: ops.take(part, rows, axis=0), cache)  # a tensor or a tuple
         finished = ops.take_along_axis(finished, origin, axis=1)
         buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (beams, 1)))
         is_stop = ops.any(ops.equal(token[..., None], stop_token_ids[None, None, :]), axis=-1)

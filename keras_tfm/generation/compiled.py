@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import keras
-from keras import ops
+from keras import ops, tree
 
 
 def fast_step(step: Callable, model: keras.Model) -> Callable:
@@ -35,7 +35,7 @@ def fast_step(step: Callable, model: keras.Model) -> Callable:
         if token_ids.shape[1] != 1:  # the prefill runs once per call: eager is fine
             return step(token_ids, cache, index)
         index = ops.convert_to_tensor(index, "int32")
-        key = (tuple(token_ids.shape), tuple(cache.shape), str(cache.dtype))
+        key = (tuple(token_ids.shape), *((tuple(part.shape), str(part.dtype)) for part in tree.flatten(cache)))
         if key not in traced:
             traced[key] = torch.jit.trace(_Step(), (token_ids, cache, index), check_trace=False)
         return traced[key](token_ids, cache, index)

@@ -20,4 +20,5 @@ from keras_tfm.models.gpt import (
     gpt_shakespeare_char,
     gpt_shakespeare_char_cpu,
 )
+from keras_tfm.models.translator import Translator, transformer_base, transformer_big, transformer_small
 from keras_tfm.models.vit import ViT, vit_base, vit_huge, vit_large, vit_small, vit_small_images, vit_tiny

@@ -1,0 +1,314 @@
+"""Translator: the encoder-decoder Transformer of "Attention Is All You Need", with cached translation.
+
+    source ids -> embedding * sqrt(d) + positions -> num_encoder_layers x EncoderBlock (padding mask)
+    target ids -> embedding * sqrt(d) + positions -> num_decoder_layers x DecoderBlock
+                  (causal self-attention; cross-attention over the encoder output, source padding masked)
+               -> logits (tied to the target embedding by default)
+
+`translate` encodes each sentence once, computes every decoder layer's cross-attention keys and
+values once, and decodes with a self-attention key/value cache: greedy or beam search, compiled once
+per shape and reused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_tfm.generation import compiled, decoding
+from keras_tfm.generation.beam_search import beam_decode
+from keras_tfm.generation.sampling import Sampler
+from keras_tfm.layers import (
+    DecoderBlock,
+    EncoderBlock,
+    LearnedPositionEmbedding,
+    SinusoidalPositionEncoding,
+    TokenEmbedding,
+)
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class Translator(keras.Model):
+    """An encoder-decoder Transformer: `model({"source_ids": s, "target_ids": t})` gives the logits of
+    each next target token, `(batch, target_length, target_vocabulary_size)`.
+
+    Args:
+        source_vocabulary_size, target_vocabulary_size: token ids of each side (the target defaults
+            to the source's; they must be equal with `share_embeddings`).
+        num_encoder_layers, num_decoder_layers, num_heads, hidden_dim, intermediate_dim: the stacks.
+        max_length: longest source or target sequence (the learned position tables; `translate`'s
+            bound for sinusoidal positions).
+        positions: "sinusoidal" (fixed, as in the paper and Marian) or "learned".
+        norm_first: pre-norm blocks (plus a final LayerNorm on each stack) instead of the paper's
+            post-norm.
+        share_embeddings: one token table for source and target (a joint vocabulary).
+        tie_embeddings: the output projection reuses the target token table; False gives a separate
+            `lm_head` without bias.
+        scale_embeddings: multiply token embeddings by sqrt(hidden_dim) (the paper, Marian).
+        use_output_bias: a bias on the logits (Marian's `final_logits_bias`).
+        activation, dropout, attention_dropout, layer_norm_epsilon: of the blocks.
+        pad_token_id: marks source padding (ignored by attention) and pads translations.
+        start_token_id: the first decoder input of every translation.
+        end_token_id: ends a translation.
+
+    Call arguments:
+        inputs: a dict with "source_ids" `(batch, source_length)` and "target_ids"
+            `(batch, target_length)` (the decoder input: `start_token_id` then the target shifted
+            right), the pair `(source_ids, target_ids)`, or `source_ids` with `target_ids` next. Source positions equal to `pad_token_id`
+            are masked; right padding of the target is hidden by the causal mask, so only the loss
+            has to skip it (e.g. `SparseCategoricalCrossentropy(ignore_class=pad_token_id)`).
+
+    Example:
+    >>> model = transformer_small(source_vocabulary_size=8000, target_vocabulary_size=6000)
+    >>> logits = model({"source_ids": source, "target_ids": target})   # (batch, T, 6000)
+    >>> model.translate(source, max_length=40, beam_size=4)            # (batch, <= 40) token ids
+    """
+
+    def __init__(
+        self,
+        source_vocabulary_size: int,
+        target_vocabulary_size: int | None = None,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        num_heads: int = 8,
+        hidden_dim: int = 512,
+        intermediate_dim: int = 2048,
+        max_length: int = 256,
+        positions: str = "sinusoidal",
+        norm_first: bool = False,
+        share_embeddings: bool = False,
+        tie_embeddings: bool = True,
+        scale_embeddings: bool = True,
+        use_output_bias: bool = False,
+        activation: str = "relu",
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        layer_norm_epsilon: float = 1e-5,
+        pad_token_id: int = 0,
+        start_token_id: int = 1,
+        end_token_id: int = 2,
+        **kwargs,
+    ):
+        kwargs.setdefault("name", "translator")
+        super().__init__(**kwargs)
+        target_vocabulary_size = target_vocabulary_size or source_vocabulary_size
+        if share_embeddings and target_vocabulary_size != source_vocabulary_size:
+            raise ValueError(
+                "Translator: share_embeddings=True needs one vocabulary; received source_vocabulary_size="
+                f"{source_vocabulary_size}, target_vocabulary_size={target_vocabulary_size}."
+            )
+        if positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"Translator: positions must be 'sinusoidal' or 'learned'; received {positions!r}.")
+        self.source_vocabulary_size = source_vocabulary_size
+        self.target_vocabulary_size = target_vocabulary_size
+        self.num_encoder_layers = num_encoder_layers
+        self.num_decoder_layers = num_decoder_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.max_length = max_length
+        self.positions = positions
+        self.norm_first = norm_first
+        self.share_embeddings = share_embeddings
+        self.tie_embeddings = tie_embeddings
+        self.scale_embeddings = scale_embeddings
+        self.use_output_bias = use_output_bias
+        self.activation = activation
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.pad_token_id = pad_token_id
+        self.start_token_id = start_token_id
+        self.end_token_id = end_token_id
+
+        policy = self.dtype_policy
+        self.source_embedding = TokenEmbedding(source_vocabulary_size, hidden_dim, dtype=policy, name="source_embedding")
+        self.target_embedding = self.source_embedding if share_embeddings else TokenEmbedding(
+            target_vocabulary_size, hidden_dim, dtype=policy, name="target_embedding")
+        if positions == "sinusoidal":
+            self.source_positions = SinusoidalPositionEncoding(interleave=False, dtype=policy, name="source_positions")
+            self.target_positions = self.source_positions
+        else:
+            self.source_positions = LearnedPositionEmbedding(max_length, dtype=policy, name="source_positions")
+            self.target_positions = LearnedPositionEmbedding(max_length, dtype=policy, name="target_positions")
+        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
+        block_args = dict(num_heads=num_heads, intermediate_dim=intermediate_dim, dropout=dropout,
+                          attention_dropout=attention_dropout, activation=activation, norm_first=norm_first,
+                          layer_norm_epsilon=layer_norm_epsilon, dtype=policy)
+        self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}") for i in range(num_encoder_layers)]
+        self.decoder_blocks = [DecoderBlock(**block_args, use_cross_attention=True, name=f"decoder_block_{i}")
+                               for i in range(num_decoder_layers)]
+        if norm_first:  # pre-norm stacks end un-normalized; the paper's post-norm blocks end with a LayerNorm
+            self.encoder_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="encoder_norm")
+            self.decoder_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="decoder_norm")
+        self.lm_head = None if tie_embeddings else keras.layers.Dense(
+            target_vocabulary_size, use_bias=False, dtype=policy, name="lm_head")
+        self._translate_functions: dict = {}
+
+    def build(self, inputs_shape=None):
+        if self.use_output_bias:
+            self.output_bias = self.add_weight(shape=(self.target_vocabulary_size,), initializer="zeros",
+                                               name="output_bias")
+        ids = ops.ones((1, 2), "int32")
+        self.call({"source_ids": ids, "target_ids": ids})
+        self.built = True
+
+    def _embed(self, ids, embedding, positions, start_index=0, training=None):
+        x = embedding(ids)
+        if self.scale_embeddings:
+            x = x * ops.cast(math.sqrt(self.hidden_dim), x.dtype)
+        x = x + positions(x, start_index=start_index)
+        return self.embedding_dropout(x, training=training)
+
+    def encode(self, source_ids, training=None):
+        """The encoder output `(batch, source_length, hidden_dim)` and the source padding mask."""
+        source_mask = ops.not_equal(source_ids, self.pad_token_id)
+        x = self._embed(source_ids, self.source_embedding, self.source_positions, training=training)
+        for block in self.encoder_blocks:
+            x = block(x, padding_mask=source_mask, training=training)
+        if self.norm_first:
+            x = self.encoder_norm(x)
+        return x, source_mask
+
+    def _logits(self, x):
+        if self.norm_first:
+            x = self.decoder_norm(x)
+        logits = self.target_embedding(x, reverse=True) if self.tie_embeddings else self.lm_head(x)
+        if self.use_output_bias:
+            logits = logits + ops.cast(self.output_bias, logits.dtype)
+        return logits
+
+    def decode(self, target_ids, encoder_output, source_mask, training=None):
+        """Logits of each next target token given the encoded source."""
+        x = self._embed(target_ids, self.target_embedding, self.target_positions, training=training)
+        for block in self.decoder_blocks:
+            x = block(x, encoder_output, encoder_padding_mask=source_mask, training=training)
+        return self._logits(x)
+
+    def call(self, inputs, target_ids=None, training=None):
+        if isinstance(inputs, dict):
+            source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        elif target_ids is None:
+            source_ids, target_ids = inputs
+        else:
+            source_ids = inputs
+        encoder_output, source_mask = self.encode(source_ids, training=training)
+        return self.decode(target_ids, encoder_output, source_mask, training=training)
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """Logits for `token_ids` at positions `cache_update_index, ...`. `cache` is the triple
+        (self-attention keys/values `(batch, layers, 2, length, heads, head_dim)`, cross-attention
+        keys/values `(batch, layers, 2, source_length, heads, head_dim)`, source mask)."""
+        self_cache, cross_cache, source_mask = cache
+        x = self._embed(token_ids, self.target_embedding, self.target_positions, start_index=cache_update_index)
+        updated = []
+        for i, block in enumerate(self.decoder_blocks):
+            x, layer_cache, _ = block(x, encoder_padding_mask=source_mask, self_attention_cache=self_cache[:, i],
+                                      cache_update_index=cache_update_index, cross_attention_cache=cross_cache[:, i])
+            updated.append(layer_cache)
+        return self._logits(x), (ops.stack(updated, axis=1), cross_cache, source_mask)
+
+    def _prepare_source(self, source_ids):
+        if isinstance(source_ids, (list, tuple)) and source_ids and isinstance(source_ids[0], (list, tuple, np.ndarray)):
+            width = max(len(row) for row in source_ids)
+            padded = np.full((len(source_ids), width), self.pad_token_id, "int32")
+            for i, row in enumerate(source_ids):
+                padded[i, : len(row)] = row
+            return padded
+        ids = np.asarray(ops.convert_to_numpy(source_ids)).astype("int32")
+        if ids.ndim != 2:
+            raise ValueError(f"Translator.translate: `source_ids` must be (batch, length) or a list of lists; "
+                             f"received shape {ids.shape}.")
+        return ids
+
+    def translate(self, source_ids, max_length: int = 64, beam_size: int = 1, length_penalty: float = 1.0) -> np.ndarray:
+        """Translates a batch of sources (lists of ids of any lengths, or `(batch, length)` padded
+        with `pad_token_id`).
+
+        Args:
+            max_length: most target tokens per sentence, the end token included.
+            beam_size: 1 is greedy; more runs beam search.
+            length_penalty: beams are ranked by log-probability / length ** length_penalty.
+
+        Returns:
+            int array `(batch, max_length)`: each translation (without the start token), ending with
+            `end_token_id` unless cut at `max_length`, then `pad_token_id`.
+        """
+        if not self.built:
+            self.build()
+        if beam_size < 1:
+            raise ValueError(f"Translator.translate: `beam_size` must be >= 1; received {beam_size}.")
+        source = self._prepare_source(source_ids)
+        for name, length in (("source length", source.shape[1]), ("max_length + 1", max_length + 1)):
+            if length > self.max_length:
+                raise ValueError(f"Translator.translate: {name} {length} exceeds the model's max_length={self.max_length}.")
+        start = [[self.start_token_id]] * source.shape[0]
+        buffer, prompt_mask, lengths = decoding.prepare_prompts(start, None, max_length, self.pad_token_id)
+        key = (beam_size, length_penalty)
+        if key not in self._translate_functions:
+            self._translate_functions[key] = compiled.compile_function(self._translate_loop(beam_size, length_penalty), self)
+        output = self._translate_functions[key](
+            ops.convert_to_tensor(source), ops.convert_to_tensor(buffer), ops.convert_to_tensor(prompt_mask),
+            ops.convert_to_tensor(lengths), ops.convert_to_tensor(max_length, "int32"),
+            ops.convert_to_tensor(np.array([self.end_token_id], "int32")),
+            ops.convert_to_tensor(self.pad_token_id, "int32"), decoding.initial_seed_state(0),
+        )
+        return ops.convert_to_numpy(output)[:, 1:]
+
+    def _translate_loop(self, beam_size: int, length_penalty: float):
+        step = compiled.fast_step(self.call_with_cache, self)
+        head_dim = self.hidden_dim // self.num_heads
+
+        def run(source, buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
+            encoder_output, source_mask = self.encode(source)
+            cross_cache = ops.stack(
+                [block.cross_attention.precompute_key_value(encoder_output) for block in self.decoder_blocks], axis=1)
+            if beam_size > 1:
+                cross_cache = ops.repeat(cross_cache, beam_size, axis=0)
+                source_mask = ops.repeat(source_mask, beam_size, axis=0)
+            rows = buffer.shape[0] * beam_size
+            self_cache = ops.zeros((rows, self.num_decoder_layers, 2, buffer.shape[1], self.num_heads, head_dim),
+                                   self.compute_dtype)
+            cache = (self_cache, cross_cache, source_mask)
+            if beam_size > 1:
+                return beam_decode(step, cache, buffer, prompt_mask, lengths, 1, max_new, stops, pad,
+                                   beam_size, length_penalty)
+            output, _ = decoding.decode(step, cache, buffer, prompt_mask, lengths, 1, max_new, stops, pad,
+                                        seed_state, Sampler())
+            return output
+
+        return run
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update({name: getattr(self, name) for name in (
+            "source_vocabulary_size", "target_vocabulary_size", "num_encoder_layers", "num_decoder_layers",
+            "num_heads", "hidden_dim", "intermediate_dim", "max_length", "positions", "norm_first",
+            "share_embeddings", "tie_embeddings", "scale_embeddings", "use_output_bias", "activation", "dropout",
+            "attention_dropout", "layer_norm_epsilon", "pad_token_id", "start_token_id", "end_token_id")})
+        return config
+
+
+def transformer_small(**overrides) -> Translator:
+    """A Multi30k-sized Transformer: 3 + 3 layers, 8 heads, 256 wide, feed-forward 512 (about 9M
+    parameters with ~8k-token vocabularies), dropout 0.1."""
+    return Translator(**{**dict(source_vocabulary_size=8000, num_encoder_layers=3, num_decoder_layers=3, num_heads=8,
+                                hidden_dim=256, intermediate_dim=512, dropout=0.1), **overrides})
+
+
+def transformer_base(**overrides) -> Translator:
+    """Transformer base (Vaswani et al. 2017): 6 + 6 layers, 8 heads, 512 wide, feed-forward 2048,
+    dropout 0.1, a shared 37,000-token vocabulary."""
+    return Translator(**{**dict(source_vocabulary_size=37000, share_embeddings=True, num_encoder_layers=6,
+                                num_decoder_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048,
+                                dropout=0.1), **overrides})
+
+
+def transformer_big(**overrides) -> Translator:
+    """Transformer big: 6 + 6 layers, 16 heads, 1024 wide, feed-forward 4096, dropout 0.3."""
+    return Translator(**{**dict(source_vocabulary_size=37000, share_embeddings=True, num_encoder_layers=6,
+                                num_decoder_layers=6, num_heads=16, hidden_dim=1024, intermediate_dim=4096,
+                                dropout=0.3), **overrides})

@@ -1,0 +1,81 @@
+"""keras_tfm Translator vs Hugging Face Marian built from small random configurations (no network)."""
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCABULARY, PAD, EOS = 61, 60, 0
+
+
+def hf_marian(init_std=0.02, **config):
+    torch.manual_seed(0)
+    defaults = dict(vocab_size=VOCABULARY, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+                    pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, init_std=init_std)
+    return transformers.MarianMTModel(transformers.MarianConfig(**{**defaults, **config})).eval()
+
+
+def ragged_sources(rng, lengths):
+    """Sources ending in EOS, right-padded with PAD, and the attention mask HF wants."""
+    width = max(lengths)
+    ids = np.full((len(lengths), width), PAD, "int64")
+    for i, n in enumerate(lengths):
+        ids[i, : n - 1] = rng.integers(1, PAD, size=n - 1)
+        ids[i, n - 1] = EOS
+    return ids, (ids != PAD).astype("int64")
+
+
+@pytest.mark.parametrize("config", [{}, {"activation_function": "swish", "scale_embedding": True}])
+def test_logits_match_with_padded_sources(rng, config):
+    hf = hf_marian(**config)
+    with torch.no_grad():  # a non-zero final_logits_bias, so the test sees whether it is loaded
+        hf.final_logits_bias.copy_(torch.randn_like(hf.final_logits_bias))
+    model = keras_tfm.from_huggingface(hf)
+    source, source_mask = ragged_sources(rng, [9, 5, 7])
+    target = np.concatenate([np.full((3, 1), PAD), rng.integers(1, PAD, size=(3, 6))], axis=1)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
+                      decoder_input_ids=torch.tensor(target)).logits.numpy()
+    got = to_numpy(model({"source_ids": source.astype("int32"), "target_ids": target.astype("int32")}))
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+def test_parameter_count_equals_hugging_face_without_its_fixed_position_tables():
+    hf = hf_marian()
+    model = keras_tfm.from_huggingface(hf)
+    # Marian stores its sinusoids as (frozen) parameters; ours are computed, so they are not weights.
+    positions = sum(p.numel() for name, p in hf.named_parameters() if "embed_positions" in name)
+    assert model.count_params() - VOCABULARY == sum(p.numel() for p in hf.parameters()) - positions  # + our output bias
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translations_match_hugging_face_generate(rng, beam_size):
+    hf = hf_marian(init_std=0.5)  # peaked logits: the argmax is the model's, not float noise
+    model = keras_tfm.from_huggingface(hf)
+    source, source_mask = ragged_sources(rng, [8, 4, 6])
+    with torch.no_grad():
+        expected = hf.generate(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
+                               max_new_tokens=12, num_beams=beam_size, do_sample=False, length_penalty=1.0,
+                               early_stopping=True, forced_eos_token_id=None).numpy()[:, 1:]
+    got = model.translate(source, max_length=12, beam_size=beam_size)
+    for row_expected, row_got in zip(expected, got):
+        n = len(row_expected)
+        np.testing.assert_array_equal(row_got[:n], row_expected)
+        assert (row_got[n:] == PAD).all()
+
+
+def test_loads_a_saved_directory(rng, tmp_path):
+    hf = hf_marian()
+    hf.save_pretrained(tmp_path)
+    model = keras_tfm.from_huggingface(str(tmp_path))
+    source, source_mask = ragged_sources(rng, [6, 6])
+    target = np.full((2, 3), PAD)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
+                      decoder_input_ids=torch.tensor(target)).logits.numpy()
+    np.testing.assert_allclose(to_numpy(model((source.astype("int32"), target.astype("int32")))), expected, atol=1e-4)
