@@ -128,3 +128,42 @@ def test_corrupt_idx_and_missing_labels(tmp_path):
     (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (1).to_bytes(4, "big") * 3 + b"\x00")
     with pytest.raises(DataError, match="has no train-labels-idx1-ubyte"):
         load_images(str(tmp_path), log=lambda m: None)
+
+
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+
+
+def test_multi30k_directory_and_tab_separated_pairs(tmp_path):
+    from keras_tfm.data import load_parallel
+
+    splits = load_parallel(os.path.join(SHARED, "multi30k", "task1", "raw"), source_language="de",
+                           target_language="en", log=lambda m: None)
+    assert (len(splits.train), len(splits.validation), len(splits.test)) == (29000, 1014, 1000)
+    assert splits.train[0][1].startswith("Two young, White males")  # English side, cased and raw
+    tsv = tmp_path / "pairs.txt"
+    tsv.write_text("".join(f"go {i}\tve {i}\tCC-BY\n" for i in range(100)))
+    splits = load_parallel(str(tsv), swap=True, log=lambda m: None)
+    assert (len(splits.train), len(splits.validation), len(splits.test)) == (90, 5, 5)
+    assert all(s.startswith("ve ") and t.startswith("go ") for s, t in splits.train)
+
+
+def test_parallel_errors(tmp_path):
+    from keras_tfm.data import load_parallel
+
+    (tmp_path / "train.de").write_text("a\nb\n")
+    (tmp_path / "train.en").write_text("a\n")
+    with pytest.raises(DataError, match="has 2 lines but .* has 1; parallel files must be line-aligned"):
+        load_parallel(str(tmp_path), log=lambda m: None)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("hello\tbonjour\nno tab here\n")
+    with pytest.raises(DataError, match="line 2 of .* has no tab"):
+        load_parallel(str(bad), log=lambda m: None)
+
+
+def test_offline_number_pairs():
+    from keras_tfm.data.parallel import number_words, offline_pairs
+
+    assert number_words(312) == "three hundred and twelve"
+    assert number_words(40_005) == "forty thousand five"
+    pairs = offline_pairs(50)
+    assert all(t.replace(" ", "").isdigit() for _, t in pairs) and len({s for s, _ in pairs}) == 50

@@ -14,7 +14,7 @@ import numpy as np
 
 from keras_tfm.data.errors import DataError
 
-WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
 
 
 class CharacterTokenizer:
@@ -112,9 +112,10 @@ def load_tokenizer(path: str):
         raise DataError(f"--tokenizer: {path!r} is not a saved keras_tfm tokenizer ({error}).") from None
 
 
-def load_or_fit_tokenizer(kind: str, text: str, output_dir: str, vocabulary_size: int | None = None, log=print):
-    """Loads `output_dir/tokenizer.json` if an earlier run saved one, else fits `kind` on `text` and saves it."""
-    path = os.path.join(output_dir, "tokenizer.json")
+def load_or_fit_tokenizer(kind: str, text: str, output_dir: str, vocabulary_size: int | None = None, log=print,
+                          name: str = "tokenizer"):
+    """Loads `output_dir/{name}.json` if an earlier run saved one, else fits `kind` on `text` and saves it."""
+    path = os.path.join(output_dir, f"{name}.json")
     if os.path.exists(path):
         tokenizer = load_tokenizer(path)
         log(f"Tokenizer: reusing {path} ({tokenizer.kind}, {tokenizer.vocabulary_size} tokens).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import typing
 
 from keras_tfm.data.errors import DataError
 
@@ -71,9 +72,10 @@ def build_model(sizes: dict, args: argparse.Namespace, **fixed):
     if args.model not in sizes:
         raise DataError(f"--model: expected one of {', '.join(sizes)}; got {args.model!r}.")
     size = sizes[args.model]
-    accepted = inspect.signature(size).parameters
+    model_class = typing.get_type_hints(size).get("return")  # size functions are `name(**overrides) -> Class`
+    accepted = inspect.signature(model_class or size).parameters
     overrides = {name: getattr(args, name) for name in MODEL_OVERRIDES if getattr(args, name, None) is not None}
     for name in overrides:
-        if name not in accepted and not any(p.kind == p.VAR_KEYWORD for p in accepted.values()):
+        if name not in accepted:
             raise DataError(f"--{name.replace('_', '-')}: {args.model} has no such setting.")
     return size(**{**overrides, **fixed})

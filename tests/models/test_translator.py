@@ -26,8 +26,8 @@ def sources(rng, lengths):
     return ids
 
 
-@pytest.mark.parametrize("variant", [{}, {"norm_first": True, "positions": "learned", "tie_embeddings": False},
-                                     {"share_embeddings": True, "target_vocabulary_size": 30, "use_output_bias": True}])
+@pytest.mark.parametrize("variant", [{}, {"norm_first": True, "positions": "learned", "tie_embeddings": False,
+                                          "share_embeddings": True, "target_vocabulary_size": 30, "use_output_bias": True}])
 def test_translator_passes_common_checks(tmp_path, rng, variant):
     source = sources(rng, [7, 4])
     target = rng.integers(3, 25, size=(2, 6)).astype("int32")

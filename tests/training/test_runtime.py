@@ -104,6 +104,22 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     assert state["epoch"] == 1
 
 
+def test_model_overrides_are_checked_against_the_model_class(tmp_path):
+    import keras_tfm
+    from keras_tfm.training import build_model
+
+    sizes = {"vit_tiny": keras_tfm.vit_tiny, "transformer_small": keras_tfm.transformer_small}
+    args = _args(tmp_path, model="vit_tiny", num_layers=2, hidden_dim=48)
+    model = build_model(sizes, args, num_classes=3)
+    assert (model.num_layers, model.hidden_dim, model.num_heads, model.num_classes) == (2, 48, 3, 3)
+    args = _args(tmp_path, model="vit_tiny", max_length=16)
+    with pytest.raises(DataError, match="--max-length: vit_tiny has no such setting"):
+        build_model(sizes, args)
+    args = _args(tmp_path, model="transformer_small", num_layers=2)
+    with pytest.raises(DataError, match="--num-layers: transformer_small has no such setting"):
+        build_model(sizes, args, source_vocabulary_size=10)
+
+
 def test_steps_plan_and_bad_numbers():
     args = argparse.Namespace(steps_per_epoch=None, epochs=3, steps=None, batch_size=8)
     assert plan_steps(args, 50) == (3, 50)
@@ -166,3 +182,18 @@ def test_vit_recipe_short_run_on_the_offline_digits(tmp_path):
     for name in ("learning_curves.png", "attention_maps.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "checkpoint" / "state.json").read_text())["epoch"] == 2
+
+
+def test_translator_recipe_short_run_reports_bleu(tmp_path):
+    out = tmp_path / "run"
+    done = recipe("translator.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
+                  "--hidden-dim", "32", "--intermediate-dim", "64", "--num-heads", "2", "--sequence-length", "16",
+                  "--vocabulary-size", "100", "--bleu-sentences", "8", "--beam-size", "2", "--verbose", "2",
+                  "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "generated English number words" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["test_sentences"] == 8 and 0.0 <= metrics["test_bleu_lowercase"] <= 100.0
+    assert metrics["bleu_signature"].startswith("BLEU = ")
+    assert len((out / "translations.txt").read_text().splitlines()) == 8
+    assert (out / "learning_curves.png").exists() and (out / "tokenizer_source.json").exists()
