@@ -10,7 +10,8 @@ Data (one of):
   (neither)         the offline default: generated English number words -> digits
 
 Each side gets a keras-hub WordPiece vocabulary trained on the training split (saved in --output-dir
-and reused on resume). Sentences are cut or padded to --sequence-length tokens. After training, the
+and reused on resume). Sentences are cut to --sequence-length tokens; training batches group
+sentences of similar length and pad to a multiple of 8. After training, the
 test split is translated (--beam-size, default 4) and scored with sacreBLEU against the references;
 sample translations are printed and written to translations.txt.
 
@@ -81,15 +82,24 @@ def main() -> None:
     train_x, train_y = encode(data.train)
     validation = encode(data.validation or data.test)
 
+    lengths = np.maximum((train_x["source_ids"] != pad).sum(1), (train_y != pad).sum(1))
+
     @functools.lru_cache(maxsize=2)
     def order(epoch: int) -> np.ndarray:
-        return np.random.default_rng([args.seed, epoch]).permutation(len(train_y))
+        """A shuffled order in which each run of 50 batches is sorted by length, so batches hold
+        sentences of similar length and need little padding."""
+        shuffled = np.random.default_rng([args.seed, epoch]).permutation(len(train_y))
+        chunk = 50 * args.batch_size
+        return np.concatenate([part[np.argsort(lengths[part], kind="stable")]
+                               for part in np.split(shuffled, range(chunk, len(shuffled), chunk))])
 
     def train_batch(epoch: int, step: int):
         chosen = order(epoch)[(step * args.batch_size) % len(train_y):][: args.batch_size]
-        if len(chosen) < args.batch_size:  # keep one batch shape (one XLA program)
+        if len(chosen) < args.batch_size:  # keep one batch size
             chosen = np.concatenate([chosen, order(epoch)[: args.batch_size - len(chosen)]])
-        return {k: v[chosen] for k, v in train_x.items()}, train_y[chosen]
+        # pad to the longest sentence, rounded up to a multiple of 8: a few shapes, a few XLA programs
+        width = min(length, -(-int(lengths[chosen].max() + 1) // 8) * 8)
+        return {k: v[chosen, :width] for k, v in train_x.items()}, train_y[chosen, :width]
 
     def detokenize(ids) -> str:
         ids = [int(i) for i in ids]

@@ -140,6 +140,9 @@ def test_multi30k_directory_and_tab_separated_pairs(tmp_path):
                            target_language="en", log=lambda m: None)
     assert (len(splits.train), len(splits.validation), len(splits.test)) == (29000, 1014, 1000)
     assert splits.train[0][1].startswith("Two young, White males")  # English side, cased and raw
+    tokenized = load_parallel(os.path.join(SHARED, "multi30k", "task1", "tok"), log=lambda m: None)
+    assert tokenized.test[0][1] == splits.test[0][1].lower().replace(".", " .").strip() or tokenized.test[0][1].islower()
+    assert len(tokenized.test) == 1000
     tsv = tmp_path / "pairs.txt"
     tsv.write_text("".join(f"go {i}\tve {i}\tCC-BY\n" for i in range(100)))
     splits = load_parallel(str(tsv), swap=True, log=lambda m: None)

@@ -43,11 +43,15 @@ def _read_lines(path: str) -> list[str]:
 
 
 def _split_file(directory: str, split_names: tuple[str, ...], language: str) -> str | None:
+    """`{split}.{language}[.gz]`, or `{split}.<anything>.{language}[.gz]` (Multi30k's `train.lc.norm.tok.de`)."""
+    names = sorted(os.listdir(directory))
     for split in split_names:
         for suffix in ("", ".gz"):
-            path = os.path.join(directory, f"{split}.{language}{suffix}")
-            if os.path.exists(path):
-                return path
+            if f"{split}.{language}{suffix}" in names:
+                return os.path.join(directory, f"{split}.{language}{suffix}")
+            for name in names:
+                if name.startswith(split + ".") and name.endswith(f".{language}{suffix}"):
+                    return os.path.join(directory, name)
     return None
 
 
