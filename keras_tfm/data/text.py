@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+import zipfile
 from collections.abc import Callable
+
+import numpy as np
 
 from keras_tfm.data.errors import DataError
 from keras_tfm.data.tfds import load_tfds
@@ -32,7 +35,12 @@ def offline_text() -> str:
 
 
 def read_text(path: str, flag: str = "--data") -> str:
-    """Reads a UTF-8 text file (`.gz` too) or every `.txt`/`.txt.gz` file under a directory, in name order."""
+    """Reads a UTF-8 text file (`.gz` too), every `.txt`/`.txt.gz` file under a directory or in a `.zip`
+    (in name order), or several of these separated by commas."""
+    if "," in path:
+        return "\n".join(read_text(part, flag) for part in path.split(",") if part)
+    if path.endswith(".zip") and os.path.isfile(path):
+        return "\n".join(text for _, text in read_zip_texts(path, flag))
     if os.path.isdir(path):
         files = sorted(
             os.path.join(root, name)
@@ -62,6 +70,37 @@ def read_text(path: str, flag: str = "--data") -> str:
     if not text.strip():
         raise DataError(f"{flag}: {path!r} is empty; expected text to train on.")
     return text
+
+
+def read_zip_texts(path: str, flag: str = "--data") -> list[tuple[str, str]]:
+    """(member name, text) of every `.txt` member of a zip archive, in name order."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = sorted(n for n in archive.namelist() if n.endswith(".txt") and not n.endswith("README.txt"))
+            texts = [(n, archive.read(n).decode("utf-8", errors="replace")) for n in names]
+    except (zipfile.BadZipFile, OSError) as error:
+        raise DataError(f"{flag}: {path!r} is not a readable zip archive ({error}).") from None
+    if not texts:
+        raise DataError(f"{flag}: the archive {path!r} holds no .txt files.")
+    return texts
+
+
+def load_labelled_text(path: str, flag: str = "--finetune") -> tuple[list[str], np.ndarray, list[str]]:
+    """Texts labelled by their folder (`.../<label>/<name>.txt`) from a zip archive or a directory,
+    e.g. the movie reviews (`movie_reviews/pos/...`, `movie_reviews/neg/...`)."""
+    if path.endswith(".zip") and os.path.isfile(path):
+        items = read_zip_texts(path, flag)
+    elif os.path.isdir(path):
+        items = [(os.path.join(root, n), read_text(os.path.join(root, n), flag))
+                 for root, _, names in sorted(os.walk(path)) for n in sorted(names) if n.endswith(".txt")]
+    else:
+        raise DataError(f"{flag}: expected a zip archive or a directory of <label>/<file>.txt; nothing is at {path!r}.")
+    labels_by_name = [name.replace("\\", "/").split("/")[-2] if "/" in name.replace("\\", "/") else "" for name, _ in items]
+    class_names = sorted(set(labels_by_name))
+    if len(class_names) < 2:
+        raise DataError(f"{flag}: {path!r} needs at least two label folders (<label>/<file>.txt); found {class_names}.")
+    labels = np.array([class_names.index(label) for label in labels_by_name], "int32")
+    return [text for _, text in items], labels, class_names
 
 
 def split_text(text: str, validation_fraction: float = 0.1) -> tuple[str, str]:

@@ -153,6 +153,8 @@ class BertMLM(_BertWithHead):
         self.built = True
 
     def call(self, token_ids, segment_ids=None, padding_mask=None, mask_positions=None, training=None):
+        if isinstance(token_ids, dict):  # `fit` passes one structure: keras-hub's input names
+            return self.call(**token_ids, training=training)
         x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
         if mask_positions is not None:
             x = ops.take_along_axis(x, ops.cast(mask_positions, "int32")[..., None], axis=1)
@@ -188,6 +190,8 @@ class BertClassifier(_BertWithHead):
         self.built = True
 
     def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
+        if isinstance(token_ids, dict):
+            return self.call(**token_ids, training=training)
         x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
         pooled = self.pooled_dropout(self.pooler(x[:, 0]), training=training)
         return self.classifier(pooled)

@@ -6,6 +6,8 @@ import argparse
 import inspect
 import typing
 
+import keras
+
 from keras_tfm.data.errors import DataError
 
 MODEL_OVERRIDES = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "max_length")
@@ -73,9 +75,12 @@ def build_model(sizes: dict, args: argparse.Namespace, **fixed):
         raise DataError(f"--model: expected one of {', '.join(sizes)}; got {args.model!r}.")
     size = sizes[args.model]
     model_class = typing.get_type_hints(size).get("return")  # size functions are `name(**overrides) -> Class`
-    accepted = inspect.signature(model_class or size).parameters
+    accepted = inspect.signature(model_class).parameters if model_class not in (None, keras.Model) else {}
     overrides = {name: getattr(args, name) for name in MODEL_OVERRIDES if getattr(args, name, None) is not None}
     for name in overrides:
-        if name not in accepted:
+        if accepted and name not in accepted:
             raise DataError(f"--{name.replace('_', '-')}: {args.model} has no such setting.")
-    return size(**{**overrides, **fixed})
+    try:
+        return size(**{**overrides, **fixed})
+    except (TypeError, ValueError) as error:
+        raise DataError(f"--model {args.model}: {error}") from None

@@ -97,11 +97,12 @@ def train(
     args: argparse.Namespace,
     *,
     build_model: Callable[[], keras.Model],
-    train_batch: Callable[[int, int], tuple],
+    train_batch: Callable[[int, int], tuple],  # (x, y) or (x, y, sample_weight)
     steps_per_pass: int,
     validation_data: tuple,
     loss,
     metrics: list | None = None,
+    weighted_metrics: list | None = None,
     callbacks: list | None = None,
     evaluate: Callable[[keras.Model], dict] | None = None,
 ) -> TrainResult:
@@ -111,9 +112,10 @@ def train(
     with distribution_scope(args.distribute, args.model_parallel, log=log):
         model = build_model()
         model.compile(
-            optimizer=make_optimizer(args, total_steps), loss=loss, metrics=metrics or [], jit_compile=use_jit(args)
+            optimizer=make_optimizer(args, total_steps), loss=loss, metrics=metrics or [],
+            weighted_metrics=weighted_metrics or [], jit_compile=use_jit(args)
         )
-        first_x, _ = train_batch(0, 0)
+        first_x = train_batch(0, 0)[0]
         model(first_x)
     log(f"Model: {model.name}, {model.count_params():,} parameters; {epochs} epochs x {steps_per_epoch} steps "
         f"of batch {args.batch_size}; XLA {'on' if use_jit(args) else 'off'}.")
@@ -158,7 +160,8 @@ def train(
             + "Try a lower --learning-rate, a smaller --clip-norm or --precision float32."
         )
 
-    results = model.evaluate(*validation_data, batch_size=args.batch_size, return_dict=True, verbose=0)
+    results = model.evaluate(validation_data[0], validation_data[1], batch_size=args.batch_size, return_dict=True,
+                             verbose=0, sample_weight=validation_data[2] if len(validation_data) > 2 else None)
     results = {f"validation_{name}": float(value) for name, value in results.items()}
     if evaluate is not None:
         results.update(evaluate(model))

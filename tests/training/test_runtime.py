@@ -197,3 +197,48 @@ def test_translator_recipe_short_run_reports_bleu(tmp_path):
     assert metrics["bleu_signature"].startswith("BLEU = ")
     assert len((out / "translations.txt").read_text().splitlines()) == 8
     assert (out / "learning_curves.png").exists() and (out / "tokenizer_source.json").exists()
+
+
+def test_bert_recipe_pretrains_then_finetunes(tmp_path):
+    out = tmp_path / "run"
+    movie_reviews = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
+    done = recipe("bert_mlm.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "8", "--num-layers", "1",
+                  "--hidden-dim", "32", "--num-heads", "2", "--intermediate-dim", "64", "--sequence-length", "32",
+                  "--vocabulary-size", "500", "--finetune", movie_reviews, "--finetune-epochs", "1", "--verbose", "2",
+                  "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    pretrained = json.loads((out / "metrics.json").read_text())
+    assert pretrained["steps"] == 4 and pretrained["masked_tokens_evaluated"] > 0
+    assert np.isclose(pretrained["validation_perplexity"], np.exp(pretrained["validation_loss"]), rtol=1e-4)
+    finetuned = json.loads((out / "finetune" / "metrics.json").read_text())
+    assert finetuned["model"] == "bert_mini" and 0.0 <= finetuned["validation_accuracy"] <= 1.0
+    assert "['neg', 'pos']" in done.stdout
+    for stage in (out, out / "finetune"):
+        assert (stage / "learning_curves.png").exists() and (stage / "checkpoint" / "state.json").exists()
+
+
+def test_dynamic_masks_follow_the_bert_recipe():
+    """keras-hub's generator as the recipe configures it: 15% selected, never special tokens,
+    80/10/10 [MASK]/random/unchanged, and new masks for a new (epoch, step) seed."""
+    keras_hub = pytest.importorskip("keras_hub")
+    import tensorflow as tf
+
+    pad, cls, sep, mask = 0, 2, 3, 4
+    masker = keras_hub.layers.MaskedLMMaskGenerator(vocabulary_size=1000, mask_selection_rate=0.15, mask_token_id=mask,
+                                                    mask_selection_length=40, unselectable_token_ids=[pad, cls, sep])
+    rng = np.random.default_rng(0)
+    rows = np.concatenate([np.full((400, 1), cls), rng.integers(10, 1000, (400, 126)), np.full((400, 1), sep)], 1).astype("int32")
+    tf.random.set_seed(1)
+    out = {k: np.asarray(v) for k, v in masker(rows).items()}
+    selected = out["mask_weights"] > 0
+    positions = out["mask_positions"][selected]
+    assert abs(selected.sum() / (400 * 126) - 0.15) < 0.01
+    assert not np.isin(positions, [0, 127]).any()  # [CLS] and [SEP] are never selected
+    rows_index = np.nonzero(selected)[0]
+    new = out["token_ids"][rows_index, positions]
+    original = rows[rows_index, positions]
+    assert np.array_equal(out["mask_ids"][selected], original)
+    shares = [(new == mask).mean(), ((new != mask) & (new != original)).mean(), (new == original).mean()]
+    assert abs(shares[0] - 0.8) < 0.03 and abs(shares[1] - 0.1) < 0.03 and abs(shares[2] - 0.1) < 0.03
+    tf.random.set_seed(2)
+    assert not np.array_equal(np.asarray(masker(rows)["mask_positions"]), out["mask_positions"])

@@ -1,0 +1,187 @@
+"""Pretrain BERT as a masked language model on text, then (with --finetune) fine-tune it to classify.
+
+Data (one of):
+  --data PATH       UTF-8 text: a file (.txt, .gz), a directory of .txt files, a .zip of .txt files, or several
+                    of these separated by commas (e.g. ../shared/data/wikitext-2/valid.txt,../shared/data/movie_reviews/movie_reviews.zip)
+  --dataset NAME    a tensorflow-datasets text dataset, e.g. imdb_reviews (needs network once)
+  (neither)         the offline default: Python's bundled documentation text
+--validation-data PATH holds out other text (e.g. ../shared/data/wikitext-2/test.txt); otherwise the last
+10% of the text validates.
+
+A keras-hub WordPiece vocabulary is trained on the text (compute_word_piece_vocabulary) unless an earlier
+run saved one in --output-dir. The token stream is cut into sequences of --sequence-length ([CLS] ... [SEP]).
+Masking is dynamic, as in the original recipe, through keras-hub's MaskedLMMaskGenerator: each batch of
+each epoch draws new masks (15% of tokens, never [CLS]/[SEP]/[PAD]; of those 80% [MASK], 10% random, 10%
+unchanged), seeded by (seed, epoch, step) so a resumed run sees the same masks. Reports held-out
+masked-token accuracy and perplexity.
+
+--finetune PATH then trains a BertClassifier that starts from the pretrained encoder on texts labelled
+by folder (a zip or a directory of <label>/<file>.txt, e.g. ../shared/data/movie_reviews/movie_reviews.zip),
+holding out 10%, and reports its accuracy (in --output-dir/finetune).
+
+    python recipes/bert_mlm.py --data ../shared/data/wikitext-2/valid.txt --validation-data ../shared/data/wikitext-2/test.txt \\
+        --finetune ../shared/data/movie_reviews/movie_reviews.zip
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import os
+
+import numpy as np
+
+
+def main() -> None:
+    from keras_tfm import training
+    from keras_tfm.models import bert
+
+    sizes = {name: getattr(bert, name) for name in
+             ("bert_tiny", "bert_mini", "bert_small", "bert_medium", "bert_base", "bert_large")}
+    parser = training.recipe_parser(__doc__, sizes, "bert_mini", "runs/bert_mlm")
+    parser.set_defaults(batch_size=16, learning_rate=5e-4, weight_decay=0.01, epochs=5)
+    recipe = parser.add_argument_group("masked language model")
+    recipe.add_argument("--validation-data", metavar="PATH", help="held-out text (default: the last 10%% of --data)")
+    recipe.add_argument("--vocabulary-size", type=int, default=8192, help="WordPiece vocabulary size (default: %(default)s)")
+    recipe.add_argument("--sequence-length", type=int, default=128, help="tokens per sequence (default: %(default)s)")
+    recipe.add_argument("--mask-rate", type=float, default=0.15, help="share of tokens selected (default: %(default)s)")
+    recipe.add_argument("--mask-positions", type=int, default=20, help="most masked positions per sequence (default: %(default)s)")
+    recipe.add_argument("--finetune", metavar="PATH", help="labelled texts to fine-tune a classifier on after pretraining")
+    recipe.add_argument("--finetune-epochs", type=int, default=3, help="(default: %(default)s)")
+    recipe.add_argument("--finetune-learning-rate", type=float, default=1e-4, help="(default: %(default)s)")
+    args = parser.parse_args()
+    training.setup(args)
+
+    import keras
+    import keras_hub
+    import tensorflow as tf  # keras-hub's masking runs on tf.text
+
+    from keras_tfm.data import DataError, load_labelled_text, load_or_fit_tokenizer, load_text, read_text
+    from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
+
+    text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
+    validation_text = read_text(args.validation_data, "--validation-data") if args.validation_data else text.validation
+    tokenizer = load_or_fit_tokenizer("wordpiece", text.train, args.output_dir, args.vocabulary_size,
+                                      log=training.runtime.log)
+    pad, cls, sep, mask = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
+    length = args.sequence_length
+
+    def sequences(source: str, name: str) -> np.ndarray:
+        ids = tokenizer.encode(source)
+        count = len(ids) // (length - 2)
+        if count < 1:
+            raise DataError(f"--data: the {name} text has {len(ids)} tokens, fewer than one sequence of {length - 2}.")
+        body = ids[: count * (length - 2)].reshape(count, length - 2)
+        return np.concatenate([np.full((count, 1), cls), body, np.full((count, 1), sep)], axis=1).astype("int32")
+
+    train_sequences, validation_sequences = sequences(text.train, "training"), sequences(validation_text, "validation")
+    training.runtime.log(f"Sequences: {len(train_sequences):,} for training, {len(validation_sequences):,} held out, "
+                         f"{length} tokens each.")
+    masker = keras_hub.layers.MaskedLMMaskGenerator(
+        vocabulary_size=tokenizer.vocabulary_size, mask_selection_rate=args.mask_rate, mask_token_id=mask,
+        mask_selection_length=args.mask_positions, unselectable_token_ids=[pad, cls, sep])
+
+    def masked(rows: np.ndarray, seed_parts: list[int]):
+        tf.random.set_seed(int(np.random.default_rng([args.seed, *seed_parts]).integers(1 << 30)))
+        out = {k: np.asarray(v) for k, v in masker(rows).items()}
+        x = {"token_ids": out["token_ids"], "padding_mask": rows != pad, "mask_positions": out["mask_positions"]}
+        return x, out["mask_ids"], out["mask_weights"]
+
+    @functools.lru_cache(maxsize=2)
+    def order(epoch: int) -> np.ndarray:
+        return np.random.default_rng([args.seed, epoch]).permutation(len(train_sequences))
+
+    def train_batch(epoch: int, step: int):
+        chosen = order(epoch)[(step * args.batch_size) % len(train_sequences):][: args.batch_size]
+        if len(chosen) < args.batch_size:
+            chosen = np.concatenate([chosen, order(epoch)[: args.batch_size - len(chosen)]])
+        return masked(train_sequences[chosen], [epoch, step])
+
+    validation = masked(validation_sequences, [1 << 20])
+
+    def evaluate(model) -> dict:
+        loss = model.evaluate(validation[0], validation[1], sample_weight=validation[2], batch_size=args.batch_size,
+                              verbose=0, return_dict=True)["loss"]
+        return {"validation_perplexity": math.exp(loss), "vocabulary_size": tokenizer.vocabulary_size,
+                "masked_tokens_evaluated": int(validation[2].sum()), "data": text.source}
+
+    def loss():
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
+
+    encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=length)
+    result = training.train(
+        args,
+        build_model=lambda: training.build_model(sizes, args, **encoder_config),
+        train_batch=train_batch,
+        steps_per_pass=len(train_sequences) // args.batch_size,
+        validation_data=validation,
+        loss=loss(),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
+        evaluate=evaluate,
+    )
+    print(f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
+          f"perplexity {result.metrics['validation_perplexity']:.2f}")
+    if args.finetune:
+        finetune(args, result.model, tokenizer, sizes, encoder_config, loss, (pad, cls, sep), load_labelled_text)
+
+
+def finetune(args, pretrained, tokenizer, sizes, encoder_config, loss, special, load_labelled_text) -> None:
+    import keras
+
+    from keras_tfm import training
+
+    pad, cls, sep = special
+    texts, labels, class_names = load_labelled_text(args.finetune)
+    length = args.sequence_length
+    ids = np.full((len(texts), length), pad, "int32")
+    for i, row in enumerate(tokenizer.encode_lines([" ".join(t.split()) for t in texts])):
+        row = np.concatenate([[cls], row[: length - 2], [sep]])
+        ids[i, : len(row)] = row
+    order = np.random.default_rng(args.seed).permutation(len(texts))
+    cut = int(0.9 * len(texts))
+    train_rows, test_rows = order[:cut], order[cut:]
+    training.runtime.log(f"Fine-tuning data: {args.finetune!r}: {len(train_rows)} training and {len(test_rows)} "
+                         f"test texts, classes {class_names}.")
+
+    def inputs(rows):
+        return {"token_ids": ids[rows], "padding_mask": ids[rows] != pad}
+
+    stage = copy.copy(args)
+    stage.output_dir = os.path.join(args.output_dir, "finetune")
+    stage.epochs, stage.steps, stage.steps_per_epoch = args.finetune_epochs, None, None
+    stage.learning_rate = args.finetune_learning_rate
+    os.makedirs(stage.output_dir, exist_ok=True)
+
+    def build_classifier():
+        classifier = training.build_model(sizes, stage, head="classifier", num_classes=len(class_names), **encoder_config)
+        classifier.build()
+        classifier.encoder.set_weights(pretrained.encoder.get_weights())
+        return classifier
+
+    @functools.lru_cache(maxsize=2)
+    def epoch_order(epoch: int) -> np.ndarray:
+        return np.random.default_rng([args.seed, 7, epoch]).permutation(train_rows)
+
+    def train_batch(epoch: int, step: int):
+        rows = epoch_order(epoch)[(step * args.batch_size) % len(train_rows):][: args.batch_size]
+        if len(rows) < args.batch_size:
+            rows = np.concatenate([rows, epoch_order(epoch)[: args.batch_size - len(rows)]])
+        return inputs(rows), labels[rows]
+
+    result = training.train(
+        stage,
+        build_model=build_classifier,
+        train_batch=train_batch,
+        steps_per_pass=len(train_rows) // args.batch_size,
+        validation_data=(inputs(test_rows), labels[test_rows]),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    print(f"fine-tuned classification accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_rows)} held-out texts")
+
+
+if __name__ == "__main__":
+    from keras_tfm.training import run_main
+
+    run_main(main)
