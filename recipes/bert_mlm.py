@@ -54,10 +54,9 @@ def main() -> None:
     training.setup(args)
 
     import keras
-    import keras_hub
-    import tensorflow as tf  # keras-hub's masking runs on tf.text
 
-    from keras_tfm.data import DataError, load_labelled_text, load_or_fit_tokenizer, load_text, read_text
+    from keras_tfm.data import load_labelled_text, load_or_fit_tokenizer, load_text, read_text
+    from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
@@ -67,26 +66,11 @@ def main() -> None:
     pad, cls, sep, mask = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
     length = args.sequence_length
 
-    def sequences(source: str, name: str) -> np.ndarray:
-        ids = tokenizer.encode(source)
-        count = len(ids) // (length - 2)
-        if count < 1:
-            raise DataError(f"--data: the {name} text has {len(ids)} tokens, fewer than one sequence of {length - 2}.")
-        body = ids[: count * (length - 2)].reshape(count, length - 2)
-        return np.concatenate([np.full((count, 1), cls), body, np.full((count, 1), sep)], axis=1).astype("int32")
-
-    train_sequences, validation_sequences = sequences(text.train, "training"), sequences(validation_text, "validation")
+    train_sequences = pack_sequences(tokenizer.encode(text.train), length, cls, sep)
+    validation_sequences = pack_sequences(tokenizer.encode(validation_text), length, cls, sep, "validation")
     training.runtime.log(f"Sequences: {len(train_sequences):,} for training, {len(validation_sequences):,} held out, "
                          f"{length} tokens each.")
-    masker = keras_hub.layers.MaskedLMMaskGenerator(
-        vocabulary_size=tokenizer.vocabulary_size, mask_selection_rate=args.mask_rate, mask_token_id=mask,
-        mask_selection_length=args.mask_positions, unselectable_token_ids=[pad, cls, sep])
-
-    def masked(rows: np.ndarray, seed_parts: list[int]):
-        tf.random.set_seed(int(np.random.default_rng([args.seed, *seed_parts]).integers(1 << 30)))
-        out = {k: np.asarray(v) for k, v in masker(rows).items()}
-        x = {"token_ids": out["token_ids"], "padding_mask": rows != pad, "mask_positions": out["mask_positions"]}
-        return x, out["mask_ids"], out["mask_weights"]
+    masked = DynamicMasker(tokenizer.vocabulary_size, mask, [pad, cls, sep], pad, args.mask_rate, args.mask_positions)
 
     @functools.lru_cache(maxsize=2)
     def order(epoch: int) -> np.ndarray:
@@ -96,9 +80,9 @@ def main() -> None:
         chosen = order(epoch)[(step * args.batch_size) % len(train_sequences):][: args.batch_size]
         if len(chosen) < args.batch_size:
             chosen = np.concatenate([chosen, order(epoch)[: args.batch_size - len(chosen)]])
-        return masked(train_sequences[chosen], [epoch, step])
+        return masked(train_sequences[chosen], [args.seed, epoch, step])
 
-    validation = masked(validation_sequences, [1 << 20])
+    validation = masked(validation_sequences, [args.seed, 1 << 20])
 
     def evaluate(model) -> dict:
         loss = model.evaluate(validation[0], validation[1], sample_weight=validation[2], batch_size=args.batch_size,
