@@ -10,9 +10,10 @@ Data (one of):
 
 A keras-hub WordPiece vocabulary is trained on the text (compute_word_piece_vocabulary) unless an earlier
 run saved one in --output-dir. The token stream is cut into sequences of --sequence-length ([CLS] ... [SEP]).
-Masking is dynamic, as in the original recipe, through keras-hub's MaskedLMMaskGenerator: each batch of
-each epoch draws new masks (15% of tokens, never [CLS]/[SEP]/[PAD]; of those 80% [MASK], 10% random, 10%
-unchanged), seeded by (seed, epoch, step) so a resumed run sees the same masks. Reports held-out
+Masking is dynamic, as in the original recipe: each batch of each epoch draws new masks (15% of tokens,
+never [CLS]/[SEP]/[PAD]; of those 80% [MASK], 10% random, 10% unchanged), seeded by (seed, epoch, step) so
+a resumed run sees the same masks (keras_tfm.data.masking; keras-hub's MaskedLMMaskGenerator cannot be
+seeded per batch). Reports held-out
 masked-token accuracy and perplexity.
 
 --finetune PATH then trains a BertClassifier that starts from the pretrained encoder on texts labelled
