@@ -16,11 +16,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import keras_train_throughput, print_table, report, run_worker, torch_train_throughput  # noqa: E402
+from common import keras_train_throughput, report, side_by_side, torch_train_throughput  # noqa: E402
 
 LAYERS, HEADS, WIDTH, FFN, LENGTH, BATCH, VOCABULARY, MASKED = 4, 4, 256, 1024, 128, 16, 8192, 20
 WARMUP_STEPS, STEPS = 5, 40
-BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def data():
@@ -83,15 +82,9 @@ def main() -> None:
     if args.worker:
         report(worker(args.worker[0]))
         return
-    rows = []
-    for contender in ("keras_tfm", "keras_hub"):
-        for backend in BACKENDS:
-            rows.append((f"{contender} ({backend})", run_worker(__file__, backend, [contender, backend])))
-    rows.append(("hugging_face (torch)", run_worker(__file__, "torch", ["hugging_face", "torch"])))
-    print_table(f"BERT masked-LM training, {LAYERS} layers / {HEADS} heads / {WIDTH} wide, FFN {FFN}, sequence {LENGTH}, "
+    side_by_side(__file__, f"BERT masked-LM training, {LAYERS} layers / {HEADS} heads / {WIDTH} wide, FFN {FFN}, sequence {LENGTH}, "
                 f"batch {BATCH}, vocabulary {VOCABULARY}, {MASKED} masked positions",
-                "train tokens/s", rows, {"keras-hub jax": "keras_hub (jax)", "keras-hub torch": "keras_hub (torch)",
-                                         "Hugging Face": "hugging_face (torch)"})
+                "train tokens/s")
 
 
 if __name__ == "__main__":

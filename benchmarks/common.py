@@ -53,6 +53,21 @@ def print_table(title: str, unit: str, rows: list[tuple[str, dict]], baselines: 
         print(f"| {name} | {result['value']:,.0f} | " + " | ".join(ratios) + " |")
 
 
+BACKENDS = ("jax", "tensorflow", "torch")
+BASELINES = {"keras-hub jax": "keras_hub (jax)", "keras-hub torch": "keras_hub (torch)", "Hugging Face": "hugging_face (torch)"}
+
+
+def side_by_side(script: str, title: str, unit: str, extra: list[str] = ()) -> None:
+    """Runs keras_tfm and keras-hub on every backend and Hugging Face on PyTorch (`script --worker
+    CONTENDER BACKEND *extra`), then prints the table."""
+    rows = []
+    for contender in ("keras_tfm", "keras_hub"):
+        for backend in BACKENDS:
+            rows.append((f"{contender} ({backend})", run_worker(script, backend, [contender, backend, *extra])))
+    rows.append(("hugging_face (torch)", run_worker(script, "torch", ["hugging_face", "torch", *extra])))
+    print_table(title, unit, rows, BASELINES)
+
+
 def keras_train_throughput(model, inputs, targets, batch_size: int, warmup_steps: int, steps: int) -> float:
     """Examples per second of `model.fit` after `warmup_steps` (compilation) with AdamW and sparse
     categorical cross-entropy. XLA on JAX and TensorFlow; eager on PyTorch, where Keras' torch.compile

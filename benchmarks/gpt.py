@@ -16,12 +16,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, keras_train_throughput, print_table, report, run_worker, torch_train_throughput  # noqa: E402
+from common import Timer, keras_train_throughput, report, side_by_side, torch_train_throughput  # noqa: E402
 
 CONFIG = dict(vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128)
 TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=60)
 GENERATE = dict(context=256, prompt=16, new_tokens=200, repeats=10)
-BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def keras_train(model, inputs, targets) -> float:
@@ -128,16 +127,10 @@ def main() -> None:
     for task in ("train", "generate"):
         if args.only and task != args.only:
             continue
-        rows = []
-        for contender in ("keras_tfm", "keras_hub"):
-            for backend in BACKENDS:
-                rows.append((f"{contender} ({backend})", run_worker(__file__, backend, [contender, backend, task])))
-        rows.append(("hugging_face (torch)", run_worker(__file__, "torch", ["hugging_face", "torch", task])))
         unit = "train tokens/s" if task == "train" else "new tokens/s"
         title = ("Training, 4 layers / 4 heads / 128 wide, context 64, batch 12" if task == "train"
                  else "Greedy generation, batch 1, 200 new tokens, context 256")
-        print_table(title, unit, rows, {"keras-hub jax": "keras_hub (jax)", "keras-hub torch": "keras_hub (torch)",
-                                        "Hugging Face": "hugging_face (torch)"})
+        side_by_side(__file__, title, unit, [task])
 
 
 if __name__ == "__main__":

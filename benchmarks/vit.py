@@ -14,11 +14,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import keras_train_throughput, print_table, report, run_worker, torch_train_throughput  # noqa: E402
+from common import keras_train_throughput, report, side_by_side, torch_train_throughput  # noqa: E402
 
 CONFIG = dict(image_size=32, patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, intermediate_dim=768, num_classes=10)
 BATCH, WARMUP_STEPS, STEPS = 32, 5, 30
-BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def data():
@@ -69,14 +68,8 @@ def main() -> None:
     if args.worker:
         report(worker(args.worker[0]))
         return
-    rows = []
-    for contender in ("keras_tfm", "keras_hub"):
-        for backend in BACKENDS:
-            rows.append((f"{contender} ({backend})", run_worker(__file__, backend, [contender, backend])))
-    rows.append(("hugging_face (torch)", run_worker(__file__, "torch", ["hugging_face", "torch"])))
-    print_table("ViT training, 32x32x3, patch 4, 6 layers / 3 heads / 192 wide, MLP 768, batch 32",
-                "train images/s", rows, {"keras-hub jax": "keras_hub (jax)", "keras-hub torch": "keras_hub (torch)",
-                                         "Hugging Face": "hugging_face (torch)"})
+    side_by_side(__file__, "ViT training, 32x32x3, patch 4, 6 layers / 3 heads / 192 wide, MLP 768, batch 32",
+                "train images/s")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-from keras import ops
 
 import keras_tfm
 from tests.checks import assert_close, run_layer_checks, to_numpy
