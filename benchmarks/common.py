@@ -50,7 +50,8 @@ def print_table(title: str, unit: str, rows: list[tuple[str, dict]], baselines: 
         for base in baselines.values():
             b = values.get(base)
             ratios.append(f"{result['value'] / b:.2f}x" if b else "-")
-        print(f"| {name} | {result['value']:,.0f} | " + " | ".join(ratios) + " |")
+        value = f"{result['value']:,.0f}" if result["value"] >= 100 else f"{result['value']:.1f}"
+        print(f"| {name} | {value} | " + " | ".join(ratios) + " |")
 
 
 BACKENDS = ("jax", "tensorflow", "torch")
