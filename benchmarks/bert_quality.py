@@ -47,9 +47,11 @@ def worker(contender: str, options: dict) -> dict:
     batch, steps = options["batch_size"], options["steps"]
 
     def batches():
-        for step in range(steps):
-            rows = np.random.default_rng([0, step]).choice(len(train), batch, replace=False)
-            yield masker(train[rows], [0, step])
+        """Every step's masked batch, concatenated in order (fit then reads them with shuffle=False)."""
+        parts = [masker(train[np.random.default_rng([0, step]).choice(len(train), batch, replace=False)], [0, step])
+                 for step in range(steps)]
+        return ({k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]},
+                np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
 
     if contender == "keras_tfm":
         import keras_tfm
@@ -73,9 +75,9 @@ def worker(contender: str, options: dict) -> dict:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
                   weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
                   jit_compile=keras.backend.backend() != "torch")
-    stream = ((adapt(x), y, w) for x, y, w in batches())
+    x, y, w = batches()  # arrays, not a generator: keras-hub's Task.fit does not take generators
     with Timer() as timer:
-        model.fit(stream, steps_per_epoch=steps, epochs=1, verbose=2)
+        model.fit(adapt(x), y, sample_weight=w, batch_size=batch, epochs=1, shuffle=False, verbose=2)
     x, y, w = masker(test, [1, 0])
     result = model.evaluate(adapt(x), y, sample_weight=w, batch_size=batch, return_dict=True, verbose=0)
     record = {"value": result["masked_accuracy"], "test_loss": result["loss"], "parameters": model.count_params(),
