@@ -103,4 +103,4 @@ def torch_train_throughput(model, loss_fn, batches, warmup_steps: int, steps: in
     with Timer() as timer:
         for i in range(steps):
             step(warmup_steps + i)
-    return steps * len(batches[0][0]) / timer.seconds
+    return steps * len(batches[0][1]) / timer.seconds  # targets: one row per example
