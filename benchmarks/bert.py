@@ -11,12 +11,11 @@ in the loss.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import keras_train_throughput, report, side_by_side, torch_train_throughput  # noqa: E402
+from common import keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
 LAYERS, HEADS, WIDTH, FFN, LENGTH, BATCH, VOCABULARY, MASKED = 4, 4, 256, 1024, 128, 16, 8192, 20
 WARMUP_STEPS, STEPS = 5, 40
@@ -35,7 +34,7 @@ def data():
     return masked_ids, positions.astype("int32"), labels
 
 
-def worker(contender: str) -> dict:
+def worker(contender: str, task: str = "train") -> dict:
     import numpy as np
 
     token_ids, positions, labels = data()
@@ -75,17 +74,7 @@ def worker(contender: str) -> dict:
     raise ValueError(contender)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", nargs=2, metavar=("CONTENDER", "BACKEND"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        report(worker(args.worker[0]))
-        return
-    side_by_side(__file__, f"BERT masked-LM training, {LAYERS} layers / {HEADS} heads / {WIDTH} wide, FFN {FFN}, sequence {LENGTH}, "
-                f"batch {BATCH}, vocabulary {VOCABULARY}, {MASKED} masked positions",
-                "train tokens/s")
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, __file__, worker, {"train": (
+        f"BERT masked-LM training, {LAYERS} layers / {HEADS} heads / {WIDTH} wide, FFN {FFN}, sequence {LENGTH}, "
+        f"batch {BATCH}, vocabulary {VOCABULARY}, {MASKED} masked positions", "train tokens/s")})

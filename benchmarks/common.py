@@ -3,6 +3,7 @@ prints one JSON line, and the driver prints a table with ratios."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -58,15 +59,35 @@ BACKENDS = ("jax", "tensorflow", "torch")
 BASELINES = {"keras-hub jax": "keras_hub (jax)", "keras-hub torch": "keras_hub (torch)", "Hugging Face": "hugging_face (torch)"}
 
 
-def side_by_side(script: str, title: str, unit: str, extra: list[str] = ()) -> None:
-    """Runs keras_tfm and keras-hub on every backend and Hugging Face on PyTorch (`script --worker
-    CONTENDER BACKEND *extra`), then prints the table."""
-    rows = []
-    for contender in ("keras_tfm", "keras_hub"):
-        for backend in BACKENDS:
-            rows.append((f"{contender} ({backend})", run_worker(script, backend, [contender, backend, *extra])))
-    rows.append(("hugging_face (torch)", run_worker(script, "torch", ["hugging_face", "torch", *extra])))
-    print_table(title, unit, rows, BASELINES)
+DEFAULT_CONTENDERS = [(f"{contender} ({backend})", contender, backend)
+                      for contender in ("keras_tfm", "keras_hub") for backend in BACKENDS]
+DEFAULT_CONTENDERS.append(("hugging_face (torch)", "hugging_face", "torch"))
+
+
+def side_by_side(script: str, title: str, unit: str, task: str, contenders=DEFAULT_CONTENDERS,
+                 baselines=BASELINES) -> None:
+    """Runs `script --worker CONTENDER BACKEND TASK` for each (row name, contender, backend) in its own
+    process, then prints the table."""
+    rows = [(name, run_worker(script, backend, [contender, backend, task])) for name, contender, backend in contenders]
+    print_table(title, unit, rows, baselines)
+
+
+def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], contenders=DEFAULT_CONTENDERS,
+         baselines=BASELINES) -> None:
+    """The command line of every speed benchmark: `script [--only TASK]` prints one side-by-side table
+    per task (`tasks`: name -> (title, unit)); `script --worker CONTENDER BACKEND TASK`, which the
+    driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=list(tasks), help="run one task's table")
+    parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "BACKEND", "TASK"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        contender, _, task = args.worker
+        report(worker(contender, task))
+        return
+    for task, (title, unit) in tasks.items():
+        if args.only in (None, task):
+            side_by_side(script, title, unit, task, contenders, baselines)
 
 
 def keras_train_throughput(model, inputs, targets, batch_size: int, warmup_steps: int, steps: int) -> float:

@@ -11,12 +11,11 @@ batch 12, vocabulary 65, no dropout), AdamW, random tokens. Generation: the same
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, keras_train_throughput, report, side_by_side, torch_train_throughput  # noqa: E402
+from common import Timer, keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
 CONFIG = dict(vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128)
 TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=60)
@@ -115,23 +114,8 @@ def worker(contender: str, task: str) -> dict:
     raise ValueError(contender)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["train", "generate"])
-    parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "BACKEND", "TASK"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        contender, _, task = args.worker
-        report(worker(contender, task))
-        return
-    for task in ("train", "generate"):
-        if args.only and task != args.only:
-            continue
-        unit = "train tokens/s" if task == "train" else "new tokens/s"
-        title = ("Training, 4 layers / 4 heads / 128 wide, context 64, batch 12" if task == "train"
-                 else "Greedy generation, batch 1, 200 new tokens, context 256")
-        side_by_side(__file__, title, unit, [task])
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, __file__, worker, {
+        "train": ("Training, 4 layers / 4 heads / 128 wide, context 64, batch 12", "train tokens/s"),
+        "generate": ("Greedy generation, batch 1, 200 new tokens, context 256", "new tokens/s"),
+    })

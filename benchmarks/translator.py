@@ -10,12 +10,11 @@ vocabulary of 8000, source and target 24 tokens, training batch 64 (AdamW); tran
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BACKENDS, Timer, keras_train_throughput, print_table, report, run_worker, torch_train_throughput  # noqa: E402
+from common import BACKENDS, Timer, keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
 VOCABULARY, LENGTH, BATCH, WARMUP_STEPS, STEPS = 8000, 24, 64, 3, 20
 SENTENCES, BEAMS, REPEATS = 32, 4, 3
@@ -76,24 +75,11 @@ def worker(contender: str, task: str) -> dict:
     return {"value": REPEATS * SENTENCES / timer.seconds}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["train", "translate"])
-    parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "BACKEND", "TASK"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        report(worker(args.worker[0], args.worker[2]))
-        return
-    for task in ("train", "translate"):
-        if args.only and task != args.only:
-            continue
-        rows = [(f"keras_tfm ({backend})", run_worker(__file__, backend, ["keras_tfm", backend, task])) for backend in BACKENDS]
-        rows.append(("hugging_face marian (torch)", run_worker(__file__, "torch", ["hugging_face", "torch", task])))
-        title = ("Translator training, 3 + 3 layers / 8 heads / 256 wide, FFN 512, 24 + 24 tokens, batch 64"
-                 if task == "train" else "Beam search (4 beams), 32 sentences of 24 tokens, 24 new tokens each")
-        print_table(title, "train target tokens/s" if task == "train" else "sentences/s", rows,
-                    {"Hugging Face": "hugging_face marian (torch)"})
-
-
 if __name__ == "__main__":
-    main()
+    contenders = [(f"keras_tfm ({backend})", "keras_tfm", backend) for backend in BACKENDS]
+    contenders.append(("hugging_face marian (torch)", "hugging_face", "torch"))
+    main(__doc__, __file__, worker, {
+        "train": ("Translator training, 3 + 3 layers / 8 heads / 256 wide, FFN 512, 24 + 24 tokens, batch 64",
+                  "train target tokens/s"),
+        "translate": ("Beam search (4 beams), 32 sentences of 24 tokens, 24 new tokens each", "sentences/s"),
+    }, contenders, {"Hugging Face": "hugging_face marian (torch)"})

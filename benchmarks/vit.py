@@ -9,12 +9,11 @@ Configuration (issue 4): 32x32x3 images, patch 4, 6 layers, 3 heads, 192 wide, M
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import keras_train_throughput, report, side_by_side, torch_train_throughput  # noqa: E402
+from common import keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
 CONFIG = dict(image_size=32, patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, intermediate_dim=768, num_classes=10)
 BATCH, WARMUP_STEPS, STEPS = 32, 5, 30
@@ -28,7 +27,7 @@ def data():
     return rng.random((n, 32, 32, 3), dtype="float32"), rng.integers(0, 10, size=(n,)).astype("int32")
 
 
-def worker(contender: str) -> dict:
+def worker(contender: str, task: str = "train") -> dict:
     images, labels = data()
     if contender == "keras_tfm":
         import keras_tfm
@@ -61,16 +60,6 @@ def worker(contender: str) -> dict:
     raise ValueError(contender)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", nargs=2, metavar=("CONTENDER", "BACKEND"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        report(worker(args.worker[0]))
-        return
-    side_by_side(__file__, "ViT training, 32x32x3, patch 4, 6 layers / 3 heads / 192 wide, MLP 768, batch 32",
-                "train images/s")
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, __file__, worker, {"train": (
+        "ViT training, 32x32x3, patch 4, 6 layers / 3 heads / 192 wide, MLP 768, batch 32", "train images/s")})
