@@ -10,13 +10,16 @@ Data (one of):
   (neither)         the offline default: generated English number words -> digits
 
 Each side gets a keras-hub WordPiece vocabulary trained on the training split (saved in --output-dir
-and reused on resume). Sentences are cut to --sequence-length tokens; training batches group
+and reused on resume); the source side is lowercased, the target side keeps its case. Sentences are cut to --sequence-length tokens; training batches group
 sentences of similar length and pad to a multiple of 8. After training, the
-test split is translated (--beam-size, default 4) and scored with sacreBLEU against the references;
-sample translations are printed and written to translations.txt.
+test split is translated (--beam-size, default 4), detokenized (sacremoses) and scored with sacreBLEU
+against the references, cased and lowercased; with --tokenized-references (e.g. Multi30k's
+task1/tok/test_2016_flickr.lc.norm.tok.en) also on lowercased Moses-tokenized text, the score most
+Multi30k papers report. Sample translations are printed and written to translations.txt.
 
     python recipes/translator.py --data ../shared/data/multi30k/task1/raw --source-language de \\
-        --target-language en --epochs 10
+        --target-language en --epochs 10 \\
+        --tokenized-references ../shared/data/multi30k/task1/tok/test_2016_flickr.lc.norm.tok.en
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def main() -> None:
     recipe.add_argument("--sequence-length", type=int, default=48, help="tokens per sentence (default: %(default)s)")
     recipe.add_argument("--beam-size", type=int, default=4, help="beam width for the test translations (default: %(default)s)")
     recipe.add_argument("--bleu-sentences", type=int, default=None, help="translate only the first N test sentences")
+    recipe.add_argument("--tokenized-references", metavar="FILE",
+                        help="lowercased, Moses-tokenized test references, one per line, for the comparable BLEU")
     recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
     args = parser.parse_args()
     layers, args.num_layers = args.num_layers, None  # --num-layers sets both stacks
@@ -49,20 +54,27 @@ def main() -> None:
     training.setup(args)
 
     import keras
-    import sacrebleu
 
     from keras_tfm.data import DataError, load_or_fit_tokenizer, load_parallel
+    from keras_tfm.data.text import read_text
+    from keras_tfm.training import bleu
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
     data = load_parallel(args.data, args.dataset, args.data_dir, args.source_language, args.target_language,
                          args.swap, log=training.runtime.log)
     if not data.train or not data.test:
         raise DataError("--data: the training or test split is empty.")
-    tokenizers = [load_or_fit_tokenizer("wordpiece", "\n".join(side), args.output_dir, args.vocabulary_size,
-                                        log=training.runtime.log, name=f"tokenizer_{name}")
-                  for side, name in ((["\n".join(p[0] for p in data.train)], "source"),
-                                     (["\n".join(p[1] for p in data.train)], "target"))]
+    tokenizers = [load_or_fit_tokenizer("wordpiece", "\n".join(p[side] for p in data.train), args.output_dir,
+                                        args.vocabulary_size, log=training.runtime.log, name=f"tokenizer_{name}",
+                                        lowercase=lowercase)
+                  for side, name, lowercase in ((0, "source", True), (1, "target", False))]
     source_tokenizer, target_tokenizer = tokenizers
+    tokenized_references = None
+    if args.tokenized_references:
+        tokenized_references = read_text(args.tokenized_references, "--tokenized-references").splitlines()
+        if len(tokenized_references) != len(data.test):
+            raise DataError(f"--tokenized-references: expected {len(data.test)} lines (one per test sentence), "
+                            f"{args.tokenized_references!r} has {len(tokenized_references)}.")
     pad, start, end = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[START]", "[END]"))
     length = args.sequence_length
 
@@ -101,7 +113,7 @@ def main() -> None:
         width = min(length, -(-int(lengths[chosen].max() + 1) // 8) * 8)
         return {k: v[chosen, :width] for k, v in train_x.items()}, train_y[chosen, :width]
 
-    def detokenize(ids) -> str:
+    def decode(ids) -> str:
         ids = [int(i) for i in ids]
         ids = ids[: ids.index(end)] if end in ids else ids
         return target_tokenizer.decode([i for i in ids if i != pad]) if ids else ""
@@ -114,15 +126,16 @@ def main() -> None:
             batch = sources[i: i + 64]
             batch = batch + [batch[-1]] * (64 - len(batch))  # one shape, one compiled program
             translations = model.translate(batch, max_length=length, beam_size=args.beam_size)
-            hypotheses.extend(detokenize(row) for row in translations[: len(sources) - i])
-        references = [p[1] for p in test]
-        bleu = sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True)
+            hypotheses.extend(decode(row) for row in translations[: len(sources) - i])
+        hypotheses = bleu.detokenize(hypotheses, args.target_language)
+        scores = bleu.bleu_scores(hypotheses, [p[1] for p in test], args.target_language,
+                                  tokenized_references[: len(test)] if tokenized_references else None)
         with open(os.path.join(args.output_dir, "translations.txt"), "w", encoding="utf-8") as file:
             for (source, reference), hypothesis in zip(test, hypotheses):
                 file.write(f"{source}\t{reference}\t{hypothesis}\n")
         for (source, reference), hypothesis in list(zip(test, hypotheses))[:3]:
             print(f"  source:     {source}\n  reference:  {reference}\n  translated: {hypothesis}")
-        return {"test_bleu_lowercase": bleu.score, "bleu_signature": str(bleu), "test_sentences": len(test),
+        return {**scores, "test_sentences": len(test),
                 "beam_size": args.beam_size, "data": data.source}
 
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
@@ -152,8 +165,11 @@ def main() -> None:
         metrics=[token_accuracy],
         evaluate=evaluate,
     )
-    print(f"test BLEU (sacreBLEU, lowercased) {result.metrics['test_bleu_lowercase']:.2f} "
-          f"on {result.metrics['test_sentences']} sentences")
+    metrics = result.metrics
+    print(f"test BLEU on {metrics['test_sentences']} sentences: sacreBLEU {metrics['test_bleu']:.2f} "
+          f"(lowercased {metrics['test_bleu_lowercase']:.2f})"
+          + (f", tokenized lowercase {metrics['test_bleu_tokenized_lowercase']:.2f}"
+             if "test_bleu_tokenized_lowercase" in metrics else ""))
 
 
 if __name__ == "__main__":

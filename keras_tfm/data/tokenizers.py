@@ -113,8 +113,9 @@ def load_tokenizer(path: str):
 
 
 def load_or_fit_tokenizer(kind: str, text: str, output_dir: str, vocabulary_size: int | None = None, log=print,
-                          name: str = "tokenizer"):
-    """Loads `output_dir/{name}.json` if an earlier run saved one, else fits `kind` on `text` and saves it."""
+                          name: str = "tokenizer", **fit_options):
+    """Loads `output_dir/{name}.json` if an earlier run saved one, else fits `kind` on `text` (passing
+    `fit_options`, e.g. `lowercase=False` for WordPiece) and saves it."""
     path = os.path.join(output_dir, f"{name}.json")
     if os.path.exists(path):
         tokenizer = load_tokenizer(path)
@@ -122,7 +123,7 @@ def load_or_fit_tokenizer(kind: str, text: str, output_dir: str, vocabulary_size
         return tokenizer
     if kind not in TOKENIZERS:
         raise DataError(f"--tokenizer: expected one of {sorted(TOKENIZERS)}, got {kind!r}.")
-    tokenizer = TOKENIZERS[kind].fit(text, vocabulary_size)
+    tokenizer = TOKENIZERS[kind].fit(text, vocabulary_size, **fit_options)
     tokenizer.save(path)
     log(f"Tokenizer: fitted {kind} on the training text ({tokenizer.vocabulary_size} tokens), saved to {path}.")
     return tokenizer
