@@ -90,6 +90,7 @@ def worker(contender: str, options: dict) -> dict:
 
 def finetune(pretrained, tokenizer, special, batch: int) -> dict:
     import keras
+    import keras_hub
     import numpy as np
 
     import keras_tfm
@@ -97,10 +98,8 @@ def finetune(pretrained, tokenizer, special, batch: int) -> dict:
 
     pad, cls, sep = special
     texts, labels, _ = load_labelled_text(REVIEWS)
-    ids = np.full((len(texts), LENGTH), pad, "int32")
-    for i, row in enumerate(tokenizer.encode_lines([" ".join(t.split()) for t in texts])):
-        row = np.concatenate([[cls], row[: LENGTH - 2], [sep]])
-        ids[i, : len(row)] = row
+    packer = keras_hub.layers.StartEndPacker(LENGTH, start_value=cls, end_value=sep, pad_value=pad)
+    ids = np.asarray(packer(tokenizer.encode_lines([" ".join(t.split()) for t in texts])), "int32")
     order = np.random.default_rng(0).permutation(len(texts))
     train, test = order[: int(0.9 * len(texts))], order[int(0.9 * len(texts)):]
     classifier = keras_tfm.BertClassifier(num_classes=2, vocabulary_size=tokenizer.vocabulary_size, max_length=LENGTH,

@@ -56,7 +56,7 @@ def main() -> None:
 
     import keras
 
-    from keras_tfm.data import load_labelled_text, load_or_fit_tokenizer, load_text, read_text
+    from keras_tfm.data import load_or_fit_tokenizer, load_text, read_text
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
@@ -91,9 +91,6 @@ def main() -> None:
         return {"validation_perplexity": math.exp(loss), "vocabulary_size": tokenizer.vocabulary_size,
                 "masked_tokens_evaluated": int(validation[2].sum()), "data": text.source}
 
-    def loss():
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
-
     encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=length)
     result = training.train(
         args,
@@ -101,28 +98,28 @@ def main() -> None:
         train_batch=train_batch,
         steps_per_pass=len(train_sequences) // args.batch_size,
         validation_data=validation,
-        loss=loss(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
         evaluate=evaluate,
     )
     print(f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
           f"perplexity {result.metrics['validation_perplexity']:.2f}")
     if args.finetune:
-        finetune(args, result.model, tokenizer, sizes, encoder_config, loss, (pad, cls, sep), load_labelled_text)
+        finetune(args, result.model, tokenizer, sizes, encoder_config, (pad, cls, sep))
 
 
-def finetune(args, pretrained, tokenizer, sizes, encoder_config, loss, special, load_labelled_text) -> None:
+def finetune(args, pretrained, tokenizer, sizes, encoder_config, special) -> None:
+    """Trains a BertClassifier whose encoder starts from `pretrained`'s, on `[CLS] text [SEP]` rows."""
     import keras
+    import keras_hub
 
     from keras_tfm import training
+    from keras_tfm.data import load_labelled_text
 
     pad, cls, sep = special
     texts, labels, class_names = load_labelled_text(args.finetune)
-    length = args.sequence_length
-    ids = np.full((len(texts), length), pad, "int32")
-    for i, row in enumerate(tokenizer.encode_lines([" ".join(t.split()) for t in texts])):
-        row = np.concatenate([[cls], row[: length - 2], [sep]])
-        ids[i, : len(row)] = row
+    packer = keras_hub.layers.StartEndPacker(args.sequence_length, start_value=cls, end_value=sep, pad_value=pad)
+    ids = np.asarray(packer(tokenizer.encode_lines([" ".join(t.split()) for t in texts])), "int32")
     order = np.random.default_rng(args.seed).permutation(len(texts))
     cut = int(0.9 * len(texts))
     train_rows, test_rows = order[:cut], order[cut:]

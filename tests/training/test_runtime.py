@@ -202,7 +202,7 @@ def test_translator_recipe_short_run_reports_bleu(tmp_path):
 def test_bert_recipe_pretrains_then_finetunes(tmp_path):
     out = tmp_path / "run"
     movie_reviews = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
-    done = recipe("bert_mlm.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "8", "--num-layers", "1",
+    done = recipe("bert_mlm.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "32", "--num-layers", "1",
                   "--hidden-dim", "32", "--num-heads", "2", "--intermediate-dim", "64", "--sequence-length", "32",
                   "--vocabulary-size", "500", "--finetune", movie_reviews, "--finetune-epochs", "1", "--verbose", "2",
                   "--output-dir", str(out))
