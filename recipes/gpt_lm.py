@@ -6,8 +6,9 @@ Data (one of):
   --dataset NAME      a tensorflow-datasets text dataset, e.g. tiny_shakespeare (needs network once)
   (neither)           the offline default: Python's bundled documentation text
 
-Tokens are characters (`--tokenizer char`, nanoGPT's setting) or keras-hub WordPiece subwords
-(`--tokenizer wordpiece --vocabulary-size 8192`). Each epoch draws fresh random windows of the model's
+Tokens are characters (`--tokenizer char`, nanoGPT's setting), or subwords: keras-hub's byte-pair
+tokenizer (`--tokenizer bpe --vocabulary-size 8192`, GPT-2's byte-level BPE, merges learned on the
+training text) or keras-hub WordPiece (`--tokenizer wordpiece`). Each epoch draws fresh random windows of the model's
 context, as nanoGPT does. Reports validation loss and perplexity, prints samples as it trains, and
 leaves checkpoints, log.csv, metrics.json, learning_curves.png and samples.txt in --output-dir.
 Rerunning the same command resumes an interrupted run.
@@ -32,8 +33,8 @@ def main() -> None:
     parser = training.recipe_parser(__doc__, sizes, "gpt_shakespeare_char_cpu", "runs/gpt_lm")
     parser.set_defaults(batch_size=12, learning_rate=3e-3, weight_decay=0.1, epochs=5)
     recipe = parser.add_argument_group("language model")
-    recipe.add_argument("--tokenizer", default="char", choices=["char", "wordpiece"], help="(default: %(default)s)")
-    recipe.add_argument("--vocabulary-size", type=int, default=8192, help="WordPiece vocabulary size (default: %(default)s)")
+    recipe.add_argument("--tokenizer", default="char", choices=["char", "bpe", "wordpiece"], help="(default: %(default)s)")
+    recipe.add_argument("--vocabulary-size", type=int, default=8192, help="subword vocabulary size (default: %(default)s)")
     recipe.add_argument("--eval-batches", type=int, default=50, help="validation batches of random windows (default: %(default)s)")
     recipe.add_argument("--prompt", default="\n", help="text the samples start from (default: a newline)")
     recipe.add_argument("--sample-tokens", type=int, default=200, help="tokens per sample (default: %(default)s)")

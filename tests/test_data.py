@@ -9,6 +9,8 @@ import pytest
 from keras_tfm.data import CharacterTokenizer, DataError, load_images, load_or_fit_tokenizer, load_text, read_text
 from keras_tfm.data import tfds as tfds_module
 
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+
 
 def test_read_text_file_gzip_and_directory(tmp_path):
     (tmp_path / "a.txt").write_text("first file\n")
@@ -85,7 +87,22 @@ def test_wordpiece_tokenizer_from_keras_hub(tmp_path):
     assert len(ids) == 6 and tokenizer.decode(ids) == "the cat sat on the log"
 
 
-FASHION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "fashion-mnist")
+def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
+    pytest.importorskip("keras_hub")
+    with open(os.path.join(SHARED, "tinyshakespeare", "input.txt"), encoding="utf-8") as file:
+        text = file.read()
+    tokenizer = load_or_fit_tokenizer("bpe", text[:200_000], str(tmp_path), vocabulary_size=600, log=lambda m: None)
+    assert tokenizer.kind == "bpe" and tokenizer.vocabulary_size == 600
+    unseen = text[-2000:] + "\nnaïve café 😀\n"  # bytes never seen in training still encode (byte-level)
+    ids = tokenizer.encode(unseen)
+    assert ids.dtype == np.int32 and ids.max() < 600 and tokenizer.decode(ids) == unseen
+    assert len(ids) < 0.6 * len(unseen.encode("utf-8"))  # the merges compress: fewer tokens than bytes
+    messages = []
+    again = load_or_fit_tokenizer("bpe", "other text", str(tmp_path), vocabulary_size=50, log=messages.append)
+    assert "reusing" in messages[0] and np.array_equal(again.encode(unseen), ids)
+
+
+FASHION = os.path.join(SHARED, "fashion-mnist")
 
 
 def test_fashion_mnist_idx_directory():
@@ -130,7 +147,6 @@ def test_corrupt_idx_and_missing_labels(tmp_path):
         load_images(str(tmp_path), log=lambda m: None)
 
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 
 
 def test_multi30k_directory_and_tab_separated_pairs(tmp_path):

@@ -1,6 +1,7 @@
-"""Tokenizers for the recipes: characters (nanoGPT's), or subwords through keras-hub's WordPiece.
+"""Tokenizers for the recipes: characters (nanoGPT's), or subwords through keras-hub's WordPiece or
+byte-pair (GPT-2's byte-level BPE) tokenizers.
 
-Both expose `encode(text) -> int32 array`, `decode(ids) -> str`, `vocabulary_size` and `save(path)`;
+All expose `encode(text) -> int32 array`, `decode(ids) -> str`, `vocabulary_size` and `save(path)`;
 `load_or_fit_tokenizer` saves the fitted vocabulary in the output directory and reuses it on resume,
 so a resumed run sees the same token ids.
 """
@@ -99,7 +100,52 @@ class WordPieceTokenizer:
             json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "lowercase": self.lowercase}, file)
 
 
-TOKENIZERS = {"char": CharacterTokenizer, "wordpiece": WordPieceTokenizer}
+class BytePairTokenizer:
+    """keras-hub's `BytePairTokenizer` (GPT-2's byte-level BPE: any text encodes, no unknown tokens).
+
+    keras-hub encodes but does not learn merges; `fit` learns them with Hugging Face `tokenizers`
+    (`ByteLevelBPETokenizer`, the same byte-level alphabet and pre-tokenization as GPT-2)."""
+
+    kind = "bpe"
+
+    def __init__(self, vocabulary: dict[str, int], merges: list[str]):
+        import keras_hub
+
+        self.vocabulary, self.merges = dict(vocabulary), list(merges)
+        self._tokenizer = keras_hub.tokenizers.BytePairTokenizer(self.vocabulary, self.merges, dtype="int32")
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None) -> BytePairTokenizer:
+        from tokenizers import ByteLevelBPETokenizer
+
+        learner = ByteLevelBPETokenizer()
+        learner.train_from_iterator(text.splitlines(keepends=True), vocab_size=vocabulary_size or 8192,
+                                    show_progress=False)
+        state = json.loads(learner.to_str())["model"]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
+        return cls(state["vocab"], merges)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def encode(self, text: str) -> np.ndarray:
+        lines = text.splitlines(keepends=True)  # newlines are tokens too; lines keep the inputs short
+        rows = self._tokenizer(lines) if lines else []
+        rows = rows.to_list() if hasattr(rows, "to_list") else rows
+        return np.concatenate([np.asarray(row, "int32") for row in rows]) if len(rows) else np.zeros((0,), "int32")
+
+    def decode(self, ids) -> str:
+        text = self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1))
+        text = text.numpy() if hasattr(text, "numpy") else text
+        return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "merges": self.merges}, file)
+
+
+TOKENIZERS = {"char": CharacterTokenizer, "wordpiece": WordPieceTokenizer, "bpe": BytePairTokenizer}
 
 
 def load_tokenizer(path: str):
