@@ -8,8 +8,8 @@ Data (one of):
 
 Tokens are characters (`--tokenizer char`, nanoGPT's setting), or subwords: keras-hub's byte-pair
 tokenizer (`--tokenizer bpe --vocabulary-size 8192`, GPT-2's byte-level BPE, merges learned on the
-training text) or keras-hub WordPiece (`--tokenizer wordpiece`). Each epoch draws fresh random windows of the model's
-context, as nanoGPT does. Reports validation loss and perplexity, prints samples as it trains, and
+training text) or keras-hub WordPiece (`--tokenizer wordpiece`). Each epoch draws fresh random
+windows of the model's context, as nanoGPT does. Reports validation loss and perplexity, prints samples as it trains, and
 leaves checkpoints, log.csv, metrics.json, learning_curves.png and samples.txt in --output-dir.
 Rerunning the same command resumes an interrupted run.
 

@@ -10,8 +10,9 @@ Data (one of):
   (neither)         the offline default: generated English number words -> digits
 
 Each side gets a keras-hub WordPiece vocabulary trained on the training split (saved in --output-dir
-and reused on resume); the source side is lowercased, the target side keeps its case. Sentences are cut to --sequence-length tokens; training batches group
-sentences of similar length and pad to a multiple of 8. After training, the
+and reused on resume); the source side is lowercased, the target side keeps its case. Sentences are
+cut to --sequence-length tokens; training batches group sentences of similar length and pad to a
+multiple of 8. After training, the
 test split is translated (--beam-size, default 4), detokenized (sacremoses) and scored with sacreBLEU
 against the references, cased and lowercased; with --tokenized-references (e.g. Multi30k's
 task1/tok/test_2016_flickr.lc.norm.tok.en) also on lowercased Moses-tokenized text, the score most

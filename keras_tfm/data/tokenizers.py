@@ -18,6 +18,18 @@ from keras_tfm.data.errors import DataError
 WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
 
 
+def _rows(rows) -> list[np.ndarray]:
+    """keras-hub tokenizer output (a tf.RaggedTensor on TensorFlow, lists elsewhere) -> int32 arrays."""
+    rows = rows.to_list() if hasattr(rows, "to_list") else rows
+    return [np.asarray(row, "int32") for row in rows]
+
+
+def _text(value) -> str:
+    """keras-hub detokenizer output (a tensor, bytes or str) -> str."""
+    value = value.numpy() if hasattr(value, "numpy") else value
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
 class CharacterTokenizer:
     """One id per distinct character of the training text, in sorted order (as nanoGPT)."""
 
@@ -82,18 +94,14 @@ class WordPieceTokenizer:
         return self.vocabulary.index(token)
 
     def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
-        rows = self._tokenizer(lines)  # a tf.RaggedTensor on TensorFlow, lists on other backends
-        rows = rows.to_list() if hasattr(rows, "to_list") else rows
-        return [np.asarray(row, "int32") for row in rows]
+        return _rows(self._tokenizer(lines))
 
     def encode(self, text: str) -> np.ndarray:
         rows = self.encode_lines([line for line in text.splitlines() if line.strip()])
         return np.concatenate(rows) if rows else np.zeros((0,), "int32")
 
     def decode(self, ids) -> str:
-        text = self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1))
-        text = text.numpy() if hasattr(text, "numpy") else text
-        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        return _text(self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1)))
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
@@ -131,14 +139,11 @@ class BytePairTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         lines = text.splitlines(keepends=True)  # newlines are tokens too; lines keep the inputs short
-        rows = self._tokenizer(lines) if lines else []
-        rows = rows.to_list() if hasattr(rows, "to_list") else rows
-        return np.concatenate([np.asarray(row, "int32") for row in rows]) if len(rows) else np.zeros((0,), "int32")
+        rows = _rows(self._tokenizer(lines)) if lines else []
+        return np.concatenate(rows) if rows else np.zeros((0,), "int32")
 
     def decode(self, ids) -> str:
-        text = self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1))
-        text = text.numpy() if hasattr(text, "numpy") else text
-        return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+        return _text(self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1)))
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:

@@ -39,12 +39,13 @@ def bleu_scores(hypotheses: list[str], references: list[str], language: str,
     if tokenized_references is not None and len(tokenized_references) != len(hypotheses):
         raise ValueError(f"tokenized_references: expected {len(hypotheses)} lines (one per hypothesis), "
                          f"received {len(tokenized_references)}.")
-    cased = sacrebleu.corpus_bleu(hypotheses, [references])
-    lowercase = sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True)
-    scores = {"test_bleu": cased.score, "bleu_signature": str(cased),
-              "test_bleu_lowercase": lowercase.score, "bleu_lowercase_signature": str(lowercase)}
+    def score(name: str, lines: list[str], reference_lines: list[str], **options) -> dict:
+        metric = sacrebleu.metrics.BLEU(**options)
+        result = metric.corpus_score(lines, [reference_lines])
+        return {f"test_bleu{name}": result.score, f"bleu{name}_signature": f"{result} | {metric.get_signature()}"}
+
+    scores = {**score("", hypotheses, references), **score("_lowercase", hypotheses, references, lowercase=True)}
     if tokenized_references is not None:
-        tokenized = sacrebleu.corpus_bleu(moses_lowercase_tokenize(hypotheses, language), [tokenized_references],
-                                          tokenize="none")
-        scores.update(test_bleu_tokenized_lowercase=tokenized.score, bleu_tokenized_lowercase_signature=str(tokenized))
+        scores.update(score("_tokenized_lowercase", moses_lowercase_tokenize(hypotheses, language),
+                            tokenized_references, tokenize="none"))
     return scores
