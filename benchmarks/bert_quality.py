@@ -7,7 +7,10 @@ Training text: WikiText-2 valid + the movie reviews (../shared/data); evaluation
 on WikiText-2 test with one fixed set of masks. Then our pretrained encoder is fine-tuned to classify the
 movie reviews (positive/negative, 10% held out).
 
-    python benchmarks/bert_quality.py [--backend jax] [--steps 1500]
+    python benchmarks/bert_quality.py [--backend jax] [--steps 1500] [--seed 0]
+
+`--seed` changes both models' initial weights, the batch order and the training masks (the two
+models still share them); the test masks stay the same.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def worker(contender: str, options: dict) -> dict:
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
     from keras_tfm.training import make_optimizer
 
-    keras.utils.set_random_seed(0)
+    seed = options["seed"]
+    keras.utils.set_random_seed(seed)
     tokenizer = load_tokenizer(options["tokenizer"])
     pad, cls, sep, mask = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
     train = pack_sequences(tokenizer.encode(read_text(TRAIN_TEXT)), LENGTH, cls, sep)
@@ -48,7 +52,8 @@ def worker(contender: str, options: dict) -> dict:
 
     def batches():
         """Every step's masked batch, concatenated in order (fit then reads them with shuffle=False)."""
-        parts = [masker(train[np.random.default_rng([0, step]).choice(len(train), batch, replace=False)], [0, step])
+        parts = [masker(train[np.random.default_rng([seed, step]).choice(len(train), batch, replace=False)],
+                        [seed, step])
                  for step in range(steps)]
         return ({k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]},
                 np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
@@ -128,6 +133,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--vocabulary-size", type=int, default=8192)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.worker:
         report(worker(args.worker[0], json.loads(args.worker[1])))
@@ -138,12 +144,12 @@ def main() -> None:
     tokenizer = WordPieceTokenizer.fit(read_text(TRAIN_TEXT), args.vocabulary_size)
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
     options = json.dumps({"tokenizer": os.path.join(directory, "tokenizer.json"), "steps": args.steps,
-                          "batch_size": args.batch_size, "learning_rate": args.learning_rate})
+                          "batch_size": args.batch_size, "learning_rate": args.learning_rate, "seed": args.seed})
     results = {name: run_worker(__file__, args.backend, [name, options], timeout=3600)
                for name in ("keras_tfm", "keras_hub")}
     print(f"\n### BERT masked LM, {CONFIG['num_layers']} layers / {CONFIG['num_heads']} heads / {CONFIG['hidden_dim']} wide, "
           f"FFN {CONFIG['intermediate_dim']}, sequence {LENGTH}, {args.steps} steps of batch {args.batch_size}, "
-          f"{args.backend} backend\n")
+          f"{args.backend} backend, seed {args.seed}\n")
     print("| model | parameters | WikiText-2 test masked-token accuracy | test loss | train time |")
     print("|---|---:|---:|---:|---:|")
     for name, result in results.items():

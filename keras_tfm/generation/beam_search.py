@@ -28,13 +28,16 @@ def beam_decode(
     pad_token_id,
     num_beams: int,
     length_penalty: float,
+    while_loop: Callable = ops.while_loop,
+    context: tuple = (),
 ):
-    """`buffer`, `prompt_mask`: `(batch, total)`; `cache` sized for `batch * num_beams` rows.
-    Returns the best beam of each row, `(batch, total)`."""
+    """`buffer`, `prompt_mask`: `(batch, total)`; `cache` and `context` sized for `batch * num_beams`
+    rows. Returns the best beam of each row, `(batch, total)`. `step`, `while_loop`, `context`: as
+    in `decoding.decode`; `context` is the same for every beam of a row, so it is never reordered."""
     batch, total = buffer.shape
     beams = batch * num_beams
     buffer = ops.repeat(buffer, num_beams, axis=0)
-    _, cache = step(buffer[:, :prompt_width], cache, 0)
+    _, cache = step(buffer[:, :prompt_width], cache, 0, *context)
     start = ops.min(prompt_lengths)
     end = prompt_lengths + max_new_tokens
     # only the first beam of each row is alive at first, so the beams do not start as copies
@@ -42,12 +45,12 @@ def beam_decode(
     finished = ops.zeros((batch, num_beams), "bool")
     beam_range = ops.arange(num_beams, dtype="int32")
 
-    def cond(t, buffer, cache, scores, finished):
+    def cond(t, *rest):
         return t < total
 
-    def body(t, buffer, cache, scores, finished):
+    def body(t, buffer, cache, scores, finished, prompt_mask, end, stop_token_ids, pad_token_id, context):
         previous = ops.slice(buffer, (0, t - 1), (beams, 1))
-        logits, cache = step(previous, cache, t - 1)
+        logits, cache = step(previous, cache, t - 1, *context)
         log_probs = ops.log_softmax(ops.cast(logits[:, -1, :], "float32"), axis=-1)
         vocabulary = log_probs.shape[-1]
         log_probs = ops.reshape(log_probs, (batch, num_beams, vocabulary))
@@ -69,14 +72,15 @@ def beam_decode(
 
         rows = ops.reshape(ops.arange(batch, dtype="int32")[:, None] * num_beams + origin, (beams,))
         buffer = ops.take(buffer, rows, axis=0)
-        cache = tree.map_structure(lambda part: ops.take(part, rows, axis=0), cache)  # a tensor or a tuple
+        cache = tree.map_structure(lambda part: ops.take(part, rows, axis=0), cache)
         finished = ops.take_along_axis(finished, origin, axis=1)
         buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (beams, 1)))
         is_stop = ops.any(ops.equal(token[..., None], stop_token_ids[None, None, :]), axis=-1)
         finished = ops.logical_or(finished, ops.logical_and(is_stop, ops.logical_not(frozen)))
-        return t + 1, buffer, cache, scores, finished
+        return t + 1, buffer, cache, scores, finished, prompt_mask, end, stop_token_ids, pad_token_id, context
 
-    _, buffer, _, scores, _ = ops.while_loop(cond, body, (start, buffer, cache, scores, finished))
+    loop_vars = (start, buffer, cache, scores, finished, prompt_mask, end, stop_token_ids, pad_token_id, context)
+    _, buffer, _, scores, *_ = while_loop(cond, body, loop_vars)
 
     # rank by length-normalized score: log-probability / (new tokens up to the stop token) ** penalty
     tokens = ops.reshape(buffer, (batch, num_beams, total))

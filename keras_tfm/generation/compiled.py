@@ -9,44 +9,105 @@ import keras
 from keras import ops, tree
 
 
-def fast_step(step: Callable, model: keras.Model) -> Callable:
-    """The one-token decoding step, made fast where the loop itself is not compiled.
+def decoding_functions(step: Callable, model: keras.Model, traceable: bool = True) -> tuple[Callable, Callable]:
+    """`(step, while_loop)` for a decoding loop over `model`'s one-token `step`.
 
-    PyTorch runs the loop eagerly, and there Keras' per-layer call overhead costs ~10x the math of
-    a small model's step. So the one-token step is recorded once per cache shape with
-    `torch.jit.trace` (the cache index stays a tensor input, so one trace serves every position)
-    and replayed without Python. `torch.compile` is not used: it recompiles at every Keras layer
-    boundary. Other backends compile the whole loop and get `step` back unchanged."""
+    JAX and TensorFlow compile the whole loop (`compile_function`) and get `step` and
+    `ops.while_loop` back unchanged. PyTorch runs the loop in Python, and there Keras' per-op
+    dispatch costs more than the math of a small model. So, when the loop body is `traceable`
+    (deterministic: greedy and beam search), the whole body (model step, token choice, buffer
+    update) is recorded once per input shape with `torch.jit.trace` and replayed; every per-call
+    value must then be a loop variable, never a closure constant. Sampling draws from a
+    `torch.Generator` seeded from a Python int, which a trace would freeze, so there only the model
+    step is traced (`fast_step`). `torch.compile` is not used: it recompiles at every Keras layer
+    boundary."""
     if keras.backend.backend() != "torch":
-        return step
+        return step, ops.while_loop
+    if not traceable:
+        return fast_step(step, model), ops.while_loop
+    return step, traced_while_loop(model)
+
+
+def _module(fn: Callable, model: keras.Model):
     import torch
 
-    class _Step(torch.nn.Module):
+    class _Traced(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model  # registers the weights as parameters, not frozen constants
 
-        def forward(self, token_ids, cache, index):
-            return step(token_ids, cache, index)
+        def forward(self, *args):
+            return fn(*args)
 
+    return _Traced()
+
+
+def _shape_key(values) -> tuple:
+    return tuple((tuple(part.shape), str(part.dtype)) for part in tree.flatten(values))
+
+
+def traced_while_loop(model: keras.Model) -> Callable:
+    """`ops.while_loop(cond, body, loop_vars)` for PyTorch with `body` traced once per loop-variable
+    shape (the condition stays eager: one small op per step). `body` must depend on nothing but its
+    loop variables, `model`'s weights and values fixed for the life of this function."""
     traced: dict = {}
 
-    def run(token_ids, cache, index):
-        if token_ids.shape[1] != 1:  # the prefill runs once per call: eager is fine
-            return step(token_ids, cache, index)
-        index = ops.convert_to_tensor(index, "int32")
-        key = (tuple(token_ids.shape), *((tuple(part.shape), str(part.dtype)) for part in tree.flatten(cache)))
+    def while_loop(cond: Callable, body: Callable, loop_vars):
+        loop_vars = tuple(loop_vars)
+        key = _shape_key(loop_vars)
         if key not in traced:
-            traced[key] = torch.jit.trace(_Step(), (token_ids, cache, index), check_trace=False)
-        return traced[key](token_ids, cache, index)
+            structure = loop_vars
+
+            def flat_body(*flat):
+                return tuple(tree.flatten(body(*tree.pack_sequence_as(structure, list(flat)))))
+
+            traced[key] = torch_trace(flat_body, model, tuple(tree.flatten(loop_vars)))
+        run = traced[key]
+        with _plain_replay():
+            while bool(cond(*loop_vars)):
+                loop_vars = tree.pack_sequence_as(loop_vars, list(run(*tree.flatten(loop_vars))))
+        return loop_vars
+
+    return while_loop
+
+
+def fast_step(step: Callable, model: keras.Model) -> Callable:
+    """The one-token decoding step recorded once per cache shape with `torch.jit.trace` (the cache
+    index stays a tensor input, so one trace serves every position) and replayed without Python;
+    for loops whose body cannot be traced whole (see `decoding_functions`)."""
+    traced: dict = {}
+
+    def run(token_ids, cache, index, *context):
+        if token_ids.shape[1] != 1:  # the prefill runs once per call: eager is fine
+            return step(token_ids, cache, index, *context)
+        index = ops.convert_to_tensor(index, "int32")
+        key = (tuple(token_ids.shape), *_shape_key((cache, context)))
+        if key not in traced:
+            traced[key] = torch_trace(step, model, (token_ids, cache, index, *context))
+        with _plain_replay():
+            return traced[key](token_ids, cache, index, *context)
 
     return run
 
 
+def _plain_replay():
+    """Replays traces without TorchScript's profiling optimizer: with it, the first ~1,000 replays
+    of a small GPT's decoding body ran about 10x slower than plain replay."""
+    import torch
+
+    return torch.jit.optimized_execution(False)
+
+
+def torch_trace(fn: Callable, model: keras.Model, example_args: tuple):
+    import torch
+
+    return torch.jit.trace(_module(fn, model), example_args, check_trace=False)
+
+
 def compile_function(fn: Callable, model: keras.Model) -> Callable:
     """Compiles `fn` once for this backend: XLA through `jax.jit` (the model's variables passed in
-    as state) or `tf.function(jit_compile=True)`. PyTorch runs the loop eagerly without autograd
-    (see `fast_step` for its model step)."""
+    as state) or `tf.function(jit_compile=True)`. PyTorch runs the loop in Python without autograd
+    (see `decoding_functions` for what it traces)."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax

@@ -82,24 +82,29 @@ def decode(
     pad_token_id,
     seed_state,
     sampler: Sampler,
+    while_loop: Callable = ops.while_loop,
+    context: tuple = (),
 ):
     """Runs the loop in `keras.ops`; returns the filled buffer and the advanced seed state.
 
-    `step(token_ids, cache, index) -> (logits, cache)` runs the model on `token_ids` placed at
-    positions `index, index + 1, ...`."""
+    `step(token_ids, cache, index, *context) -> (logits, cache)` runs the model on `token_ids`
+    placed at positions `index, index + 1, ...`; `context` holds what it reads but never changes
+    (a translator's encoder keys/values and source mask). `while_loop` is `ops.while_loop` or a
+    drop-in (see `compiled.decoding_functions`); every per-call value is a loop variable, so that a
+    traced body can be replayed on the next call."""
     batch, total = buffer.shape
     vessel = _seed_vessel()
-    _, cache = step(buffer[:, :prompt_width], cache, 0)  # prefill every prompt position at once
+    _, cache = step(buffer[:, :prompt_width], cache, 0, *context)  # prefill every prompt position at once
     start = ops.min(prompt_lengths)
     end = prompt_lengths + max_new_tokens  # (batch,) first position a row no longer writes
     done = ops.zeros((batch,), "bool")
 
-    def cond(t, buffer, cache, done, seed_state):
+    def cond(t, buffer, cache, done, seed_state, *constants):
         return ops.logical_and(t < total, ops.logical_not(ops.all(done)))
 
-    def body(t, buffer, cache, done, seed_state):
+    def body(t, buffer, cache, done, seed_state, prompt_mask, end, stop_token_ids, pad_token_id, context):
         previous = ops.slice(buffer, (0, t - 1), (batch, 1))
-        logits, cache = step(previous, cache, t - 1)
+        logits, cache = step(previous, cache, t - 1, *context)
         with keras.StatelessScope(state_mapping=[(vessel.state, seed_state)]) as scope:
             sampled = sampler(logits[:, -1, :], vessel)
         advanced = scope.get_current_value(vessel.state)
@@ -113,7 +118,8 @@ def decode(
         stopped = ops.any(ops.equal(token[:, None], stop_token_ids[None, :]), axis=-1)
         done = ops.logical_or(done, ops.logical_and(generated, stopped))
         done = ops.logical_or(done, t + 1 >= end)
-        return t + 1, buffer, cache, done, seed_state
+        return t + 1, buffer, cache, done, seed_state, prompt_mask, end, stop_token_ids, pad_token_id, context
 
-    _, buffer, _, _, seed_state = ops.while_loop(cond, body, (start, buffer, cache, done, seed_state))
+    loop_vars = (start, buffer, cache, done, seed_state, prompt_mask, end, stop_token_ids, pad_token_id, context)
+    _, buffer, _, _, seed_state, *_ = while_loop(cond, body, loop_vars)
     return buffer, seed_state

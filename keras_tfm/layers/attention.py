@@ -205,10 +205,10 @@ class MultiHeadAttention(keras.layers.Layer):
             value_heads = self._split_heads(self.value_dense(value), self.value_dim)
             if cache is not None:
                 self._check_cacheable()
-                start = (0, cache_update_index, 0, 0)
-                key_heads = ops.slice_update(cache[:, 0], start, ops.cast(key_heads, cache.dtype))
-                value_heads = ops.slice_update(cache[:, 1], start, ops.cast(value_heads, cache.dtype))
-                cache = ops.stack([key_heads, value_heads], axis=1)
+                # one update of the joint cache: a functional update copies its input (PyTorch)
+                new_entries = ops.cast(ops.stack([key_heads, value_heads], axis=1), cache.dtype)
+                cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), new_entries)
+                key_heads, value_heads = cache[:, 0], cache[:, 1]
 
         batch, query_length = query.shape[0], query.shape[1]
         key_length = key_heads.shape[1]

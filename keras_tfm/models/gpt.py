@@ -121,17 +121,19 @@ class GPT(keras.Model):
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """Logits for `token_ids` placed at positions `cache_update_index, ...`, reading and
-        updating `cache` of shape `(batch, num_layers, 2, cache_length, num_heads, head_dim)`."""
+        updating `cache`: one `(batch, 2, cache_length, num_heads, head_dim)` key/value tensor per
+        layer (a tuple, not one stacked tensor, so a step copies no layer's cache twice)."""
         x = self._embed(token_ids, start_index=cache_update_index)
         updated = []
-        for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, self_attention_cache=cache[:, i], cache_update_index=cache_update_index)
+        for block, layer_cache in zip(self.blocks, cache):
+            x, layer_cache = block(x, self_attention_cache=layer_cache, cache_update_index=cache_update_index)
             updated.append(layer_cache)
-        return self._logits(x), ops.stack(updated, axis=1)
+        return self._logits(x), tuple(updated)
 
-    def empty_cache(self, batch_size: int, length: int):
+    def empty_cache(self, batch_size: int, length: int) -> tuple:
         head_dim = self.hidden_dim // self.num_heads
-        return ops.zeros((batch_size, self.num_layers, 2, length, self.num_heads, head_dim), self.compute_dtype)
+        shape = (batch_size, 2, length, self.num_heads, head_dim)
+        return tuple(ops.zeros(shape, self.compute_dtype) for _ in self.blocks)
 
     def generate(
         self,
@@ -164,8 +166,9 @@ class GPT(keras.Model):
             int array `(batch, prompt_length + max_new_tokens)`: row `i` holds its prompt followed
             directly by its new tokens, then `pad_token_id`.
 
-        The decoding loop is compiled once per sampler setting and reused (XLA on JAX and
-        TensorFlow; eager on PyTorch, where each step is one batched model call).
+        The decoding loop is compiled once per sampler setting and reused: XLA on JAX and
+        TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
+        recorded once with `torch.jit.trace` and replayed.
         """
         if not self.built:
             self.build()  # weights must exist before the loop is traced
@@ -181,16 +184,17 @@ class GPT(keras.Model):
         prompt_width = buffer.shape[1] - max_new_tokens
         key = (sampler, prompt_width, num_beams, length_penalty)
         if key not in self._generate_functions:
-            step = compiled.fast_step(self.call_with_cache, self)
+            step, while_loop = compiled.decoding_functions(self.call_with_cache, self,
+                                                           traceable=sampler.greedy or num_beams > 1)
 
             def run(buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
                 cache = self.empty_cache(buffer.shape[0] * num_beams, buffer.shape[1])
                 if num_beams > 1:
                     best = beam_decode(step, cache, buffer, prompt_mask, lengths, prompt_width, max_new,
-                                       stops, pad, num_beams, length_penalty)
+                                       stops, pad, num_beams, length_penalty, while_loop)
                     return best, seed_state
                 return decoding.decode(step, cache, buffer, prompt_mask, lengths,
-                                       prompt_width, max_new, stops, pad, seed_state, sampler)
+                                       prompt_width, max_new, stops, pad, seed_state, sampler, while_loop)
 
             self._generate_functions[key] = compiled.compile_function(run, self)
         output, _ = self._generate_functions[key](

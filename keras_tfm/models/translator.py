@@ -198,18 +198,20 @@ class Translator(keras.Model):
         encoder_output, source_mask = self.encode(source_ids, training=training)
         return self.decode(target_ids, encoder_output, source_mask, training=training)
 
-    def call_with_cache(self, token_ids, cache, cache_update_index):
-        """Logits for `token_ids` at positions `cache_update_index, ...`. `cache` is the triple
-        (self-attention keys/values `(batch, layers, 2, length, heads, head_dim)`, cross-attention
-        keys/values `(batch, layers, 2, source_length, heads, head_dim)`, source mask)."""
-        self_cache, cross_cache, source_mask = cache
+    def call_with_cache(self, token_ids, cache, cache_update_index, cross_cache, source_mask):
+        """Logits for `token_ids` at positions `cache_update_index, ...` and the updated `cache`.
+
+        `cache`: one self-attention key/value tensor `(batch, 2, length, heads, head_dim)` per
+        decoder layer; `cross_cache`: one `(batch, 2, source_length, heads, head_dim)` per layer
+        (`precompute_key_value` of the encoder output), read only; `source_mask`: `(batch,
+        source_length)`."""
         x = self._embed(token_ids, self.target_embedding, self.target_positions, start_index=cache_update_index)
         updated = []
-        for i, block in enumerate(self.decoder_blocks):
-            x, layer_cache, _ = block(x, encoder_padding_mask=source_mask, self_attention_cache=self_cache[:, i],
-                                      cache_update_index=cache_update_index, cross_attention_cache=cross_cache[:, i])
+        for block, layer_cache, layer_cross_cache in zip(self.decoder_blocks, cache, cross_cache):
+            x, layer_cache, _ = block(x, encoder_padding_mask=source_mask, self_attention_cache=layer_cache,
+                                      cache_update_index=cache_update_index, cross_attention_cache=layer_cross_cache)
             updated.append(layer_cache)
-        return self._logits(x), (ops.stack(updated, axis=1), cross_cache, source_mask)
+        return self._logits(x), tuple(updated)
 
     def _prepare_source(self, source_ids):
         if isinstance(source_ids, (list, tuple)) and source_ids and isinstance(source_ids[0], (list, tuple, np.ndarray)):
@@ -259,25 +261,25 @@ class Translator(keras.Model):
         return ops.convert_to_numpy(output)[:, 1:]
 
     def _translate_loop(self, beam_size: int, length_penalty: float):
-        step = compiled.fast_step(self.call_with_cache, self)
+        step, while_loop = compiled.decoding_functions(self.call_with_cache, self)
         head_dim = self.hidden_dim // self.num_heads
 
         def run(source, buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
             encoder_output, source_mask = self.encode(source)
-            cross_cache = ops.stack(
-                [block.cross_attention.precompute_key_value(encoder_output) for block in self.decoder_blocks], axis=1)
+            cross_cache = tuple(block.cross_attention.precompute_key_value(encoder_output)
+                                for block in self.decoder_blocks)
             if beam_size > 1:
-                cross_cache = ops.repeat(cross_cache, beam_size, axis=0)
+                cross_cache = tuple(ops.repeat(part, beam_size, axis=0) for part in cross_cache)
                 source_mask = ops.repeat(source_mask, beam_size, axis=0)
             rows = buffer.shape[0] * beam_size
-            self_cache = ops.zeros((rows, self.num_decoder_layers, 2, buffer.shape[1], self.num_heads, head_dim),
-                                   self.compute_dtype)
-            cache = (self_cache, cross_cache, source_mask)
+            cache = tuple(ops.zeros((rows, 2, buffer.shape[1], self.num_heads, head_dim), self.compute_dtype)
+                          for _ in self.decoder_blocks)
+            context = (cross_cache, source_mask)
             if beam_size > 1:
                 return beam_decode(step, cache, buffer, prompt_mask, lengths, 1, max_new, stops, pad,
-                                   beam_size, length_penalty)
+                                   beam_size, length_penalty, while_loop, context)
             output, _ = decoding.decode(step, cache, buffer, prompt_mask, lengths, 1, max_new, stops, pad,
-                                        seed_state, Sampler())
+                                        seed_state, Sampler(), while_loop, context)
             return output
 
         return run

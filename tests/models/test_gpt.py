@@ -155,6 +155,29 @@ def test_generation_sees_weight_updates_after_compiling():
     assert not np.array_equal(before, after)
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_reused_decoding_loop_reads_each_calls_prompts_stops_and_padding(num_beams):
+    """The compiled (on PyTorch: traced) loop is replayed for calls of the same shapes; nothing of
+    the first call may stick in it."""
+    model = peaked(tiny_gpt())
+
+    def twin():
+        other = tiny_gpt()
+        other.build()
+        other.set_weights(model.get_weights())
+        return other
+
+    second_prompts = [[2], [30, 4, 6]]
+    stop = int(twin().generate(second_prompts, max_new_tokens=5, num_beams=num_beams)[1, 3])  # its first new token
+    kwargs = dict(max_new_tokens=5, num_beams=num_beams, stop_token_ids=[stop], pad_token_id=38)
+    model.generate([[3, 17, 5], [8]], max_new_tokens=5, num_beams=num_beams, stop_token_ids=[1], pad_token_id=39)
+    replayed = model.generate(second_prompts, **kwargs)
+    np.testing.assert_array_equal(replayed, twin().generate(second_prompts, **kwargs))
+    assert np.all(replayed[0, 6:] == 38)  # this call's padding after the short prompt's 5 new tokens
+    if num_beams == 1:  # greedy stops at its first new token (beam search may choose another)
+        assert replayed[1, 3] == stop and np.all(replayed[1, 4:] == 38)
+
+
 def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
     model = tiny_gpt()
 
