@@ -17,6 +17,17 @@ def _static_dims_differ(received, expected) -> bool:
     return any(r is not None and e is not None and r != e for r, e in zip(received, expected))
 
 
+def _to_cache_layout(heads):
+    """`(batch, length, heads, dim)` -> the cache's `(batch, heads, length, dim)`: heads before
+    positions, so that XLA's batched matmuls over (batch, heads) read the cache without
+    transposing it at every decoding step."""
+    return ops.transpose(heads, (0, 2, 1, 3))
+
+
+def _from_cache_layout(cached):
+    return ops.transpose(cached, (0, 2, 1, 3))
+
+
 @keras.saving.register_keras_serializable(package="keras_tfm")
 class MultiHeadAttention(keras.layers.Layer):
     """Masked multi-head attention for self- and cross-attention, with an optional key/value cache.
@@ -42,7 +53,8 @@ class MultiHeadAttention(keras.layers.Layer):
             `(batch, num_heads | 1, query_length, key_length)`, True where a query may attend.
         use_causal_mask: forbid attending to later positions. With a cache, query `i` sits at
             position `cache_update_index + i`.
-        cache: `(batch, 2, cache_length, num_heads, key_dim)` keys and values of earlier steps.
+        cache: `(batch, 2, num_heads, cache_length, key_dim)` keys and values of earlier steps
+            (heads before positions, as Hugging Face's caches).
             With `cache_update_index`, this call's keys and values are written at that index and
             the attention runs over the whole cache (self-attention decoding). Without it, the cache
             is used as precomputed keys and values (cross-attention decoding; see
@@ -118,20 +130,27 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def precompute_key_value(self, value, key=None):
         """Keys and values of `value` (and `key`) as a cache for cross-attention decoding:
-        `(batch, 2, key_length, num_heads, key_dim)`. Requires `value_dim == key_dim`."""
+        `(batch, 2, num_heads, key_length, key_dim)`. Requires `value_dim == key_dim`."""
         self._check_cacheable()
         key = value if key is None else key
         return ops.stack(
-            [self._split_heads(self.key_dense(key), self.key_dim),
-             self._split_heads(self.value_dense(value), self.value_dim)],
+            [_to_cache_layout(self._split_heads(self.key_dense(key), self.key_dim)),
+             _to_cache_layout(self._split_heads(self.value_dense(value), self.value_dim))],
             axis=1,
         )
 
-    def _check_cacheable(self):
+    def _check_cacheable(self, cache=None):
         if self.value_dim != self.key_dim:
             raise ValueError(
                 f"MultiHeadAttention: a key/value cache needs value_dim == key_dim; received "
                 f"key_dim={self.key_dim}, value_dim={self.value_dim}."
+            )
+        if cache is not None and (len(cache.shape) != 5 or _static_dims_differ(
+                cache.shape, (None, 2, self.num_heads, None, self.key_dim))):
+            raise ValueError(
+                f"MultiHeadAttention: `cache` must have shape (batch, 2, num_heads, cache_length, "
+                f"key_dim) = (batch, 2, {self.num_heads}, cache_length, {self.key_dim}); received "
+                f"shape {tuple(cache.shape)}."
             )
 
     def _combined_mask(self, batch, query_length, key_length, value_mask, attention_mask,
@@ -198,17 +217,19 @@ class MultiHeadAttention(keras.layers.Layer):
             value_mask = get_keras_mask(value)
 
         query_heads = self._split_heads(self.query_dense(query), self.key_dim)
+        if cache is not None:
+            self._check_cacheable(cache)
         if cache is not None and cache_update_index is None:
-            key_heads, value_heads = cache[:, 0], cache[:, 1]
+            key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
         else:
             key_heads = self._split_heads(self.key_dense(key), self.key_dim)
             value_heads = self._split_heads(self.value_dense(value), self.value_dim)
             if cache is not None:
                 self._check_cacheable()
                 # one update of the joint cache: a functional update copies its input (PyTorch)
-                new_entries = ops.cast(ops.stack([key_heads, value_heads], axis=1), cache.dtype)
-                cache = ops.slice_update(cache, (0, 0, cache_update_index, 0, 0), new_entries)
-                key_heads, value_heads = cache[:, 0], cache[:, 1]
+                new_entries = ops.stack([_to_cache_layout(key_heads), _to_cache_layout(value_heads)], axis=1)
+                cache = ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
+                key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
 
         batch, query_length = query.shape[0], query.shape[1]
         key_length = key_heads.shape[1]

@@ -132,7 +132,7 @@ class GPT(keras.Model):
 
     def empty_cache(self, batch_size: int, length: int) -> tuple:
         head_dim = self.hidden_dim // self.num_heads
-        shape = (batch_size, 2, length, self.num_heads, head_dim)
+        shape = (batch_size, 2, self.num_heads, length, head_dim)
         return tuple(ops.zeros(shape, self.compute_dtype) for _ in self.blocks)
 
     def generate(

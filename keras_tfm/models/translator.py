@@ -272,7 +272,7 @@ class Translator(keras.Model):
                 cross_cache = tuple(ops.repeat(part, beam_size, axis=0) for part in cross_cache)
                 source_mask = ops.repeat(source_mask, beam_size, axis=0)
             rows = buffer.shape[0] * beam_size
-            cache = tuple(ops.zeros((rows, 2, buffer.shape[1], self.num_heads, head_dim), self.compute_dtype)
+            cache = tuple(ops.zeros((rows, 2, self.num_heads, buffer.shape[1], head_dim), self.compute_dtype)
                           for _ in self.decoder_blocks)
             context = (cross_cache, source_mask)
             if beam_size > 1:

@@ -120,7 +120,7 @@ def test_fully_masked_row_is_uniform_not_nan(x):
 def test_kv_cache_equals_full_attention(x):
     layer = MultiHeadAttention(num_heads=2, key_dim=8)
     full = to_numpy(layer(x, use_causal_mask=True))
-    cache = np.zeros((2, 2, 10, 2, 8), "float32")  # room for more steps than used
+    cache = np.zeros((2, 2, 2, 10, 8), "float32")  # (batch, k/v, heads, length, dim): room for more steps
     out, cache = layer(x[:, :3], use_causal_mask=True, cache=cache, cache_update_index=0)
     steps = [to_numpy(out)]
     for t in range(3, 7):
@@ -159,7 +159,13 @@ def test_mismatched_mask_shapes_raise(x, kwargs, message):
 def test_cache_needs_equal_key_and_value_dims(x):
     layer = MultiHeadAttention(num_heads=2, key_dim=8, value_dim=4)
     with pytest.raises(ValueError, match="value_dim"):
-        layer(x, cache=np.zeros((2, 2, 7, 2, 8), "float32"), cache_update_index=0)
+        layer(x, cache=np.zeros((2, 2, 2, 7, 8), "float32"), cache_update_index=0)
+
+
+def test_cache_of_the_wrong_layout_is_refused(x):
+    layer = MultiHeadAttention(num_heads=2, key_dim=8)
+    with pytest.raises(ValueError, match=r"cache.*\(batch, 2, 2, cache_length, 8\).*\(2, 2, 10, 2, 8\)"):
+        layer(x[:, :1], cache=np.zeros((2, 2, 10, 2, 8), "float32"), cache_update_index=0)  # length before heads
 
 
 def test_dropout_on_weights_only_in_training(x):

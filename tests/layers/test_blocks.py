@@ -85,7 +85,7 @@ def test_decoder_cache_equals_full_pass(rng, x):
     source = rng.normal(size=(2, 4, 16)).astype("float32")
     block = DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True)
     full = to_numpy(block(x, source))
-    self_cache = np.zeros((2, 2, 8, 4, 4), "float32")
+    self_cache = np.zeros((2, 2, 4, 8, 4), "float32")
     cross_cache = block.cross_attention.precompute_key_value(source)
     out, self_cache, cross_cache = block(
         x[:, :2], self_attention_cache=self_cache, cache_update_index=0, cross_attention_cache=cross_cache
