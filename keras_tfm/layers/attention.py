@@ -225,7 +225,6 @@ class MultiHeadAttention(keras.layers.Layer):
             key_heads = self._split_heads(self.key_dense(key), self.key_dim)
             value_heads = self._split_heads(self.value_dense(value), self.value_dim)
             if cache is not None:
-                self._check_cacheable()
                 # one update of the joint cache: a functional update copies its input (PyTorch)
                 new_entries = ops.stack([_to_cache_layout(key_heads), _to_cache_layout(value_heads)], axis=1)
                 cache = ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
