@@ -19,7 +19,27 @@ def _residual(x, sublayer, norm, dropout, norm_first: bool, training):
     if isinstance(out, tuple):
         out, *extras = out
     out = x + dropout(out, training=training)
-    return (out if norm_first else norm(out)), tuple(extras)
+    out = out if norm_first else norm(out)
+    return (_computed_once(out) if training else out), tuple(extras)
+
+
+def _computed_once(x):
+    """`x` itself, which XLA (JAX, TensorFlow) must now compute once.
+
+    Without this, XLA's CPU compiler keeps the residual stream as an expression (the sum of every
+    earlier sub-layer's output) and fuses it into each consumer: LayerNorm statistics, the next residual
+    add, and in the backward pass the transposed copies the weight gradients read. That recomputation
+    grows with depth (in a 4-layer GPT's training step, a fifth of the time went to such fusions).
+    `optimization_barrier` does not help on CPU (removed before fusion); a conditional is a boundary XLA
+    does not fuse across, forward or backward. Both branches return `x` (as two different computations:
+    JAX drops a conditional whose branches are the same). Measured on the GPT benchmark: JAX training
+    +24%, TensorFlow unchanged; used in training only, since in the decoding loops the conditionals cost
+    more than they save (JAX generation 14% slower). PyTorch runs eagerly: nothing to do.
+    """
+    if keras.backend.backend() == "torch":
+        return x
+    first = keras.ops.reshape(x, (-1,))[0]
+    return keras.ops.cond(keras.ops.isfinite(first), lambda: x, lambda: keras.ops.copy(x))
 
 
 class _Block(keras.layers.Layer):

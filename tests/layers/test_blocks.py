@@ -122,3 +122,19 @@ def test_decoder_block_cross_attention_arguments_checked(x):
         DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True)(x)
     with pytest.raises(ValueError, match="use_cross_attention=False"):
         DecoderBlock(num_heads=4, intermediate_dim=32)(x, x)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("first_value", [0.5, np.nan])
+def test_training_without_dropout_gives_the_inference_output(rng, x, norm_first, first_value):
+    # In training the residual stream goes through a conditional (computed once under XLA); both of its
+    # branches, taken on a finite or a non-finite first element, must return the stream unchanged.
+    x = x.copy()
+    x[0, 0, 0] = first_value
+    encoder = EncoderBlock(num_heads=4, intermediate_dim=32, norm_first=norm_first)
+    decoder = DecoderBlock(num_heads=4, intermediate_dim=32, norm_first=norm_first, use_cross_attention=True)
+    source = rng.normal(size=(2, 5, 16)).astype("float32")
+    np.testing.assert_array_equal(to_numpy(encoder(x, training=True)), to_numpy(encoder(x, training=False)))
+    np.testing.assert_array_equal(to_numpy(decoder(x, source, training=True)),
+                                  to_numpy(decoder(x, source, training=False)))
+    assert np.isfinite(to_numpy(encoder(x, training=True))[1]).all()
