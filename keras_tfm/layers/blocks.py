@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_tfm.layers.attention import MultiHeadAttention, get_keras_mask
+from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ, get_keras_mask, set_keras_mask
 from keras_tfm.layers.feed_forward import FeedForward
 
 
@@ -21,6 +21,13 @@ def _residual(x, sublayer, norm, dropout, norm_first: bool, training):
     out = x + dropout(out, training=training)
     out = out if norm_first else norm(out)
     return (_computed_once(out) if training else out), tuple(extras)
+
+
+def _gather(x, positions):
+    """`x[b, positions[b]]` for `x` of shape `(batch, length, ...)`."""
+    for _ in range(len(x.shape) - 2):
+        positions = positions[..., None]
+    return keras.ops.take_along_axis(x, positions, axis=1)
 
 
 def _computed_once(x):
@@ -156,12 +163,18 @@ class EncoderBlock(_Block):
             `inputs` (e.g. from `TokenEmbedding(mask_zero=True)`). Pad tokens are never attended to.
         attention_mask: optional boolean `(batch, length, length)`, combined with the padding mask.
         return_attention_weights: also return the `(batch, num_heads, length, length)` weights.
+        output_positions: optional int `(batch, num_positions)`: compute the output only at these
+            positions, `(batch, num_positions, hidden_dim)`; every token is still a key and value.
+            The same numbers as gathering the full output at those positions, for less work: a
+            masked language model's last block, whose other outputs nothing reads, skips the
+            queries, attention output and feed-forward network of every other token.
 
-    Masks: the output keeps the input's Keras mask.
+    Masks: the output keeps the input's Keras mask (gathered at `output_positions` when given).
 
     Example:
     >>> block = EncoderBlock(num_heads=4, intermediate_dim=256)
     >>> y = block(np.random.rand(2, 10, 64).astype("float32"))  # (2, 10, 64)
+    >>> y = block(x, output_positions=np.array([[3, 7], [0, 1]]))  # (2, 2, 64)
     """
 
     def build(self, inputs_shape):
@@ -177,21 +190,41 @@ class EncoderBlock(_Block):
         self.built = True
 
     def call(self, inputs, padding_mask=None, attention_mask=None,
-             return_attention_weights: bool = False, training=None):
+             return_attention_weights: bool = False, output_positions=None, training=None):
+        keras_mask = get_keras_mask(inputs)
         if padding_mask is None:
-            padding_mask = get_keras_mask(inputs)
+            padding_mask = keras_mask
+        x, context = inputs, None  # context: keys and values when queries are a subset of tokens
+        if output_positions is not None:
+            output_positions = self._checked_positions(output_positions, inputs)
+            x = _gather(inputs, output_positions)
+            context = self.self_attention_norm(inputs) if self.norm_first else inputs
+            if attention_mask is not None:
+                attention_mask = _gather(attention_mask, output_positions)
 
-        def attend(x):
+        def attend(h):
             return self.self_attention(
-                x, value_mask=padding_mask, attention_mask=attention_mask,
+                h, context, value_mask=padding_mask, attention_mask=attention_mask,
                 return_attention_weights=return_attention_weights, training=training,
             )
 
-        x, extras = _residual(inputs, attend, self.self_attention_norm, self.residual_dropout,
+        x, extras = _residual(x, attend, self.self_attention_norm, self.residual_dropout,
                               self.norm_first, training)
         x, _ = _residual(x, lambda h: self.feed_forward(h, training=training),
                          self.feed_forward_norm, self.residual_dropout, self.norm_first, training)
+        if output_positions is not None and keras_mask is not None:
+            # Keras would attach the input's (batch, length) mask to the shorter output.
+            set_keras_mask(x, _gather(keras_mask, output_positions))
         return (x, *extras) if extras else x
+
+    @staticmethod
+    def _checked_positions(positions, inputs):
+        if len(positions.shape) != 2 or _static_dims_differ(positions.shape[:1], inputs.shape[:1]):
+            raise ValueError(
+                f"EncoderBlock: `output_positions` must have shape (batch, num_positions) with batch = "
+                f"{inputs.shape[0]}; received shape {tuple(positions.shape)}."
+            )
+        return keras.ops.cast(positions, "int32")
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")

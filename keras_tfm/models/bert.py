@@ -2,7 +2,8 @@
 
     tokens -> token + learned position + segment embeddings -> LayerNorm -> dropout
            -> num_layers x post-norm EncoderBlock (padding-masked self-attention, GELU MLP)
-    BertMLM:        selected positions -> Dense + GELU + LayerNorm -> logits tied to the token embedding + bias
+    BertMLM:        masked positions only (from the last block on) -> Dense + GELU + LayerNorm
+                    -> logits tied to the token embedding + bias
     BertClassifier: [CLS] -> pooler (Dense + tanh) -> dropout -> Dense(num_classes)
 """
 
@@ -32,6 +33,9 @@ class Bert(keras.Model):
         segment_ids: int `(batch, length)`, sentence A = 0 / B = 1; default all 0.
         padding_mask: `(batch, length)`, True at real tokens; pad tokens are never attended to.
             Default: every token is real (as Hugging Face's default `attention_mask`).
+        output_positions: int `(batch, num_positions)`: return the vectors at these positions only,
+            `(batch, num_positions, hidden_dim)`; the last block then computes nothing else (see
+            `EncoderBlock`). The masked LM passes its masked positions.
 
     Example:
     >>> encoder = bert_tiny(head=None)
@@ -54,6 +58,8 @@ class Bert(keras.Model):
     ):
         kwargs.setdefault("name", "bert")
         super().__init__(**kwargs)
+        if num_layers < 1:
+            raise ValueError(f"Bert: num_layers must be at least 1; received {num_layers}.")
         self.vocabulary_size = vocabulary_size
         self.max_length = max_length
         self.num_segments = num_segments
@@ -87,15 +93,15 @@ class Bert(keras.Model):
         self.call(ops.zeros((1, 2), "int32"))
         self.built = True
 
-    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
+    def call(self, token_ids, segment_ids=None, padding_mask=None, output_positions=None, training=None):
         if segment_ids is None:
             segment_ids = ops.zeros_like(token_ids)
         x = self.token_embedding(token_ids)
         x = x + self.position_embedding(x) + self.segment_embedding(segment_ids)
         x = self.embedding_dropout(self.embedding_norm(x), training=training)
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             x = block(x, padding_mask=padding_mask, training=training)
-        return x
+        return self.blocks[-1](x, padding_mask=padding_mask, output_positions=output_positions, training=training)
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -155,9 +161,8 @@ class BertMLM(_BertWithHead):
     def call(self, token_ids, segment_ids=None, padding_mask=None, mask_positions=None, training=None):
         if isinstance(token_ids, dict):  # `fit` passes one structure: keras-hub's input names
             return self.call(**token_ids, training=training)
-        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
-        if mask_positions is not None:
-            x = ops.take_along_axis(x, ops.cast(mask_positions, "int32")[..., None], axis=1)
+        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask,
+                         output_positions=mask_positions, training=training)
         x = self.transform_norm(self.transform(x))
         return self.encoder.token_embedding(x, reverse=True) + ops.cast(self.output_bias, x.dtype)
 

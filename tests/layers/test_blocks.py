@@ -138,3 +138,33 @@ def test_training_without_dropout_gives_the_inference_output(rng, x, norm_first,
     np.testing.assert_array_equal(to_numpy(decoder(x, source, training=True)),
                                   to_numpy(decoder(x, source, training=False)))
     assert np.isfinite(to_numpy(encoder(x, training=True))[1]).all()
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_output_positions_give_the_full_output_at_those_positions(rng, x, norm_first):
+    block = EncoderBlock(num_heads=4, intermediate_dim=32, norm_first=norm_first)
+    padding = np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool)
+    attention = rng.random((2, 6, 6)) < 0.7
+    attention[:, np.arange(6), np.arange(6)] = True
+    positions = np.array([[3, 0, 1], [5, 2, 2]])
+    for training in (False, True):  # no dropout: training differs only by the residual conditional
+        full = to_numpy(block(x, padding_mask=padding, attention_mask=attention, training=training))
+        selected = block(x, padding_mask=padding, attention_mask=attention, output_positions=positions,
+                         training=training)
+        assert tuple(selected.shape) == (2, 3, 16)
+        assert_close(selected, np.take_along_axis(full, positions[..., None], axis=1), atol=1e-5)
+
+
+def test_output_positions_gather_the_keras_mask_and_are_checked(rng, x):
+    import keras
+
+    from keras_tfm.layers import TokenEmbedding
+
+    ids = np.array([[5, 6, 7, 0, 0, 0], [1, 2, 3, 4, 5, 6]])
+    h = TokenEmbedding(10, 16, mask_zero=True)(ids)
+    block = EncoderBlock(num_heads=4, intermediate_dim=32)
+    y = block(h, output_positions=np.array([[0, 4], [1, 5]]))
+    mask = keras.src.backend.get_keras_mask(y)
+    np.testing.assert_array_equal(to_numpy(mask), [[True, False], [True, True]])
+    with pytest.raises(ValueError, match=r"`output_positions` must have shape \(batch, num_positions\)"):
+        block(x, output_positions=np.zeros((3, 2), "int32"))
