@@ -18,14 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
 LAYERS, HEADS, WIDTH, FFN, LENGTH, BATCH, VOCABULARY, MASKED = 4, 4, 256, 1024, 128, 16, 8192, 20
-WARMUP_STEPS, STEPS = 5, 40
+WARMUP_STEPS, STEPS, WINDOWS = 5, 20, 4  # STEPS: per timed window
 
 
 def data():
     import numpy as np
 
     rng = np.random.default_rng(0)
-    n = BATCH * (WARMUP_STEPS + STEPS)
+    n = BATCH * (WARMUP_STEPS + STEPS)  # batches are reused across windows
     token_ids = rng.integers(5, VOCABULARY, size=(n, LENGTH)).astype("int32")
     positions = np.sort(np.stack([rng.choice(np.arange(1, LENGTH - 1), MASKED, replace=False) for _ in range(n)]), 1)
     labels = np.take_along_axis(token_ids, positions, 1)
@@ -45,7 +45,7 @@ def worker(contender: str, task: str = "train") -> dict:
         model = keras_tfm.BertMLM(vocabulary_size=VOCABULARY, max_length=LENGTH, num_layers=LAYERS, num_heads=HEADS,
                                   hidden_dim=WIDTH, intermediate_dim=FFN)
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask, "mask_positions": positions}
-        return {"value": LENGTH * keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS)}
+        return keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
     if contender == "keras_hub":
         import keras_hub
 
@@ -54,7 +54,7 @@ def worker(contender: str, task: str = "train") -> dict:
         model = keras_hub.models.BertMaskedLM(backbone=backbone, preprocessor=None)
         inputs = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": padding_mask,
                   "mask_positions": positions}
-        return {"value": LENGTH * keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS)}
+        return keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
     if contender == "hugging_face":
         import torch
         import transformers
@@ -70,7 +70,7 @@ def worker(contender: str, task: str = "train") -> dict:
         def loss_fn(model, inputs, targets):
             return model(input_ids=inputs, attention_mask=torch.ones_like(inputs), labels=targets).loss
 
-        return {"value": LENGTH * torch_train_throughput(model, loss_fn, batches, WARMUP_STEPS, STEPS)}
+        return torch_train_throughput(model, loss_fn, batches, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
     raise ValueError(contender)
 
 

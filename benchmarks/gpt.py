@@ -18,13 +18,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Timer, keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
 CONFIG = dict(vocabulary_size=65, num_layers=4, num_heads=4, hidden_dim=128)
-TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=60)
+TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=30, windows=5)  # steps: per timed window
 GENERATE = dict(context=256, prompt=16, new_tokens=200, repeats=10)
 
 
-def keras_train(model, inputs, targets) -> float:
-    examples = keras_train_throughput(model, inputs, targets, TRAIN["batch"], TRAIN["warmup_steps"], TRAIN["steps"])
-    return examples * TRAIN["context"]
+def keras_train(model, inputs, targets) -> dict:
+    return keras_train_throughput(model, inputs, targets, TRAIN["batch"], TRAIN["warmup_steps"], TRAIN["steps"],
+                                  TRAIN["windows"], TRAIN["context"])
 
 
 def random_tokens(n, length):
@@ -43,7 +43,7 @@ def worker(contender: str, task: str) -> dict:
         if task == "train":
             data = random_tokens(n, TRAIN["context"])
             model = keras_tfm.GPT(max_length=TRAIN["context"], **CONFIG)
-            return {"value": keras_train(model, data[:, :-1], data[:, 1:])}
+            return keras_train(model, data[:, :-1], data[:, 1:])
         model = keras_tfm.GPT(max_length=GENERATE["context"], **CONFIG)
         prompt = random_tokens(1, GENERATE["prompt"] - 1)
         model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])  # compile
@@ -66,7 +66,7 @@ def worker(contender: str, task: str) -> dict:
         if task == "train":
             data = random_tokens(n, context)
             inputs = {"token_ids": data[:, :-1], "padding_mask": np.ones_like(data[:, :-1], bool)}
-            return {"value": keras_train(model, inputs, data[:, 1:])}
+            return keras_train(model, inputs, data[:, 1:])
         total = GENERATE["prompt"] + GENERATE["new_tokens"]
         ids = np.zeros((1, total), "int32")
         ids[:, : GENERATE["prompt"]] = random_tokens(1, GENERATE["prompt"] - 1)
@@ -99,8 +99,8 @@ def worker(contender: str, task: str) -> dict:
                 logits = model(inputs).logits
                 return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-            examples = torch_train_throughput(model, loss_fn, batches, TRAIN["warmup_steps"], TRAIN["steps"])
-            return {"value": examples * TRAIN["context"]}
+            return torch_train_throughput(model, loss_fn, batches, TRAIN["warmup_steps"], TRAIN["steps"],
+                                          TRAIN["windows"], TRAIN["context"])
         model.eval()
         prompt = torch.tensor(random_tokens(1, GENERATE["prompt"] - 1), dtype=torch.long)
         kwargs = dict(max_new_tokens=GENERATE["new_tokens"], min_new_tokens=GENERATE["new_tokens"],

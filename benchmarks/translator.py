@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BACKENDS, Timer, keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
-VOCABULARY, LENGTH, BATCH, WARMUP_STEPS, STEPS = 8000, 24, 64, 3, 20
+VOCABULARY, LENGTH, BATCH, WARMUP_STEPS, STEPS, WINDOWS = 8000, 24, 64, 3, 10, 4  # STEPS: per window
 SENTENCES, BEAMS, REPEATS = 32, 4, 3
 CONFIG = dict(num_encoder_layers=3, num_decoder_layers=3, num_heads=8, hidden_dim=256, intermediate_dim=512)
 
@@ -40,7 +40,7 @@ def worker(contender: str, task: str) -> dict:
                                      max_length=64, end_token_id=-1, **CONFIG)
         if task == "train":
             inputs = {"source_ids": source, "target_ids": target_in}
-            return {"value": LENGTH * keras_train_throughput(model, inputs, target_out, BATCH, WARMUP_STEPS, STEPS)}
+            return keras_train_throughput(model, inputs, target_out, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
         model.translate(source[:SENTENCES], max_length=LENGTH, beam_size=BEAMS)
         with Timer() as timer:
             for _ in range(REPEATS):
@@ -63,7 +63,7 @@ def worker(contender: str, task: str) -> dict:
             logits = model(input_ids=inputs[0], decoder_input_ids=inputs[1]).logits
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-        return {"value": LENGTH * torch_train_throughput(model, loss_fn, batches, WARMUP_STEPS, STEPS)}
+        return torch_train_throughput(model, loss_fn, batches, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
     model.eval()
     kwargs = dict(num_beams=BEAMS, max_new_tokens=LENGTH, min_new_tokens=LENGTH, do_sample=False,
                   attention_mask=torch.ones_like(src[:SENTENCES]))

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
 CONFIG = dict(image_size=32, patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, intermediate_dim=768, num_classes=10)
-BATCH, WARMUP_STEPS, STEPS = 32, 5, 30
+BATCH, WARMUP_STEPS, STEPS, WINDOWS = 32, 5, 15, 4  # STEPS: per timed window
 
 
 def data():
@@ -33,7 +33,7 @@ def worker(contender: str, task: str = "train") -> dict:
         import keras_tfm
 
         model = keras_tfm.ViT(**CONFIG)
-        return {"value": keras_train_throughput(model, images, labels, BATCH, WARMUP_STEPS, STEPS)}
+        return keras_train_throughput(model, images, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS)
     if contender == "keras_hub":
         import keras_hub
 
@@ -41,7 +41,7 @@ def worker(contender: str, task: str = "train") -> dict:
             image_shape=(32, 32, 3), patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, mlp_dim=768,
         )
         model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=10, preprocessor=None)
-        return {"value": keras_train_throughput(model, images, labels, BATCH, WARMUP_STEPS, STEPS)}
+        return keras_train_throughput(model, images, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS)
     if contender == "hugging_face":
         import torch
         import transformers
@@ -56,7 +56,7 @@ def worker(contender: str, task: str = "train") -> dict:
         def loss_fn(model, inputs, targets):
             return torch.nn.functional.cross_entropy(model(inputs).logits, targets)
 
-        return {"value": torch_train_throughput(model, loss_fn, batches, WARMUP_STEPS, STEPS)}
+        return torch_train_throughput(model, loss_fn, batches, WARMUP_STEPS, STEPS, WINDOWS)
     raise ValueError(contender)
 
 
