@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 # keras-hub reads Keras masks the same way; there is no public accessor yet.
-from keras.src.backend import get_keras_mask, set_keras_mask
+from keras.src.backend import get_keras_mask
 
 _LARGE_NEGATIVE = -1e9  # masked logits; softmax is taken in float32, where exp(-1e9) == 0 exactly
 

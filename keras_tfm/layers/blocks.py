@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import keras
 
-from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ, get_keras_mask, set_keras_mask
+# As for get_keras_mask (attention.py): no public accessor yet.
+from keras.src.backend import set_keras_mask
+
+from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ, get_keras_mask
 from keras_tfm.layers.feed_forward import FeedForward
 
 
