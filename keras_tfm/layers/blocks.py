@@ -42,9 +42,9 @@ def _computed_once(x):
     grows with depth (in a 4-layer GPT's training step, a fifth of the time went to such fusions).
     `optimization_barrier` does not help on CPU (removed before fusion); a conditional is a boundary XLA
     does not fuse across, forward or backward. Both branches return `x` (as two different computations:
-    JAX drops a conditional whose branches are the same). Measured on the GPT benchmark: JAX training
-    +24%, TensorFlow unchanged; used in training only, since in the decoding loops the conditionals cost
-    more than they save (JAX generation 14% slower). PyTorch runs eagerly: nothing to do.
+    JAX drops a conditional whose branches are the same). Training only: in the decoding loops the
+    conditionals cost more than they save (README: "Why XLA (JAX, TensorFlow) trained no faster").
+    PyTorch runs eagerly: nothing to do.
     """
     if keras.backend.backend() == "torch":
         return x
