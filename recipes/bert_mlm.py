@@ -56,6 +56,7 @@ def main() -> None:
 
     import keras
 
+    from keras_tfm import TokenCrossEntropy
     from keras_tfm.data import load_or_fit_tokenizer, load_text, read_text
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
@@ -98,7 +99,7 @@ def main() -> None:
         train_batch=train_batch,
         steps_per_pass=len(train_sequences) // args.batch_size,
         validation_data=validation,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+        loss=TokenCrossEntropy(reduction="mean_with_sample_weight"),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
         evaluate=evaluate,
     )

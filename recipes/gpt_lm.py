@@ -46,6 +46,7 @@ def main() -> None:
 
     import keras
 
+    from keras_tfm import TokenCrossEntropy
     from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text
 
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
@@ -94,7 +95,7 @@ def main() -> None:
         train_batch=train_batch,
         steps_per_pass=len(train_ids) // (args.batch_size * context),
         validation_data=validation,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=TokenCrossEntropy(),
         callbacks=[PrintSample()],
         evaluate=evaluate,
     )
