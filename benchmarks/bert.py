@@ -45,7 +45,8 @@ def worker(contender: str, task: str = "train") -> dict:
         model = keras_tfm.BertMLM(vocabulary_size=VOCABULARY, max_length=LENGTH, num_layers=LAYERS, num_heads=HEADS,
                                   hidden_dim=WIDTH, intermediate_dim=FFN)
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask, "mask_positions": positions}
-        return keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
+        return keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH,
+                                      loss=keras_tfm.TokenCrossEntropy())
     if contender == "keras_hub":
         import keras_hub
 

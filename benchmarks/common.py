@@ -110,8 +110,9 @@ def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per
 
 
 def keras_train_throughput(model, inputs, targets, batch_size: int, warmup_steps: int, steps: int,
-                           windows: int = 3, per_example: float = 1.0) -> dict:
-    """Training speed of a Keras model with AdamW and sparse categorical cross-entropy, the faster of
+                           windows: int = 3, per_example: float = 1.0, loss=None) -> dict:
+    """Training speed of a Keras model with AdamW and `loss` (default: Keras' sparse categorical
+    cross-entropy on logits; keras_tfm's models get `keras_tfm.TokenCrossEntropy`, as in its recipes), the faster of
     Keras' two ways to train (see `_best_window`; both are kept in the result):
     - 'train_on_batch': one call per step on batches converted to backend tensors beforehand, as the
       Hugging Face loop below gets them. No input pipeline, but on JAX every call waits for its
@@ -126,7 +127,7 @@ def keras_train_throughput(model, inputs, targets, batch_size: int, warmup_steps
     import numpy as np
 
     model.compile(optimizer=keras.optimizers.AdamW(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=keras.backend.backend() != "torch")
     count = len(targets) // batch_size
 

@@ -22,9 +22,9 @@ TRAIN = dict(context=64, batch=12, warmup_steps=10, steps=30, windows=5)  # step
 GENERATE = dict(context=256, prompt=16, new_tokens=200, repeats=10)
 
 
-def keras_train(model, inputs, targets) -> dict:
+def keras_train(model, inputs, targets, loss=None) -> dict:
     return keras_train_throughput(model, inputs, targets, TRAIN["batch"], TRAIN["warmup_steps"], TRAIN["steps"],
-                                  TRAIN["windows"], TRAIN["context"])
+                                  TRAIN["windows"], TRAIN["context"], loss)
 
 
 def random_tokens(n, length):
@@ -43,7 +43,7 @@ def worker(contender: str, task: str) -> dict:
         if task == "train":
             data = random_tokens(n, TRAIN["context"])
             model = keras_tfm.GPT(max_length=TRAIN["context"], **CONFIG)
-            return keras_train(model, data[:, :-1], data[:, 1:])
+            return keras_train(model, data[:, :-1], data[:, 1:], keras_tfm.TokenCrossEntropy())
         model = keras_tfm.GPT(max_length=GENERATE["context"], **CONFIG)
         prompt = random_tokens(1, GENERATE["prompt"] - 1)
         model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])  # compile

@@ -40,7 +40,8 @@ def worker(contender: str, task: str) -> dict:
                                      max_length=64, end_token_id=-1, **CONFIG)
         if task == "train":
             inputs = {"source_ids": source, "target_ids": target_in}
-            return keras_train_throughput(model, inputs, target_out, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
+            return keras_train_throughput(model, inputs, target_out, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH,
+                                          loss=keras_tfm.TokenCrossEntropy())
         model.translate(source[:SENTENCES], max_length=LENGTH, beam_size=BEAMS)
         with Timer() as timer:
             for _ in range(REPEATS):
