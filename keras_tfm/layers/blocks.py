@@ -198,10 +198,14 @@ class EncoderBlock(_Block):
         if padding_mask is None:
             padding_mask = keras_mask
         x, context = inputs, None  # context: keys and values when queries are a subset of tokens
+        attention_norm = self.self_attention_norm
         if output_positions is not None:
             output_positions = self._checked_positions(output_positions, inputs)
             x = _gather(inputs, output_positions)
             context = self.self_attention_norm(inputs) if self.norm_first else inputs
+            if self.norm_first:  # the queries are already normalised, as part of the context
+                normalized_queries = _gather(context, output_positions)
+                attention_norm = lambda _: normalized_queries  # noqa: E731
             if attention_mask is not None:
                 attention_mask = _gather(attention_mask, output_positions)
 
@@ -211,8 +215,7 @@ class EncoderBlock(_Block):
                 return_attention_weights=return_attention_weights, training=training,
             )
 
-        x, extras = _residual(x, attend, self.self_attention_norm, self.residual_dropout,
-                              self.norm_first, training)
+        x, extras = _residual(x, attend, attention_norm, self.residual_dropout, self.norm_first, training)
         x, _ = _residual(x, lambda h: self.feed_forward(h, training=training),
                          self.feed_forward_norm, self.residual_dropout, self.norm_first, training)
         if output_positions is not None and keras_mask is not None:
