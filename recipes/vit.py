@@ -7,11 +7,12 @@ Data (one of):
   --dataset NAME    tensorflow-datasets: cifar10, cifar100, fashion_mnist, mnist (needs network once)
   (neither)         the offline default: scikit-learn's bundled 8x8 digits
 
-Images are augmented (random shifts, and flips with --flip) by Keras preprocessing layers as batches
-are drawn, with a seed per (epoch, step) so a resumed run sees the same batches; the model itself
-scales pixels to [0, 1] and resizes to --image-size, so it takes raw pixels. AdamW with warmup and
-cosine decay, label smoothing. Prints test accuracy; leaves checkpoints, log.csv,
-metrics.json, learning_curves.png and attention_maps.png in --output-dir. Rerunning resumes.
+Images are augmented (random shifts; flips with --flip; random erasing, MixUp and CutMix when asked)
+by Keras preprocessing layers as batches are drawn, with a seed per (epoch, step) so a resumed run
+sees the same batches; the model itself scales pixels to [0, 1] and resizes to --image-size, so it
+takes raw pixels. AdamW with warmup and cosine decay, label smoothing. Prints test accuracy; leaves
+checkpoints, log.csv, metrics.json, learning_curves.png and attention_maps.png in --output-dir.
+Rerunning resumes.
 
     python recipes/vit.py --data ../shared/data/fashion-mnist --epochs 10
 """
@@ -39,13 +40,17 @@ def main() -> None:
     recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
     recipe.add_argument("--shift", type=float, default=0.1, help="random shift, as a fraction of the side (default: %(default)s)")
     recipe.add_argument("--flip", action="store_true", help="random horizontal flips (not for digits or text)")
+    recipe.add_argument("--erasing", type=float, default=0.0,
+                        help="random erasing: each image's chance is drawn from [0, this] (default: off)")
+    recipe.add_argument("--mixup", type=float, default=0.0, help="MixUp with this Beta alpha (default: off)")
+    recipe.add_argument("--cutmix", type=float, default=0.0, help="CutMix with this Beta factor (default: off)")
     args = parser.parse_args()
     training.setup(args)
 
     import keras
 
     from keras_tfm import viz
-    from keras_tfm.data import DataError, load_images
+    from keras_tfm.data import DataError, augment, augmentation_layers, load_images
 
     data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
@@ -71,12 +76,7 @@ def main() -> None:
             x = layer(x)
         return keras.Model(inputs, backbone(x), name=f"{backbone.name}_classifier")
 
-    # Augmentation runs on the batches, not in the model: RandomTranslation does not support XLA.
-    augment = []
-    if args.shift:
-        augment.append(keras.layers.RandomTranslation(args.shift, args.shift, fill_mode="constant"))
-    if args.flip:
-        augment.append(keras.layers.RandomFlip("horizontal"))
+    augmentations = augmentation_layers(args.shift, args.flip, args.erasing, args.mixup, args.cutmix)
 
     def one_hot(labels):
         return np.eye(num_classes, dtype="float32")[labels]
@@ -87,12 +87,8 @@ def main() -> None:
 
     def train_batch(epoch: int, step: int):
         chosen = order(epoch)[(step * args.batch_size) % len(train_x):][: args.batch_size]
-        images = train_x[chosen].astype("float32")
-        for i, layer in enumerate(augment):
-            seed = int(np.random.default_rng([args.seed, epoch, step, i]).integers(1 << 30))
-            transformation = layer.get_random_transformation(images, training=True, seed=seed)
-            images = keras.ops.convert_to_numpy(layer.transform_images(images, transformation, training=True))
-        return images, one_hot(train_y[chosen])
+        images, labels = train_x[chosen].astype("float32"), one_hot(train_y[chosen])
+        return augment(images, labels, augmentations, [args.seed, epoch, step])
 
     def draw_attention(model) -> dict:
         backbone = model.layers[-1]

@@ -175,7 +175,8 @@ def test_torch_refuses_distribute_clearly(tmp_path):
 def test_vit_recipe_short_run_on_the_offline_digits(tmp_path):
     out = tmp_path / "run"
     done = recipe("vit.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
-                  "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out))
+                  "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out),
+                  "--erasing", "0.5", "--mixup", "0.2", "--cutmix", "1.0")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "scikit-learn's bundled 8x8 handwritten digits" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())

@@ -1,0 +1,57 @@
+"""Image augmentation for the classifier recipes: Keras preprocessing layers applied to NumPy batches
+as they are drawn, seeded per batch so that a resumed run sees the batches of the run it resumes.
+
+Augmentation runs on the batches, not in the model: `RandomTranslation` does not compile under XLA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+
+def augmentation_layers(
+    shift: float = 0.0, flip: bool = False, erasing: float = 0.0, mixup: float = 0.0, cutmix: float = 0.0
+) -> list[keras.layers.Layer]:
+    """The Keras preprocessing layers for the options that are on, in the order they are applied.
+
+    Args:
+        shift: random translation, as a fraction of each side (0: off).
+        flip: random horizontal flips.
+        erasing: random erasing; each image's chance of an erased box is drawn from `[0, erasing]`.
+        mixup: MixUp with this Beta alpha (0: off).
+        cutmix: CutMix with this Beta factor (0: off).
+
+    Example:
+        >>> layers = augmentation_layers(shift=0.1, flip=True)
+        >>> images, labels = augment(images, one_hot_labels, layers, seed_parts=[0, epoch, step])
+    """
+    layers = []
+    if shift:
+        layers.append(keras.layers.RandomTranslation(shift, shift, fill_mode="constant"))
+    if flip:
+        layers.append(keras.layers.RandomFlip("horizontal"))
+    if erasing:
+        layers.append(keras.layers.RandomErasing(erasing))
+    if mixup:
+        layers.append(keras.layers.MixUp(mixup))
+    if cutmix:
+        layers.append(keras.layers.CutMix(cutmix))
+    return layers
+
+
+def augment(
+    images: np.ndarray, labels: np.ndarray, layers: Sequence[keras.layers.Layer], seed_parts: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Applies `layers` to a batch of images (float, `(batch, height, width, channels)`) and their
+    one-hot labels, which MixUp and CutMix mix too; the same `seed_parts` give the same batch."""
+    for i, layer in enumerate(layers):
+        # A SeedGenerator, not an int: with an int seed every draw inside a layer repeats the same
+        # numbers, so shifts and cut boxes lie on the diagonal and RandomErasing never erases.
+        seed = keras.random.SeedGenerator(int(np.random.default_rng([*seed_parts, i]).integers(1 << 30)))
+        transformation = layer.get_random_transformation(images, training=True, seed=seed)
+        labels = keras.ops.convert_to_numpy(layer.transform_labels(labels, transformation, training=True))
+        images = keras.ops.convert_to_numpy(layer.transform_images(images, transformation, training=True))
+    return images, labels
