@@ -37,24 +37,30 @@ class Timer:
 
 
 def print_table(title: str, unit: str, rows: list[tuple[str, dict]], baselines: dict[str, str]) -> None:
-    """rows: (name, result with 'value' and optionally 'windows' and 'method'); baselines: column
-    title -> name of the row to divide by. Ratios are of the 'value's."""
+    """rows: (name, result with 'value' and optionally 'windows', 'method' and 'rounds'); baselines:
+    column title -> name of the row to divide by. Ratios are of the 'value's."""
     print(f"\n### {title}\n")
-    header = f"| contender | {unit} | slowest window | timed | " + " | ".join(f"vs {b}" for b in baselines) + " |"
+    several = any(len(result.get("rounds", [])) > 1 for _, result in rows)
+    header = (f"| contender | {unit} | slowest window | timed | " + ("each round | " if several else "")
+              + " | ".join(f"vs {b}" for b in baselines) + " |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     values = {name: r.get("value") for name, r in rows}
     for name, result in rows:
         if "error" in result:
-            print(f"| {name} | failed: {result['error'][0][:80]} | | |" + " |" * len(baselines))
+            print(f"| {name} | failed: {result['error'][0][:80]} | | |" + " |" * (len(baselines) + several))
             continue
         ratios = []
         for base in baselines.values():
             b = values.get(base)
             ratios.append(f"{result['value'] / b:.2f}x" if b else "-")
-        value, slowest = (f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
-                          for v in (result["value"], min(result.get("windows") or [result["value"]])))
-        print(f"| {name} | {value} | {slowest} | {result.get('method', 'loop')} | " + " | ".join(ratios) + " |")
+        value, slowest = (_number(v) for v in (result["value"], min(result.get("windows") or [result["value"]])))
+        each = (" / ".join(_number(v) if v else "failed" for v in result["rounds"]) + " | ") if several else ""
+        print(f"| {name} | {value} | {slowest} | {result.get('method', 'loop')} | {each}" + " | ".join(ratios) + " |")
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
 BACKENDS = ("jax", "tensorflow", "torch")
@@ -67,11 +73,24 @@ DEFAULT_CONTENDERS.append(("hugging_face (torch)", "hugging_face", "torch"))
 
 
 def side_by_side(script: str, title: str, unit: str, task: str, contenders=DEFAULT_CONTENDERS,
-                 baselines=BASELINES) -> None:
+                 baselines=BASELINES, rounds: int = 1) -> None:
     """Runs `script --worker CONTENDER BACKEND TASK` for each (row name, contender, backend) in its own
-    process, then prints the table."""
-    rows = [(name, run_worker(script, backend, [contender, backend, task])) for name, contender, backend in contenders]
-    print_table(title, unit, rows, baselines)
+    process, `rounds` times over in turn, then prints the table of each contender's best round.
+
+    Several rounds in turn give every contender the same chances on a machine whose speed drifts
+    (on the 2-core CPU one process of the same code can be 10-30% off another)."""
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in contenders}
+    for _ in range(rounds):
+        for name, contender, backend in contenders:
+            runs[name].append(run_worker(script, backend, [contender, backend, task]))
+    print_table(title, unit, [(name, _best_round(results)) for name, results in runs.items()], baselines)
+
+
+def _best_round(results: list[dict]) -> dict:
+    done = [result for result in results if "error" not in result]
+    if not done:
+        return results[0]
+    return dict(max(done, key=lambda result: result["value"]), rounds=[r.get("value") for r in results])
 
 
 def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], contenders=DEFAULT_CONTENDERS,
@@ -81,6 +100,8 @@ def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], conte
     driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(tasks), help="run one task's table")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every contender this many times, in turn, and keep each one's best (default: 1)")
     parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "BACKEND", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -89,7 +110,7 @@ def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], conte
         return
     for task, (title, unit) in tasks.items():
         if args.only in (None, task):
-            side_by_side(script, title, unit, task, contenders, baselines)
+            side_by_side(script, title, unit, task, contenders, baselines, args.rounds)
 
 
 def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per_step: int,
