@@ -15,9 +15,13 @@ from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ, 
 from keras_tfm.layers.feed_forward import FeedForward
 
 
-def _residual(x, sublayer, norm, dropout, norm_first: bool, training):
-    """One residual sub-layer, pre- or post-norm. `sublayer` may return `(y, *extras)`."""
-    out = sublayer(norm(x) if norm_first else x)
+def _residual(x, sublayer, norm, dropout, norm_first: bool, training, normalized=None):
+    """One residual sub-layer, pre- or post-norm. `sublayer` may return `(y, *extras)`. `normalized`:
+    `norm(x)`, when the caller has it already (pre-norm)."""
+    if norm_first:
+        out = sublayer(norm(x) if normalized is None else normalized)
+    else:
+        out = sublayer(x)
     extras = ()
     if isinstance(out, tuple):
         out, *extras = out
@@ -198,14 +202,13 @@ class EncoderBlock(_Block):
         if padding_mask is None:
             padding_mask = keras_mask
         x, context = inputs, None  # context: keys and values when queries are a subset of tokens
-        attention_norm = self.self_attention_norm
+        normalized_queries = None
         if output_positions is not None:
             output_positions = self._checked_positions(output_positions, inputs)
             x = _gather(inputs, output_positions)
             context = self.self_attention_norm(inputs) if self.norm_first else inputs
             if self.norm_first:  # the queries are already normalised, as part of the context
                 normalized_queries = _gather(context, output_positions)
-                attention_norm = lambda _: normalized_queries  # noqa: E731
             if attention_mask is not None:
                 attention_mask = _gather(attention_mask, output_positions)
 
@@ -215,7 +218,8 @@ class EncoderBlock(_Block):
                 return_attention_weights=return_attention_weights, training=training,
             )
 
-        x, extras = _residual(x, attend, attention_norm, self.residual_dropout, self.norm_first, training)
+        x, extras = _residual(x, attend, self.self_attention_norm, self.residual_dropout, self.norm_first, training,
+                              normalized=normalized_queries)
         x, _ = _residual(x, lambda h: self.feed_forward(h, training=training),
                          self.feed_forward_norm, self.residual_dropout, self.norm_first, training)
         if output_positions is not None and keras_mask is not None:
