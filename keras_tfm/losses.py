@@ -7,12 +7,13 @@ import keras
 from keras import ops
 
 # As in layers/attention.py: Keras marks ignored labels with a Keras mask; no public accessor yet.
-from keras.src.backend import get_keras_mask, set_keras_mask
+from keras.src.backend import set_keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
 class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
-    """Keras' `SparseCategoricalCrossentropy` for token logits, computed on `(positions, vocabulary)`.
+    """Keras' `SparseCategoricalCrossentropy` for token logits, computed on `(positions, vocabulary)`,
+    with optional label smoothing.
 
     The values, `ignore_class`, sample weights and reductions are Keras' own; only the layout
     differs. Keras' loss on PyTorch moves the vocabulary axis to position 1 of a 3-D tensor and takes
@@ -25,6 +26,9 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
             keras_tfm model outputs logits.
         ignore_class: a label id (e.g. padding) whose positions get zero loss and are left out of
             the mean.
+        label_smoothing: in [0, 1). The loss of Keras' `CategoricalCrossentropy(label_smoothing=...)`
+            on one-hot labels, `(1 - label_smoothing) * cross_entropy + label_smoothing * mean over
+            the vocabulary of -log p`, without building the one-hot `(positions, vocabulary)` labels.
         reduction, name, dtype: as for any Keras loss.
 
     Call arguments:
@@ -37,18 +41,25 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
     Example:
     >>> lm = keras_tfm.gpt_shakespeare_char_cpu()
     >>> lm.compile(optimizer="adamw", loss=keras_tfm.TokenCrossEntropy())
+    >>> translator.compile(optimizer="adamw", loss=keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.1))
     """
 
     def __init__(
         self,
         from_logits: bool = True,
         ignore_class: int | None = None,
+        label_smoothing: float = 0.0,
         reduction: str = "sum_over_batch_size",
         name: str = "token_cross_entropy",
         dtype=None,
     ):
-        super().__init__(from_logits=from_logits, ignore_class=ignore_class, reduction=reduction,
-                         name=name, dtype=dtype)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"TokenCrossEntropy: `label_smoothing` must be in [0, 1); received {label_smoothing!r}.")
+        super().__init__(from_logits=from_logits, reduction=reduction, name=name, dtype=dtype)
+        # Kept out of Keras' keyword arguments: Keras' `ignore_class` copies the whole logits tensor
+        # to zero the ignored rows; `call` masks the per-position losses instead.
+        self.ignore_class = ignore_class
+        self.label_smoothing = label_smoothing
 
     def call(self, y_true, y_pred):
         y_true, y_pred = ops.convert_to_tensor(y_true), ops.convert_to_tensor(y_pred)
@@ -63,9 +74,36 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
                 f"for y_pred of shape {tuple(y_pred.shape)}."
             )
         positions_shape = ops.shape(y_pred)[:-1]
-        flat_losses = super().call(ops.reshape(y_true, (-1,)), ops.reshape(y_pred, (-1, ops.shape(y_pred)[-1])))
-        losses = ops.reshape(flat_losses, positions_shape)
-        mask = get_keras_mask(flat_losses)  # set by Keras for `ignore_class`
-        if mask is not None:
-            set_keras_mask(losses, ops.reshape(mask, positions_shape))
+        labels = ops.cast(ops.reshape(y_true, (-1,)), "int32")
+        scores = ops.reshape(y_pred, (-1, ops.shape(y_pred)[-1]))
+        valid = None
+        if self.ignore_class is not None:
+            valid = ops.not_equal(labels, self.ignore_class)
+            labels = ops.where(valid, labels, 0)
+        if self.label_smoothing:
+            # One log-softmax serves both terms. Keras' one-hot formulation (CategoricalCrossentropy)
+            # materialises (positions, vocabulary) labels on PyTorch. Measured at the translator
+            # recipe's 2,048 x 3,045 logits, a training step of a Dense layer and the loss: PyTorch
+            # 41-49 ms this way against 55-105 ms one-hot; JAX about the same (85-93 against 84-94);
+            # TensorFlow slower (67-73 against 43-48, where the one-hot loss is TF's fused kernel).
+            if self.from_logits:
+                log_probabilities = ops.log_softmax(scores, axis=-1)
+            else:
+                epsilon = keras.config.epsilon()
+                probabilities = scores / ops.sum(scores, axis=-1, keepdims=True)
+                log_probabilities = ops.log(ops.clip(probabilities, epsilon, 1.0 - epsilon))
+            picked = ops.take_along_axis(log_probabilities, labels[:, None], axis=-1)[:, 0]
+            losses = -(1.0 - self.label_smoothing) * picked - self.label_smoothing * ops.mean(log_probabilities, axis=-1)
+        else:
+            losses = keras.losses.sparse_categorical_crossentropy(labels, scores, from_logits=self.from_logits)
+        losses = ops.reshape(losses, positions_shape)
+        if valid is not None:
+            valid = ops.reshape(valid, positions_shape)
+            losses = ops.where(valid, losses, 0.0)
+            set_keras_mask(losses, valid)  # Keras' reduction then averages over the valid positions
         return losses
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(ignore_class=self.ignore_class, label_smoothing=self.label_smoothing)
+        return config

@@ -56,6 +56,7 @@ def main() -> None:
 
     import keras
 
+    from keras_tfm import TokenCrossEntropy
     from keras_tfm.data import DataError, load_or_fit_tokenizer, load_parallel
     from keras_tfm.data.text import read_text
     from keras_tfm.training import bleu
@@ -139,13 +140,8 @@ def main() -> None:
         return {**scores, "test_sentences": len(test),
                 "beam_size": args.beam_size, "data": data.source}
 
-    loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
-
-    def smoothed_loss(y_true, y_pred):  # label smoothing over real target positions only
-        mask = keras.ops.cast(keras.ops.not_equal(y_true, pad), y_pred.dtype)
-        one_hot = keras.ops.one_hot(y_true, keras.ops.shape(y_pred)[-1], dtype=y_pred.dtype)
-        per_token = loss.fn(one_hot, y_pred, from_logits=True, label_smoothing=args.label_smoothing)
-        return keras.ops.sum(per_token * mask) / keras.ops.maximum(keras.ops.sum(mask), 1.0)
+    # label smoothing over real target positions only (the mean skips padding)
+    loss = TokenCrossEntropy(ignore_class=pad, label_smoothing=args.label_smoothing)
 
     def token_accuracy(y_true, y_pred):  # over real target positions, not padding
         mask = keras.ops.cast(keras.ops.not_equal(y_true, pad), "float32")
@@ -162,7 +158,7 @@ def main() -> None:
         train_batch=train_batch,
         steps_per_pass=len(train_y) // args.batch_size,
         validation_data=validation,
-        loss=smoothed_loss,
+        loss=loss,
         metrics=[token_accuracy],
         evaluate=evaluate,
     )

@@ -41,12 +41,73 @@ def test_token_cross_entropy_trains_a_model_and_round_trips_its_config(rng):
     lm.compile(optimizer="adam", loss=keras_tfm.TokenCrossEntropy())
     ids = rng.integers(0, 11, size=(4, 8)).astype("int32")
     assert np.isfinite(lm.train_on_batch(ids, ids))
-    loss = keras_tfm.TokenCrossEntropy(ignore_class=3, reduction="sum")
+    loss = keras_tfm.TokenCrossEntropy(ignore_class=3, label_smoothing=0.2, reduction="sum")
     clone = keras.losses.deserialize(keras.losses.serialize(loss))
     assert isinstance(clone, keras_tfm.TokenCrossEntropy) and clone.get_config() == loss.get_config()
+    assert (clone.ignore_class, clone.label_smoothing) == (3, 0.2)
 
 
 def test_token_cross_entropy_names_the_shapes_when_labels_do_not_match(rng):
     logits, labels = _logits_and_labels(rng)
     with pytest.raises(ValueError, match=r"y_true.*\(3, 4\).*\(3, 5, 7\)"):
         keras_tfm.TokenCrossEntropy()(labels[:, :4], logits)
+
+
+@pytest.mark.parametrize("from_logits", [True, False])
+@pytest.mark.parametrize("reduction", ["sum_over_batch_size", "none"])
+def test_label_smoothing_equals_keras_categorical_cross_entropy_on_one_hot_labels(rng, from_logits, reduction):
+    logits, labels = _logits_and_labels(rng)
+    scores = logits if from_logits else np.asarray(keras.ops.softmax(logits))
+    one_hot = np.eye(logits.shape[-1], dtype="float32")[labels]
+    weights = rng.random(labels.shape).astype("float32")
+    ours = keras_tfm.TokenCrossEntropy(from_logits=from_logits, label_smoothing=0.1, reduction=reduction)
+    keras_loss = keras.losses.CategoricalCrossentropy(from_logits=from_logits, label_smoothing=0.1, reduction=reduction)
+    assert_close(ours(labels, scores), keras_loss(one_hot, scores))
+    assert_close(ours(labels, scores, sample_weight=weights), keras_loss(one_hot, scores, sample_weight=weights))
+    unsmoothed = keras_tfm.TokenCrossEntropy(from_logits=from_logits, reduction=reduction)(labels, scores)
+    assert np.all(np.abs(np.asarray(ours(labels, scores)) - np.asarray(unsmoothed)) > 1e-3)
+
+
+def test_label_smoothing_with_ignore_class_averages_over_the_kept_positions_only(rng):
+    logits, labels = _logits_and_labels(rng)
+    labels[:, -2:] = 0  # padding
+    one_hot = np.eye(logits.shape[-1], dtype="float32")[labels]
+    per_position = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.3, reduction="none")(
+        one_hot, logits)
+    expected = np.asarray(per_position)[labels != 0].mean()
+    assert_close(keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.3)(labels, logits), expected)
+    per_token = keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.3, reduction="none")(labels, logits)
+    assert np.all(np.asarray(per_token)[labels == 0] == 0)
+    direct = keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.3).call(labels, logits)  # no Keras mask applied
+    assert np.all(keras.ops.convert_to_numpy(direct)[labels == 0] == 0)
+
+
+def _one_sgd_step(loss, features, labels, vocabulary):
+    """The kernel of a Dense layer (same initial weights every call) before and after one SGD step."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input(features.shape[1:]), keras.layers.Dense(vocabulary)])
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=loss)
+    before = keras.ops.convert_to_numpy(model.layers[0].kernel)
+    model.train_on_batch(features, labels)
+    return before, keras.ops.convert_to_numpy(model.layers[0].kernel)
+
+
+def test_ignore_class_gradients_equal_keras_and_skip_the_ignored_positions(rng):
+    vocabulary = 7
+    features = rng.normal(size=(3, 5, 4)).astype("float32")
+    labels = rng.integers(1, vocabulary, size=(3, 5))
+    labels[:, -2:] = 0  # padding
+    before, ours = _one_sgd_step(keras_tfm.TokenCrossEntropy(ignore_class=0), features, labels, vocabulary)
+    assert np.abs(ours - before).max() > 1e-3
+    _, keras_ = _one_sgd_step(keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+                              features, labels, vocabulary)
+    assert_close(ours, keras_)
+    # the padded positions' features do not move the kernel: changing them changes nothing
+    features[:, -2:] = rng.normal(size=(3, 2, 4)) * 10
+    assert_close(_one_sgd_step(keras_tfm.TokenCrossEntropy(ignore_class=0), features, labels, vocabulary)[1], ours)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0])
+def test_label_smoothing_out_of_range_names_the_argument(value):
+    with pytest.raises(ValueError, match=r"label_smoothing.*\[0, 1\).*" + str(value)):
+        keras_tfm.TokenCrossEntropy(label_smoothing=value)
