@@ -197,7 +197,10 @@ class BertClassifier(_BertWithHead):
     def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
         if isinstance(token_ids, dict):
             return self.call(**token_ids, training=training)
-        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
+        # The pooler reads [CLS] only: the last block computes its output there alone.
+        first = ops.zeros((ops.shape(token_ids)[0], 1), "int32")
+        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, output_positions=first,
+                         training=training)
         pooled = self.pooled_dropout(self.pooler(x[:, 0]), training=training)
         return self.classifier(pooled)
 

@@ -148,10 +148,14 @@ class ViT(keras.Model):
         x = ops.concatenate([class_token, patches], axis=1)
         x = self.embedding_dropout(x + self._positions(x, rows, cols), training=training)
         attention_weights = []
-        for block in self.blocks:
+        for index, block in enumerate(self.blocks):
             if return_attention_weights:
                 x, weights = block(x, return_attention_weights=True, training=training)
                 attention_weights.append(weights)
+            elif index == self.num_layers - 1 and self.include_top and self.pooling == "token":
+                # The head reads the class token only: the last block computes its output there
+                # alone (every token is still a key and value). Same logits, a sixth less work.
+                x = block(x, output_positions=ops.zeros((ops.shape(x)[0], 1), "int32"), training=training)
             else:
                 x = block(x, training=training)
         x = self.final_norm(x)

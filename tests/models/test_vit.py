@@ -25,19 +25,25 @@ def test_features_and_pooling(rng):
     assert tuple(tokens.shape) == (2, 1 + 16, 16)
     mean_model = tiny_vit(pooling="mean")
     mean_model.build()
-    expected = to_numpy(mean_model.head(ops.mean(mean_model.final_norm(_encoded(mean_model, images)), axis=1)[:, None]))[:, 0]
+    expected = to_numpy(mean_model.head(ops.mean(mean_model.final_norm(_encoded(mean_model, images)[:, 1:]), axis=1)[:, None]))[:, 0]
     assert_close(mean_model(images), expected, atol=1e-5)
+    # Token pooling computes the last block at the class token only: the same logits as the full encoder's.
+    token_model = tiny_vit(pooling="token")
+    token_model.build()
+    expected = to_numpy(token_model.head(token_model.final_norm(_encoded(token_model, images)[:, :1])))[:, 0]
+    assert_close(token_model(images), expected, atol=1e-5)
+    assert not np.allclose(expected, to_numpy(token_model.head(token_model.final_norm(_encoded(token_model, images)[:, 1:2])))[:, 0], atol=1e-3)
 
 
 def _encoded(model, images):
-    """Patch tokens after the encoder, recomputed by hand from the model's parts."""
+    """Every token after the encoder, recomputed by hand from the model's parts."""
     x = model.patch_embedding(images)
     cls = np.broadcast_to(to_numpy(model.class_token), (images.shape[0], 1, model.hidden_dim))
     x = np.concatenate([cls, to_numpy(x)], axis=1)
     x = x + to_numpy(model.position_embedding.embeddings)[None]
     for block in model.blocks:
         x = block(x)
-    return to_numpy(x)[:, 1:]
+    return to_numpy(x)
 
 
 def test_returns_every_layers_attention_weights(rng):
