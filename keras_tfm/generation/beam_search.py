@@ -37,7 +37,7 @@ def beam_decode(
     batch, total = buffer.shape
     beams = batch * num_beams
     buffer = ops.repeat(buffer, num_beams, axis=0)
-    _, cache = step(buffer[:, :prompt_width], cache, 0, *context)
+    _, cache = step(buffer[:, :prompt_width], cache, 0, *context, output_logits=False)
     start = ops.min(prompt_lengths)
     end = prompt_lengths + max_new_tokens
     # only the first beam of each row is alive at first, so the beams do not start as copies

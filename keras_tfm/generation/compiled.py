@@ -77,9 +77,9 @@ def fast_step(step: Callable, model: keras.Model) -> Callable:
     for loops whose body cannot be traced whole (see `decoding_functions`)."""
     traced: dict = {}
 
-    def run(token_ids, cache, index, *context):
-        if token_ids.shape[1] != 1:  # the prefill runs once per call: eager is fine
-            return step(token_ids, cache, index, *context)
+    def run(token_ids, cache, index, *context, output_logits: bool = True):
+        if token_ids.shape[1] != 1 or not output_logits:  # the prefill runs once per call: eager is fine
+            return step(token_ids, cache, index, *context, output_logits=output_logits)
         index = ops.convert_to_tensor(index, "int32")
         key = (tuple(token_ids.shape), *_shape_key((cache, context)))
         if key not in traced:

@@ -88,13 +88,15 @@ def decode(
     """Runs the loop in `keras.ops`; returns the filled buffer and the advanced seed state.
 
     `step(token_ids, cache, index, *context) -> (logits, cache)` runs the model on `token_ids`
-    placed at positions `index, index + 1, ...`; `context` holds what it reads but never changes
+    placed at positions `index, index + 1, ...` (with `output_logits=False`, the prefill, it returns
+    `None` for the logits, which nothing reads); `context` holds what it reads but never changes
     (a translator's encoder keys/values and source mask). `while_loop` is `ops.while_loop` or a
     drop-in (see `compiled.decoding_functions`); every per-call value is a loop variable, so that a
     traced body can be replayed on the next call."""
     batch, total = buffer.shape
     vessel = _seed_vessel()
-    _, cache = step(buffer[:, :prompt_width], cache, 0, *context)  # prefill every prompt position at once
+    # prefill every prompt position at once; eager PyTorch would compute their unused logits
+    _, cache = step(buffer[:, :prompt_width], cache, 0, *context, output_logits=False)
     start = ops.min(prompt_lengths)
     end = prompt_lengths + max_new_tokens  # (batch,) first position a row no longer writes
     done = ops.zeros((batch,), "bool")

@@ -119,16 +119,18 @@ class GPT(keras.Model):
             x = block(x, decoder_padding_mask=padding_mask, training=training)
         return self._logits(x)
 
-    def call_with_cache(self, token_ids, cache, cache_update_index):
+    def call_with_cache(self, token_ids, cache, cache_update_index, output_logits: bool = True):
         """Logits for `token_ids` placed at positions `cache_update_index, ...`, reading and
         updating `cache`: one `(batch, 2, cache_length, num_heads, head_dim)` key/value tensor per
-        layer (a tuple, not one stacked tensor, so a step copies no layer's cache twice)."""
+        layer (a tuple, not one stacked tensor, so a step copies no layer's cache twice).
+        `output_logits=False` returns `None` instead of the logits: a prefill that only fills the
+        cache skips the vocabulary projection of every prompt position."""
         x = self._embed(token_ids, start_index=cache_update_index)
         updated = []
         for block, layer_cache in zip(self.blocks, cache):
             x, layer_cache = block(x, self_attention_cache=layer_cache, cache_update_index=cache_update_index)
             updated.append(layer_cache)
-        return self._logits(x), tuple(updated)
+        return (self._logits(x) if output_logits else None), tuple(updated)
 
     def empty_cache(self, batch_size: int, length: int) -> tuple:
         head_dim = self.hidden_dim // self.num_heads

@@ -49,6 +49,23 @@ def test_cached_greedy_equals_full_forward_greedy():
     assert generated.tolist() == full_forward_greedy(model, prompt, 10)
 
 
+@pytest.mark.parametrize("sampling", [dict(), dict(num_beams=2), dict(temperature=1.0, seed=1)])
+def test_the_prefill_fills_the_cache_without_computing_logits(sampling):
+    model = tiny_gpt()
+    model.build()
+    ids = np.array([[3, 17, 5, 9, 11, 2]], "int32")
+    no_logits, cache = model.call_with_cache(ids, model.empty_cache(1, 8), 0, output_logits=False)
+    logits, expected = model.call_with_cache(ids, model.empty_cache(1, 8), 0)
+    assert no_logits is None and tuple(logits.shape) == (1, 6, 40)
+    for layer_cache, expected_layer_cache in zip(cache, expected):
+        assert_close(layer_cache, expected_layer_cache, atol=1e-6)
+    # generate computes logits for one new position at a time, never for the prompt
+    lengths, logits_of = [], model._logits
+    model._logits = lambda hidden: lengths.append(int(hidden.shape[1])) or logits_of(hidden)
+    model.generate([[3, 17, 5, 9, 11, 2], [7, 8]], max_new_tokens=3, **sampling)
+    assert lengths and set(lengths) == {1}
+
+
 def test_prompts_of_different_lengths_decode_as_if_alone():
     model = peaked(tiny_gpt())
     prompts = [[3, 17], [5, 9, 11, 2, 30], [7]]
