@@ -154,7 +154,7 @@ class ViT(keras.Model):
                 attention_weights.append(weights)
             elif index == self.num_layers - 1 and self.include_top and self.pooling == "token":
                 # The head reads the class token only: the last block computes its output there
-                # alone (every token is still a key and value). Same logits, a sixth less work.
+                # alone (every token is still a key and value). Same logits, most of its work skipped.
                 x = block(x, output_positions=ops.zeros((ops.shape(x)[0], 1), "int32"), training=training)
             else:
                 x = block(x, training=training)
