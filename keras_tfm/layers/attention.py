@@ -59,7 +59,8 @@ class MultiHeadAttention(keras.layers.Layer):
             the attention runs over the whole cache (self-attention decoding). Without it, the cache
             is used as precomputed keys and values (cross-attention decoding; see
             `precompute_key_value`).
-        cache_update_index: int or scalar tensor, where to write into `cache`.
+        cache_update_index: int or scalar tensor, where to write into `cache`. (`update_cache`
+            writes the cache without attending.)
         return_attention_weights: also return the `(batch, num_heads, query_length, key_length)`
             attention weights.
 
@@ -138,6 +139,18 @@ class MultiHeadAttention(keras.layers.Layer):
              _to_cache_layout(self._split_heads(self.value_dense(value), self.value_dim))],
             axis=1,
         )
+
+    def update_cache(self, value, cache, cache_update_index, key=None):
+        """`cache` with the keys and values of `value` (and `key`) written at `cache_update_index`:
+        the cache that `call(query, value, key, cache=cache, cache_update_index=...)` returns, without
+        computing queries or attention. A prefill needs nothing else from the last decoder layer."""
+        self._check_cacheable(cache)
+        return self._write_cache(value, value if key is None else key, cache, cache_update_index)
+
+    def _write_cache(self, value, key, cache, cache_update_index):
+        new_entries = self.precompute_key_value(value, key)
+        # one update of the joint cache: a functional update copies its input (PyTorch)
+        return ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
 
     def _check_cacheable(self, cache=None):
         if self.value_dim != self.key_dim:
@@ -222,13 +235,12 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None and cache_update_index is None:
             key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
         else:
-            key_heads = self._split_heads(self.key_dense(key), self.key_dim)
-            value_heads = self._split_heads(self.value_dense(value), self.value_dim)
             if cache is not None:
-                # one update of the joint cache: a functional update copies its input (PyTorch)
-                new_entries = ops.stack([_to_cache_layout(key_heads), _to_cache_layout(value_heads)], axis=1)
-                cache = ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
+                cache = self._write_cache(value, key, cache, cache_update_index)
                 key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
+            else:
+                key_heads = self._split_heads(self.key_dense(key), self.key_dim)
+                value_heads = self._split_heads(self.value_dense(value), self.value_dim)
 
         batch, query_length = query.shape[0], query.shape[1]
         key_length = key_heads.shape[1]

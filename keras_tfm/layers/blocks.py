@@ -258,7 +258,8 @@ class DecoderBlock(_Block):
         self_attention_cache, cache_update_index: key/value cache of the self-attention
             (see `MultiHeadAttention`); query `i` sits at position `cache_update_index + i`.
         cross_attention_cache: precomputed encoder keys/values
-            (`block.cross_attention.precompute_key_value(encoder_sequence)`).
+            (`block.cross_attention.precompute_key_value(encoder_sequence)`). `update_cache` fills
+            the self-attention cache without computing the output (a prefill's last block).
         use_causal_mask: True (default) for autoregressive decoding.
         return_attention_weights: also return the attention weights.
 
@@ -354,6 +355,14 @@ class DecoderBlock(_Block):
             caches.extend(extras)
         extras = weights + caches
         return (x, *extras) if extras else x
+
+    def update_cache(self, decoder_sequence, self_attention_cache, cache_update_index):
+        """The self-attention cache that `call` returns for these arguments, without the block's
+        output: the keys and values of `decoder_sequence` written at `cache_update_index`. A prefill
+        reads nothing else from the last block, so its queries, attention, cross-attention and
+        feed-forward network are skipped."""
+        keys_from = self.self_attention_norm(decoder_sequence) if self.norm_first else decoder_sequence
+        return self.self_attention.update_cache(keys_from, self_attention_cache, cache_update_index)
 
     def get_config(self) -> dict:
         config = super().get_config()

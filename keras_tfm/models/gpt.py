@@ -121,16 +121,20 @@ class GPT(keras.Model):
 
     def call_with_cache(self, token_ids, cache, cache_update_index, output_logits: bool = True):
         """Logits for `token_ids` placed at positions `cache_update_index, ...`, reading and
-        updating `cache`: one `(batch, 2, cache_length, num_heads, head_dim)` key/value tensor per
+        updating `cache`: one `(batch, 2, num_heads, cache_length, head_dim)` key/value tensor per
         layer (a tuple, not one stacked tensor, so a step copies no layer's cache twice).
         `output_logits=False` returns `None` instead of the logits: a prefill that only fills the
-        cache skips the vocabulary projection of every prompt position."""
+        cache skips the vocabulary projection and, in the last block, everything but the keys and
+        values (`DecoderBlock.update_cache`)."""
         x = self._embed(token_ids, start_index=cache_update_index)
         updated = []
-        for block, layer_cache in zip(self.blocks, cache):
+        for i, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
+            if not output_logits and i == len(self.blocks) - 1:  # nothing reads the last block's output
+                updated.append(block.update_cache(x, layer_cache, cache_update_index))
+                return None, tuple(updated)
             x, layer_cache = block(x, self_attention_cache=layer_cache, cache_update_index=cache_update_index)
             updated.append(layer_cache)
-        return (self._logits(x) if output_logits else None), tuple(updated)
+        return self._logits(x), tuple(updated)
 
     def empty_cache(self, batch_size: int, length: int) -> tuple:
         head_dim = self.hidden_dim // self.num_heads

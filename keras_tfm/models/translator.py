@@ -202,17 +202,21 @@ class Translator(keras.Model):
                         output_logits: bool = True):
         """Logits for `token_ids` at positions `cache_update_index, ...` and the updated `cache`.
 
-        `cache`: one self-attention key/value tensor `(batch, 2, length, heads, head_dim)` per
-        decoder layer; `cross_cache`: one `(batch, 2, source_length, heads, head_dim)` per layer
+        `cache`: one self-attention key/value tensor `(batch, 2, heads, length, head_dim)` per
+        decoder layer; `cross_cache`: one `(batch, 2, heads, source_length, head_dim)` per layer
         (`precompute_key_value` of the encoder output), read only; `source_mask`: `(batch,
-        source_length)`. `output_logits=False` returns `None` instead of the logits (a prefill)."""
+        source_length)`. `output_logits=False` returns `None` instead of the logits (a prefill, which
+        also skips all but the last block's keys and values: `DecoderBlock.update_cache`)."""
         x = self._embed(token_ids, self.target_embedding, self.target_positions, start_index=cache_update_index)
         updated = []
-        for block, layer_cache, layer_cross_cache in zip(self.decoder_blocks, cache, cross_cache):
+        for i, (block, layer_cache, layer_cross_cache) in enumerate(zip(self.decoder_blocks, cache, cross_cache)):
+            if not output_logits and i == len(self.decoder_blocks) - 1:  # nothing reads the last block's output
+                updated.append(block.update_cache(x, layer_cache, cache_update_index))
+                return None, tuple(updated)
             x, layer_cache, _ = block(x, encoder_padding_mask=source_mask, self_attention_cache=layer_cache,
                                       cache_update_index=cache_update_index, cross_attention_cache=layer_cross_cache)
             updated.append(layer_cache)
-        return (self._logits(x) if output_logits else None), tuple(updated)
+        return self._logits(x), tuple(updated)
 
     def _prepare_source(self, source_ids):
         if isinstance(source_ids, (list, tuple)) and source_ids and isinstance(source_ids[0], (list, tuple, np.ndarray)):

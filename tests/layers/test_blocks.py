@@ -100,6 +100,21 @@ def test_decoder_cache_equals_full_pass(rng, x):
     np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_update_cache_gives_the_cache_of_a_full_call(rng, x, norm_first):
+    source = rng.normal(size=(2, 4, 16)).astype("float32")
+    block = DecoderBlock(num_heads=4, intermediate_dim=32, use_cross_attention=True, norm_first=norm_first)
+    block(x, source)  # builds the weights
+    cross_cache = block.cross_attention.precompute_key_value(source)
+    cache = rng.normal(size=(2, 2, 4, 8, 4)).astype("float32")  # earlier entries must survive
+    _, expected, _ = block(x[:, :3], self_attention_cache=cache, cache_update_index=2,
+                           cross_attention_cache=cross_cache)
+    updated = block.update_cache(x[:, :3], cache, 2)
+    assert tuple(updated.shape) == (2, 2, 4, 8, 4)
+    assert_close(updated, expected, atol=1e-6)
+    assert not np.allclose(to_numpy(updated)[:, :, :, 2:5], cache[:, :, :, 2:5])
+
+
 def test_blocks_return_attention_weights(rng, x):
     source = rng.normal(size=(2, 4, 16)).astype("float32")
     _, weights = EncoderBlock(num_heads=4, intermediate_dim=32)(x, return_attention_weights=True)

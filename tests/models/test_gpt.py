@@ -59,11 +59,16 @@ def test_the_prefill_fills_the_cache_without_computing_logits(sampling):
     assert no_logits is None and tuple(logits.shape) == (1, 6, 40)
     for layer_cache, expected_layer_cache in zip(cache, expected):
         assert_close(layer_cache, expected_layer_cache, atol=1e-6)
-    # generate computes logits for one new position at a time, never for the prompt
+    # generate computes logits, and the last block's feed-forward network, for one new position at
+    # a time, never for the prompt
     lengths, logits_of = [], model._logits
     model._logits = lambda hidden: lengths.append(int(hidden.shape[1])) or logits_of(hidden)
+    last_feed_forward, feed_forward_of = [], model.blocks[-1].feed_forward.call
+    model.blocks[-1].feed_forward.call = (
+        lambda hidden, **kwargs: last_feed_forward.append(int(hidden.shape[1])) or feed_forward_of(hidden, **kwargs))
     model.generate([[3, 17, 5, 9, 11, 2], [7, 8]], max_new_tokens=3, **sampling)
     assert lengths and set(lengths) == {1}
+    assert last_feed_forward and set(last_feed_forward) == {1}
 
 
 def test_prompts_of_different_lengths_decode_as_if_alone():
