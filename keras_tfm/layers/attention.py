@@ -145,9 +145,6 @@ class MultiHeadAttention(keras.layers.Layer):
         the cache that `call(query, value, key, cache=cache, cache_update_index=...)` returns, without
         computing queries or attention. A prefill needs nothing else from the last decoder layer."""
         self._check_cacheable(cache)
-        return self._write_cache(value, value if key is None else key, cache, cache_update_index)
-
-    def _write_cache(self, value, key, cache, cache_update_index):
         new_entries = self.precompute_key_value(value, key)
         # one update of the joint cache: a functional update copies its input (PyTorch)
         return ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
@@ -232,15 +229,12 @@ class MultiHeadAttention(keras.layers.Layer):
         query_heads = self._split_heads(self.query_dense(query), self.key_dim)
         if cache is not None:
             self._check_cacheable(cache)
-        if cache is not None and cache_update_index is None:
+            if cache_update_index is not None:
+                cache = self.update_cache(value, cache, cache_update_index, key)
             key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
         else:
-            if cache is not None:
-                cache = self._write_cache(value, key, cache, cache_update_index)
-                key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
-            else:
-                key_heads = self._split_heads(self.key_dense(key), self.key_dim)
-                value_heads = self._split_heads(self.value_dense(value), self.value_dim)
+            key_heads = self._split_heads(self.key_dense(key), self.key_dim)
+            value_heads = self._split_heads(self.value_dense(value), self.value_dim)
 
         batch, query_length = query.shape[0], query.shape[1]
         key_length = key_heads.shape[1]
