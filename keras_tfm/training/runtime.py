@@ -93,6 +93,14 @@ def make_optimizer(args: argparse.Namespace, total_steps: int) -> keras.optimize
     return optimizer
 
 
+def _made_here(metrics: list | None) -> list:
+    """Metric objects made again from their configs, under the distribution set up by the caller:
+    JAX places the variables of a metric made before (as recipes make them) on one device only, and
+    the compiled training step then refuses the mix of devices."""
+    return [type(metric).from_config(metric.get_config()) if isinstance(metric, keras.metrics.Metric) else metric
+            for metric in metrics or []]
+
+
 def train(
     args: argparse.Namespace,
     *,
@@ -112,8 +120,8 @@ def train(
     with distribution_scope(args.distribute, args.model_parallel, log=log):
         model = build_model()
         model.compile(
-            optimizer=make_optimizer(args, total_steps), loss=loss, metrics=metrics or [],
-            weighted_metrics=weighted_metrics or [], jit_compile=use_jit(args)
+            optimizer=make_optimizer(args, total_steps), loss=loss, metrics=_made_here(metrics),
+            weighted_metrics=_made_here(weighted_metrics), jit_compile=use_jit(args)
         )
         first_x = train_batch(0, 0)[0]
         model(first_x)

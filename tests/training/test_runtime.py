@@ -163,6 +163,20 @@ def test_distributed_step_equals_single_device_step(mode):
     assert result["max_weight_difference"] < 1e-5
 
 
+@pytest.mark.skipif(BACKEND == "torch", reason="keras.distribution (JAX) and tf.distribute (TensorFlow)")
+def test_recipe_with_metric_objects_trains_distributed(tmp_path):
+    """The recipes make their metric objects before the runtime sets up the distribution; on JAX their
+    variables then sat on one device and the compiled step refused them."""
+    out = tmp_path / "run"
+    done = recipe("vit.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
+                  "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out),
+                  "--distribute", "data", "--cpu-devices", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "over 2 devices" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and 0.0 <= metrics["validation_accuracy"] <= 1.0
+
+
 def test_torch_refuses_distribute_clearly(tmp_path):
     if BACKEND != "torch":
         pytest.skip("the torch backend has no keras distribution engine")
