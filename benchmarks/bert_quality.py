@@ -75,7 +75,7 @@ def worker(contender: str, options: dict) -> dict:
             return {**inputs, "segment_ids": np.zeros_like(inputs["token_ids"])}
 
     schedule = argparse.Namespace(learning_rate=options["learning_rate"], warmup_steps=steps // 20, weight_decay=0.01,
-                                  clip_norm=1.0)
+                                  clip_norm=1.0, ema=None)
     model.compile(optimizer=make_optimizer(schedule, steps),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
                   weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],

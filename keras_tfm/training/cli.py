@@ -40,6 +40,10 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
                           help="linear warmup steps (default: 5%% of all steps)")
     training.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: %(default)s)")
     training.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clipping (default: %(default)s)")
+    training.add_argument("--ema", type=float, default=None, metavar="MOMENTUM",
+                          help="also keep an exponential moving average of the weights with this momentum (e.g. 0.999); "
+                               "validation, the final evaluation and the trained model use the averaged weights "
+                               "(default: off)")
     training.add_argument("--seed", type=int, default=0, help="seed of weights, data order and sampling (default: %(default)s)")
 
     data = parser.add_argument_group("data")

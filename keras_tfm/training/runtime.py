@@ -79,7 +79,9 @@ def plan_steps(args: argparse.Namespace, steps_per_pass: int) -> tuple[int, int]
 
 def make_optimizer(args: argparse.Namespace, total_steps: int) -> keras.optimizers.Optimizer:
     """AdamW, linear warmup to --learning-rate, then cosine decay to a tenth of it; no weight decay
-    on biases, LayerNorm and embeddings' positions."""
+    on biases, LayerNorm and embeddings' positions; with --ema, a moving average of the weights."""
+    if args.ema is not None and not 0.0 <= args.ema < 1.0:
+        raise DataError(f"--ema: expected a momentum in [0, 1), such as 0.999; got {args.ema}.")
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total_steps // 20)
     warmup = min(warmup, max(total_steps - 1, 0))
     schedule = keras.optimizers.schedules.CosineDecay(
@@ -87,7 +89,8 @@ def make_optimizer(args: argparse.Namespace, total_steps: int) -> keras.optimize
         warmup_target=args.learning_rate, warmup_steps=warmup,
     )
     optimizer = keras.optimizers.AdamW(
-        schedule, weight_decay=args.weight_decay, beta_2=0.99, global_clipnorm=args.clip_norm or None
+        schedule, weight_decay=args.weight_decay, beta_2=0.99, global_clipnorm=args.clip_norm or None,
+        use_ema=args.ema is not None, ema_momentum=args.ema if args.ema is not None else 0.99,
     )
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
     return optimizer
@@ -142,6 +145,10 @@ def train(
         keras.callbacks.CSVLogger(csv_path, append=initial_epoch > 0),
         *(callbacks or []),
     ]
+    if args.ema is not None:
+        # Validation reads the averaged weights; checkpoints (written after it) hold the raw weights
+        # and, in the optimizer's state, the averages, so a resumed run continues both.
+        run_callbacks.append(keras.callbacks.SwapEMAWeights())
     if args.tensorboard:
         run_callbacks.append(keras.callbacks.TensorBoard(os.path.join(args.output_dir, "tensorboard")))
 
@@ -159,6 +166,7 @@ def train(
         )
     else:
         log("Training already finished in this output directory; evaluating.")
+        model.optimizer.finalize_variable_values(model.trainable_variables)  # what `fit` does at its end
     seconds = time.perf_counter() - start
     if nan_stop.bad_step is not None:
         state = manager.state()

@@ -105,6 +105,59 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     assert state["epoch"] == 1
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
+    """--ema: validation, the final evaluation and the returned model use the moving average; the
+    raw weights go on training; an interrupted run resumes both, and a finished one re-evaluates the
+    average."""
+    from keras_tfm.training import CheckpointManager, make_optimizer
+
+    def build():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+
+    def batch(epoch, step):
+        x = np.random.default_rng(100 * epoch + step).normal(size=(16, 3)).astype("float32")
+        return x, np.tanh(x @ np.array([[1.0], [-2.0], [0.5]], "float32"))
+
+    validation = batch(99, 0)
+
+    class InterruptAfterSecondEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise _Interrupted
+
+    def run(directory, callbacks=()):
+        args = _args(directory, epochs=4, steps_per_epoch=3, batch_size=16, learning_rate=0.05, ema=0.5)
+        return train(args, build_model=build, train_batch=batch, steps_per_pass=3, validation_data=validation,
+                     loss="mse", callbacks=list(callbacks))
+
+    straight = run(tmp_path / "straight")
+    ema_loss = straight.metrics["validation_loss"]
+    assert straight.model.evaluate(*validation, verbose=0) == pytest.approx(ema_loss, rel=1e-6)
+    assert straight.history["val_loss"][-1] == pytest.approx(ema_loss, rel=1e-6)  # fit validated the average too
+
+    raw = build()  # the last checkpoint holds the raw weights (and the average in the optimizer's state)
+    raw.compile(optimizer=make_optimizer(_args(tmp_path, ema=0.5), 12), loss="mse")
+    assert CheckpointManager(str(tmp_path / "straight" / "checkpoint")).restore(raw) == 4
+    raw_loss = raw.evaluate(*validation, verbose=0)
+    assert abs(raw_loss - ema_loss) > 1e-3 * ema_loss, (raw_loss, ema_loss)
+
+    with pytest.raises(_Interrupted):
+        run(tmp_path / "resumed", [InterruptAfterSecondEpoch()])
+    resumed = run(tmp_path / "resumed")
+    assert resumed.metrics["validation_loss"] == pytest.approx(ema_loss, rel=1e-5)
+
+    finished = run(tmp_path / "straight")  # nothing left to train: evaluates the average again
+    assert finished.metrics["validation_loss"] == pytest.approx(ema_loss, rel=1e-5)
+
+    with pytest.raises(DataError, match=r"--ema: expected a momentum in \[0, 1\), such as 0.999; got 1.5"):
+        make_optimizer(_args(tmp_path, ema=1.5), 10)
+
+
 def test_model_overrides_are_checked_against_the_model_class(tmp_path):
     import keras_tfm
     from keras_tfm.training import build_model
@@ -164,13 +217,13 @@ def test_distributed_step_equals_single_device_step(mode):
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="keras.distribution (JAX) and tf.distribute (TensorFlow)")
-def test_recipe_with_metric_objects_trains_distributed(tmp_path):
+def test_recipe_with_metric_objects_and_ema_trains_distributed(tmp_path):
     """The recipes make their metric objects before the runtime sets up the distribution; on JAX their
     variables then sat on one device and the compiled step refused them."""
     out = tmp_path / "run"
     done = recipe("vit.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
                   "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out),
-                  "--distribute", "data", "--cpu-devices", "2")
+                  "--distribute", "data", "--cpu-devices", "2", "--ema", "0.9")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "over 2 devices" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
