@@ -1,4 +1,4 @@
-"""BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) -> `keras_tfm.Bert`,
+"""BERT (`BertModel`, `BertForMaskedLM`, `BertForPreTraining`, `BertForSequenceClassification`) -> `keras_tfm.Bert`,
 `BertMLM`, `BertClassifier`. PyTorch `Linear` kernels are (out, in) and are transposed; the MLM
 decoder is tied to the word embeddings, so only its bias is read."""
 
@@ -51,12 +51,15 @@ def convert_bert(config: dict, weights: dict):
         set_layer_norm(block.self_attention_norm, w(p + "attention.output.LayerNorm.weight"),
                        w(p + "attention.output.LayerNorm.bias"))
         set_layer_norm(block.feed_forward_norm, w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias"))
-    ignored = ("cls.predictions.decoder.",)  # tied to the word embeddings; its bias is cls.predictions.bias
+    # The MLM decoder is tied to the word embeddings (its bias is cls.predictions.bias); the
+    # next-sentence head of BertForPreTraining checkpoints has no counterpart here.
+    ignored = ("cls.predictions.decoder.", "cls.seq_relationship.")
     if isinstance(model, BertMLM):
         set_dense(model.transform, w("cls.predictions.transform.dense.weight").T, w("cls.predictions.transform.dense.bias"))
         set_layer_norm(model.transform_norm, w("cls.predictions.transform.LayerNorm.weight"),
                        w("cls.predictions.transform.LayerNorm.bias"))
         model.output_bias.assign(w("cls.predictions.bias"))
+        ignored += ("pooler.", "bert.pooler.")  # a BertMLM has no pooler
     elif isinstance(model, BertClassifier):
         set_dense(model.pooler, w("pooler.dense.weight").T, w("pooler.dense.bias"))
         set_dense(model.classifier, w("classifier.weight").T, w("classifier.bias"))

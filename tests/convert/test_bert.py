@@ -62,3 +62,21 @@ def test_bert_base_mlm_parameter_count():
     model = keras_tfm.bert_base()
     model.build()
     assert model.count_params() == sum(p.numel() for p in hf.parameters()) == 109_514_298
+
+
+def test_pretraining_checkpoint_loads_as_masked_lm(rng, tmp_path):
+    """The published BERT checkpoints are saved from BertForPreTraining: MLM head, pooler and the
+    next-sentence head. They load as a BertMLM (without pooler and next-sentence head)."""
+    hf = hf_bert(transformers.BertForPreTraining)
+    hf.save_pretrained(str(tmp_path))
+    model = keras_tfm.from_huggingface(str(tmp_path))
+    assert isinstance(model, keras_tfm.BertMLM)
+    ids, segments, mask = inputs(rng)
+    with torch.no_grad():
+        expected = hf(torch.tensor(ids), token_type_ids=torch.tensor(segments),
+                      attention_mask=torch.tensor(mask.astype(int))).prediction_logits.numpy()
+    ours = to_numpy(model(ids, segment_ids=segments, padding_mask=mask))
+    np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
+    hidden = hf.config.hidden_size
+    assert model.count_params() == sum(p.numel() for p in hf.parameters()) - (hidden**2 + hidden) - (2 * hidden + 2)
+
