@@ -14,7 +14,14 @@ takes raw pixels. AdamW with warmup and cosine decay, label smoothing. Prints te
 checkpoints, log.csv, metrics.json, learning_curves.png and attention_maps.png in --output-dir.
 Rerunning resumes.
 
+--from-huggingface DIR fine-tunes a Hugging Face ViT checkpoint (a local directory saved by
+`save_pretrained`, e.g. google/vit-base-patch16-224) instead of training a new model: its weights, a
+new head for this data's classes, and its image processor's resizing (unless --image-size; positions
+are interpolated for other sizes), scaling and normalisation; grayscale images become RGB.
+
     python recipes/vit.py --data ../shared/data/fashion-mnist --epochs 10
+    python recipes/vit.py --data ../shared/data/fashion-mnist --from-huggingface vit-base-patch16-224 \
+        --image-size 64 --epochs 2 --learning-rate 1e-4
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ def main() -> None:
     parser = training.recipe_parser(__doc__, sizes, "vit_small_images", "runs/vit")
     parser.set_defaults(batch_size=128, learning_rate=1e-3, weight_decay=0.05, epochs=10)
     recipe = parser.add_argument_group("image classifier")
-    recipe.add_argument("--image-size", type=int, help="side the images are resized to (default: theirs)")
+    recipe.add_argument("--from-huggingface", metavar="DIR",
+                        help="fine-tune this Hugging Face ViT checkpoint directory (see above)")
+    recipe.add_argument("--image-size", type=int,
+                        help="side the images are resized to (default: theirs, or the checkpoint's)")
     recipe.add_argument("--patch-size", type=int, help="patch side (default: 4, or 2 for images under 16 pixels)")
     recipe.add_argument("--pooling", choices=["token", "mean"], default="token", help="(default: %(default)s)")
     recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
@@ -49,27 +59,39 @@ def main() -> None:
 
     import keras
 
-    from keras_tfm import viz
+    from keras_tfm import convert, viz
     from keras_tfm.data import DataError, augment, augmentation_layers, load_images
 
+    checkpoint = checkpoint_settings(args, DataError) if args.from_huggingface else None
+    if checkpoint:
+        args.model = f"from_huggingface {args.from_huggingface}"  # what metrics.json names as the model
     data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
+    num_classes = len(data.class_names)
+    if checkpoint and train_x.shape[-1] == 1 and checkpoint["num_channels"] == 3:
+        train_x, test_x = (np.repeat(x, 3, axis=-1) for x in (train_x, test_x))  # as its processor's RGB conversion
     height, width, channels = train_x.shape[1:]
-    if height != width and not args.image_size:
+    if height != width and not args.image_size and not checkpoint:
         raise DataError(f"--image-size: the images are {height}x{width}; give a square size to resize them to.")
-    image_size = args.image_size or height
-    patch_size = args.patch_size or (4 if image_size >= 16 else 2)
+    image_size = args.image_size or (checkpoint["image_size"] if checkpoint else height)
+    patch_size = checkpoint["patch_size"] if checkpoint else args.patch_size or (4 if image_size >= 16 else 2)
     if image_size % patch_size:
         raise DataError(f"--patch-size: must divide --image-size {image_size}; got {patch_size}.")
-    num_classes = len(data.class_names)
 
-    preprocess = [keras.layers.Rescaling(1 / 255)]
+    # Pixel scaling is linear, so it gives the same images before resizing as after (the checkpoint's processor's order).
+    preprocess = checkpoint["scaling"] if checkpoint else [keras.layers.Rescaling(1 / 255)]
     if (height, width) != (image_size, image_size):
         preprocess.append(keras.layers.Resizing(image_size, image_size))
 
     def build_model():
-        backbone = training.build_model(sizes, args, image_size=image_size, patch_size=patch_size,
-                                        num_classes=num_classes, num_channels=channels, pooling=args.pooling)
+        if args.from_huggingface:
+            backbone = convert.from_huggingface(args.from_huggingface, num_classes=num_classes)
+            if backbone.num_channels != channels:
+                raise DataError(f"--from-huggingface: the checkpoint takes {backbone.num_channels}-channel images; "
+                                f"the data has {channels} channels.")
+        else:
+            backbone = training.build_model(sizes, args, image_size=image_size, patch_size=patch_size,
+                                            num_classes=num_classes, num_channels=channels, pooling=args.pooling)
         inputs = keras.Input((height, width, channels), name="pixels")
         x = inputs
         for layer in preprocess:
@@ -111,6 +133,32 @@ def main() -> None:
         evaluate=draw_attention,
     )
     print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images")
+
+
+def checkpoint_settings(args, error) -> dict:
+    """What a --from-huggingface checkpoint fixes: patch size, channels, the image processor's size
+    and pixel scaling; refuses flags that would change its architecture."""
+    from keras_tfm import convert
+    from keras_tfm.convert.huggingface import read_config
+    from keras_tfm.training.cli import MODEL_OVERRIDES
+
+    given = [name for name in MODEL_OVERRIDES if getattr(args, name, None) is not None]
+    given += [name for name, default in (("model", "vit_small_images"), ("patch_size", None), ("pooling", "token"))
+              if getattr(args, name) != default]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise error(f"{flag}: a --from-huggingface checkpoint fixes the architecture; drop {flag}.")
+    try:
+        config = read_config(args.from_huggingface)
+        image_size, scaling = convert.image_preprocessing(args.from_huggingface)
+    except (OSError, ValueError) as failure:
+        raise error(f"--from-huggingface: {failure}") from None
+    if config["model_type"] != "vit":
+        raise error(f"--from-huggingface: expected a ViT checkpoint; {args.from_huggingface!r} holds a "
+                    f"{config['model_type']!r} model.")
+    patch_size = config.get("patch_size", 16)
+    return {"patch_size": patch_size if isinstance(patch_size, int) else patch_size[0],
+            "num_channels": config.get("num_channels", 3), "image_size": image_size, "scaling": scaling}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_ta
 
 
 @converter("bert")
-def convert_bert(config: dict, weights: dict):
+def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
     if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: BERT activation {config['hidden_act']!r} is not supported.")
     arguments = dict(
@@ -26,7 +26,9 @@ def convert_bert(config: dict, weights: dict):
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
     )
-    if "cls.predictions.transform.dense.weight" in weights:
+    if num_classes is not None:
+        model = BertClassifier(num_classes=num_classes, **arguments)
+    elif "cls.predictions.transform.dense.weight" in weights:
         model = BertMLM(**arguments)
     elif "classifier.weight" in weights:
         model = BertClassifier(num_classes=weights["classifier.weight"].shape[0], **arguments)
@@ -61,8 +63,12 @@ def convert_bert(config: dict, weights: dict):
         model.output_bias.assign(w("cls.predictions.bias"))
         ignored += ("pooler.", "bert.pooler.")  # a BertMLM has no pooler
     elif isinstance(model, BertClassifier):
-        set_dense(model.pooler, w("pooler.dense.weight").T, w("pooler.dense.bias"))
-        set_dense(model.classifier, w("classifier.weight").T, w("classifier.bias"))
+        if num_classes is None or "pooler.dense.weight" in w:  # a new head keeps the checkpoint's pooler
+            set_dense(model.pooler, w("pooler.dense.weight").T, w("pooler.dense.bias"))
+        if num_classes is None:
+            set_dense(model.classifier, w("classifier.weight").T, w("classifier.bias"))
+        else:
+            ignored += ("classifier.", "cls.")  # the checkpoint's own head, replaced by a fresh one
     else:
         ignored += ("pooler.", "bert.pooler.")  # keras_tfm.Bert returns token vectors, not a pooled vector
     leftover = w.unused(ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids"))

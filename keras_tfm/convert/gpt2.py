@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_tfm.convert.huggingface import WeightReader, converter, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, set_dense, set_layer_norm
 from keras_tfm.models.gpt import GPT
 
 _ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu", "relu": "relu"}
 
 
 @converter("gpt2")
-def convert_gpt2(config: dict, weights: dict) -> GPT:
+def convert_gpt2(config: dict, weights: dict, num_classes: int | None = None) -> GPT:
+    no_classifier("GPT-2", num_classes)
     if config.get("activation_function", "gelu_new") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: GPT-2 activation {config['activation_function']!r} is not supported.")
     hidden_dim = config["n_embd"]

@@ -17,7 +17,8 @@ _CONVERTERS: dict[str, Callable] = {}
 
 
 def converter(*model_types: str):
-    """Registers a function `(config: dict, weights: dict[str, np.ndarray]) -> keras model`."""
+    """Registers a function `(config: dict, weights: dict[str, np.ndarray], num_classes: int | None)
+    -> keras model`."""
     def register(fn):
         for model_type in model_types:
             _CONVERTERS[model_type] = fn
@@ -25,7 +26,7 @@ def converter(*model_types: str):
     return register
 
 
-def _read_config(path: str) -> dict:
+def read_config(path: str) -> dict:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"from_huggingface: no config.json in directory {path!r}.")
@@ -71,24 +72,33 @@ def _check_model_type(config: dict) -> None:
         )
 
 
-def from_huggingface(model_or_directory):
+def from_huggingface(model_or_directory, num_classes: int | None = None):
     """A keras_tfm model with the weights of a Hugging Face model.
 
     Args:
         model_or_directory: a `transformers` PyTorch model (e.g. `GPT2LMHeadModel`), or the path of
             a local directory saved by `save_pretrained` (`config.json` + weights).
+        num_classes: for fine-tuning a ViT or BERT checkpoint as a classifier: a new, freshly
+            initialised head with this many classes replaces the checkpoint's own head (or is added
+            where it has none); every other weight comes from the checkpoint, BERT's pooler included
+            when the checkpoint has one. None (default): the checkpoint's model as it is.
 
-    Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`,
-    `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), ViT (`ViTModel` without its pooler, as
-    `include_top=False`, and `ViTForImageClassification`).
+    Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`, `BertForPreTraining`, the
+    layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
+    `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), Marian (`MarianMTModel`),
+    ViT (`ViTModel` without its pooler, as `include_top=False`, and `ViTForImageClassification`).
 
     Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64))
     >>> model = keras_tfm.from_huggingface(hf)   # a keras_tfm.GPT with the same logits
+    >>> vit = keras_tfm.from_huggingface("path/to/vit-base-patch16-224", num_classes=10)  # to fine-tune
     """
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+                                    or num_classes < 1):
+        raise ValueError(f"from_huggingface: num_classes must be a positive integer or None; received {num_classes!r}.")
     if isinstance(model_or_directory, (str, os.PathLike)):
-        config = _read_config(os.fspath(model_or_directory))
+        config = read_config(os.fspath(model_or_directory))
         weights = _read_weights(os.fspath(model_or_directory))
     elif hasattr(model_or_directory, "state_dict") and hasattr(model_or_directory, "config"):
         config = model_or_directory.config.to_dict()
@@ -99,7 +109,7 @@ def from_huggingface(model_or_directory):
             "from_huggingface expects a transformers model or a directory path; received "
             f"{type(model_or_directory).__name__}."
         )
-    return _CONVERTERS[config["model_type"]](config, weights)
+    return _CONVERTERS[config["model_type"]](config, weights, num_classes)
 
 
 class WeightReader:
@@ -117,8 +127,20 @@ class WeightReader:
                 return np.asarray(self.weights[prefix + name], "float32")
         raise KeyError(f"from_huggingface: checkpoint has no weight {name!r} (prefixes tried: {self.prefixes}).")
 
+    def __contains__(self, name: str) -> bool:
+        return any(prefix + name in self.weights for prefix in ("",) + self.prefixes)
+
     def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
         return sorted(k for k in self.weights if k not in self.used and not ignore(k))
+
+
+def no_classifier(model_type: str, num_classes: int | None) -> None:
+    """Refuses `num_classes` for a checkpoint that is not turned into a classifier."""
+    if num_classes is not None:
+        raise ValueError(
+            f"from_huggingface: num_classes applies to ViT and BERT checkpoints; this is a {model_type} "
+            f"checkpoint (received num_classes={num_classes})."
+        )
 
 
 def set_dense(dense, kernel: np.ndarray, bias: np.ndarray | None = None) -> None:

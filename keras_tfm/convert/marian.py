@@ -7,14 +7,15 @@ and a fixed `final_logits_bias`. PyTorch `Linear` weights are (out, in); Keras k
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import WeightReader, converter, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, set_dense, set_layer_norm
 from keras_tfm.models.translator import Translator
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "swish": "silu", "silu": "silu", "gelu_new": "gelu_approximate"}
 
 
 @converter("marian")
-def convert_marian(config: dict, weights: dict) -> Translator:
+def convert_marian(config: dict, weights: dict, num_classes: int | None = None) -> Translator:
+    no_classifier("Marian", num_classes)
     activation = config.get("activation_function", "gelu")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: Marian activation {activation!r} is not supported.")

@@ -8,7 +8,12 @@ from (out, in, kh, kw) to Keras' (kh, kw, in, out).
 
 from __future__ import annotations
 
+import json
+import os
 import re
+
+import keras
+import numpy as np
 
 from keras_tfm.convert.huggingface import WeightReader, converter, set_dense, set_layer_norm
 from keras_tfm.models.vit import ViT
@@ -32,16 +37,19 @@ def _rename(name: str) -> str:
 
 
 @converter("vit")
-def convert_vit(config: dict, weights: dict) -> ViT:
+def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> ViT:
     weights = {_rename(k): v for k, v in weights.items()}
-    include_top = "classifier.weight" in weights
+    checkpoint_head = "classifier.weight" in weights and num_classes is None
+    include_top = checkpoint_head or num_classes is not None
+    if checkpoint_head:
+        num_classes = weights["classifier.weight"].shape[0]
     if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: ViT activation {config['hidden_act']!r} is not supported.")
     image_size, patch_size = config["image_size"], config["patch_size"]
     model = ViT(
         image_size=image_size if isinstance(image_size, int) else image_size[0],
         patch_size=patch_size if isinstance(patch_size, int) else patch_size[0],
-        num_classes=weights["classifier.weight"].shape[0] if include_top else 1,
+        num_classes=num_classes or 1,
         num_layers=config["num_hidden_layers"],
         num_heads=config["num_attention_heads"],
         hidden_dim=config["hidden_size"],
@@ -70,9 +78,46 @@ def convert_vit(config: dict, weights: dict) -> ViT:
         set_dense(block.feed_forward.intermediate_dense, w(p + "mlp.fc1.weight").T, w(p + "mlp.fc1.bias"))
         set_dense(block.feed_forward.output_dense, w(p + "mlp.fc2.weight").T, w(p + "mlp.fc2.bias"))
     set_layer_norm(model.final_norm, w("layernorm.weight"), w("layernorm.bias"))
-    if include_top:
+    if checkpoint_head:
         set_dense(model.head, w("classifier.weight").T, w("classifier.bias"))
-    leftover = w.unused(ignore=lambda name: name.startswith(("pooler.", "vit.pooler.")))
+    ignored = ("pooler.", "vit.pooler.") + (() if checkpoint_head else ("classifier.",))  # a new head: fresh
+    leftover = w.unused(ignore=lambda name: name.startswith(ignored))
     if leftover:
         raise ValueError(f"from_huggingface: ViT weights not converted: {leftover[:5]}")
     return model
+
+
+def image_preprocessing(directory: str) -> tuple[int, list]:
+    """How the checkpoint's Hugging Face image processor (`preprocessor_config.json`, `ViTImageProcessor`)
+    prepares raw 0-255 pixels, as Keras layers: returns `(side, layers)`, where `side` is the square size
+    it resizes images to and `layers` rescale and normalise them as it does (apply after resizing to
+    `side`, or to any size the model is fine-tuned at). Without a `preprocessor_config.json`, the
+    processor's defaults: 224, rescale by 1/255, mean and std 0.5. Center cropping (`do_center_crop`)
+    is not reproduced: `side` is then the crop size, to which images are resized whole.
+
+    Example:
+    >>> side, layers = keras_tfm.convert.image_preprocessing("path/to/vit-base-patch16-224")
+    >>> model = keras.Sequential([keras.layers.Resizing(side, side), *layers,
+    ...                           keras_tfm.from_huggingface("path/to/vit-base-patch16-224", num_classes=10)])
+    """
+    path = os.path.join(directory, "preprocessor_config.json")
+    processor = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            try:
+                processor = json.load(f)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"image_preprocessing: {path!r} is not valid JSON ({error}).") from None
+    size = processor.get("crop_size") if processor.get("do_center_crop") else processor.get("size", 224)
+    if isinstance(size, dict):
+        size = size.get("height", size.get("shortest_edge"))
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"image_preprocessing: {path!r}: expected an image size in 'size'; found {processor.get('size')!r}.")
+    layers = []
+    if processor.get("do_rescale", True):
+        layers.append(keras.layers.Rescaling(processor.get("rescale_factor", 1 / 255), name="rescaling"))
+    if processor.get("do_normalize", True):
+        mean = np.asarray(processor.get("image_mean", [0.5, 0.5, 0.5]), "float32")
+        std = np.asarray(processor.get("image_std", [0.5, 0.5, 0.5]), "float32")
+        layers.append(keras.layers.Normalization(mean=mean, variance=std**2, name="normalization"))
+    return size, layers

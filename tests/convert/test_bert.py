@@ -80,3 +80,22 @@ def test_pretraining_checkpoint_loads_as_masked_lm(rng, tmp_path):
     hidden = hf.config.hidden_size
     assert model.count_params() == sum(p.numel() for p in hf.parameters()) - (hidden**2 + hidden) - (2 * hidden + 2)
 
+
+@pytest.mark.parametrize("name", ["BertForPreTraining", "BertForSequenceClassification", "BertForMaskedLM"])
+def test_num_classes_gives_a_classifier_on_the_checkpoints_encoder(rng, name):
+    """Fine-tuning: the checkpoint's encoder and pooler (where it has one), a fresh head of `num_classes`."""
+    hf = hf_bert(getattr(transformers, name))
+    model = keras_tfm.from_huggingface(hf, num_classes=4)
+    assert isinstance(model, keras_tfm.BertClassifier) and model.num_classes == 4
+    ids, segments, mask = inputs(rng)
+    kernel, bias = (to_numpy(w) for w in model.classifier.weights)
+    assert kernel.shape == (hf.config.hidden_size, 4) and np.abs(kernel).max() > 0
+    with torch.no_grad():
+        hf_out = hf.bert(torch.tensor(ids), token_type_ids=torch.tensor(segments),
+                         attention_mask=torch.tensor(mask.astype(int)))
+    if name == "BertForMaskedLM":  # no pooler in the checkpoint (a fresh one): its encoder's
+        ours = to_numpy(model.encoder(ids, segment_ids=segments, padding_mask=mask))
+        np.testing.assert_allclose(ours[mask], hf_out.last_hidden_state.numpy()[mask], atol=1e-4, rtol=0)
+    else:
+        ours = to_numpy(model(ids, segment_ids=segments, padding_mask=mask))
+        np.testing.assert_allclose(ours, hf_out.pooler_output.numpy() @ kernel + bias, atol=1e-4, rtol=0)

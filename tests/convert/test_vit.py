@@ -69,3 +69,47 @@ def test_checkpoint_with_pre_v5_weight_names(rng, tmp_path):
     model = keras_tfm.from_huggingface(str(tmp_path))
     images = rng.random((1, 16, 16, 3)).astype("float32")
     np.testing.assert_allclose(to_numpy(model(images)), run_hf(hf, images), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_num_classes_gives_a_new_head_on_the_checkpoints_encoder(rng, head):
+    """Fine-tuning: the checkpoint's encoder, a fresh head of `num_classes` (ViTForImageClassification's own
+    head is replaced; ViTModel gets one)."""
+    hf = hf_vit(head=head)
+    model = keras_tfm.from_huggingface(hf, num_classes=3)
+    assert model.include_top and model.num_classes == 3
+    images = rng.random((2, 16, 16, 3)).astype("float32")
+    hf_encoder = hf.vit if head else hf
+    class_token = run_hf(hf_encoder, images)[:, 0]  # after the final LayerNorm, what the head reads
+    kernel, bias = (to_numpy(w) for w in model.head.weights)
+    np.testing.assert_allclose(to_numpy(model(images)), class_token @ kernel + bias, atol=1e-4, rtol=0)
+    assert np.abs(kernel).max() > 0  # initialised, not left at zero
+    with torch.device("meta"):
+        hf_three = transformers.ViTForImageClassification(transformers.ViTConfig(**{**CONFIG, "num_labels": 3}))
+    assert model.count_params() == sum(p.numel() for p in hf_three.parameters())
+
+
+def test_num_classes_is_refused_where_it_means_nothing():
+    with pytest.raises(ValueError, match="num_classes applies to ViT and BERT checkpoints; this is a GPT-2"):
+        keras_tfm.from_huggingface(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)),
+                                   num_classes=2)
+    for wrong in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"num_classes must be a positive integer or None; received {wrong!r}"):
+            keras_tfm.from_huggingface(hf_vit(), num_classes=wrong)
+
+
+def test_image_preprocessing_gives_the_image_processors_pixels(rng, tmp_path):
+    processor = transformers.ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.4, 0.5, 0.6],
+                                               image_std=[0.2, 0.25, 0.3])
+    processor.save_pretrained(str(tmp_path))
+    side, layers = keras_tfm.convert.image_preprocessing(str(tmp_path))
+    assert side == 16
+    images = rng.integers(0, 256, (2, 16, 16, 3)).astype("uint8")
+    expected = processor(list(images), return_tensors="np")["pixel_values"].transpose(0, 2, 3, 1)
+    ours = images.astype("float32")
+    for layer in layers:
+        ours = layer(ours)
+    np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5, rtol=0)
+    (tmp_path / "preprocessor_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="preprocessor_config.json' is not valid JSON"):
+        keras_tfm.convert.image_preprocessing(str(tmp_path))

@@ -308,3 +308,42 @@ def test_dynamic_masks_follow_the_bert_recipe():
     assert abs(shares[0] - 0.8) < 0.03 and abs(shares[1] - 0.1) < 0.03 and abs(shares[2] - 0.1) < 0.03
     assert np.array_equal(masker(rows, [0, 1, 2])[0]["mask_positions"], inputs["mask_positions"])
     assert not np.array_equal(masker(rows, [0, 1, 3])[0]["mask_positions"], inputs["mask_positions"])
+
+
+def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
+    """--from-huggingface: the checkpoint's architecture and weights, a head for the data's 10 classes,
+    grayscale digits as RGB at the checkpoint's size; flags that would change the architecture are refused."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import h5py
+
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "checkpoint"
+    config = transformers.ViTConfig(image_size=16, patch_size=4, num_hidden_layers=1, hidden_size=24,
+                                    num_attention_heads=2, intermediate_size=48, num_labels=7)
+    hf = transformers.ViTForImageClassification(config)
+    hf.save_pretrained(str(checkpoint))
+    transformers.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(str(checkpoint))
+    refused = recipe("vit.py", "--from-huggingface", str(checkpoint), "--num-layers", "2", "--output-dir", str(tmp_path / "no"))
+    assert refused.returncode != 0
+    assert "--num-layers: a --from-huggingface checkpoint fixes the architecture" in refused.stdout + refused.stderr
+
+    out = tmp_path / "run"
+    # Learning rate 0: the weights stay the checkpoint's, to be compared below.
+    done = recipe("vit.py", "--from-huggingface", str(checkpoint), "--steps", "2", "--steps-per-epoch", "2",
+                  "--batch-size", "16", "--learning-rate", "0", "--verbose", "2", "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with torch.device("meta"):
+        ten_classes = transformers.ViTForImageClassification(transformers.ViTConfig(**{
+            **{k: v for k, v in config.to_dict().items() if k not in ("id2label", "label2id")}, "num_labels": 10}))
+    assert f"{sum(p.numel() for p in ten_classes.parameters()):,} parameters" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"] == f"from_huggingface {checkpoint}" and 0.0 <= metrics["validation_accuracy"] <= 1.0
+    patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    found = []
+    with h5py.File(out / "checkpoint" / state["weights"]) as saved:
+        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
+                         and getattr(item, "shape", None) == patch_kernel.shape else None)
+    assert len(found) == 1
+    np.testing.assert_allclose(found[0], patch_kernel, atol=1e-6, rtol=0)
