@@ -20,8 +20,13 @@ masked-token accuracy and perplexity.
 by folder (a zip or a directory of <label>/<file>.txt, e.g. ../shared/data/movie_reviews/movie_reviews.zip),
 holding out 10%, and reports its accuracy (in --output-dir/finetune).
 
+--from-huggingface DIR skips pretraining and fine-tunes a Hugging Face BERT checkpoint instead (a local
+directory saved by `save_pretrained` with its tokenizer, e.g. bert-base-uncased): its WordPiece vocabulary
+(vocab.txt, lowercased as its tokenizer_config.json says), its weights and pooler, a new head.
+
     python recipes/bert_mlm.py --data ../shared/data/wikitext-2/valid.txt --validation-data ../shared/data/wikitext-2/test.txt \\
         --finetune ../shared/data/movie_reviews/movie_reviews.zip
+    python recipes/bert_mlm.py --from-huggingface bert-base-uncased --finetune ../shared/data/movie_reviews/movie_reviews.zip
 """
 
 from __future__ import annotations
@@ -51,8 +56,13 @@ def main() -> None:
     recipe.add_argument("--finetune", metavar="PATH", help="labelled texts to fine-tune a classifier on after pretraining")
     recipe.add_argument("--finetune-epochs", type=int, default=3, help="(default: %(default)s)")
     recipe.add_argument("--finetune-learning-rate", type=float, default=1e-4, help="(default: %(default)s)")
+    recipe.add_argument("--from-huggingface", metavar="DIR",
+                        help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory (see above)")
     args = parser.parse_args()
     training.setup(args)
+    if args.from_huggingface:
+        finetune_checkpoint(args)
+        return
 
     import keras
 
@@ -106,11 +116,47 @@ def main() -> None:
     print(f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
           f"perplexity {result.metrics['validation_perplexity']:.2f}")
     if args.finetune:
-        finetune(args, result.model, tokenizer, sizes, encoder_config, (pad, cls, sep))
+        def pretrained_classifier(num_classes: int):
+            classifier = training.build_model(sizes, args, head="classifier", num_classes=num_classes, **encoder_config)
+            classifier.build()
+            classifier.encoder.set_weights(result.model.encoder.get_weights())
+            return classifier
+
+        finetune(args, tokenizer, (pad, cls, sep), pretrained_classifier)
 
 
-def finetune(args, pretrained, tokenizer, sizes, encoder_config, special) -> None:
-    """Trains a BertClassifier whose encoder starts from `pretrained`'s, on `[CLS] text [SEP]` rows."""
+def finetune_checkpoint(args) -> None:
+    """--from-huggingface: fine-tunes the checkpoint, with its own tokenizer, on --finetune."""
+    from keras_tfm import convert
+    from keras_tfm.convert.huggingface import read_config
+    from keras_tfm.data import DataError, WordPieceTokenizer
+    from keras_tfm.training.cli import MODEL_OVERRIDES
+
+    if not args.finetune:
+        raise DataError("--from-huggingface: give --finetune PATH, the labelled texts to fine-tune the checkpoint on.")
+    given = [name for name in (*MODEL_OVERRIDES, "data", "dataset", "validation_data") if getattr(args, name) is not None]
+    given += ["model"] if args.model != "bert_mini" else []
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise DataError(f"{flag}: --from-huggingface fine-tunes a fixed checkpoint without pretraining; drop {flag}.")
+    try:
+        config = read_config(args.from_huggingface)
+    except (OSError, ValueError) as error:
+        raise DataError(f"--from-huggingface: {error}") from None
+    if config["model_type"] != "bert":
+        raise DataError(f"--from-huggingface: expected a BERT checkpoint; {args.from_huggingface!r} holds a "
+                        f"{config['model_type']!r} model.")
+    if args.sequence_length > config["max_position_embeddings"]:
+        raise DataError(f"--sequence-length: the checkpoint has {config['max_position_embeddings']} positions; "
+                        f"got {args.sequence_length}.")
+    tokenizer = WordPieceTokenizer.from_huggingface(args.from_huggingface)
+    args.model = f"from_huggingface {args.from_huggingface}"  # what metrics.json names as the model
+    special = tuple(tokenizer.token_id(token) for token in ("[PAD]", "[CLS]", "[SEP]"))
+    finetune(args, tokenizer, special, lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes))
+
+
+def finetune(args, tokenizer, special, make_classifier) -> None:
+    """Trains the BertClassifier `make_classifier(num_classes)` on `[CLS] text [SEP]` rows."""
     import keras
     import keras_hub
 
@@ -136,12 +182,6 @@ def finetune(args, pretrained, tokenizer, sizes, encoder_config, special) -> Non
     stage.learning_rate = args.finetune_learning_rate
     os.makedirs(stage.output_dir, exist_ok=True)
 
-    def build_classifier():
-        classifier = training.build_model(sizes, stage, head="classifier", num_classes=len(class_names), **encoder_config)
-        classifier.build()
-        classifier.encoder.set_weights(pretrained.encoder.get_weights())
-        return classifier
-
     @functools.lru_cache(maxsize=2)
     def epoch_order(epoch: int) -> np.ndarray:
         return np.random.default_rng([args.seed, 7, epoch]).permutation(train_rows)
@@ -154,7 +194,7 @@ def finetune(args, pretrained, tokenizer, sizes, encoder_config, special) -> Non
 
     result = training.train(
         stage,
-        build_model=build_classifier,
+        build_model=lambda: make_classifier(len(class_names)),
         train_batch=train_batch,
         steps_per_pass=len(train_rows) // args.batch_size,
         validation_data=(inputs(test_rows), labels[test_rows]),

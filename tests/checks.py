@@ -4,6 +4,7 @@ trip, a jit-compiled fit step, and mixed precision."""
 from __future__ import annotations
 
 import os
+import string
 
 import keras
 import numpy as np
@@ -106,3 +107,11 @@ def all_layers_model(vocabulary_size=50, hidden_dim=32, length=8, image_size=16)
     decoded = layers.FeedForward(2 * hidden_dim, activation="gelu_approximate")(decoded)
     logits = embedding(decoded, reverse=True)
     return keras.Model([ids, images], logits)
+
+
+def bert_vocabulary(text: str) -> list[str]:
+    """Special tokens, whole lowercase words of `text`, and every character alone and as a ##suffix."""
+    words = sorted({word.strip(string.punctuation).lower() for word in text.split()} - {""})
+    characters = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words[:300], *characters, *("##" + c for c in characters)]
+    return list(dict.fromkeys(tokens))

@@ -8,6 +8,7 @@ import pytest
 
 from keras_tfm.data import CharacterTokenizer, DataError, load_images, load_or_fit_tokenizer, load_text, read_text
 from keras_tfm.data import tfds as tfds_module
+from tests.checks import bert_vocabulary
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 
@@ -85,6 +86,26 @@ def test_wordpiece_tokenizer_from_keras_hub(tmp_path):
     assert tokenizer.vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     ids = tokenizer.encode("the cat sat on the log")
     assert len(ids) == 6 and tokenizer.decode(ids) == "the cat sat on the log"
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_wordpiece_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path, do_lower_case):
+    transformers = pytest.importorskip("transformers")
+    from keras_tfm.data import WordPieceTokenizer
+
+    lines = [line for line in read_text(os.path.join(SHARED, "wikitext-2", "valid.txt")).splitlines() if line.strip()][:200]
+    lines += ["Café Déjà-vu, naïve ÉCOLE!", "Tokens 3.5 x2 (brackets) [and] {braces} -- dashes", "ABC def GHI"]
+    (tmp_path / "vocab.txt").write_text("\n".join(bert_vocabulary(" ".join(lines))) + "\n")
+    hf = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=do_lower_case)
+    hf.save_pretrained(str(tmp_path))
+    ours = WordPieceTokenizer.from_huggingface(str(tmp_path))
+    assert ours.lowercase == ours.strip_accents == do_lower_case
+    expected = [hf(line, add_special_tokens=False)["input_ids"] for line in lines]
+    assert [row.tolist() for row in ours.encode_lines(lines)] == expected
+    assert sum(len(row) for row in expected) > 2000
+    (tmp_path / "vocab.txt").unlink()
+    with pytest.raises(DataError, match="no vocab.txt"):
+        WordPieceTokenizer.from_huggingface(str(tmp_path))
 
 
 def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):

@@ -66,14 +66,41 @@ class WordPieceTokenizer:
 
     kind = "wordpiece"
 
-    def __init__(self, vocabulary: list[str], lowercase: bool = True):
+    def __init__(self, vocabulary: list[str], lowercase: bool = True, strip_accents: bool = False):
         import keras_hub
 
         self.vocabulary = list(vocabulary)
         self.lowercase = lowercase
+        self.strip_accents = strip_accents
         self._tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
-            vocabulary=self.vocabulary, lowercase=lowercase, oov_token="[UNK]", dtype="int32"
+            vocabulary=self.vocabulary, lowercase=lowercase, strip_accents=strip_accents, oov_token="[UNK]",
+            dtype="int32",
         )
+
+    @classmethod
+    def from_huggingface(cls, directory: str) -> WordPieceTokenizer:
+        """The tokenizer of a Hugging Face BERT checkpoint directory: its `vocab.txt`, lowercased and with
+        accents stripped as its `tokenizer_config.json` says (`do_lower_case`, `strip_accents`; BERT's
+        defaults: both when lowercasing)."""
+        vocabulary_path = os.path.join(directory, "vocab.txt")
+        if not os.path.isfile(vocabulary_path):
+            raise DataError(f"--from-huggingface: no vocab.txt (the WordPiece vocabulary) in {directory!r}.")
+        with open(vocabulary_path, encoding="utf-8") as file:
+            vocabulary = [line.rstrip("\n") for line in file]
+        config = {}
+        config_path = os.path.join(directory, "tokenizer_config.json")
+        if os.path.isfile(config_path):
+            try:
+                with open(config_path, encoding="utf-8") as file:
+                    config = json.load(file)
+            except ValueError as error:
+                raise DataError(f"--from-huggingface: {config_path!r} is not valid JSON ({error}).") from None
+        lowercase = config.get("do_lower_case", True)
+        strip_accents = config.get("strip_accents")
+        missing = [token for token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]") if token not in vocabulary]
+        if missing:
+            raise DataError(f"--from-huggingface: {vocabulary_path!r} lacks the special tokens {missing}.")
+        return cls(vocabulary, lowercase, lowercase if strip_accents is None else strip_accents)
 
     @classmethod
     def fit(cls, text: str, vocabulary_size: int | None = None, lowercase: bool = True) -> WordPieceTokenizer:
@@ -105,7 +132,8 @@ class WordPieceTokenizer:
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
-            json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "lowercase": self.lowercase}, file)
+            json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "lowercase": self.lowercase,
+                       "strip_accents": self.strip_accents}, file)
 
 
 class BytePairTokenizer:

@@ -347,3 +347,48 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
                          and getattr(item, "shape", None) == patch_kernel.shape else None)
     assert len(found) == 1
     np.testing.assert_allclose(found[0], patch_kernel, atol=1e-6, rtol=0)
+
+
+def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
+    """--from-huggingface: no pretraining; the checkpoint's tokenizer, weights and pooler, a new head."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import h5py
+
+    from keras_tfm.data import read_text
+    from tests.checks import bert_vocabulary
+
+    movie_reviews = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "vocab.txt").write_text("\n".join(bert_vocabulary(read_text(movie_reviews)[:200_000])) + "\n")
+    transformers.BertTokenizer(str(checkpoint / "vocab.txt")).save_pretrained(str(checkpoint))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len((checkpoint / "vocab.txt").read_text().split()), hidden_size=24,
+                                     num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
+                                     max_position_embeddings=40)
+    hf = transformers.BertForPreTraining(config)
+    hf.save_pretrained(str(checkpoint))
+    refused = recipe("bert_mlm.py", "--from-huggingface", str(checkpoint), "--output-dir", str(tmp_path / "no"))
+    assert refused.returncode != 0 and "--from-huggingface: give --finetune PATH" in refused.stdout + refused.stderr
+
+    out = tmp_path / "run"
+    # Learning rate 0: the weights stay the checkpoint's, to be compared below.
+    done = recipe("bert_mlm.py", "--from-huggingface", str(checkpoint), "--finetune", movie_reviews,
+                  "--sequence-length", "32", "--batch-size", "32", "--finetune-epochs", "1",
+                  "--finetune-learning-rate", "0", "--verbose", "2", "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (out / "checkpoint").exists()  # no pretraining stage
+    metrics = json.loads((out / "finetune" / "metrics.json").read_text())
+    assert metrics["model"] == f"from_huggingface {checkpoint}" and 0.0 <= metrics["validation_accuracy"] <= 1.0
+    with torch.device("meta"):
+        two_classes = transformers.BertForSequenceClassification(config)
+    assert f"{sum(p.numel() for p in two_classes.parameters()):,} parameters" in done.stdout
+    embeddings = hf.state_dict()["bert.embeddings.word_embeddings.weight"].numpy()
+    state = json.loads((out / "finetune" / "checkpoint" / "state.json").read_text())
+    found = []
+    with h5py.File(out / "finetune" / "checkpoint" / state["weights"]) as saved:
+        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
+                         and getattr(item, "shape", None) == embeddings.shape else None)
+    assert len(found) == 1
+    np.testing.assert_allclose(found[0], embeddings, atol=1e-6, rtol=0)
