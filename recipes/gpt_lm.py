@@ -13,7 +13,14 @@ windows of the model's context, as nanoGPT does. Reports validation loss and per
 leaves checkpoints, log.csv, metrics.json, learning_curves.png and samples.txt in --output-dir.
 Rerunning the same command resumes an interrupted run.
 
+--from-huggingface DIR fine-tunes a Hugging Face GPT-2 checkpoint (a local directory saved by
+`save_pretrained` with its tokenizer, e.g. gpt2) on the text instead of training a new model: its
+weights and its byte-pair tokenizer (vocab.json, merges.txt); windows of --max-length tokens (default:
+the checkpoint's context).
+
     python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt --steps 2000 --batch-size 12
+    python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt --from-huggingface gpt2 \
+        --max-length 256 --steps 200 --learning-rate 1e-4
 """
 
 from __future__ import annotations
@@ -41,20 +48,31 @@ def main() -> None:
     recipe.add_argument("--sample-every", type=int, default=1, help="print a sample every N epochs; 0 = only at the end")
     recipe.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: %(default)s)")
     recipe.add_argument("--top-k", type=int, default=20, help="sample among the k likeliest tokens (default: %(default)s)")
+    recipe.add_argument("--from-huggingface", metavar="DIR",
+                        help="fine-tune this Hugging Face GPT-2 checkpoint directory (see above)")
     args = parser.parse_args()
     training.setup(args)
 
     import keras
 
-    from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text
+    from keras_tfm import TokenCrossEntropy, convert
+    from keras_tfm.data import BytePairTokenizer, DataError, load_or_fit_tokenizer, load_text
 
+    checkpoint = checkpoint_settings(args, DataError) if args.from_huggingface else None
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
-    tokenizer = load_or_fit_tokenizer(args.tokenizer, text.train, args.output_dir, args.vocabulary_size,
-                                      log=training.runtime.log)
+    if checkpoint:
+        tokenizer = BytePairTokenizer.from_huggingface(args.from_huggingface)
+        if tokenizer.vocabulary_size > checkpoint["vocab_size"]:
+            raise DataError(f"--from-huggingface: the tokenizer has {tokenizer.vocabulary_size} tokens, more than the "
+                            f"checkpoint's {checkpoint['vocab_size']} embeddings.")
+    else:
+        tokenizer = load_or_fit_tokenizer(args.tokenizer, text.train, args.output_dir, args.vocabulary_size,
+                                          log=training.runtime.log)
     train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
-    # Constructing a size is cheap (weights are made at build time); it tells the default context.
-    context = args.max_length or training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size).max_length
+    if checkpoint:
+        context = args.max_length or checkpoint["n_positions"]
+    else:  # constructing a size is cheap (weights are made at build time); it tells the default context
+        context = args.max_length or training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size).max_length
     for name, ids in (("training", train_ids), ("validation", validation_ids)):
         if len(ids) <= context + 1:
             raise DataError(f"--data: the {name} text has {len(ids)} tokens, fewer than one window of "
@@ -90,8 +108,8 @@ def main() -> None:
 
     result = training.train(
         args,
-        build_model=lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size,
-                                                 max_length=context),
+        build_model=(lambda: convert.from_huggingface(args.from_huggingface)) if args.from_huggingface else (
+            lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size, max_length=context)),
         train_batch=train_batch,
         steps_per_pass=len(train_ids) // (args.batch_size * context),
         validation_data=validation,
@@ -105,6 +123,30 @@ def main() -> None:
     print(f"--- final sample ---\n{text_out}\n---")
     print(f"validation loss {result.metrics['validation_loss']:.4f}, "
           f"perplexity {result.metrics['validation_perplexity']:.2f}")
+
+
+def checkpoint_settings(args, error) -> dict:
+    """The configuration of a --from-huggingface checkpoint, after refusing flags it fixes."""
+    from keras_tfm.convert.huggingface import read_config
+    from keras_tfm.training.cli import MODEL_OVERRIDES
+
+    given = [name for name in MODEL_OVERRIDES if name != "max_length" and getattr(args, name) is not None]
+    given += [name for name, default in (("model", "gpt_shakespeare_char_cpu"), ("tokenizer", "char"),
+                                         ("vocabulary_size", 8192)) if getattr(args, name) != default]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise error(f"{flag}: a --from-huggingface checkpoint fixes the model and its tokenizer; drop {flag}.")
+    try:
+        config = read_config(args.from_huggingface)
+    except (OSError, ValueError) as failure:
+        raise error(f"--from-huggingface: {failure}") from None
+    if config["model_type"] != "gpt2":
+        raise error(f"--from-huggingface: expected a GPT-2 checkpoint; {args.from_huggingface!r} holds a "
+                    f"{config['model_type']!r} model.")
+    if args.max_length and args.max_length > config["n_positions"]:
+        raise error(f"--max-length: the checkpoint has {config['n_positions']} positions; got {args.max_length}.")
+    args.model = f"from_huggingface {args.from_huggingface}"  # what metrics.json names as the model
+    return config
 
 
 if __name__ == "__main__":

@@ -123,6 +123,30 @@ def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
     assert "reusing" in messages[0] and np.array_equal(again.encode(unseen), ids)
 
 
+def test_byte_pair_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path):
+    """GPT-2's files (vocab.json, merges.txt with its #version header) read into keras-hub's tokenizer give
+    the ids of Hugging Face's GPT2Tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    import json
+
+    from keras_tfm.data import BytePairTokenizer
+
+    with open(os.path.join(SHARED, "tinyshakespeare", "input.txt"), encoding="utf-8") as file:
+        text = file.read()
+    learned = BytePairTokenizer.fit(text[:200_000], 500)
+    (tmp_path / "vocab.json").write_text(json.dumps(learned.vocabulary))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(learned.merges) + "\n")
+    hf = transformers.GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    ours = BytePairTokenizer.from_huggingface(str(tmp_path))
+    lines = text[-3000:].splitlines(keepends=True) + ["naïve café 😀 it's 1,234 words -- don't\n"]
+    expected = [hf(line)["input_ids"] for line in lines]
+    assert [row.tolist() for row in ours.encode_lines(lines)] == expected
+    assert sum(map(len, expected)) > 500
+    (tmp_path / "merges.txt").unlink()
+    with pytest.raises(DataError, match="no merges.txt"):
+        BytePairTokenizer.from_huggingface(str(tmp_path))
+
+
 FASHION = os.path.join(SHARED, "fashion-mnist")
 
 

@@ -392,3 +392,61 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
                          and getattr(item, "shape", None) == embeddings.shape else None)
     assert len(found) == 1
     np.testing.assert_allclose(found[0], embeddings, atol=1e-6, rtol=0)
+
+
+def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
+    """--from-huggingface: the checkpoint's weights and its byte-pair tokenizer, windows of --max-length."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import h5py
+
+    from keras_tfm.data import BytePairTokenizer
+
+    with open(SHAKESPEARE, encoding="utf-8") as file:
+        text = file.read()[:100_000]
+    (tmp_path / "text.txt").write_text(text)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    learned = BytePairTokenizer.fit(text, 400)
+    (checkpoint / "vocab.json").write_text(json.dumps(learned.vocabulary))
+    (checkpoint / "merges.txt").write_text("#version: 0.2\n" + "\n".join(learned.merges) + "\n")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=400, n_positions=64, n_embd=32, n_layer=1,
+                                                              n_head=2))
+    hf.save_pretrained(str(checkpoint))
+    refused = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--tokenizer", "bpe",
+                     "--output-dir", str(tmp_path / "no"))
+    assert refused.returncode != 0
+    assert "--tokenizer: a --from-huggingface checkpoint fixes the model and its tokenizer" in refused.stdout + refused.stderr
+    too_long = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--max-length", "65", "--output-dir",
+                      str(tmp_path / "no"))
+    assert "--max-length: the checkpoint has 64 positions; got 65" in too_long.stdout + too_long.stderr
+    small = tmp_path / "small_vocabulary"
+    small.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (small / name).write_text((checkpoint / name).read_text())
+    (small / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()), "vocab_size": 300}))
+    mismatch = recipe("gpt_lm.py", "--from-huggingface", str(small), "--data", str(tmp_path / "text.txt"),
+                      "--output-dir", str(tmp_path / "no"))
+    assert "the tokenizer has 400 tokens, more than the checkpoint's 300 embeddings" in mismatch.stdout + mismatch.stderr
+
+    out = tmp_path / "run"
+    # Learning rate 0: the weights stay the checkpoint's, to be compared below.
+    done = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--data", str(tmp_path / "text.txt"),
+                  "--max-length", "32", "--steps", "2", "--steps-per-epoch", "2", "--batch-size", "8",
+                  "--eval-batches", "2", "--sample-tokens", "8", "--learning-rate", "0", "--verbose", "2",
+                  "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{sum(p.numel() for p in hf.parameters()):,} parameters" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"] == f"from_huggingface {checkpoint}" and metrics["vocabulary_size"] == 400
+    assert 4.0 < metrics["validation_loss"] < 8.0  # random weights over 400 tokens: about log(400) = 6.0
+    assert (out / "samples.txt").read_text()
+    embeddings = hf.state_dict()["transformer.wte.weight"].numpy()
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    found = []
+    with h5py.File(out / "checkpoint" / state["weights"]) as saved:
+        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
+                         and getattr(item, "shape", None) == embeddings.shape else None)
+    assert len(found) == 1
+    np.testing.assert_allclose(found[0], embeddings, atol=1e-6, rtol=0)
