@@ -127,30 +127,18 @@ def main() -> None:
 
 def finetune_checkpoint(args) -> None:
     """--from-huggingface: fine-tunes the checkpoint, with its own tokenizer, on --finetune."""
-    from keras_tfm import convert
-    from keras_tfm.convert.huggingface import read_config
+    from keras_tfm import convert, training
     from keras_tfm.data import DataError, WordPieceTokenizer
-    from keras_tfm.training.cli import MODEL_OVERRIDES
 
     if not args.finetune:
         raise DataError("--from-huggingface: give --finetune PATH, the labelled texts to fine-tune the checkpoint on.")
-    given = [name for name in (*MODEL_OVERRIDES, "data", "dataset", "validation_data") if getattr(args, name) is not None]
-    given += ["model"] if args.model != "bert_mini" else []
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise DataError(f"{flag}: --from-huggingface fine-tunes a fixed checkpoint without pretraining; drop {flag}.")
-    try:
-        config = read_config(args.from_huggingface)
-    except (OSError, ValueError) as error:
-        raise DataError(f"--from-huggingface: {error}") from None
-    if config["model_type"] != "bert":
-        raise DataError(f"--from-huggingface: expected a BERT checkpoint; {args.from_huggingface!r} holds a "
-                        f"{config['model_type']!r} model.")
+    config = training.checkpoint_config(
+        args, "bert", {"model": "bert_mini", "data": None, "dataset": None, "validation_data": None},
+        "fine-tunes the checkpoint without pretraining")
     if args.sequence_length > config["max_position_embeddings"]:
         raise DataError(f"--sequence-length: the checkpoint has {config['max_position_embeddings']} positions; "
                         f"got {args.sequence_length}.")
     tokenizer = WordPieceTokenizer.from_huggingface(args.from_huggingface)
-    args.model = f"from_huggingface {args.from_huggingface}"  # what metrics.json names as the model
     special = tuple(tokenizer.token_id(token) for token in ("[PAD]", "[CLS]", "[SEP]"))
     finetune(args, tokenizer, special, lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes))
 

@@ -58,7 +58,7 @@ def main() -> None:
     from keras_tfm import TokenCrossEntropy, convert
     from keras_tfm.data import BytePairTokenizer, DataError, load_or_fit_tokenizer, load_text
 
-    checkpoint = checkpoint_settings(args, DataError) if args.from_huggingface else None
+    checkpoint = checkpoint_settings(args) if args.from_huggingface else None
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     if checkpoint:
         tokenizer = BytePairTokenizer.from_huggingface(args.from_huggingface)
@@ -125,27 +125,16 @@ def main() -> None:
           f"perplexity {result.metrics['validation_perplexity']:.2f}")
 
 
-def checkpoint_settings(args, error) -> dict:
+def checkpoint_settings(args) -> dict:
     """The configuration of a --from-huggingface checkpoint, after refusing flags it fixes."""
-    from keras_tfm.convert.huggingface import read_config
-    from keras_tfm.training.cli import MODEL_OVERRIDES
+    from keras_tfm import training
+    from keras_tfm.data import DataError
 
-    given = [name for name in MODEL_OVERRIDES if name != "max_length" and getattr(args, name) is not None]
-    given += [name for name, default in (("model", "gpt_shakespeare_char_cpu"), ("tokenizer", "char"),
-                                         ("vocabulary_size", 8192)) if getattr(args, name) != default]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise error(f"{flag}: a --from-huggingface checkpoint fixes the model and its tokenizer; drop {flag}.")
-    try:
-        config = read_config(args.from_huggingface)
-    except (OSError, ValueError) as failure:
-        raise error(f"--from-huggingface: {failure}") from None
-    if config["model_type"] != "gpt2":
-        raise error(f"--from-huggingface: expected a GPT-2 checkpoint; {args.from_huggingface!r} holds a "
-                    f"{config['model_type']!r} model.")
+    config = training.checkpoint_config(
+        args, "gpt2", {"model": "gpt_shakespeare_char_cpu", "tokenizer": "char", "vocabulary_size": 8192},
+        "takes the model and its tokenizer from the checkpoint", keep=("max_length",))
     if args.max_length and args.max_length > config["n_positions"]:
-        raise error(f"--max-length: the checkpoint has {config['n_positions']} positions; got {args.max_length}.")
-    args.model = f"from_huggingface {args.from_huggingface}"  # what metrics.json names as the model
+        raise DataError(f"--max-length: the checkpoint has {config['n_positions']} positions; got {args.max_length}.")
     return config
 
 

@@ -62,9 +62,7 @@ def main() -> None:
     from keras_tfm import convert, viz
     from keras_tfm.data import DataError, augment, augmentation_layers, load_images
 
-    checkpoint = checkpoint_settings(args, DataError) if args.from_huggingface else None
-    if checkpoint:
-        args.model = f"from_huggingface {args.from_huggingface}"  # what metrics.json names as the model
+    checkpoint = checkpoint_settings(args) if args.from_huggingface else None
     data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
     num_classes = len(data.class_names)
@@ -135,27 +133,18 @@ def main() -> None:
     print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images")
 
 
-def checkpoint_settings(args, error) -> dict:
+def checkpoint_settings(args) -> dict:
     """What a --from-huggingface checkpoint fixes: patch size, channels, the image processor's size
-    and pixel scaling; refuses flags that would change its architecture."""
-    from keras_tfm import convert
-    from keras_tfm.convert.huggingface import read_config
-    from keras_tfm.training.cli import MODEL_OVERRIDES
+    and pixel scaling."""
+    from keras_tfm import convert, training
+    from keras_tfm.data import DataError
 
-    given = [name for name in MODEL_OVERRIDES if getattr(args, name, None) is not None]
-    given += [name for name, default in (("model", "vit_small_images"), ("patch_size", None), ("pooling", "token"))
-              if getattr(args, name) != default]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise error(f"{flag}: a --from-huggingface checkpoint fixes the architecture; drop {flag}.")
+    config = training.checkpoint_config(args, "vit", {"model": "vit_small_images", "patch_size": None, "pooling": "token"},
+                                        "takes the architecture from the checkpoint")
     try:
-        config = read_config(args.from_huggingface)
         image_size, scaling = convert.image_preprocessing(args.from_huggingface)
     except (OSError, ValueError) as failure:
-        raise error(f"--from-huggingface: {failure}") from None
-    if config["model_type"] != "vit":
-        raise error(f"--from-huggingface: expected a ViT checkpoint; {args.from_huggingface!r} holds a "
-                    f"{config['model_type']!r} model.")
+        raise DataError(f"--from-huggingface: {failure}") from None
     patch_size = config.get("patch_size", 16)
     return {"patch_size": patch_size if isinstance(patch_size, int) else patch_size[0],
             "num_channels": config.get("num_channels", 3), "image_size": image_size, "scaling": scaling}

@@ -33,6 +33,19 @@ def recipe(name: str, *flags: str, wait: bool = True, timeout: int = 600):
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=timeout)
 
 
+def saved_weight(checkpoint_directory, shape) -> np.ndarray:
+    """The one model weight of `shape` in the last checkpoint a recipe wrote (optimizer slots left out)."""
+    import h5py
+
+    state = json.loads((checkpoint_directory / "state.json").read_text())
+    found = []
+    with h5py.File(checkpoint_directory / state["weights"]) as saved:
+        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
+                         and getattr(item, "shape", None) == shape else None)
+    assert len(found) == 1, f"{len(found)} weights of shape {shape}"
+    return found[0]
+
+
 def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
     out = tmp_path / "run"
     done = recipe("gpt_lm.py", "--steps", "4", "--steps-per-epoch", "2", "--output-dir", str(out),
@@ -315,8 +328,6 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     grayscale digits as RGB at the checkpoint's size; flags that would change the architecture are refused."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    import h5py
-
     torch.manual_seed(0)
     checkpoint = tmp_path / "checkpoint"
     config = transformers.ViTConfig(image_size=16, patch_size=4, num_hidden_layers=1, hidden_size=24,
@@ -326,7 +337,7 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     transformers.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(str(checkpoint))
     refused = recipe("vit.py", "--from-huggingface", str(checkpoint), "--num-layers", "2", "--output-dir", str(tmp_path / "no"))
     assert refused.returncode != 0
-    assert "--num-layers: a --from-huggingface checkpoint fixes the architecture" in refused.stdout + refused.stderr
+    assert "--num-layers: --from-huggingface takes the architecture from the checkpoint" in refused.stdout + refused.stderr
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
@@ -340,21 +351,13 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model"] == f"from_huggingface {checkpoint}" and 0.0 <= metrics["validation_accuracy"] <= 1.0
     patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
-    state = json.loads((out / "checkpoint" / "state.json").read_text())
-    found = []
-    with h5py.File(out / "checkpoint" / state["weights"]) as saved:
-        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
-                         and getattr(item, "shape", None) == patch_kernel.shape else None)
-    assert len(found) == 1
-    np.testing.assert_allclose(found[0], patch_kernel, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(saved_weight(out / "checkpoint", patch_kernel.shape), patch_kernel, atol=1e-6, rtol=0)
 
 
 def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: no pretraining; the checkpoint's tokenizer, weights and pooler, a new head."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    import h5py
-
     from keras_tfm.data import read_text
     from tests.checks import bert_vocabulary
 
@@ -385,21 +388,13 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
         two_classes = transformers.BertForSequenceClassification(config)
     assert f"{sum(p.numel() for p in two_classes.parameters()):,} parameters" in done.stdout
     embeddings = hf.state_dict()["bert.embeddings.word_embeddings.weight"].numpy()
-    state = json.loads((out / "finetune" / "checkpoint" / "state.json").read_text())
-    found = []
-    with h5py.File(out / "finetune" / "checkpoint" / state["weights"]) as saved:
-        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
-                         and getattr(item, "shape", None) == embeddings.shape else None)
-    assert len(found) == 1
-    np.testing.assert_allclose(found[0], embeddings, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(saved_weight(out / "finetune" / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0)
 
 
 def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: the checkpoint's weights and its byte-pair tokenizer, windows of --max-length."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    import h5py
-
     from keras_tfm.data import BytePairTokenizer
 
     with open(SHAKESPEARE, encoding="utf-8") as file:
@@ -417,7 +412,7 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     refused = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--tokenizer", "bpe",
                      "--output-dir", str(tmp_path / "no"))
     assert refused.returncode != 0
-    assert "--tokenizer: a --from-huggingface checkpoint fixes the model and its tokenizer" in refused.stdout + refused.stderr
+    assert "--tokenizer: --from-huggingface takes the model and its tokenizer from the checkpoint" in refused.stdout + refused.stderr
     too_long = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--max-length", "65", "--output-dir",
                       str(tmp_path / "no"))
     assert "--max-length: the checkpoint has 64 positions; got 65" in too_long.stdout + too_long.stderr
@@ -443,10 +438,23 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     assert 4.0 < metrics["validation_loss"] < 8.0  # random weights over 400 tokens: about log(400) = 6.0
     assert (out / "samples.txt").read_text()
     embeddings = hf.state_dict()["transformer.wte.weight"].numpy()
-    state = json.loads((out / "checkpoint" / "state.json").read_text())
-    found = []
-    with h5py.File(out / "checkpoint" / state["weights"]) as saved:
-        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
-                         and getattr(item, "shape", None) == embeddings.shape else None)
-    assert len(found) == 1
-    np.testing.assert_allclose(found[0], embeddings, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(saved_weight(out / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0)
+
+
+def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
+    from keras_tfm.training import checkpoint_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 64}))
+    args = argparse.Namespace(from_huggingface=str(tmp_path), model="small", num_layers=None, num_heads=None,
+                              hidden_dim=None, intermediate_dim=None, dropout=None, max_length=32, tokenizer="char")
+    with pytest.raises(DataError, match="--max-length: --from-huggingface takes the model from the checkpoint; drop"):
+        checkpoint_config(args, "gpt2", {"model": "small"}, "takes the model from the checkpoint")
+    with pytest.raises(DataError, match="--tokenizer: --from-huggingface reason; drop --tokenizer"):
+        checkpoint_config(args, "gpt2", {"tokenizer": "bpe"}, "reason", keep=("max_length",))
+    with pytest.raises(DataError, match="expected a vit checkpoint; .* holds a 'gpt2' model"):
+        checkpoint_config(args, "vit", {}, "reason", keep=("max_length",))
+    with pytest.raises(DataError, match="--from-huggingface: from_huggingface: no config.json in directory"):
+        checkpoint_config(argparse.Namespace(**{**vars(args), "from_huggingface": str(tmp_path / "none")}), "gpt2",
+                          {}, "reason", keep=("max_length",))
+    assert checkpoint_config(args, "gpt2", {"model": "small"}, "reason", keep=("max_length",))["n_positions"] == 64
+    assert args.model == f"from_huggingface {tmp_path}"
