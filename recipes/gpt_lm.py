@@ -56,16 +56,11 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy, convert
-    from keras_tfm.data import BytePairTokenizer, DataError, load_or_fit_tokenizer, load_text
+    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text
 
-    checkpoint = checkpoint_settings(args) if args.from_huggingface else None
+    checkpoint, tokenizer = checkpoint_settings(args) if args.from_huggingface else (None, None)
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
-    if checkpoint:
-        tokenizer = BytePairTokenizer.from_huggingface(args.from_huggingface)
-        if tokenizer.vocabulary_size > checkpoint["vocab_size"]:
-            raise DataError(f"--from-huggingface: the tokenizer has {tokenizer.vocabulary_size} tokens, more than the "
-                            f"checkpoint's {checkpoint['vocab_size']} embeddings.")
-    else:
+    if not checkpoint:
         tokenizer = load_or_fit_tokenizer(args.tokenizer, text.train, args.output_dir, args.vocabulary_size,
                                           log=training.runtime.log)
     train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
@@ -125,17 +120,21 @@ def main() -> None:
           f"perplexity {result.metrics['validation_perplexity']:.2f}")
 
 
-def checkpoint_settings(args) -> dict:
-    """The configuration of a --from-huggingface checkpoint, after refusing flags it fixes."""
+def checkpoint_settings(args):
+    """The configuration and tokenizer of a --from-huggingface checkpoint, after refusing flags it fixes."""
     from keras_tfm import training
-    from keras_tfm.data import DataError
+    from keras_tfm.data import BytePairTokenizer, DataError
 
     config = training.checkpoint_config(
         args, "gpt2", {"model": "gpt_shakespeare_char_cpu", "tokenizer": "char", "vocabulary_size": 8192},
         "takes the model and its tokenizer from the checkpoint", keep=("max_length",))
     if args.max_length and args.max_length > config["n_positions"]:
         raise DataError(f"--max-length: the checkpoint has {config['n_positions']} positions; got {args.max_length}.")
-    return config
+    tokenizer = BytePairTokenizer.from_huggingface(args.from_huggingface)
+    if tokenizer.vocabulary_size > config["vocab_size"]:
+        raise DataError(f"--from-huggingface: the tokenizer has {tokenizer.vocabulary_size} tokens, more than the "
+                        f"checkpoint's {config['vocab_size']} embeddings.")
+    return config, tokenizer
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import pytest
 
 from keras_tfm.data import DataError
 from keras_tfm.training import TrainingDiverged, plan_steps, train
-from keras_tfm.training.cli import recipe_parser
+from keras_tfm.training.cli import MODEL_OVERRIDES, recipe_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
@@ -31,6 +31,21 @@ def recipe(name: str, *flags: str, wait: bool = True, timeout: int = 600):
     if not wait:
         return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=timeout)
+
+
+def recipe_function(name: str, function: str):
+    """A function of a recipe script, to test its checks in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), os.path.join(ROOT, "recipes", name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, function)
+
+
+def recipe_args(**values) -> argparse.Namespace:
+    """The flags a recipe's --from-huggingface checks read: unset model overrides, then `values`."""
+    return argparse.Namespace(**{**{name: None for name in MODEL_OVERRIDES}, **values})
 
 
 def saved_weight(checkpoint_directory, shape) -> np.ndarray:
@@ -335,9 +350,10 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     hf = transformers.ViTForImageClassification(config)
     hf.save_pretrained(str(checkpoint))
     transformers.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(str(checkpoint))
-    refused = recipe("vit.py", "--from-huggingface", str(checkpoint), "--num-layers", "2", "--output-dir", str(tmp_path / "no"))
-    assert refused.returncode != 0
-    assert "--num-layers: --from-huggingface takes the architecture from the checkpoint" in refused.stdout + refused.stderr
+    checkpoint_settings = recipe_function("vit.py", "checkpoint_settings")
+    with pytest.raises(DataError, match="--patch-size: --from-huggingface takes the architecture from the checkpoint"):
+        checkpoint_settings(recipe_args(from_huggingface=str(checkpoint), model="vit_small_images", patch_size=8,
+                                        pooling="token"))
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
@@ -358,7 +374,7 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: no pretraining; the checkpoint's tokenizer, weights and pooler, a new head."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from keras_tfm.data import read_text
+    from keras_tfm.data import load_labelled_text, read_text
     from tests.checks import bert_vocabulary
 
     movie_reviews = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
@@ -372,12 +388,18 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
                                      max_position_embeddings=40)
     hf = transformers.BertForPreTraining(config)
     hf.save_pretrained(str(checkpoint))
-    refused = recipe("bert_mlm.py", "--from-huggingface", str(checkpoint), "--output-dir", str(tmp_path / "no"))
-    assert refused.returncode != 0 and "--from-huggingface: give --finetune PATH" in refused.stdout + refused.stderr
+    with pytest.raises(DataError, match="--from-huggingface: give --finetune PATH"):
+        recipe_function("bert_mlm.py", "finetune_checkpoint")(recipe_args(from_huggingface=str(checkpoint), finetune=None))
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
-    done = recipe("bert_mlm.py", "--from-huggingface", str(checkpoint), "--finetune", movie_reviews,
+    texts, labels, class_names = load_labelled_text(movie_reviews)
+    labelled = tmp_path / "labelled"  # 48 reviews of each class: a short run
+    for label, name in enumerate(class_names):
+        (labelled / name).mkdir(parents=True)
+        for i in np.flatnonzero(labels == label)[:48]:
+            (labelled / name / f"{i}.txt").write_text(texts[i])
+    done = recipe("bert_mlm.py", "--from-huggingface", str(checkpoint), "--finetune", str(labelled),
                   "--sequence-length", "32", "--batch-size", "32", "--finetune-epochs", "1",
                   "--finetune-learning-rate", "0", "--verbose", "2", "--output-dir", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -409,27 +431,23 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=400, n_positions=64, n_embd=32, n_layer=1,
                                                               n_head=2))
     hf.save_pretrained(str(checkpoint))
-    refused = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--tokenizer", "bpe",
-                     "--output-dir", str(tmp_path / "no"))
-    assert refused.returncode != 0
-    assert "--tokenizer: --from-huggingface takes the model and its tokenizer from the checkpoint" in refused.stdout + refused.stderr
-    too_long = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--max-length", "65", "--output-dir",
-                      str(tmp_path / "no"))
-    assert "--max-length: the checkpoint has 64 positions; got 65" in too_long.stdout + too_long.stderr
+    checkpoint_settings = recipe_function("gpt_lm.py", "checkpoint_settings")
+    flags = dict(model="gpt_shakespeare_char_cpu", tokenizer="char", vocabulary_size=8192)
+    with pytest.raises(DataError, match="--max-length: the checkpoint has 64 positions; got 65"):
+        checkpoint_settings(recipe_args(from_huggingface=str(checkpoint), **{**flags, "max_length": 65}))
     small = tmp_path / "small_vocabulary"
     small.mkdir()
     for name in ("vocab.json", "merges.txt"):
         (small / name).write_text((checkpoint / name).read_text())
     (small / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()), "vocab_size": 300}))
-    mismatch = recipe("gpt_lm.py", "--from-huggingface", str(small), "--data", str(tmp_path / "text.txt"),
-                      "--output-dir", str(tmp_path / "no"))
-    assert "the tokenizer has 400 tokens, more than the checkpoint's 300 embeddings" in mismatch.stdout + mismatch.stderr
+    with pytest.raises(DataError, match="the tokenizer has 400 tokens, more than the checkpoint's 300 embeddings"):
+        checkpoint_settings(recipe_args(from_huggingface=str(small), **flags))
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
     done = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--data", str(tmp_path / "text.txt"),
                   "--max-length", "32", "--steps", "2", "--steps-per-epoch", "2", "--batch-size", "8",
-                  "--eval-batches", "2", "--sample-tokens", "8", "--learning-rate", "0", "--verbose", "2",
+                  "--eval-batches", "2", "--sample-tokens", "8", "--sample-every", "0", "--learning-rate", "0", "--verbose", "2",
                   "--output-dir", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{sum(p.numel() for p in hf.parameters()):,} parameters" in done.stdout
