@@ -138,10 +138,11 @@ def test_byte_pair_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path
     (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(learned.merges) + "\n")
     hf = transformers.GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
     ours = BytePairTokenizer.from_huggingface(str(tmp_path))
-    lines = text[-3000:].splitlines(keepends=True) + ["naïve café 😀 it's 1,234 words -- don't\n"]
-    expected = [hf(line)["input_ids"] for line in lines]
+    lines = text[-60_000:].splitlines(keepends=True) + ["naïve café 😀 it's 1,234 words -- don't\n",
+                                                        "  two  spaces,\ta tab and   three   \n", "SHOUT'S 12345\n"]
+    expected = hf(lines)["input_ids"]
     assert [row.tolist() for row in ours.encode_lines(lines)] == expected
-    assert sum(map(len, expected)) > 500
+    assert sum(map(len, expected)) > 10_000
     (tmp_path / "merges.txt").unlink()
     with pytest.raises(DataError, match="no merges.txt"):
         BytePairTokenizer.from_huggingface(str(tmp_path))
