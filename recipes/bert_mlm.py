@@ -154,7 +154,10 @@ def finetune(args, tokenizer, special, make_classifier) -> None:
     pad, cls, sep = special
     texts, labels, class_names = load_labelled_text(args.finetune)
     packer = keras_hub.layers.StartEndPacker(args.sequence_length, start_value=cls, end_value=sep, pad_value=pad)
-    ids = np.asarray(packer(tokenizer.encode_lines([" ".join(t.split()) for t in texts])), "int32")
+    # WordPiece gives every word (bar one of control characters only) at least one token, so the first
+    # --sequence-length words give every token the packer keeps; whole movie reviews took 17 s to tokenize.
+    heads = [" ".join(text.split()[: args.sequence_length]) for text in texts]
+    ids = np.asarray(packer(tokenizer.encode_lines(heads)), "int32")
     order = np.random.default_rng(args.seed).permutation(len(texts))
     cut = int(0.9 * len(texts))
     train_rows, test_rows = order[:cut], order[cut:]

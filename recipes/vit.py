@@ -77,9 +77,9 @@ def main() -> None:
         raise DataError(f"--patch-size: must divide --image-size {image_size}; got {patch_size}.")
 
     # Pixel scaling is linear, so it gives the same images before resizing as after (the checkpoint's processor's order).
-    preprocess = checkpoint["scaling"] if checkpoint else [keras.layers.Rescaling(1 / 255)]
-    if (height, width) != (image_size, image_size):
-        preprocess.append(keras.layers.Resizing(image_size, image_size))
+    scaling = checkpoint["scaling"] if checkpoint else [keras.layers.Rescaling(1 / 255)]
+    resizing = [keras.layers.Resizing(image_size, image_size)] if (height, width) != (image_size, image_size) else []
+    preprocess = [*scaling, *resizing]
 
     def build_model():
         if args.from_huggingface:

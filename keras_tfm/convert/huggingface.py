@@ -26,15 +26,20 @@ def converter(*model_types: str):
     return register
 
 
+def read_json(path: str, caller: str) -> dict:
+    """A checkpoint's JSON file; a corrupt one is a ValueError naming `caller` and the file."""
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{caller}: {path!r} is not valid JSON ({error}).") from None
+
+
 def read_config(path: str) -> dict:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"from_huggingface: no config.json in directory {path!r}.")
-    with open(config_path) as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"from_huggingface: {config_path!r} is not valid JSON ({error}).") from None
+    config = read_json(config_path, "from_huggingface")
     _check_model_type(config)
     return config
 

@@ -8,14 +8,13 @@ from (out, in, kh, kw) to Keras' (kh, kw, in, out).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 import keras
 import numpy as np
 
-from keras_tfm.convert.huggingface import WeightReader, converter, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, converter, read_json, set_dense, set_layer_norm
 from keras_tfm.models.vit import ViT
 
 _OLD_NAMES = [
@@ -101,13 +100,7 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
     ...                           keras_tfm.from_huggingface("path/to/vit-base-patch16-224", num_classes=10)])
     """
     path = os.path.join(directory, "preprocessor_config.json")
-    processor = {}
-    if os.path.isfile(path):
-        with open(path) as f:
-            try:
-                processor = json.load(f)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"image_preprocessing: {path!r} is not valid JSON ({error}).") from None
+    processor = read_json(path, "image_preprocessing") if os.path.isfile(path) else {}
     size = processor.get("crop_size") if processor.get("do_center_crop") else processor.get("size", 224)
     if isinstance(size, dict):
         size = size.get("height", size.get("shortest_edge"))

@@ -20,6 +20,7 @@ from keras_tfm.training.cli import MODEL_OVERRIDES, recipe_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
+MOVIE_REVIEWS = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
 BACKEND = keras.backend.backend()
 TINY_GPT = ["--num-layers", "1", "--num-heads", "2", "--hidden-dim", "32", "--max-length", "32",
             "--batch-size", "8", "--eval-batches", "2", "--sample-tokens", "8", "--verbose", "2"]
@@ -46,6 +47,18 @@ def recipe_function(name: str, function: str):
 def recipe_args(**values) -> argparse.Namespace:
     """The flags a recipe's --from-huggingface checks read: unset model overrides, then `values`."""
     return argparse.Namespace(**{**{name: None for name in MODEL_OVERRIDES}, **values})
+
+
+def labelled_reviews(directory, per_class: int = 48):
+    """A directory of `per_class` movie reviews of each class (the layout --finetune reads): a short run."""
+    from keras_tfm.data import load_labelled_text
+
+    texts, labels, class_names = load_labelled_text(MOVIE_REVIEWS)
+    for label, name in enumerate(class_names):
+        (directory / name).mkdir(parents=True)
+        for i in np.flatnonzero(labels == label)[:per_class]:
+            (directory / name / f"{i}.txt").write_text(texts[i])
+    return directory
 
 
 def saved_weight(checkpoint_directory, shape) -> np.ndarray:
@@ -298,11 +311,10 @@ def test_translator_recipe_short_run_reports_bleu(tmp_path):
 
 def test_bert_recipe_pretrains_then_finetunes(tmp_path):
     out = tmp_path / "run"
-    movie_reviews = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
     done = recipe("bert_mlm.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "32", "--num-layers", "1",
                   "--hidden-dim", "32", "--num-heads", "2", "--intermediate-dim", "64", "--sequence-length", "32",
-                  "--vocabulary-size", "500", "--finetune", movie_reviews, "--finetune-epochs", "1", "--verbose", "2",
-                  "--output-dir", str(out))
+                  "--vocabulary-size", "500", "--finetune", str(labelled_reviews(tmp_path / "labelled")),
+                  "--finetune-epochs", "1", "--verbose", "2", "--output-dir", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     pretrained = json.loads((out / "metrics.json").read_text())
     assert pretrained["steps"] == 4 and pretrained["masked_tokens_evaluated"] > 0
@@ -374,13 +386,12 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: no pretraining; the checkpoint's tokenizer, weights and pooler, a new head."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from keras_tfm.data import load_labelled_text, read_text
+    from keras_tfm.data import read_text
     from tests.checks import bert_vocabulary
 
-    movie_reviews = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
-    (checkpoint / "vocab.txt").write_text("\n".join(bert_vocabulary(read_text(movie_reviews)[:200_000])) + "\n")
+    (checkpoint / "vocab.txt").write_text("\n".join(bert_vocabulary(read_text(MOVIE_REVIEWS)[:200_000])) + "\n")
     transformers.BertTokenizer(str(checkpoint / "vocab.txt")).save_pretrained(str(checkpoint))
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=len((checkpoint / "vocab.txt").read_text().split()), hidden_size=24,
@@ -393,12 +404,7 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
-    texts, labels, class_names = load_labelled_text(movie_reviews)
-    labelled = tmp_path / "labelled"  # 48 reviews of each class: a short run
-    for label, name in enumerate(class_names):
-        (labelled / name).mkdir(parents=True)
-        for i in np.flatnonzero(labels == label)[:48]:
-            (labelled / name / f"{i}.txt").write_text(texts[i])
+    labelled = labelled_reviews(tmp_path / "labelled")
     done = recipe("bert_mlm.py", "--from-huggingface", str(checkpoint), "--finetune", str(labelled),
                   "--sequence-length", "32", "--batch-size", "32", "--finetune-epochs", "1",
                   "--finetune-learning-rate", "0", "--verbose", "2", "--output-dir", str(out))
