@@ -14,7 +14,13 @@ _LARGE_NEGATIVE = -1e9  # masked logits; softmax is taken in float32, where exp(
 
 
 def _static_dims_differ(received, expected) -> bool:
-    return any(r is not None and e is not None and r != e for r, e in zip(received, expected))
+    """Whether two shapes differ in a dimension both know (ints; None or a tensor is unknown)."""
+    return any(isinstance(r, int) and isinstance(e, int) and r != e for r, e in zip(received, expected))
+
+
+def _shown(shape) -> tuple:
+    """A shape for an error message: unknown dimensions (tensors while tracing) as None."""
+    return tuple(d if isinstance(d, int) else None for d in shape)
 
 
 def _to_cache_layout(heads):
@@ -127,7 +133,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def _split_heads(self, x, head_dim: int):
-        return ops.reshape(x, (ops.shape(x)[0], -1, self.num_heads, head_dim))
+        # -1 for the batch keeps a known length known (TensorFlow loses it next to an unknown batch)
+        return ops.reshape(x, (-1, ops.shape(x)[1], self.num_heads, head_dim))
 
     def precompute_key_value(self, value, key=None):
         """Keys and values of `value` (and `key`) as a cache for cross-attention decoding:
@@ -165,13 +172,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _combined_mask(self, batch, query_length, key_length, value_mask, attention_mask,
                        use_causal_mask, cache_update_index, has_cache):
-        """One boolean mask broadcastable to (batch, heads, query_length, key_length), or None."""
+        """One boolean mask broadcastable to (batch, heads, query_length, key_length), or None.
+        Sizes are ints, or scalar tensors where a traced function leaves them unknown."""
         masks = []
         if value_mask is not None:
             if len(value_mask.shape) != 2 or _static_dims_differ(value_mask.shape, (batch, key_length)):
                 raise ValueError(
                     f"MultiHeadAttention: `value_mask` must have shape (batch, key_length) = "
-                    f"({batch}, {key_length}); received shape {tuple(value_mask.shape)}."
+                    f"{_shown((batch, key_length))}; received shape {tuple(value_mask.shape)}."
                 )
             masks.append(ops.cast(value_mask, "bool")[:, None, None, :])
         if attention_mask is not None:
@@ -182,7 +190,7 @@ class MultiHeadAttention(keras.layers.Layer):
             ):
                 raise ValueError(
                     f"MultiHeadAttention: `attention_mask` must have shape (batch, query_length, "
-                    f"key_length) = ({batch}, {query_length}, {key_length}) or (batch, num_heads "
+                    f"key_length) = {_shown((batch, query_length, key_length))} or (batch, num_heads "
                     f"or 1, query_length, key_length); received shape {tuple(attention_mask.shape)}."
                 )
             attention_mask = ops.cast(attention_mask, "bool")
@@ -236,8 +244,10 @@ class MultiHeadAttention(keras.layers.Layer):
             key_heads = self._split_heads(self.key_dense(key), self.key_dim)
             value_heads = self._split_heads(self.value_dense(value), self.value_dim)
 
-        batch, query_length = query.shape[0], query.shape[1]
-        key_length = key_heads.shape[1]
+        # ints, or tensors where a traced function leaves them unknown (TensorFlow's `fit` and
+        # `predict` retrace with unknown batch and length once shapes vary)
+        batch, query_length = ops.shape(query)[0], ops.shape(query)[1]
+        key_length = ops.shape(key_heads)[1]
         self_attention_only_causal = (
             use_causal_mask and cache is None and value_mask is None and attention_mask is None
         )
@@ -274,7 +284,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 scale=scale,
                 is_causal=self_attention_only_causal,
             )
-        attended = ops.reshape(attended, (ops.shape(attended)[0], -1, self.num_heads * self.value_dim))
+        attended = ops.reshape(attended, (-1, ops.shape(attended)[1], self.num_heads * self.value_dim))
         output = self.output_dense(attended)
 
         extras = []

@@ -139,7 +139,7 @@ class PatchEmbedding(keras.layers.Layer):
     def call(self, images):
         self._check_image_shape(images.shape)
         patches = self.projection(images)  # (batch, rows, cols, hidden_dim)
-        rows, cols = patches.shape[1], patches.shape[2]
+        rows, cols = ops.shape(patches)[1], ops.shape(patches)[2]  # tensors where traced as unknown
         return ops.reshape(patches, (-1, rows * cols, self.hidden_dim))
 
     def compute_output_shape(self, images_shape):

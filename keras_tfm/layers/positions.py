@@ -146,7 +146,7 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
         inputs: `(batch, rows * cols, hidden_dim)` patch tokens in raster order (as produced by
             `PatchEmbedding`) together with `grid_shape=(rows, cols)`, or `(batch, rows, cols,
             hidden_dim)`. `hidden_dim` must be a multiple of 4.
-        grid_shape: `(rows, cols)` for rank-3 inputs.
+        grid_shape: `(rows, cols)` for rank-3 inputs (ints, or scalar tensors).
 
     Example:
     >>> tokens = np.zeros((2, 64, 32), "float32")  # an 8 x 8 grid
@@ -166,7 +166,7 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
                 f"of shape {tuple(inputs.shape)}."
             )
         if len(inputs.shape) == 4:
-            rows, cols = inputs.shape[1], inputs.shape[2]
+            rows, cols = ops.shape(inputs)[1], ops.shape(inputs)[2]
         elif len(inputs.shape) == 3:
             if grid_shape is None:
                 raise ValueError(
@@ -174,7 +174,7 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
                     "`grid_shape=(rows, cols)`."
                 )
             rows, cols = grid_shape
-            if inputs.shape[1] is not None and rows * cols != inputs.shape[1]:
+            if all(isinstance(n, int) for n in (rows, cols, inputs.shape[1])) and rows * cols != inputs.shape[1]:
                 raise ValueError(
                     f"SinusoidalPositionEncoding2D: `grid_shape`={tuple(grid_shape)} has "
                     f"{rows * cols} cells but `inputs` has {inputs.shape[1]} tokens."
@@ -207,24 +207,24 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
         return config
 
 
-def bicubic_resize_matrix(in_size: int, out_size: int) -> np.ndarray:
+def bicubic_resize_matrix(in_size: int, out_size):
     """`(out_size, in_size)` matrix of PyTorch's bicubic resize (A = -0.75, align_corners=False).
 
     Resizing a grid of position vectors is then `M_rows @ grid @ M_cols^T`, identical on every backend
-    and to Hugging Face's `interpolate_pos_encoding`."""
+    and to Hugging Face's `interpolate_pos_encoding`. `out_size` may be a scalar tensor (a size a
+    traced function leaves unknown); at `out_size == in_size` the matrix is exactly the identity."""
     a = -0.75
-    matrix = np.zeros((out_size, in_size), "float64")
-    scale = in_size / out_size
-    for i in range(out_size):
-        source = (i + 0.5) * scale - 0.5
-        left = math.floor(source)
-        t = source - left
-        weights = (
-            ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
-            ((a + 2) * t - (a + 3)) * t * t + 1,
-            ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
-        )
-        weights = weights + (1.0 - sum(weights),)
-        for k, weight in enumerate(weights):
-            matrix[i, min(max(left - 1 + k, 0), in_size - 1)] += weight
-    return matrix.astype("float32")
+    source = (ops.cast(ops.arange(out_size), "float32") + 0.5) * (in_size / ops.cast(out_size, "float32")) - 0.5
+    left = ops.floor(source)
+    t = source - left
+    weights = [
+        ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1,
+        ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+    ]
+    weights.append(1.0 - weights[0] - weights[1] - weights[2])
+    matrix = 0.0
+    for k, weight in enumerate(weights):  # neighbours left - 1 ... left + 2, clamped to the edges
+        neighbour = ops.clip(ops.cast(left, "int32") - 1 + k, 0, in_size - 1)
+        matrix = matrix + ops.one_hot(neighbour, in_size) * weight[:, None]
+    return matrix

@@ -130,19 +130,21 @@ class ViT(keras.Model):
         if self.positions == "sinusoidal":
             patch_positions = self.position_embedding(tokens[:, 1:], grid_shape=(rows, cols))
             return ops.concatenate([ops.zeros_like(tokens[:, :1]), patch_positions], axis=1)
-        if (rows, cols) == (self.grid_size, self.grid_size):
-            return self.position_embedding(tokens)
+        if isinstance(rows, int) and isinstance(cols, int) and rows == cols == self.grid_size:
+            return self.position_embedding(tokens)  # else interpolate (the identity at the same size)
         table = ops.cast(self.position_embedding.embeddings, self.compute_dtype)
         grid = ops.reshape(table[1:], (self.grid_size, self.grid_size, self.hidden_dim))
-        row_matrix = ops.convert_to_tensor(bicubic_resize_matrix(self.grid_size, rows), self.compute_dtype)
-        col_matrix = ops.convert_to_tensor(bicubic_resize_matrix(self.grid_size, cols), self.compute_dtype)
+        row_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, rows), self.compute_dtype)
+        col_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, cols), self.compute_dtype)
         grid = ops.einsum("rR,cC,RCd->rcd", row_matrix, col_matrix, grid)
         table = ops.concatenate([table[:1], ops.reshape(grid, (rows * cols, self.hidden_dim))], axis=0)
         return ops.broadcast_to(table[None], ops.shape(tokens))
 
     def call(self, images, return_attention_weights: bool = False, training=None):
         self._check_images(images)
-        rows, cols = images.shape[1] // self.patch_size, images.shape[2] // self.patch_size
+        # ints, or tensors where a traced function leaves the image size unknown (TensorFlow's
+        # `predict` retraces so once it has seen a second size)
+        rows, cols = ops.shape(images)[1] // self.patch_size, ops.shape(images)[2] // self.patch_size
         patches = self.patch_embedding(images)
         class_token = ops.broadcast_to(ops.cast(self.class_token, patches.dtype), (ops.shape(patches)[0], 1, self.hidden_dim))
         x = ops.concatenate([class_token, patches], axis=1)

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -174,3 +175,19 @@ def test_dropout_on_weights_only_in_training(x):
     assert_close(layer(x, training=False), inference, atol=1e-6)
     assert not np.allclose(to_numpy(layer(x, training=True)), inference, atol=1e-4)
     assert np.all(np.isfinite(to_numpy(ops.convert_to_tensor(inference))))
+
+
+def test_compiled_training_and_prediction_with_unknown_lengths(rng):
+    # `keras.Input((None, 16))` and Keras' `fit` leave length and batch unknown where TensorFlow
+    # traces; dropout in training takes the unfused path, which builds the causal mask itself.
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, dropout=0.1)
+    tokens, padding = keras.Input((None, 16)), keras.Input((None,), dtype="bool")
+    model = keras.Model([tokens, padding], [layer(tokens, use_causal_mask=True), layer(tokens, value_mask=padding)])
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    for length in (7, 5):
+        x = rng.normal(size=(4, length, 16)).astype("float32")
+        mask = np.arange(length)[None] < np.array([[length], [length - 1], [3], [2]])
+        history = model.fit([x, mask], [x, x], batch_size=3, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+        for predicted, called in zip(model.predict([x, mask], batch_size=4, verbose=0), model([x, mask])):
+            assert_close(predicted, called, atol=1e-5)

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import pytest
 
@@ -32,6 +33,18 @@ def test_gpt_passes_common_checks(tmp_path, rng, tie_embeddings):
     ids = rng.integers(0, 40, size=(2, 12)).astype("int32")
     run_layer_checks(lambda **kw: tiny_gpt(tie_embeddings=tie_embeddings, dropout=0.1, **kw), (ids,),
                      tmp_path=tmp_path)
+
+
+def test_fit_with_dropout_and_predict_at_several_lengths(rng):
+    # Keras' `fit` has an unknown batch size; TensorFlow retraces `fit` and `predict` with an
+    # unknown length too once it has seen a second one. Dropout takes attention's unfused path.
+    model = tiny_gpt(dropout=0.1)
+    model.compile(keras.optimizers.Adam(1e-3), keras_tfm.TokenCrossEntropy())
+    for length in (12, 16, 9):
+        ids = rng.integers(1, 40, size=(6, length + 1)).astype("int32")
+        history = model.fit(ids[:, :-1], ids[:, 1:], batch_size=4, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+        assert_close(model.predict(ids[:, :-1], batch_size=6, verbose=0), model(ids[:, :-1]), atol=1e-5)
 
 
 def test_logits_are_causal(rng):
