@@ -16,8 +16,9 @@ Rerunning resumes.
 
 --from-huggingface DIR fine-tunes a Hugging Face ViT checkpoint (a local directory saved by
 `save_pretrained`, e.g. google/vit-base-patch16-224) instead of training a new model: its weights, a
-new head for this data's classes, and its image processor's resizing (unless --image-size; positions
-are interpolated for other sizes), scaling and normalisation; grayscale images become RGB.
+new head for this data's classes, and its image processor's resizing and center crop (unless
+--image-size; positions are interpolated for other sizes), scaling and normalisation; grayscale images
+become RGB.
 
     python recipes/vit.py --data ../shared/data/fashion-mnist --epochs 10
     python recipes/vit.py --data ../shared/data/fashion-mnist --from-huggingface vit-base-patch16-224 \
@@ -71,15 +72,19 @@ def main() -> None:
     height, width, channels = train_x.shape[1:]
     if height != width and not args.image_size and not checkpoint:
         raise DataError(f"--image-size: the images are {height}x{width}; give a square size to resize them to.")
-    image_size = args.image_size or (checkpoint["image_size"] if checkpoint else height)
-    patch_size = checkpoint["patch_size"] if checkpoint else args.patch_size or (4 if image_size >= 16 else 2)
-    if image_size % patch_size:
-        raise DataError(f"--patch-size: must divide --image-size {image_size}; got {patch_size}.")
-
-    # Pixel scaling is linear, so it gives the same images before resizing as after (the checkpoint's processor's order).
+    image_size = args.image_size or (checkpoint["image_size"] if checkpoint else height)  # resized to
+    # after resizing, as the checkpoint's processor: center crop (unless --image-size is given), rescale, normalise
     scaling = checkpoint["scaling"] if checkpoint else [keras.layers.Rescaling(1 / 255)]
+    if args.image_size:
+        scaling = [layer for layer in scaling if not isinstance(layer, keras.layers.CenterCrop)]
+    model_size = next((layer.height for layer in scaling if isinstance(layer, keras.layers.CenterCrop)), image_size)
+    patch_size = checkpoint["patch_size"] if checkpoint else args.patch_size or (4 if image_size >= 16 else 2)
+    if model_size % patch_size:
+        raise DataError(f"--patch-size: must divide --image-size {model_size}; got {patch_size}.")
     resizing = [keras.layers.Resizing(image_size, image_size)] if (height, width) != (image_size, image_size) else []
-    preprocess = [*scaling, *resizing]
+    preprocess = [*resizing, *scaling]
+    training.runtime.log(f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through "
+                         + ", ".join(layer.name for layer in preprocess))
 
     def build_model():
         if args.from_huggingface:

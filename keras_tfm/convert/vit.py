@@ -87,12 +87,12 @@ def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> 
 
 
 def image_preprocessing(directory: str) -> tuple[int, list]:
-    """How the checkpoint's Hugging Face image processor (`preprocessor_config.json`, `ViTImageProcessor`)
-    prepares raw 0-255 pixels, as Keras layers: returns `(side, layers)`, where `side` is the square size
-    it resizes images to and `layers` rescale and normalise them as it does (apply after resizing to
-    `side`, or to any size the model is fine-tuned at). Without a `preprocessor_config.json`, the
-    processor's defaults: 224, rescale by 1/255, mean and std 0.5. Center cropping (`do_center_crop`)
-    is not reproduced: `side` is then the crop size, to which images are resized whole.
+    """How the checkpoint's Hugging Face image processor (`preprocessor_config.json`: `ViTImageProcessor`,
+    or `DeiTImageProcessor`, which also center-crops) prepares raw 0-255 pixels, as Keras layers: returns
+    `(side, layers)`, where `side` is the square size it resizes images to and `layers` do the rest
+    in its order: center crop (where it crops), rescale, normalise. Apply them after resizing to
+    `side`; to fine-tune at another size, resize to that size and skip the crop. Without a
+    `preprocessor_config.json`, the processor's defaults: 224, rescale by 1/255, mean and std 0.5.
 
     Example:
     >>> side, layers = keras_tfm.convert.image_preprocessing("path/to/vit-base-patch16-224")
@@ -101,12 +101,24 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
     """
     path = os.path.join(directory, "preprocessor_config.json")
     processor = read_json(path, "image_preprocessing") if os.path.isfile(path) else {}
-    size = processor.get("crop_size") if processor.get("do_center_crop") else processor.get("size", 224)
-    if isinstance(size, dict):
-        size = size.get("height", size.get("shortest_edge"))
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"image_preprocessing: {path!r}: expected an image size in 'size'; found {processor.get('size')!r}.")
+
+    def side_of(key: str, default: int) -> int:
+        value = processor.get(key, default)
+        if isinstance(value, dict):
+            value = value.get("height", value.get("shortest_edge"))
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"image_preprocessing: {path!r}: expected an image size in {key!r}; "
+                             f"found {processor.get(key)!r}.")
+        return value
+
+    size = side_of("size", 224)
     layers = []
+    if processor.get("do_center_crop"):
+        crop = side_of("crop_size", size)
+        if crop > size:
+            raise ValueError(f"image_preprocessing: {path!r}: 'crop_size' {crop} is larger than the resized "
+                             f"images ('size' {size}).")
+        layers.append(keras.layers.CenterCrop(crop, crop, name="center_crop"))
     if processor.get("do_rescale", True):
         layers.append(keras.layers.Rescaling(processor.get("rescale_factor", 1 / 255), name="rescaling"))
     if processor.get("do_normalize", True):

@@ -98,18 +98,28 @@ def test_num_classes_is_refused_where_it_means_nothing():
             keras_tfm.from_huggingface(hf_vit(), num_classes=wrong)
 
 
-def test_image_preprocessing_gives_the_image_processors_pixels(rng, tmp_path):
-    processor = transformers.ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.4, 0.5, 0.6],
-                                               image_std=[0.2, 0.25, 0.3])
+@pytest.mark.parametrize("processor_class, crop", [("ViTImageProcessor", None), ("DeiTImageProcessor", 16)])
+def test_image_preprocessing_gives_the_image_processors_pixels(rng, tmp_path, processor_class, crop):
+    # DeiT's processor resizes to `size` and then crops the center `crop_size`.
+    side = 20 if crop else 16
+    options = dict(crop_size={"height": crop, "width": crop}) if crop else {}
+    processor = getattr(transformers, processor_class)(
+        size={"height": side, "width": side}, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.25, 0.3], **options)
     processor.save_pretrained(str(tmp_path))
-    side, layers = keras_tfm.convert.image_preprocessing(str(tmp_path))
-    assert side == 16
-    images = rng.integers(0, 256, (2, 16, 16, 3)).astype("uint8")
+    resized_to, layers = keras_tfm.convert.image_preprocessing(str(tmp_path))
+    assert resized_to == side
+    images = rng.integers(0, 256, (2, side, side, 3)).astype("uint8")  # already `side`: no resampling differences
     expected = processor(list(images), return_tensors="np")["pixel_values"].transpose(0, 2, 3, 1)
     ours = images.astype("float32")
     for layer in layers:
         ours = layer(ours)
+    assert expected.shape == (2, crop or side, crop or side, 3)
     np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5, rtol=0)
+    if crop:
+        (tmp_path / "preprocessor_config.json").write_text(
+            '{"do_center_crop": true, "size": {"height": 20, "width": 20}, "crop_size": {"height": 24, "width": 24}}')
+        with pytest.raises(ValueError, match="'crop_size' 24 is larger than the resized images \\('size' 20\\)"):
+            keras_tfm.convert.image_preprocessing(str(tmp_path))
     (tmp_path / "preprocessor_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="preprocessor_config.json' is not valid JSON"):
         keras_tfm.convert.image_preprocessing(str(tmp_path))

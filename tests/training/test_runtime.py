@@ -352,7 +352,7 @@ def test_dynamic_masks_follow_the_bert_recipe():
 
 def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: the checkpoint's architecture and weights, a head for the data's 10 classes,
-    grayscale digits as RGB at the checkpoint's size; flags that would change the architecture are refused."""
+    grayscale digits as RGB, resized and cropped as its image processor does; flags that would change the architecture are refused."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -361,7 +361,9 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
                                     num_attention_heads=2, intermediate_size=48, num_labels=7)
     hf = transformers.ViTForImageClassification(config)
     hf.save_pretrained(str(checkpoint))
-    transformers.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(str(checkpoint))
+    # resizes to 20 and crops the center 16 x 16, the checkpoint's size
+    transformers.DeiTImageProcessor(size={"height": 20, "width": 20},
+                                    crop_size={"height": 16, "width": 16}).save_pretrained(str(checkpoint))
     checkpoint_settings = recipe_function("vit.py", "checkpoint_settings")
     with pytest.raises(DataError, match="--patch-size: --from-huggingface takes the architecture from the checkpoint"):
         checkpoint_settings(recipe_args(from_huggingface=str(checkpoint), model="vit_small_images", patch_size=8,
@@ -376,6 +378,7 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
         ten_classes = transformers.ViTForImageClassification(transformers.ViTConfig(**{
             **{k: v for k, v in config.to_dict().items() if k not in ("id2label", "label2id")}, "num_labels": 10}))
     assert f"{sum(p.numel() for p in ten_classes.parameters()):,} parameters" in done.stdout
+    assert "Images: 8x8x3, to the model at 16x16 through resizing, center_crop, rescaling, normalization" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model"] == f"from_huggingface {checkpoint}" and 0.0 <= metrics["validation_accuracy"] <= 1.0
     patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
