@@ -17,19 +17,34 @@ from keras import ops
 from keras_tfm.generation.sampling import Sampler
 
 
-def prepare_prompts(token_ids, padding_mask, max_new_tokens: int, pad_token_id: int):
+def as_token_ids(values, argument: str, vocabulary_size: int, mask=None) -> np.ndarray:
+    """`values` as an int32 array, refusing what is not a token id of the vocabulary (at `mask`)."""
+    array = np.asarray(values)
+    if array.dtype.kind == "f" and np.array_equal(array, np.round(array)):
+        array = array.astype("int64")
+    if array.size and array.dtype.kind not in "iu":
+        raise ValueError(f"`{argument}` must hold integer token ids; received {array.dtype} values.")
+    real = array if mask is None else array[mask]
+    if real.size and (real.min() < 0 or real.max() >= vocabulary_size):
+        wrong = real.min() if real.min() < 0 else real.max()
+        raise ValueError(f"`{argument}` must hold ids in [0, vocabulary_size={vocabulary_size}); received {wrong}.")
+    return array.astype("int32")
+
+
+def prepare_prompts(token_ids, padding_mask, max_new_tokens: int, pad_token_id: int, vocabulary_size: int):
     """Right-padded `(batch, prompt_length + max_new_tokens)` buffer, its prompt mask, and lengths.
 
     `token_ids` is a list of id lists, or an array `(batch, length)` (with `padding_mask` when rows
     are padded; padding must be on the right)."""
     if isinstance(token_ids, (list, tuple)) and token_ids and isinstance(token_ids[0], (list, tuple, np.ndarray)):
-        lengths = np.array([len(row) for row in token_ids])
-        ids = np.full((len(token_ids), lengths.max()), pad_token_id, "int32")
-        for i, row in enumerate(token_ids):
+        rows = [as_token_ids(row, "token_ids", vocabulary_size) for row in token_ids]
+        lengths = np.array([len(row) for row in rows])
+        ids = np.full((len(rows), lengths.max()), pad_token_id, "int32")
+        for i, row in enumerate(rows):
             ids[i, : len(row)] = row
         mask = np.arange(ids.shape[1])[None] < lengths[:, None]
     else:
-        ids = np.asarray(ops.convert_to_numpy(token_ids)).astype("int32")
+        ids = np.asarray(ops.convert_to_numpy(token_ids))
         if ids.ndim == 1:
             ids = ids[None]
         if ids.ndim != 2:
@@ -39,6 +54,7 @@ def prepare_prompts(token_ids, padding_mask, max_new_tokens: int, pad_token_id: 
             raise ValueError(
                 f"`padding_mask` must have the shape of `token_ids` {ids.shape}; received {mask.shape}."
             )
+        ids = as_token_ids(ids, "token_ids", vocabulary_size, mask)
         lengths = mask.sum(axis=1)
         if not np.array_equal(mask, np.arange(ids.shape[1])[None] < lengths[:, None]):
             raise ValueError("`padding_mask` must mark padding on the right of each prompt only.")

@@ -16,7 +16,8 @@ class Sampler:
 
     Args:
         temperature: divides the logits before sampling; 0 means argmax.
-        top_k: sample only among the `top_k` most likely tokens (0 = no limit).
+        top_k: sample only among the `top_k` most likely tokens (0, or at least the vocabulary
+            size: no limit).
         top_p: sample only among the smallest set of tokens whose probability reaches `top_p`.
     """
 
@@ -42,7 +43,7 @@ class Sampler:
         if self.greedy:
             return ops.cast(ops.argmax(logits, axis=-1), "int32")
         logits = logits / self.temperature
-        if self.top_k:
+        if self.top_k and self.top_k < logits.shape[-1]:  # a larger top_k keeps every token
             kth_largest = ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
             logits = ops.where(logits < kth_largest, _NEG_INF, logits)
         if self.top_p < 1.0:

@@ -138,7 +138,7 @@ class PatchEmbedding(keras.layers.Layer):
 
     def call(self, images):
         self._check_image_shape(images.shape)
-        patches = self.projection(images)  # (batch, rows, cols, hidden_dim)
+        patches = self.projection(ops.cast(images, self.compute_dtype))  # (batch, rows, cols, hidden_dim); uint8 too
         rows, cols = ops.shape(patches)[1], ops.shape(patches)[2]  # tensors where traced as unknown
         return ops.reshape(patches, (-1, rows * cols, self.hidden_dim))
 

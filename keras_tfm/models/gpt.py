@@ -163,7 +163,7 @@ class GPT(keras.Model):
             max_new_tokens: tokens to add to each prompt.
             temperature, top_k, top_p: sampling; `temperature=0` (default) is greedy.
             seed: makes sampling reproducible.
-            stop_token_ids: a row stops after generating one of these (it is kept).
+            stop_token_ids: an id or ids; a row stops after generating one of them (it is kept).
             pad_token_id: fills a row after it stops, and the tail of shorter rows.
             num_beams: > 1 runs beam search (deterministic; the sampling arguments are ignored).
             length_penalty: beams are ranked by log-probability / length ** length_penalty.
@@ -181,7 +181,11 @@ class GPT(keras.Model):
         if num_beams < 1:
             raise ValueError(f"`num_beams` must be >= 1; received {num_beams}.")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
-        buffer, prompt_mask, lengths = decoding.prepare_prompts(token_ids, padding_mask, max_new_tokens, pad_token_id)
+        buffer, prompt_mask, lengths = decoding.prepare_prompts(token_ids, padding_mask, max_new_tokens, pad_token_id,
+                                                                self.vocabulary_size)
+        if isinstance(stop_token_ids, (int, np.integer)):
+            stop_token_ids = [stop_token_ids]
+        stop_token_ids = decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
         if buffer.shape[1] > self.max_length:
             raise ValueError(
                 f"GPT.generate: prompt length {buffer.shape[1] - max_new_tokens} + max_new_tokens "
@@ -208,7 +212,7 @@ class GPT(keras.Model):
             ops.convert_to_tensor(prompt_mask),
             ops.convert_to_tensor(lengths),
             ops.convert_to_tensor(max_new_tokens, "int32"),
-            ops.convert_to_tensor(np.array(list(stop_token_ids) or [-1], "int32")),
+            ops.convert_to_tensor(stop_token_ids if stop_token_ids.size else np.array([-1], "int32")),
             ops.convert_to_tensor(pad_token_id, "int32"),
             decoding.initial_seed_state(seed),
         )

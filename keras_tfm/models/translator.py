@@ -219,16 +219,21 @@ class Translator(keras.Model):
         return self._logits(x), tuple(updated)
 
     def _prepare_source(self, source_ids):
+        vocabulary = self.source_vocabulary_size
         if isinstance(source_ids, (list, tuple)) and source_ids and isinstance(source_ids[0], (list, tuple, np.ndarray)):
-            width = max(len(row) for row in source_ids)
-            padded = np.full((len(source_ids), width), self.pad_token_id, "int32")
-            for i, row in enumerate(source_ids):
-                padded[i, : len(row)] = row
-            return padded
-        ids = np.asarray(ops.convert_to_numpy(source_ids)).astype("int32")
-        if ids.ndim != 2:
-            raise ValueError(f"Translator.translate: `source_ids` must be (batch, length) or a list of lists; "
-                             f"received shape {ids.shape}.")
+            rows = [decoding.as_token_ids(row, "source_ids", vocabulary) for row in source_ids]
+            ids = np.full((len(rows), max(len(row) for row in rows)), self.pad_token_id, "int32")
+            for i, row in enumerate(rows):
+                ids[i, : len(row)] = row
+        else:
+            ids = decoding.as_token_ids(ops.convert_to_numpy(source_ids), "source_ids", vocabulary)
+            if ids.ndim != 2:
+                raise ValueError(f"Translator.translate: `source_ids` must be (batch, length) or a list of lists; "
+                                 f"received shape {ids.shape}.")
+        empty = np.flatnonzero(np.all(ids == self.pad_token_id, axis=1))
+        if ids.shape[1] == 0 or empty.size:
+            raise ValueError(f"Translator.translate: every source needs at least one token that is not "
+                             f"pad_token_id={self.pad_token_id}; row {empty[0] if empty.size else 0} has none.")
         return ids
 
     def translate(self, source_ids, max_length: int = 64, beam_size: int = 1, length_penalty: float = 1.0) -> np.ndarray:
@@ -253,7 +258,8 @@ class Translator(keras.Model):
             if length > self.max_length:
                 raise ValueError(f"Translator.translate: {name} {length} exceeds the model's max_length={self.max_length}.")
         start = [[self.start_token_id]] * source.shape[0]
-        buffer, prompt_mask, lengths = decoding.prepare_prompts(start, None, max_length, self.pad_token_id)
+        buffer, prompt_mask, lengths = decoding.prepare_prompts(start, None, max_length, self.pad_token_id,
+                                                                self.target_vocabulary_size)
         key = (beam_size, length_penalty)
         if key not in self._translate_functions:
             self._translate_functions[key] = compiled.compile_function(self._translate_loop(beam_size, length_penalty), self)

@@ -39,6 +39,8 @@ def test_patch_embedding_equals_cut_reshape_project(rng):
     expected = patches @ kernel.reshape(patch * patch * 3, hidden) + bias
     assert tokens.shape == (2, 6, hidden)
     np.testing.assert_allclose(tokens, expected, atol=1e-5)
+    pixels = rng.integers(0, 256, size=(2, 8, 12, 3)).astype("uint8")  # raw pixels work as their float values
+    np.testing.assert_allclose(to_numpy(layer(pixels)), to_numpy(layer(pixels.astype("float32"))), atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(1, 30, 32, 3), (1, 32, 30, 3)])

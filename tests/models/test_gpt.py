@@ -113,6 +113,8 @@ def test_stop_tokens_end_a_row_and_pad_the_rest():
     first = 3 + list(free[3:]).index(stop)
     assert stopped[: first + 1].tolist() == free[: first + 1].tolist()
     assert np.all(stopped[first + 1:] == 39)
+    one_id = model.generate([[3, 17, 5]], max_new_tokens=8, stop_token_ids=stop, pad_token_id=39)[0]
+    assert one_id.tolist() == stopped.tolist()
 
 
 def test_sampling_is_reproducible_with_a_seed_and_varies_without():
@@ -123,6 +125,8 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_without():
     c = model.generate(prompt, max_new_tokens=12, temperature=1.0, seed=8)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
+    # top_k beyond the vocabulary (40) limits nothing, as in Hugging Face
+    np.testing.assert_array_equal(model.generate(prompt, max_new_tokens=12, temperature=1.0, top_k=100, seed=7), a)
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():
@@ -157,6 +161,15 @@ def test_bad_generation_arguments():
         model.generate(np.array([[0, 1, 2]]), padding_mask=np.array([[0, 1, 1]], bool), max_new_tokens=2)
     with pytest.raises(ValueError, match="max_length=24"):
         model(np.zeros((1, 25), "int32"))
+    # Prompts are checked before compiled code, where JAX would read an unknown id silently.
+    with pytest.raises(ValueError, match=r"`token_ids` must hold ids in \[0, vocabulary_size=40\); received 40"):
+        model.generate([[1, 2], [3, 40]], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"`token_ids` must hold ids in \[0, vocabulary_size=40\); received -1"):
+        model.generate(np.array([[1, -1, 0]]), padding_mask=np.array([[1, 1, 0]], bool), max_new_tokens=2)
+    with pytest.raises(ValueError, match="`token_ids` must hold integer token ids; received float64"):
+        model.generate(np.array([[1.5, 2.0]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"`stop_token_ids` must hold ids in \[0, vocabulary_size=40\); received 41"):
+        model.generate([[1]], max_new_tokens=2, stop_token_ids=41)
 
 
 @pytest.mark.parametrize(
