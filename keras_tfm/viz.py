@@ -53,16 +53,18 @@ def plot_attention_maps(image, attention_weights, path: str, layer: int = -1, cl
     weights = np.asarray(ops.convert_to_numpy(ops.cast(attention_weights[layer], "float32")))[0]  # (heads, T, T)
     num_heads, tokens = weights.shape[0], weights.shape[-1]
     patches = tokens - 1 if class_token else tokens
-    side = int(round(patches**0.5))
-    if side * side != patches:
-        raise ValueError(f"plot_attention_maps needs a square patch grid; received {patches} patch tokens.")
+    height, width = image.shape[:2]
+    rows = max(1, int(round((patches * height / width) ** 0.5)))  # the grid has the image's aspect ratio
+    cols = patches // rows
+    if rows * cols != patches:
+        raise ValueError(f"plot_attention_maps: {patches} patch tokens do not tile a {height}x{width} image "
+                         f"as a grid of its aspect ratio.")
     source = 0 if class_token else slice(None)
     offset = 1 if class_token else 0
 
     def to_grid(row):
         row = row[..., offset:] if class_token else row.mean(axis=0)
-        grid = row.reshape(side, side)
-        return np.kron(grid, np.ones((image.shape[0] // side, image.shape[1] // side)))
+        return _grid_to_pixels(row.reshape(rows, cols), height, width)
 
     rollout = attention_rollout([w[:1] for w in attention_weights])[0]
     layer_number = layer % len(attention_weights)
@@ -79,6 +81,13 @@ def plot_attention_maps(image, attention_weights, path: str, layer: int = -1, cl
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def _grid_to_pixels(grid: np.ndarray, height: int, width: int) -> np.ndarray:
+    """`(rows, cols)` patch values -> `(height, width)`, each pixel taking its patch's value (also when
+    the image was resized for the model, so that the sides are not multiples of the grid)."""
+    rows, cols = grid.shape
+    return grid[(np.arange(height) * rows) // height][:, (np.arange(width) * cols) // width]
 
 
 def plot_learning_curves(history: dict, path: str, title: str = "") -> str:

@@ -24,8 +24,20 @@ def test_attention_map_png_from_a_vit(tmp_path, rng):
     path = viz.plot_attention_maps(images[0], weights, str(tmp_path / "attention.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(ValueError, match="square patch grid"):
+    with pytest.raises(ValueError, match="15 patch tokens do not tile a 16x16 image"):
         viz.plot_attention_maps(images[0], [w[:, :, :-1, :-1] for w in weights], str(tmp_path / "x.png"))
+    wide = rng.random((1, 16, 32, 3)).astype("float32")  # a 4 x 8 grid
+    _, weights = model(wide, return_attention_weights=True)
+    assert viz.plot_attention_maps(wide[0] * 255, weights, str(tmp_path / "wide.png")).endswith("wide.png")
+
+
+def test_patch_values_cover_the_whole_image():
+    grid = np.arange(12.0).reshape(3, 4)
+    exact = viz._grid_to_pixels(grid, 6, 8)
+    np.testing.assert_array_equal(exact, np.kron(grid, np.ones((2, 2))))
+    # a 28-pixel image drawn for a model that saw it resized to 32 (8 x 8 patches of 4): no margin left over
+    resized = viz._grid_to_pixels(np.arange(64.0).reshape(8, 8), 28, 28)
+    assert resized.shape == (28, 28) and resized[0, 0] == 0 and resized[27, 27] == 63 and resized[27, 0] == 56
 
 
 def test_learning_curves_png(tmp_path):
