@@ -67,10 +67,11 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import load_or_fit_tokenizer, load_text, read_text
+    from keras_tfm.data import load_labelled_text, load_or_fit_tokenizer, load_text, read_text
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
+    labelled = load_labelled_text(args.finetune) if args.finetune else None  # refused now, not after pretraining
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     validation_text = read_text(args.validation_data, "--validation-data") if args.validation_data else text.validation
     tokenizer = load_or_fit_tokenizer("wordpiece", text.train, args.output_dir, args.vocabulary_size,
@@ -122,7 +123,7 @@ def main() -> None:
             classifier.encoder.set_weights(result.model.encoder.get_weights())
             return classifier
 
-        finetune(args, tokenizer, (pad, cls, sep), pretrained_classifier)
+        finetune(args, tokenizer, (pad, cls, sep), pretrained_classifier, labelled)
 
 
 def finetune_checkpoint(args) -> None:
@@ -143,8 +144,9 @@ def finetune_checkpoint(args) -> None:
     finetune(args, tokenizer, special, lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes))
 
 
-def finetune(args, tokenizer, special, make_classifier) -> None:
-    """Trains the BertClassifier `make_classifier(num_classes)` on `[CLS] text [SEP]` rows."""
+def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
+    """Trains the BertClassifier `make_classifier(num_classes)` on `[CLS] text [SEP]` rows of `labelled`
+    (`load_labelled_text(args.finetune)` when not given)."""
     import keras
     import keras_hub
 
@@ -152,7 +154,7 @@ def finetune(args, tokenizer, special, make_classifier) -> None:
     from keras_tfm.data import load_labelled_text
 
     pad, cls, sep = special
-    texts, labels, class_names = load_labelled_text(args.finetune)
+    texts, labels, class_names = labelled or load_labelled_text(args.finetune)
     packer = keras_hub.layers.StartEndPacker(args.sequence_length, start_value=cls, end_value=sep, pad_value=pad)
     # WordPiece gives every word (bar one of control characters only) at least one token, so the first
     # --sequence-length words give every token the packer keeps; whole movie reviews took 17 s to tokenize.

@@ -226,19 +226,23 @@ def test_steps_plan_and_bad_numbers():
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "script, flags, message",
     [
-        (["--model", "gpt_huge"], "--model: expected one of gpt_shakespeare_char_cpu, .* got 'gpt_huge'"),
-        (["--data", "/nonexistent/input.txt"], "--data: expected a text file .* nothing is at '/nonexistent/input.txt'"),
+        ("gpt_lm.py", ["--model", "gpt_huge"], "--model: expected one of gpt_shakespeare_char_cpu, .* got 'gpt_huge'"),
+        ("gpt_lm.py", ["--data", "/nonexistent/input.txt"],
+         "--data: expected a text file .* nothing is at '/nonexistent/input.txt'"),
+        # before pretraining, not after it
+        ("bert_mlm.py", ["--finetune", "/nonexistent.zip"], "--finetune: expected a zip archive .* nothing is at"),
     ],
 )
-def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, flags, message):
+def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, script, flags, message):
     import re
 
-    done = recipe("gpt_lm.py", "--output-dir", str(tmp_path), *flags, timeout=120)
+    done = recipe(script, "--output-dir", str(tmp_path), *flags, timeout=120)
     assert done.returncode == 2
     assert re.search(message, done.stderr), done.stderr
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "checkpoint").exists()  # nothing trained
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="keras.distribution (JAX) and tf.distribute (TensorFlow)")
