@@ -3,16 +3,21 @@
 `save_weights` writes the whole trackable state, the optimizer's moments and its `iterations`
 counter included, so the learning-rate schedule resumes where it stopped. Each checkpoint is a new
 file; `state.json` is replaced atomically after the file is complete, so a run killed at any moment
-(`kill -9`) leaves the previous checkpoint intact and pointed to.
+(`kill -9`) leaves the previous checkpoint intact and pointed to. `state.json` also records the
+model's weight shapes: resuming another model (other flags, same --output-dir) is refused, as is a
+damaged checkpoint, with a `DataError` that says what to do.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 
 import keras
+
+from keras_tfm.data.errors import DataError
 
 
 class TrainingDiverged(RuntimeError):
@@ -28,8 +33,18 @@ class CheckpointManager:
     def state(self) -> dict | None:
         if not os.path.exists(self.state_path):
             return None
-        with open(self.state_path, encoding="utf-8") as file:
-            return json.load(file)
+        try:
+            with open(self.state_path, encoding="utf-8") as file:
+                state = json.load(file)
+            return {"weights": str(state["weights"]), "epoch": int(state["epoch"]), **state}
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            raise self._cannot_resume(self.state_path, error) from None
+
+    def _cannot_resume(self, path: str, error: Exception) -> DataError:
+        reason = (str(error).strip().splitlines() or [""])[0][:300]
+        return DataError(f"--output-dir: cannot resume from {path!r}, damaged or written by another model "
+                         f"({type(error).__name__}: {reason}); delete {self.directory!r} to start over, or "
+                         f"choose another --output-dir.")
 
     def save(self, model: keras.Model, epoch: int, extra: dict | None = None) -> str:
         name = f"epoch-{epoch:05d}.weights.h5"
@@ -38,7 +53,7 @@ class CheckpointManager:
         previous = self.state()
         temporary = self.state_path + ".tmp"
         with open(temporary, "w", encoding="utf-8") as file:
-            json.dump({"epoch": epoch, "weights": name, **(extra or {})}, file)
+            json.dump({"epoch": epoch, "weights": name, **_architecture(model), **(extra or {})}, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, self.state_path)
@@ -55,8 +70,25 @@ class CheckpointManager:
             return 0
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        model.load_weights(os.path.join(self.directory, state["weights"]))
-        return int(state["epoch"])
+        saved, current = state.get("weight_shapes"), _architecture(model)
+        if saved is not None and saved != current["weight_shapes"]:  # Keras would load what matches, silently
+            raise DataError(
+                f"--output-dir: the checkpoint in {self.directory!r} holds another model ({state.get('parameters', 0):,} "
+                f"parameters) than this one ({current['parameters']:,}): were other model flags given? Delete it to "
+                f"start over, or choose another --output-dir.")
+        path = os.path.join(self.directory, state["weights"])
+        try:
+            model.load_weights(path)
+        except (OSError, ValueError, KeyError) as error:
+            raise self._cannot_resume(path, error) from None
+        return state["epoch"]
+
+
+def _architecture(model: keras.Model) -> dict:
+    """The model's parameter count and a digest of its weights' shapes, in order."""
+    shapes = [[int(d) for d in weight.shape] for weight in model.weights]
+    return {"parameters": sum(math.prod(shape) for shape in shapes),
+            "weight_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]}
 
 
 class EpochCheckpoint(keras.callbacks.Callback):

@@ -132,6 +132,33 @@ def _args(tmp_path, **overrides):
     return args
 
 
+def test_resuming_a_damaged_checkpoint_or_another_model_is_refused(tmp_path):
+    from keras_tfm.training import CheckpointManager
+
+    def compiled(layers: int) -> keras.Model:
+        model = keras.Sequential([keras.Input((3,))] + [keras.layers.Dense(3) for _ in range(layers)])
+        model.compile(keras.optimizers.Adam(), "mse")
+        model.train_on_batch(np.ones((2, 3)), np.ones((2, 3)))
+        return model
+
+    saved = compiled(2)
+    manager = CheckpointManager(str(tmp_path))
+    path = manager.save(saved, 1)
+    same = compiled(2)
+    assert manager.restore(same) == 1
+    np.testing.assert_array_equal(same.get_weights()[2], saved.get_weights()[2])
+    # Keras loads the first layer of a two-layer checkpoint into a one-layer model without a word.
+    with pytest.raises(DataError, match=r"holds another model \(24 parameters\) than this one \(12\)"):
+        manager.restore(compiled(1))
+    with open(path, "r+b") as file:
+        file.truncate(100)
+    with pytest.raises(DataError, match=r"cannot resume from '.*epoch-00001.weights.h5', damaged .*delete"):
+        manager.restore(compiled(2))
+    (tmp_path / "state.json").write_text('{"epoch": 1')
+    with pytest.raises(DataError, match=r"cannot resume from '.*state.json', damaged"):
+        manager.restore(compiled(2))
+
+
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
     args = _args(tmp_path, epochs=3, steps_per_epoch=2, batch_size=4)
 
