@@ -117,12 +117,16 @@ def main() -> None:
 
     def draw_attention(model) -> dict:
         backbone = model.layers[-1]
-        images = test_x[:1].astype("float32")
-        x = images
+        x = seen = test_x[:1].astype("float32")
         for layer in preprocess:
             x = layer(x)
+        geometry = [layer for layer in preprocess if isinstance(layer, (keras.layers.Resizing, keras.layers.CenterCrop))]
+        if any(isinstance(layer, keras.layers.CenterCrop) for layer in geometry):  # draw the part the model saw
+            for layer in geometry:
+                seen = layer(seen)
         _, weights = backbone(x, return_attention_weights=True)
-        path = viz.plot_attention_maps(images[0], weights, os.path.join(args.output_dir, "attention_maps.png"))
+        seen = keras.ops.convert_to_numpy(seen)[0]
+        path = viz.plot_attention_maps(seen, weights, os.path.join(args.output_dir, "attention_maps.png"))
         return {"attention_maps": path, "data": data.source}
 
     result = training.train(
