@@ -31,17 +31,23 @@ def as_token_ids(values, argument: str, vocabulary_size: int, mask=None) -> np.n
     return array.astype("int32")
 
 
+def right_padded(rows, argument: str, vocabulary_size: int, pad_token_id: int) -> np.ndarray:
+    """A list of id lists as one `(batch, longest)` int32 array, padded on the right."""
+    rows = [as_token_ids(row, argument, vocabulary_size) for row in rows]
+    ids = np.full((len(rows), max(len(row) for row in rows)), pad_token_id, "int32")
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    return ids
+
+
 def prepare_prompts(token_ids, padding_mask, max_new_tokens: int, pad_token_id: int, vocabulary_size: int):
     """Right-padded `(batch, prompt_length + max_new_tokens)` buffer, its prompt mask, and lengths.
 
     `token_ids` is a list of id lists, or an array `(batch, length)` (with `padding_mask` when rows
     are padded; padding must be on the right)."""
     if isinstance(token_ids, (list, tuple)) and token_ids and isinstance(token_ids[0], (list, tuple, np.ndarray)):
-        rows = [as_token_ids(row, "token_ids", vocabulary_size) for row in token_ids]
-        lengths = np.array([len(row) for row in rows])
-        ids = np.full((len(rows), lengths.max()), pad_token_id, "int32")
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = row
+        ids = right_padded(token_ids, "token_ids", vocabulary_size, pad_token_id)
+        lengths = np.array([len(row) for row in token_ids])
         mask = np.arange(ids.shape[1])[None] < lengths[:, None]
     else:
         ids = np.asarray(ops.convert_to_numpy(token_ids))

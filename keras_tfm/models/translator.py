@@ -221,10 +221,7 @@ class Translator(keras.Model):
     def _prepare_source(self, source_ids):
         vocabulary = self.source_vocabulary_size
         if isinstance(source_ids, (list, tuple)) and source_ids and isinstance(source_ids[0], (list, tuple, np.ndarray)):
-            rows = [decoding.as_token_ids(row, "source_ids", vocabulary) for row in source_ids]
-            ids = np.full((len(rows), max(len(row) for row in rows)), self.pad_token_id, "int32")
-            for i, row in enumerate(rows):
-                ids[i, : len(row)] = row
+            ids = decoding.right_padded(source_ids, "source_ids", vocabulary, self.pad_token_id)
         else:
             ids = decoding.as_token_ids(ops.convert_to_numpy(source_ids), "source_ids", vocabulary)
             if ids.ndim != 2:

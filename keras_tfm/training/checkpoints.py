@@ -36,7 +36,7 @@ class CheckpointManager:
         try:
             with open(self.state_path, encoding="utf-8") as file:
                 state = json.load(file)
-            return {"weights": str(state["weights"]), "epoch": int(state["epoch"]), **state}
+            return {**state, "weights": str(state["weights"]), "epoch": int(state["epoch"])}
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise self._cannot_resume(self.state_path, error) from None
 
