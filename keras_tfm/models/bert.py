@@ -28,7 +28,7 @@ class Bert(keras.Model):
         dropout: on embeddings, attention weights and residual branches (training only).
         layer_norm_epsilon, activation.
 
-    Call arguments:
+    Call arguments (as keyword arguments, or one dict with these keys, as `fit` and `predict` pass them):
         token_ids: int `(batch, length)`.
         segment_ids: int `(batch, length)`, sentence A = 0 / B = 1; default all 0.
         padding_mask: `(batch, length)`, True at real tokens; pad tokens are never attended to.
@@ -94,6 +94,8 @@ class Bert(keras.Model):
         self.built = True
 
     def call(self, token_ids, segment_ids=None, padding_mask=None, output_positions=None, training=None):
+        if isinstance(token_ids, dict):  # `fit` and `predict` pass one structure: keras-hub's input names
+            return self.call(**token_ids, training=training)
         if segment_ids is None:
             segment_ids = ops.zeros_like(token_ids)
         x = self.token_embedding(token_ids)
@@ -159,7 +161,7 @@ class BertMLM(_BertWithHead):
         self.built = True
 
     def call(self, token_ids, segment_ids=None, padding_mask=None, mask_positions=None, training=None):
-        if isinstance(token_ids, dict):  # `fit` passes one structure: keras-hub's input names
+        if isinstance(token_ids, dict):  # as `Bert`
             return self.call(**token_ids, training=training)
         x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask,
                          output_positions=mask_positions, training=training)

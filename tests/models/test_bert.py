@@ -32,3 +32,14 @@ def test_heads_and_errors():
         keras_tfm.bert_tiny(head="qa")
     with pytest.raises(ValueError, match="max_length=16"):
         mlm(np.ones((1, 17), "int32"))
+
+
+@pytest.mark.parametrize("head", ["mlm", "classifier", None])
+def test_inputs_as_one_dict_as_fit_and_predict_pass_them(rng, head):
+    model = keras_tfm.bert_tiny(head=head, **SMALL, dropout=0.0)
+    ids = rng.integers(1, 30, size=(4, 10)).astype("int32")
+    inputs = {"token_ids": ids, "segment_ids": (np.arange(10)[None] >= 5).repeat(4, 0).astype("int32"),
+              "padding_mask": np.arange(10)[None] < np.array([[10], [7], [4], [9]])}
+    expected = to_numpy(model(**inputs))
+    assert_close(to_numpy(model(inputs)), expected, atol=1e-6)
+    assert_close(model.predict(inputs, batch_size=3, verbose=0), expected, atol=1e-5)
