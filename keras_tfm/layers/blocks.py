@@ -296,6 +296,10 @@ class DecoderBlock(_Block):
         self.feed_forward_norm.build(decoder_sequence_shape)
         self.built = True
 
+    def compute_output_shape(self, decoder_sequence_shape, *args, **kwargs):
+        # Named as in `build`: `summary()` passes the shapes `build` recorded, by name.
+        return decoder_sequence_shape
+
     def call(
         self,
         decoder_sequence,

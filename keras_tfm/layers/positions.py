@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
 

@@ -13,13 +13,14 @@ import keras
 from keras import ops
 
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
+from keras_tfm.models.model import Model
 
 _ENCODER_ARGUMENTS = ("vocabulary_size", "max_length", "num_segments", "num_layers", "num_heads", "hidden_dim",
                       "intermediate_dim", "dropout", "layer_norm_epsilon", "activation")
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class Bert(keras.Model):
+class Bert(Model):
     """The BERT encoder: `model(token_ids)` gives one vector per token.
 
     Args:
@@ -111,7 +112,7 @@ class Bert(keras.Model):
         return config
 
 
-class _BertWithHead(keras.Model):
+class _BertWithHead(Model):
     """Shared by the task models: an encoder built from the same arguments as `Bert`."""
 
     def __init__(self, default_name: str, **kwargs):

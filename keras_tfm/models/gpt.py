@@ -15,10 +15,11 @@ from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
 from keras_tfm.generation.sampling import Sampler
 from keras_tfm.layers import DecoderBlock, LearnedPositionEmbedding, TokenEmbedding
+from keras_tfm.models.model import Model
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class GPT(keras.Model):
+class GPT(Model):
     """A GPT language model: `model(token_ids)` gives next-token logits at every position.
 
     Args:

@@ -28,10 +28,11 @@ from keras_tfm.layers import (
     SinusoidalPositionEncoding,
     TokenEmbedding,
 )
+from keras_tfm.models.model import Model
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class Translator(keras.Model):
+class Translator(Model):
     """An encoder-decoder Transformer: `model({"source_ids": s, "target_ids": t})` gives the logits of
     each next target token, `(batch, target_length, target_vocabulary_size)`.
 

@@ -12,10 +12,11 @@ from keras import ops
 
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, PatchEmbedding, SinusoidalPositionEncoding2D
 from keras_tfm.layers.positions import bicubic_resize_matrix
+from keras_tfm.models.model import Model
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class ViT(keras.Model):
+class ViT(Model):
     """Vision transformer (Dosovitskiy et al. 2021) classifier or feature extractor.
 
     Args:

@@ -1,0 +1,43 @@
+"""What every model of the zoo shares: weights made on first use, and built on demand where Keras needs them."""
+
+from __future__ import annotations
+
+import keras
+
+
+class Model(keras.Model):
+    """A `keras.Model` whose weights are created on first use, so that even `gpt2_xl()` is
+    constructed for free: the first call, `fit`, `generate` or `build()` creates them.
+
+    Keras' methods that read a model's weights would refuse an unbuilt model (`count_params`,
+    `load_weights`) or see no weights in it (`summary`, `get_weights`); here they build it first,
+    as a functional model already is.
+
+    Example:
+    >>> keras_tfm.gpt2_small().count_params()
+    124439808
+    """
+
+    def _build_on_demand(self) -> None:
+        if not self.built:
+            self.build()
+
+    def count_params(self) -> int:
+        self._build_on_demand()
+        return super().count_params()
+
+    def summary(self, *args, **kwargs):
+        self._build_on_demand()
+        return super().summary(*args, **kwargs)
+
+    def get_weights(self) -> list:
+        self._build_on_demand()
+        return super().get_weights()
+
+    def set_weights(self, weights) -> None:
+        self._build_on_demand()
+        super().set_weights(weights)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        self._build_on_demand()
+        return super().load_weights(filepath, *args, **kwargs)

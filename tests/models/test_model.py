@@ -1,0 +1,54 @@
+"""Every model of the zoo builds on demand where Keras reads its weights (`keras_tfm.models.model.Model`)."""
+
+import io
+from contextlib import redirect_stdout
+
+import pytest
+
+import keras_tfm
+from tests.checks import assert_close, to_numpy
+
+MODELS = {
+    "gpt": (lambda: keras_tfm.GPT(vocabulary_size=30, max_length=16, num_layers=2, num_heads=2, hidden_dim=16),
+            lambda rng: (rng.integers(0, 30, (2, 6)),)),
+    "bert_mlm": (lambda: keras_tfm.bert_tiny(vocabulary_size=30, max_length=16, num_layers=2),
+                 lambda rng: (rng.integers(1, 30, (2, 6)),)),
+    "bert_classifier": (lambda: keras_tfm.bert_tiny(head="classifier", vocabulary_size=30, max_length=16, num_layers=2),
+                        lambda rng: (rng.integers(1, 30, (2, 6)),)),
+    "bert": (lambda: keras_tfm.bert_tiny(head=None, vocabulary_size=30, max_length=16, num_layers=2),
+             lambda rng: (rng.integers(1, 30, (2, 6)),)),
+    "translator": (lambda: keras_tfm.transformer_small(source_vocabulary_size=30, target_vocabulary_size=20,
+                                                       num_encoder_layers=1, num_decoder_layers=1, hidden_dim=16,
+                                                       num_heads=2, intermediate_dim=32),
+                   lambda rng: (rng.integers(1, 30, (2, 6)), rng.integers(1, 20, (2, 5)))),
+    "vit": (lambda: keras_tfm.ViT(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, num_classes=3),
+            lambda rng: (rng.random((2, 16, 16, 3)).astype("float32"),)),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_keras_methods_that_read_weights_build_a_new_model_first(tmp_path, rng, name):
+    make, make_inputs = MODELS[name]
+    inputs = make_inputs(rng)
+    trained = make()
+    trained.build()
+    expected_count = trained.count_params()
+    assert expected_count > 0
+    expected = to_numpy(trained(*inputs))
+    trained.save_weights(str(tmp_path / "model.weights.h5"))
+
+    assert make().count_params() == expected_count
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        make().summary()
+    assert f"Total params: {expected_count:,}" in printed.getvalue()
+
+    loaded = make()
+    loaded.load_weights(str(tmp_path / "model.weights.h5"))
+    assert_close(to_numpy(loaded(*inputs)), expected, atol=1e-6)
+
+    copied = make()
+    copied.set_weights(trained.get_weights())
+    assert_close(to_numpy(copied(*inputs)), expected, atol=1e-6)
+    assert len(make().get_weights()) == len(trained.weights)
