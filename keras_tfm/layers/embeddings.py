@@ -125,7 +125,7 @@ class PatchEmbedding(keras.layers.Layer):
                 f"received shape {tuple(shape)}."
             )
         for axis, size in (("height", shape[1]), ("width", shape[2])):
-            if size is not None and size % self.patch_size != 0:
+            if isinstance(size, int) and size % self.patch_size != 0:  # None or symbolic: unknown here
                 raise ValueError(
                     f"PatchEmbedding: image {axis} must be a multiple of patch_size="
                     f"{self.patch_size}; received image shape {tuple(shape)}."

@@ -60,16 +60,17 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         length = inputs.shape[1]
-        if length is not None and isinstance(start_index, int) and start_index + length > self.max_length:
+        if isinstance(length, int) and isinstance(start_index, int) and start_index + length > self.max_length:
             raise ValueError(
                 f"LearnedPositionEmbedding: sequence length {length} starting at position "
                 f"{start_index} exceeds max_length={self.max_length}; received `inputs` of shape "
                 f"{tuple(inputs.shape)}."
             )
-        if length is None:
-            length = ops.shape(inputs)[1]
         table = ops.cast(self.embeddings, self.compute_dtype)
-        positions = ops.slice(table, (start_index, 0), (length, table.shape[-1]))
+        if isinstance(length, int):
+            positions = ops.slice(table, (start_index, 0), (length, table.shape[-1]))
+        else:  # unknown while tracing, or symbolic (JAX export): a slice of it would need `length <= max_length`
+            positions = ops.take(table, ops.arange(ops.shape(inputs)[1]) + start_index, axis=0)
         return ops.broadcast_to(positions, ops.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):

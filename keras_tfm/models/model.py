@@ -10,7 +10,7 @@ class Model(keras.Model):
     constructed for free: the first call, `fit`, `generate` or `build()` creates them.
 
     Keras' methods that read a model's weights would refuse an unbuilt model (`count_params`,
-    `load_weights`) or see no weights in it (`summary`, `get_weights`); here they build it first,
+    `load_weights`, `export`) or see no weights in it (`summary`, `get_weights`); here they build it first,
     as a functional model already is.
 
     Example:
@@ -41,3 +41,7 @@ class Model(keras.Model):
     def load_weights(self, filepath, *args, **kwargs):
         self._build_on_demand()
         return super().load_weights(filepath, *args, **kwargs)
+
+    def export(self, filepath, *args, **kwargs):
+        self._build_on_demand()
+        return super().export(filepath, *args, **kwargs)

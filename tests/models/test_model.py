@@ -3,6 +3,8 @@
 import io
 from contextlib import redirect_stdout
 
+import keras
+import numpy as np
 import pytest
 
 import keras_tfm
@@ -52,3 +54,31 @@ def test_keras_methods_that_read_weights_build_a_new_model_first(tmp_path, rng, 
     copied.set_weights(trained.get_weights())
     assert_close(to_numpy(copied(*inputs)), expected, atol=1e-6)
     assert len(make().get_weights()) == len(trained.weights)
+
+
+EXPORTS = {  # inputs of two batch sizes and (but ViT) two lengths
+    "gpt": (lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))]),
+    "bert_mlm": (lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))]),
+    "bert_classifier": (lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))]),
+    "translator": (lambda rng: [{"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
+                                {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))}]),
+    "vit": (lambda rng: [rng.random((2, 16, 16, 3)), rng.random((3, 16, 16, 3))]),
+}
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch",
+                    reason="Keras 3.15's SavedModel export fails on PyTorch for every model, a Sequential one too "
+                           "(torch.export: 'mismatch between the structure of inputs and dynamic_shapes')")
+@pytest.mark.parametrize("name", EXPORTS)
+def test_a_new_model_exports_a_saved_model_serving_any_batch_and_length(tmp_path, rng, name):
+    tf = pytest.importorskip("tensorflow")
+    model = MODELS[name][0]()
+    batches = [keras.tree.map_structure(lambda x: x.astype("float32" if x.dtype.kind == "f" else "int32"), inputs)
+               for inputs in EXPORTS[name](rng)]
+    free = "float32" if name == "vit" else "int32"
+    spec = keras.InputSpec(shape=(None, 16, 16, 3) if name == "vit" else (None, None), dtype=free)
+    signature = [{"source_ids": spec, "target_ids": spec}] if name == "translator" else [spec]
+    model.export(str(tmp_path / "served"), verbose=False, input_signature=signature)
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    for inputs in batches:
+        assert_close(np.asarray(served.serve(inputs)), to_numpy(model(inputs)), atol=1e-5)
