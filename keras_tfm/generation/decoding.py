@@ -64,6 +64,8 @@ def prepare_prompts(token_ids, padding_mask, max_new_tokens: int, pad_token_id: 
         lengths = mask.sum(axis=1)
         if not np.array_equal(mask, np.arange(ids.shape[1])[None] < lengths[:, None]):
             raise ValueError("`padding_mask` must mark padding on the right of each prompt only.")
+    if ids.shape[0] == 0:
+        raise ValueError(f"`token_ids` must hold at least one prompt; received shape {ids.shape}.")
     if lengths.min() < 1:
         raise ValueError("Every prompt needs at least one token; received an empty prompt.")
     if max_new_tokens < 1:

@@ -228,6 +228,9 @@ class Translator(Model):
             if ids.ndim != 2:
                 raise ValueError(f"Translator.translate: `source_ids` must be (batch, length) or a list of lists; "
                                  f"received shape {ids.shape}.")
+        if ids.shape[0] == 0:
+            raise ValueError(f"Translator.translate: `source_ids` must hold at least one source; received shape "
+                             f"{ids.shape}.")
         empty = np.flatnonzero(np.all(ids == self.pad_token_id, axis=1))
         if ids.shape[1] == 0 or empty.size:
             raise ValueError(f"Translator.translate: every source needs at least one token that is not "

@@ -155,6 +155,8 @@ def test_bad_generation_arguments():
         model.generate([[1] * 20], max_new_tokens=5)
     with pytest.raises(ValueError, match="empty prompt"):
         model.generate([[1, 2], []], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"`token_ids` must hold at least one prompt; received shape \(0, 3\)"):
+        model.generate(np.zeros((0, 3), "int32"), max_new_tokens=2)
     with pytest.raises(ValueError, match="`top_p` must be in"):
         model.generate([[1]], max_new_tokens=2, top_p=0.0)
     with pytest.raises(ValueError, match="padding on the right"):
