@@ -1,7 +1,7 @@
 """`from_huggingface`: build the matching keras_tfm model and copy a Hugging Face model's weights.
 
 Takes an in-memory `transformers` model (PyTorch) or a local directory with `config.json` and
-`model.safetensors` / `pytorch_model.bin`. Reading a directory needs no `transformers` and no
+`model.safetensors` / `pytorch_model.bin` (or their shards and `.index.json`). Reading a directory needs no `transformers` and no
 network; converting weights needs only NumPy.
 """
 
@@ -44,29 +44,43 @@ def read_config(path: str) -> dict:
     return config
 
 
-def _read_weights(path: str) -> dict:
-    safetensors_path = os.path.join(path, "model.safetensors")
-    torch_path = os.path.join(path, "pytorch_model.bin")
-    if os.path.isfile(safetensors_path):
-        from safetensors.numpy import load_file
+def _read_weight_file(file: str) -> dict:
+    """One `.safetensors` or `.bin` file's arrays; a corrupt file is a ValueError naming it."""
+    try:
+        if file.endswith(".safetensors"):
+            from safetensors.numpy import load_file
 
-        try:
-            weights = load_file(safetensors_path)
-        except Exception as error:  # safetensors raises its own error types for corrupt files
-            raise ValueError(f"from_huggingface: cannot read {safetensors_path!r}: {error}") from None
-    elif os.path.isfile(torch_path):
+            return load_file(file)
         import torch
 
-        try:
-            state = torch.load(torch_path, map_location="cpu", weights_only=True)
-        except Exception as error:
-            raise ValueError(f"from_huggingface: cannot read {torch_path!r}: {error}") from None
-        weights = {k: v.float().numpy() for k, v in state.items()}
-    else:
-        raise FileNotFoundError(
-            f"from_huggingface: directory {path!r} has neither model.safetensors nor pytorch_model.bin."
-        )
-    return weights
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in state.items()}
+    except Exception as error:  # safetensors and torch raise their own error types for corrupt files
+        raise ValueError(f"from_huggingface: cannot read {file!r}: {error}") from None
+
+
+def _read_weights(path: str) -> dict:
+    """The weights of a `save_pretrained` directory: one file, or shards listed by an index file
+    (`save_pretrained` shards what exceeds `max_shard_size`, e.g. GPT-2 XL in fp32)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if os.path.isfile(os.path.join(path, name)):
+            return _read_weight_file(os.path.join(path, name))
+        index_path = os.path.join(path, name + ".index.json")
+        if os.path.isfile(index_path):
+            weight_map = read_json(index_path, "from_huggingface").get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"from_huggingface: {index_path!r} has no 'weight_map' of weight names to shard files.")
+            weights = {}
+            for shard in sorted(set(weight_map.values())):
+                shard_path = os.path.join(path, shard)
+                if not os.path.isfile(shard_path):
+                    raise FileNotFoundError(f"from_huggingface: shard {shard!r}, listed in {index_path!r}, is missing.")
+                weights.update(_read_weight_file(shard_path))
+            return weights
+    raise FileNotFoundError(
+        f"from_huggingface: directory {path!r} has neither model.safetensors nor pytorch_model.bin "
+        f"(nor their sharded .index.json)."
+    )
 
 
 def _check_model_type(config: dict) -> None:

@@ -1,5 +1,7 @@
 """keras_tfm GPT vs Hugging Face GPT-2 built from small random configurations (no network)."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -31,10 +33,12 @@ def test_logits_and_parameter_count_match(rng, config):
     assert model.count_params() == sum(p.numel() for p in hf.parameters())
 
 
+@pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("safe_serialization", [True, False])
-def test_loads_a_saved_directory(rng, tmp_path, safe_serialization):
+def test_loads_a_saved_directory(rng, tmp_path, safe_serialization, sharded):
     hf = hf_gpt2()
-    hf.save_pretrained(tmp_path, safe_serialization=safe_serialization)
+    hf.save_pretrained(tmp_path, safe_serialization=safe_serialization, **({"max_shard_size": "20KB"} if sharded else {}))
+    assert any(name.endswith(".index.json") for name in os.listdir(tmp_path)) == sharded
     model = keras_tfm.from_huggingface(str(tmp_path))
     ids = rng.integers(0, 97, size=(2, 9))
     np.testing.assert_allclose(to_numpy(model(ids)), hf_logits(hf, ids), atol=1e-4, rtol=0)
@@ -72,6 +76,13 @@ def test_directory_errors(tmp_path):
         keras_tfm.from_huggingface(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"corrupt")
     with pytest.raises(ValueError, match="cannot read"):
+        keras_tfm.from_huggingface(str(tmp_path))
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(ValueError, match="has no 'weight_map'"):
+        keras_tfm.from_huggingface(str(tmp_path))
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"wte.weight": "model-00001-of-00002.safetensors"}}')
+    with pytest.raises(FileNotFoundError, match="shard 'model-00001-of-00002.safetensors', listed in .* is missing"):
         keras_tfm.from_huggingface(str(tmp_path))
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ValueError, match="unsupported model_type 'llama'"):
