@@ -66,27 +66,26 @@ def test_greedy_generate_matches_hugging_face(rng):
 
 
 def test_directory_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no config.json"):
-        keras_tfm.from_huggingface(str(tmp_path))
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
-        keras_tfm.from_huggingface(str(tmp_path))
-    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
-    with pytest.raises(FileNotFoundError, match="neither model.safetensors nor pytorch_model.bin"):
-        keras_tfm.from_huggingface(str(tmp_path))
-    (tmp_path / "model.safetensors").write_bytes(b"corrupt")
-    with pytest.raises(ValueError, match="cannot read"):
-        keras_tfm.from_huggingface(str(tmp_path))
-    (tmp_path / "model.safetensors").unlink()
-    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
-    with pytest.raises(ValueError, match="has no 'weight_map'"):
-        keras_tfm.from_huggingface(str(tmp_path))
-    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"wte.weight": "model-00001-of-00002.safetensors"}}')
-    with pytest.raises(FileNotFoundError, match="shard 'model-00001-of-00002.safetensors', listed in .* is missing"):
-        keras_tfm.from_huggingface(str(tmp_path))
-    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
-    with pytest.raises(ValueError, match="unsupported model_type 'llama'"):
-        keras_tfm.from_huggingface(str(tmp_path))
+    shard = "model-00001-of-00002.safetensors"
+    steps = [  # (files written, or None to delete, before the call), the error, its message
+        ({}, FileNotFoundError, "no config.json"),
+        ({"config.json": "{not json"}, ValueError, "not valid JSON"),
+        ({"config.json": '{"model_type": "gpt2"}'}, FileNotFoundError, "neither model.safetensors nor pytorch_model.bin"),
+        ({"model.safetensors": "corrupt"}, ValueError, "cannot read"),
+        ({"model.safetensors": None, "model.safetensors.index.json": '{"metadata": {}}'}, ValueError,
+         "has no 'weight_map'"),
+        ({"model.safetensors.index.json": f'{{"weight_map": {{"wte.weight": "{shard}"}}}}'}, FileNotFoundError,
+         f"shard '{shard}', listed in .* is missing"),
+        ({"config.json": '{"model_type": "llama"}'}, ValueError, "unsupported model_type 'llama'"),
+    ]
+    for files, error, message in steps:
+        for name, text in files.items():
+            if text is None:
+                (tmp_path / name).unlink()
+            else:
+                (tmp_path / name).write_text(text)
+        with pytest.raises(error, match=message):
+            keras_tfm.from_huggingface(str(tmp_path))
 
 
 @pytest.mark.parametrize("num_beams", [2, 4])
