@@ -1,8 +1,8 @@
 """`from_huggingface`: build the matching keras_tfm model and copy a Hugging Face model's weights.
 
 Takes an in-memory `transformers` model (PyTorch) or a local directory with `config.json` and
-`model.safetensors` / `pytorch_model.bin` (or their shards and `.index.json`). Reading a directory needs no `transformers` and no
-network; converting weights needs only NumPy.
+`model.safetensors` / `pytorch_model.bin` (or their shards and `.index.json`). Reading a directory
+needs no `transformers` and no network; converting weights needs only NumPy.
 """
 
 from __future__ import annotations

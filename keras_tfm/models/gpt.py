@@ -177,8 +177,7 @@ class GPT(Model):
         TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
         recorded once with `torch.jit.trace` and replayed.
         """
-        if not self.built:
-            self.build()  # weights must exist before the loop is traced
+        self._build_on_demand()  # weights must exist before the loop is traced
         if num_beams < 1:
             raise ValueError(f"`num_beams` must be >= 1; received {num_beams}.")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)

@@ -10,8 +10,8 @@ class Model(keras.Model):
     constructed for free: the first call, `fit`, `generate` or `build()` creates them.
 
     Keras' methods that read a model's weights would refuse an unbuilt model (`count_params`,
-    `load_weights`, `export`) or see no weights in it (`summary`, `get_weights`); here they build it first,
-    as a functional model already is.
+    `load_weights`, `export`) or see no weights in it (`summary`, `get_weights`); here they build
+    it first, as a functional model already is.
 
     Example:
     >>> keras_tfm.gpt2_small().count_params()

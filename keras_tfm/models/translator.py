@@ -250,8 +250,7 @@ class Translator(Model):
             int array `(batch, max_length)`: each translation (without the start token), ending with
             `end_token_id` unless cut at `max_length`, then `pad_token_id`.
         """
-        if not self.built:
-            self.build()
+        self._build_on_demand()
         if beam_size < 1:
             raise ValueError(f"Translator.translate: `beam_size` must be >= 1; received {beam_size}.")
         source = self._prepare_source(source_ids)
