@@ -10,9 +10,9 @@ Data (one of):
 Images are augmented (random shifts; flips with --flip; random erasing, MixUp and CutMix when asked)
 by Keras preprocessing layers as batches are drawn, with a seed per (epoch, step) so a resumed run
 sees the same batches; the model itself scales pixels to [0, 1] and resizes to --image-size, so it
-takes raw pixels. AdamW with warmup and cosine decay, label smoothing. Prints test accuracy; leaves
-checkpoints, log.csv, metrics.json, learning_curves.png and attention_maps.png in --output-dir.
-Rerunning resumes.
+takes raw pixels. AdamW with warmup and cosine decay, label smoothing. Prints test accuracy (with
+--flip also of each test image averaged with its mirror image); leaves checkpoints, log.csv,
+metrics.json, learning_curves.png and attention_maps.png in --output-dir. Rerunning resumes.
 
 --from-huggingface DIR fine-tunes a Hugging Face ViT checkpoint (a local directory saved by
 `save_pretrained`, e.g. google/vit-base-patch16-224) instead of training a new model: its weights, a
@@ -50,7 +50,8 @@ def main() -> None:
     recipe.add_argument("--pooling", choices=["token", "mean"], default="token", help="(default: %(default)s)")
     recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
     recipe.add_argument("--shift", type=float, default=0.1, help="random shift, as a fraction of the side (default: %(default)s)")
-    recipe.add_argument("--flip", action="store_true", help="random horizontal flips (not for digits or text)")
+    recipe.add_argument("--flip", action="store_true", help="random horizontal flips (not for digits or text); the test images are then also "
+                        "scored averaged with their mirror images")
     recipe.add_argument("--erasing", type=float, default=0.0,
                         help="random erasing: each image's chance is drawn from [0, this] (default: off)")
     recipe.add_argument("--mixup", type=float, default=0.0, help="MixUp with this Beta alpha (default: off)")
@@ -61,7 +62,7 @@ def main() -> None:
     import keras
 
     from keras_tfm import convert, viz
-    from keras_tfm.data import DataError, augment, augmentation_layers, load_images
+    from keras_tfm.data import DataError, augment, augmentation_layers, flip_averaged_probabilities, load_images
 
     checkpoint = checkpoint_settings(args) if args.from_huggingface else None
     data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log)
@@ -127,7 +128,11 @@ def main() -> None:
         _, weights = backbone(x, return_attention_weights=True)
         seen = keras.ops.convert_to_numpy(seen)[0]
         path = viz.plot_attention_maps(seen, weights, os.path.join(args.output_dir, "attention_maps.png"))
-        return {"attention_maps": path, "data": data.source}
+        results = {"attention_maps": path, "data": data.source}
+        if args.flip:  # a model trained on mirror images is also scored on each test image averaged with its mirror
+            probabilities = flip_averaged_probabilities(model, test_x.astype("float32"), args.batch_size)
+            results["validation_accuracy_flip_averaged"] = float(np.mean(probabilities.argmax(-1) == test_y))
+        return results
 
     result = training.train(
         args,
@@ -139,7 +144,9 @@ def main() -> None:
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         evaluate=draw_attention,
     )
-    print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images")
+    print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
+          + (f"; averaged with their mirror images {result.metrics['validation_accuracy_flip_averaged']:.4f}"
+             if args.flip else ""))
 
 
 def checkpoint_settings(args) -> dict:

@@ -1,6 +1,7 @@
+import keras
 import numpy as np
 
-from keras_tfm.data import augment, augmentation_layers
+from keras_tfm.data import augment, augmentation_layers, flip_averaged_probabilities
 
 
 def _one_hot(labels, num_classes=10):
@@ -73,3 +74,23 @@ def test_mixup_and_cutmix_mix_the_labels_as_they_mix_the_images():
     # A CutMix image keeps the share of its own pixels that its own label keeps. Keras weighs the labels
     # by the box's real-valued area and cuts whole pixels: they may differ by a row and a column (7% at 28).
     np.testing.assert_allclose(own_pixels, cut_labels[np.arange(64), np.arange(64)], atol=2 / 28 + 1e-3)
+
+
+def test_flip_averaged_probabilities_average_the_image_and_its_mirror():
+    rng = np.random.default_rng(0)
+    height, width, channels, classes = 3, 5, 2, 4
+    images = rng.random((7, height, width, channels)).astype("float32")
+    model = keras.Sequential([keras.Input((height, width, channels)), keras.layers.Flatten(),
+                              keras.layers.Dense(classes, use_bias=False)])
+    kernel = rng.normal(size=(height * width * channels, classes)).astype("float32")
+    model.set_weights([kernel])
+    # A linear model sees a mirrored image as the image seen through a mirrored kernel.
+    mirrored = kernel.reshape(height, width, channels, classes)[:, ::-1].reshape(-1, classes)
+
+    def softmax(logits):
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    flat = images.reshape(len(images), -1)
+    expected = (softmax(flat @ kernel) + softmax(flat @ mirrored)) / 2
+    np.testing.assert_allclose(flip_averaged_probabilities(model, images, batch_size=3), expected, atol=1e-5)

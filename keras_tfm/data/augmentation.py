@@ -55,3 +55,17 @@ def augment(
         labels = keras.ops.convert_to_numpy(layer.transform_labels(labels, transformation, training=True))
         images = keras.ops.convert_to_numpy(layer.transform_images(images, transformation, training=True))
     return images, labels
+
+
+def flip_averaged_probabilities(model: keras.Model, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
+    """Test-time augmentation for a classifier trained with horizontal flips: the mean of its class
+    probabilities on each image and on its mirror image. `model` maps images `(batch, height, width,
+    channels)` to logits; returns probabilities `(batch, num_classes)`.
+
+    Example:
+        >>> probabilities = flip_averaged_probabilities(model, test_images)
+        >>> accuracy = np.mean(probabilities.argmax(-1) == test_labels)
+    """
+    views = (images, images[:, :, ::-1])
+    return sum(keras.ops.convert_to_numpy(keras.ops.softmax(model.predict(view, batch_size=batch_size, verbose=0)))
+               for view in views) / len(views)

@@ -315,11 +315,13 @@ def test_vit_recipe_short_run_on_the_offline_digits(tmp_path):
     out = tmp_path / "run"
     done = recipe("vit.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
                   "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out),
-                  "--erasing", "0.5", "--mixup", "0.2", "--cutmix", "1.0")
+                  "--erasing", "0.5", "--mixup", "0.2", "--cutmix", "1.0", "--flip")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "scikit-learn's bundled 8x8 handwritten digits" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 4 and 0.0 <= metrics["validation_accuracy"] <= 1.0
+    flip_averaged = metrics["validation_accuracy_flip_averaged"]
+    assert 0.0 <= flip_averaged <= 1.0 and f"averaged with their mirror images {flip_averaged:.4f}" in done.stdout
     for name in ("learning_curves.png", "attention_maps.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "checkpoint" / "state.json").read_text())["epoch"] == 2
