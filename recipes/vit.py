@@ -50,8 +50,9 @@ def main() -> None:
     recipe.add_argument("--pooling", choices=["token", "mean"], default="token", help="(default: %(default)s)")
     recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
     recipe.add_argument("--shift", type=float, default=0.1, help="random shift, as a fraction of the side (default: %(default)s)")
-    recipe.add_argument("--flip", action="store_true", help="random horizontal flips (not for digits or text); the test images are then also "
-                        "scored averaged with their mirror images")
+    recipe.add_argument("--flip", action="store_true",
+                        help="random horizontal flips (not for digits or text); test images are then also scored "
+                             "averaged with their mirror images")
     recipe.add_argument("--erasing", type=float, default=0.0,
                         help="random erasing: each image's chance is drawn from [0, this] (default: off)")
     recipe.add_argument("--mixup", type=float, default=0.0, help="MixUp with this Beta alpha (default: off)")

@@ -57,12 +57,12 @@ def test_keras_methods_that_read_weights_build_a_new_model_first(tmp_path, rng, 
 
 
 EXPORTS = {  # inputs of two batch sizes and (but ViT) two lengths
-    "gpt": (lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))]),
-    "bert_mlm": (lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))]),
-    "bert_classifier": (lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))]),
-    "translator": (lambda rng: [{"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
-                                {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))}]),
-    "vit": (lambda rng: [rng.random((2, 16, 16, 3)), rng.random((3, 16, 16, 3))]),
+    "gpt": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
+    "bert_mlm": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
+    "bert_classifier": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
+    "translator": lambda rng: [{"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
+                               {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))}],
+    "vit": lambda rng: [rng.random((2, 16, 16, 3)), rng.random((3, 16, 16, 3))],
 }
 
 
@@ -75,8 +75,8 @@ def test_a_new_model_exports_a_saved_model_serving_any_batch_and_length(tmp_path
     model = MODELS[name][0]()
     batches = [keras.tree.map_structure(lambda x: x.astype("float32" if x.dtype.kind == "f" else "int32"), inputs)
                for inputs in EXPORTS[name](rng)]
-    free = "float32" if name == "vit" else "int32"
-    spec = keras.InputSpec(shape=(None, 16, 16, 3) if name == "vit" else (None, None), dtype=free)
+    spec = keras.InputSpec(shape=(None, 16, 16, 3), dtype="float32") if name == "vit" else \
+        keras.InputSpec(shape=(None, None), dtype="int32")
     signature = [{"source_ids": spec, "target_ids": spec}] if name == "translator" else [spec]
     model.export(str(tmp_path / "served"), verbose=False, input_signature=signature)
     served = tf.saved_model.load(str(tmp_path / "served"))
