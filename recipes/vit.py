@@ -129,7 +129,10 @@ def main() -> None:
         _, weights = backbone(x, return_attention_weights=True)
         seen = keras.ops.convert_to_numpy(seen)[0]
         path = viz.plot_attention_maps(seen, weights, os.path.join(args.output_dir, "attention_maps.png"))
-        results = {"attention_maps": path, "data": data.source}
+        return {"attention_maps": path, "data": data.source}
+
+    def evaluate(model) -> dict:
+        results = draw_attention(model)
         if args.flip:  # a model trained on mirror images is also scored on each test image averaged with its mirror
             probabilities = flip_averaged_probabilities(model, test_x.astype("float32"), args.batch_size)
             results["validation_accuracy_flip_averaged"] = float(np.mean(probabilities.argmax(-1) == test_y))
@@ -143,7 +146,7 @@ def main() -> None:
         validation_data=(test_x.astype("float32"), one_hot(test_y)),
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-        evaluate=draw_attention,
+        evaluate=evaluate,
     )
     print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
           + (f"; averaged with their mirror images {result.metrics['validation_accuracy_flip_averaged']:.4f}"
