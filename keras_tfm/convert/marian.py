@@ -1,8 +1,10 @@
 """Marian (`MarianMTModel`, `MarianModel`: the opus-mt checkpoints) -> `keras_tfm.Translator`.
 
 Marian is the paper's post-norm Transformer with [sin | cos] sinusoidal positions, embeddings scaled
-by sqrt(d_model) when `scale_embedding`, a shared vocabulary whose padding id also starts decoding,
-and a fixed `final_logits_bias`. PyTorch `Linear` weights are (out, in); Keras kernels are (in, out).
+by sqrt(d_model) when `scale_embedding`, a padding id that also starts decoding, and a fixed
+`final_logits_bias`. Most opus-mt checkpoints share one vocabulary (`model.shared`); those with
+`share_encoder_decoder_embeddings=False` have a source table and a target table of
+`decoder_vocab_size` rows, to which the output projection is tied. PyTorch `Linear` weights are (out, in); Keras kernels are (in, out).
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ def convert_marian(config: dict, weights: dict, num_classes: int | None = None) 
     activation = config.get("activation_function", "gelu")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: Marian activation {activation!r} is not supported.")
-    if config.get("decoder_vocab_size") not in (None, config["vocab_size"]) or not config.get(
-            "share_encoder_decoder_embeddings", True):
-        raise ValueError("from_huggingface: Marian checkpoints with separate source and target vocabularies are not supported.")
+    shared = config.get("share_encoder_decoder_embeddings", True)
     if config.get("encoder_attention_heads") != config.get("decoder_attention_heads") or config.get(
             "encoder_ffn_dim") != config.get("decoder_ffn_dim"):
         raise ValueError("from_huggingface: Marian encoder and decoder must share heads and feed-forward width.")
     model = Translator(
         source_vocabulary_size=config["vocab_size"],
+        target_vocabulary_size=config["vocab_size"] if shared else config.get("decoder_vocab_size") or config["vocab_size"],
         num_encoder_layers=config["encoder_layers"],
         num_decoder_layers=config["decoder_layers"],
         num_heads=config["encoder_attention_heads"],
@@ -35,7 +36,7 @@ def convert_marian(config: dict, weights: dict, num_classes: int | None = None) 
         max_length=config["max_position_embeddings"],
         positions="sinusoidal",
         norm_first=False,
-        share_embeddings=True,
+        share_embeddings=shared,
         tie_embeddings=config.get("tie_word_embeddings", True),
         scale_embeddings=config.get("scale_embedding", False),
         use_output_bias=True,
@@ -48,7 +49,11 @@ def convert_marian(config: dict, weights: dict, num_classes: int | None = None) 
     )
     model.build()
     w = WeightReader(weights, prefixes=("model.",))
-    model.source_embedding.set_weights([w("shared.weight")])
+    if shared:
+        model.source_embedding.set_weights([w("shared.weight")])
+    else:
+        model.source_embedding.set_weights([w("encoder.embed_tokens.weight")])
+        model.target_embedding.set_weights([w("decoder.embed_tokens.weight")])
     if "final_logits_bias" in weights:
         model.output_bias.assign(w("final_logits_bias").reshape(-1))
 
@@ -77,9 +82,11 @@ def convert_marian(config: dict, weights: dict, num_classes: int | None = None) 
         feed_forward(block, p)
     if not model.tie_embeddings:
         model.lm_head.set_weights([w("lm_head.weight").T])
-    # the per-stack token tables are copies of `shared`; the position tables are the fixed sinusoids
+    # with a shared vocabulary the per-stack token tables are copies of `shared`; the position
+    # tables are the fixed sinusoids; a tied `lm_head` is a copy of the target table
+    copies = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") if shared else ()
     leftover = w.unused(ignore=lambda name: name == "lm_head.weight" or name.endswith(
-        ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "embed_positions.weight")))
+        (*copies, "embed_positions.weight")))
     if leftover:
         raise ValueError(f"from_huggingface: Marian weights not converted: {leftover[:5]}")
     return model

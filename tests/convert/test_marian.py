@@ -10,6 +10,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 VOCABULARY, PAD, EOS = 61, 60, 0
+# A checkpoint with its own target vocabulary (`share_encoder_decoder_embeddings=False`); Marian's
+# padding id is the same in both, so the target vocabulary must hold PAD too.
+TARGET_VOCABULARY = 73
+SEPARATE = {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": TARGET_VOCABULARY}
 
 
 def hf_marian(init_std=0.02, **config):
@@ -30,32 +34,37 @@ def ragged_sources(rng, lengths):
     return ids, (ids != PAD).astype("int64")
 
 
-@pytest.mark.parametrize("config", [{}, {"activation_function": "swish", "scale_embedding": True}])
+@pytest.mark.parametrize("config", [{}, {"activation_function": "swish", "scale_embedding": True}, SEPARATE,
+                                    {**SEPARATE, "tie_word_embeddings": False}])
 def test_logits_match_with_padded_sources(rng, config):
     hf = hf_marian(**config)
     with torch.no_grad():  # a non-zero final_logits_bias, so the test sees whether it is loaded
         hf.final_logits_bias.copy_(torch.randn_like(hf.final_logits_bias))
     model = keras_tfm.from_huggingface(hf)
     source, source_mask = ragged_sources(rng, [9, 5, 7])
-    target = np.concatenate([np.full((3, 1), PAD), rng.integers(1, PAD, size=(3, 6))], axis=1)
+    target_vocabulary = hf.config.decoder_vocab_size
+    target = np.concatenate([np.full((3, 1), PAD), rng.integers(1, target_vocabulary, size=(3, 6))], axis=1)
     with torch.no_grad():
         expected = hf(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
                       decoder_input_ids=torch.tensor(target)).logits.numpy()
+    assert expected.shape[-1] == target_vocabulary
     got = to_numpy(model({"source_ids": source.astype("int32"), "target_ids": target.astype("int32")}))
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
 
-def test_parameter_count_equals_hugging_face_without_its_fixed_position_tables():
-    hf = hf_marian()
+@pytest.mark.parametrize("config", [{}, SEPARATE])
+def test_parameter_count_equals_hugging_face_without_its_fixed_position_tables(config):
+    hf = hf_marian(**config)
     model = keras_tfm.from_huggingface(hf)
     # Marian stores its sinusoids as (frozen) parameters; ours are computed, so they are not weights.
     positions = sum(p.numel() for name, p in hf.named_parameters() if "embed_positions" in name)
-    assert model.count_params() - VOCABULARY == sum(p.numel() for p in hf.parameters()) - positions  # + our output bias
+    output_bias = hf.config.decoder_vocab_size  # a buffer in Hugging Face, a (frozen in effect) weight here
+    assert model.count_params() - output_bias == sum(p.numel() for p in hf.parameters()) - positions
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_translations_match_hugging_face_generate(rng, beam_size):
-    hf = hf_marian(init_std=0.5)  # peaked logits: the argmax is the model's, not float noise
+@pytest.mark.parametrize("beam_size, config", [(1, {}), (3, {}), (3, SEPARATE)])
+def test_translations_match_hugging_face_generate(rng, beam_size, config):
+    hf = hf_marian(init_std=0.5, **config)  # peaked logits: the argmax is the model's, not float noise
     model = keras_tfm.from_huggingface(hf)
     source, source_mask = ragged_sources(rng, [8, 4, 6])
     with torch.no_grad():
@@ -69,12 +78,13 @@ def test_translations_match_hugging_face_generate(rng, beam_size):
         assert (row_got[n:] == PAD).all()
 
 
-def test_loads_a_saved_directory(rng, tmp_path):
-    hf = hf_marian()
+@pytest.mark.parametrize("config", [{}, SEPARATE])
+def test_loads_a_saved_directory(rng, tmp_path, config):
+    hf = hf_marian(**config)
     hf.save_pretrained(tmp_path)
     model = keras_tfm.from_huggingface(str(tmp_path))
     source, source_mask = ragged_sources(rng, [6, 6])
-    target = np.full((2, 3), PAD)
+    target = np.concatenate([np.full((2, 1), PAD), rng.integers(1, hf.config.decoder_vocab_size, size=(2, 3))], axis=1)
     with torch.no_grad():
         expected = hf(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
                       decoder_input_ids=torch.tensor(target)).logits.numpy()
