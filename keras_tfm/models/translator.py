@@ -225,9 +225,11 @@ class Translator(Model):
             ids = decoding.right_padded(source_ids, "source_ids", vocabulary, self.pad_token_id)
         else:
             ids = decoding.as_token_ids(ops.convert_to_numpy(source_ids), "source_ids", vocabulary)
+            if ids.ndim == 1:  # one sentence, as `GPT.generate` takes one prompt
+                ids = ids[None]
             if ids.ndim != 2:
-                raise ValueError(f"Translator.translate: `source_ids` must be (batch, length) or a list of lists; "
-                                 f"received shape {ids.shape}.")
+                raise ValueError(f"Translator.translate: `source_ids` must be (batch, length), one sentence "
+                                 f"(length,) or a list of lists; received shape {ids.shape}.")
         if ids.shape[0] == 0:
             raise ValueError(f"Translator.translate: `source_ids` must hold at least one source; received shape "
                              f"{ids.shape}.")
@@ -239,7 +241,7 @@ class Translator(Model):
 
     def translate(self, source_ids, max_length: int = 64, beam_size: int = 1, length_penalty: float = 1.0) -> np.ndarray:
         """Translates a batch of sources (lists of ids of any lengths, or `(batch, length)` padded
-        with `pad_token_id`).
+        with `pad_token_id`), or one source (a list or 1-D array of ids, translated as a batch of one).
 
         Args:
             max_length: most target tokens per sentence, the end token included.

@@ -105,6 +105,14 @@ def test_padded_array_with_mask_equals_list_of_prompts():
     np.testing.assert_array_equal(from_array, from_lists)
 
 
+def test_one_prompt_generates_as_a_batch_of_one():
+    model = peaked(tiny_gpt())
+    expected = model.generate([[3, 17, 5]], max_new_tokens=4)
+    assert expected.shape == (1, 7)
+    for one in ([3, 17, 5], np.array([3, 17, 5], "int32")):
+        np.testing.assert_array_equal(model.generate(one, max_new_tokens=4), expected)
+
+
 def test_stop_tokens_end_a_row_and_pad_the_rest():
     model = peaked(tiny_gpt())
     free = model.generate([[3, 17, 5]], max_new_tokens=8)[0]

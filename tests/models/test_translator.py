@@ -73,6 +73,16 @@ def test_ragged_batch_translates_each_sentence_as_if_alone(rng, beam_size):
         assert row.tolist() == model.translate([sentence], max_length=8, beam_size=beam_size)[0].tolist()
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_one_sentence_translates_as_a_batch_of_one(rng, beam_size):
+    model = peaked(tiny_translator())
+    sentence = [int(t) for t in rng.integers(3, 30, size=5)]
+    expected = model.translate([sentence], max_length=7, beam_size=beam_size)
+    assert expected.shape == (1, 7)
+    for one in (sentence, np.array(sentence, "int32")):
+        np.testing.assert_array_equal(model.translate(one, max_length=7, beam_size=beam_size), expected)
+
+
 def test_beam_search_scores_at_least_greedy(rng):
     model = peaked(tiny_translator())
     source = sources(rng, [6, 5, 7, 4])
@@ -107,6 +117,9 @@ def test_sizes_and_errors():
         model.translate(np.ones((1, 30), "int32"))
     with pytest.raises(ValueError, match="every source needs at least one token that is not pad_token_id=0; row 1"):
         model.translate([[5, 6], []])
+    with pytest.raises(ValueError, match=r"`source_ids` must be \(batch, length\), one sentence \(length,\) or a list "
+                                         r"of lists; received shape \(1, 1, 3\)"):
+        model.translate(np.ones((1, 1, 3), "int32"))
     with pytest.raises(ValueError, match=r"`source_ids` must hold at least one source; received shape \(0, 3\)"):
         model.translate(np.zeros((0, 3), "int32"))
     with pytest.raises(ValueError, match=r"`source_ids` must hold ids in \[0, vocabulary_size=30\); received 30"):
