@@ -4,7 +4,7 @@ decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import WeightReader, converter, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, converter, require_options, set_dense, set_layer_norm
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
@@ -12,6 +12,8 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_ta
 
 @converter("bert")
 def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
+    # a BERT decoder (causal, with cross-attention) or relative positions is another model than `Bert`
+    require_options("BERT", config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
     if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: BERT activation {config['hidden_act']!r} is not supported.")
     arguments = dict(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import (WeightReader, converter, no_classifier, require_options, set_dense,
+                                          set_layer_norm)
 from keras_tfm.models.gpt import GPT
 
 _ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu", "relu": "relu"}
@@ -17,6 +18,9 @@ _ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_appro
 @converter("gpt2")
 def convert_gpt2(config: dict, weights: dict, num_classes: int | None = None) -> GPT:
     no_classifier("GPT-2", num_classes)
+    # (reorder_and_upcast_attn only changes the precision of the attention logits: allowed)
+    require_options("GPT-2", config, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                    add_cross_attention=False)
     if config.get("activation_function", "gelu_new") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: GPT-2 activation {config['activation_function']!r} is not supported.")
     hidden_dim = config["n_embd"]

@@ -14,7 +14,7 @@ import re
 import keras
 import numpy as np
 
-from keras_tfm.convert.huggingface import WeightReader, converter, read_json, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, converter, read_json, require_options, set_dense, set_layer_norm
 from keras_tfm.models.vit import ViT
 
 _OLD_NAMES = [
@@ -37,6 +37,7 @@ def _rename(name: str) -> str:
 
 @converter("vit")
 def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> ViT:
+    require_options("ViT", config, qkv_bias=True)
     weights = {_rename(k): v for k, v in weights.items()}
     checkpoint_head = "classifier.weight" in weights and num_classes is None
     include_top = checkpoint_head or num_classes is not None
@@ -45,6 +46,9 @@ def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> 
     if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: ViT activation {config['hidden_act']!r} is not supported.")
     image_size, patch_size = config["image_size"], config["patch_size"]
+    for field, value in (("image_size", image_size), ("patch_size", patch_size)):
+        if not isinstance(value, int) and len(set(value)) != 1:
+            raise ValueError(f"from_huggingface: ViT checkpoints with a non-square {field}={value!r} are not supported.")
     model = ViT(
         image_size=image_size if isinstance(image_size, int) else image_size[0],
         patch_size=patch_size if isinstance(patch_size, int) else patch_size[0],

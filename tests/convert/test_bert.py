@@ -12,9 +12,9 @@ CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interm
               max_position_embeddings=24, num_labels=3)
 
 
-def hf_bert(cls):
+def hf_bert(cls, **config):
     torch.manual_seed(0)
-    return cls(transformers.BertConfig(**CONFIG)).eval()
+    return cls(transformers.BertConfig(**{**CONFIG, **config})).eval()
 
 
 def inputs(rng):
@@ -99,3 +99,10 @@ def test_num_classes_gives_a_classifier_on_the_checkpoints_encoder(rng, name):
     else:
         ours = to_numpy(model(ids, segment_ids=segments, padding_mask=mask))
         np.testing.assert_allclose(ours, hf_out.pooler_output.numpy() @ kernel + bias, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("option, value", [("is_decoder", True), ("position_embedding_type", "relative_key")])
+def test_options_that_change_the_computation_are_refused(option, value):
+    # a BERT decoder loaded silently before, attending both ways where Hugging Face's is causal
+    with pytest.raises(ValueError, match=f"BERT checkpoints with {option}={value!r} are not supported"):
+        keras_tfm.from_huggingface(hf_bert(transformers.BertForMaskedLM, **{option: value}))

@@ -33,6 +33,20 @@ def test_logits_and_parameter_count_match(rng, config):
     assert model.count_params() == sum(p.numel() for p in hf.parameters())
 
 
+@pytest.mark.parametrize("option, value", [("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
+                                           ("add_cross_attention", True)])
+def test_options_that_change_the_computation_are_refused(option, value):
+    # each loaded silently before, giving other logits (the cross-attention weights were left over)
+    with pytest.raises(ValueError, match=f"GPT-2 checkpoints with {option}={value!r} are not supported"):
+        keras_tfm.from_huggingface(hf_gpt2(**{option: value}))
+
+
+def test_upcast_attention_option_gives_the_same_logits(rng):
+    hf = hf_gpt2(reorder_and_upcast_attn=True)  # the same arithmetic, with float32 attention logits
+    ids = rng.integers(0, 97, size=(2, 9))
+    np.testing.assert_allclose(to_numpy(keras_tfm.from_huggingface(hf)(ids)), hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("safe_serialization", [True, False])
 def test_loads_a_saved_directory(rng, tmp_path, safe_serialization, sharded):

@@ -89,6 +89,13 @@ def test_num_classes_gives_a_new_head_on_the_checkpoints_encoder(rng, head):
     assert model.count_params() == sum(p.numel() for p in hf_three.parameters())
 
 
+def test_checkpoints_it_cannot_compute_are_refused_by_name():
+    with pytest.raises(ValueError, match="ViT checkpoints with qkv_bias=False are not supported"):
+        keras_tfm.from_huggingface(hf_vit(qkv_bias=False))  # was a KeyError naming one missing bias
+    with pytest.raises(ValueError, match=r"ViT checkpoints with a non-square image_size=\[16, 12\] are not supported"):
+        keras_tfm.from_huggingface(hf_vit(image_size=[16, 12]))
+
+
 def test_num_classes_is_refused_where_it_means_nothing():
     with pytest.raises(ValueError, match="num_classes applies to ViT and BERT checkpoints; this is a GPT-2"):
         keras_tfm.from_huggingface(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)),
