@@ -59,6 +59,8 @@ def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> 
         intermediate_dim=config["intermediate_size"],
         num_channels=config.get("num_channels", 3),
         include_top=include_top,
+        dropout=config.get("hidden_dropout_prob", 0.0),
+        attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
     )

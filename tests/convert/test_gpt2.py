@@ -47,6 +47,17 @@ def test_upcast_attention_option_gives_the_same_logits(rng):
     np.testing.assert_allclose(to_numpy(keras_tfm.from_huggingface(hf)(ids)), hf_logits(hf, ids), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_fine_tuning_drops_out_at_the_checkpoints_rate(rng, rate):
+    hf = hf_gpt2(resid_pdrop=rate, embd_pdrop=rate, attn_pdrop=rate)
+    model = keras_tfm.from_huggingface(hf)
+    assert model.dropout == rate  # was 0.0 whatever the checkpoint said
+    ids = rng.integers(0, 97, size=(2, 9))
+    inference, training = to_numpy(model(ids)), to_numpy(model(ids, training=True))
+    np.testing.assert_allclose(inference, hf_logits(hf, ids), atol=1e-4, rtol=0)
+    assert np.allclose(training, inference, atol=1e-5) == (rate == 0.0)
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("safe_serialization", [True, False])
 def test_loads_a_saved_directory(rng, tmp_path, safe_serialization, sharded):

@@ -89,6 +89,15 @@ def test_num_classes_gives_a_new_head_on_the_checkpoints_encoder(rng, head):
     assert model.count_params() == sum(p.numel() for p in hf_three.parameters())
 
 
+def test_dropout_rates_come_from_the_config(rng):
+    hf = hf_vit(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.1)
+    model = keras_tfm.from_huggingface(hf)
+    assert (model.dropout, model.attention_dropout) == (0.2, 0.1)  # were 0.0 whatever the checkpoint said
+    images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
+    np.testing.assert_allclose(to_numpy(model(images)), run_hf(hf, images), atol=1e-4, rtol=0)
+    assert not np.allclose(to_numpy(model(images, training=True)), to_numpy(model(images)), atol=1e-5)
+
+
 def test_checkpoints_it_cannot_compute_are_refused_by_name():
     with pytest.raises(ValueError, match="ViT checkpoints with qkv_bias=False are not supported"):
         keras_tfm.from_huggingface(hf_vit(qkv_bias=False))  # was a KeyError naming one missing bias
