@@ -184,13 +184,17 @@ def test_offline_digits():
     assert splits.train[0].max() == 255 and len(splits.train[0]) + len(splits.test[0]) == 1797
 
 
-def test_corrupt_idx_and_missing_labels(tmp_path):
+def test_corrupt_idx_missing_labels_and_a_file_that_is_not_npz(tmp_path):
     (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (10).to_bytes(4, "big") * 3 + b"\x00" * 7)
     with pytest.raises(DataError, match="not a readable IDX file .*header says \\(10, 10, 10\\), but 7 values follow"):
         load_images(str(tmp_path), log=lambda m: None)
     (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (1).to_bytes(4, "big") * 3 + b"\x00")
     with pytest.raises(DataError, match="has no train-labels-idx1-ubyte"):
         load_images(str(tmp_path), log=lambda m: None)
+    (tmp_path / "images.txt").write_bytes(b"\x00\x01")  # was a NotADirectoryError from os.listdir
+    with pytest.raises(DataError, match="expected an IDX directory, an .npz file or an image folder; .*images.txt' is a "
+                                        "file without the .npz suffix"):
+        load_images(str(tmp_path / "images.txt"), log=lambda m: None)
 
 
 

@@ -125,6 +125,9 @@ def load_images(
             raise DataError(f"--data: expected an IDX directory, an .npz file or an image folder; nothing is at {data!r}.")
         if data.endswith(".npz"):
             train, test = _load_npz(data)
+        elif not os.path.isdir(data):
+            raise DataError(f"--data: expected an IDX directory, an .npz file or an image folder; {data!r} is a file "
+                            f"without the .npz suffix.")
         elif any(name.startswith("train-images-idx3") for name in os.listdir(data)):
             train, test = _load_idx_directory(data)
         elif os.path.isdir(os.path.join(data, "train")):
