@@ -58,6 +58,7 @@ class Bert(Model):
         **kwargs,
     ):
         kwargs.setdefault("name", "bert")
+        self._check_heads("Bert", hidden_dim, num_heads)
         super().__init__(**kwargs)
         if num_layers < 1:
             raise ValueError(f"Bert: num_layers must be at least 1; received {num_layers}.")

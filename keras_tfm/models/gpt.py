@@ -59,6 +59,7 @@ class GPT(Model):
         **kwargs,
     ):
         kwargs.setdefault("name", "gpt")
+        self._check_heads("GPT", hidden_dim, num_heads)
         super().__init__(**kwargs)
         self.vocabulary_size = vocabulary_size
         self.max_length = max_length

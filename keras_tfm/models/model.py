@@ -18,6 +18,14 @@ class Model(keras.Model):
     124439808
     """
 
+    @staticmethod
+    def _check_heads(model: str, hidden_dim: int, num_heads: int) -> None:
+        """Refuses at construction a width the attention heads cannot split, which the blocks would
+        only find when the weights are made (at the first call, possibly deep inside `fit`)."""
+        if num_heads < 1 or hidden_dim % num_heads:
+            raise ValueError(f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim={hidden_dim}, "
+                             f"num_heads={num_heads}.")
+
     def _build_on_demand(self) -> None:
         if not self.built:
             self.build()

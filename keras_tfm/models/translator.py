@@ -94,6 +94,7 @@ class Translator(Model):
         **kwargs,
     ):
         kwargs.setdefault("name", "translator")
+        self._check_heads("Translator", hidden_dim, num_heads)
         super().__init__(**kwargs)
         target_vocabulary_size = target_vocabulary_size or source_vocabulary_size
         if share_embeddings and target_vocabulary_size != source_vocabulary_size:

@@ -63,6 +63,7 @@ class ViT(Model):
         **kwargs,
     ):
         kwargs.setdefault("name", "vit")
+        self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)
         if image_size % patch_size:
             raise ValueError(

@@ -82,3 +82,12 @@ def test_a_new_model_exports_a_saved_model_serving_any_batch_and_length(tmp_path
     served = tf.saved_model.load(str(tmp_path / "served"))
     for inputs in batches:
         assert_close(np.asarray(served.serve(inputs)), to_numpy(model(inputs)), atol=1e-5)
+
+
+@pytest.mark.parametrize("size, model", [(keras_tfm.gpt2_small, "GPT"), (keras_tfm.bert_tiny, "Bert"),
+                                         (keras_tfm.transformer_small, "Translator"), (keras_tfm.vit_tiny, "ViT")])
+def test_a_width_the_heads_cannot_split_is_refused_at_construction(size, model):
+    # before, the blocks found out when the weights were made: at the first call, or inside `fit`
+    with pytest.raises(ValueError, match=f"{model}: hidden_dim must be a multiple of num_heads; received "
+                                         "hidden_dim=100, num_heads=3"):
+        size(hidden_dim=100, num_heads=3, **({"source_vocabulary_size": 50} if model == "Translator" else {}))
