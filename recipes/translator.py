@@ -42,13 +42,13 @@ def main() -> None:
     recipe.add_argument("--source-language", default="de", help="source file suffix / TFDS key (default: %(default)s)")
     recipe.add_argument("--target-language", default="en", help="target file suffix / TFDS key (default: %(default)s)")
     recipe.add_argument("--swap", action="store_true", help="a tab-separated file holds target<TAB>source")
-    recipe.add_argument("--vocabulary-size", type=int, default=8000, help="WordPiece size per language (default: %(default)s)")
-    recipe.add_argument("--sequence-length", type=int, default=48, help="tokens per sentence (default: %(default)s)")
-    recipe.add_argument("--beam-size", type=int, default=4, help="beam width for the test translations (default: %(default)s)")
-    recipe.add_argument("--bleu-sentences", type=int, default=None, help="translate only the first N test sentences")
+    recipe.add_argument("--vocabulary-size", type=training.POSITIVE, default=8000, help="WordPiece size per language (default: %(default)s)")
+    recipe.add_argument("--sequence-length", type=training.integer(3), default=48, help="tokens per sentence (default: %(default)s)")
+    recipe.add_argument("--beam-size", type=training.POSITIVE, default=4, help="beam width for the test translations (default: %(default)s)")
+    recipe.add_argument("--bleu-sentences", type=training.POSITIVE, default=None, help="translate only the first N test sentences")
     recipe.add_argument("--tokenized-references", metavar="FILE",
                         help="lowercased, Moses-tokenized test references, one per line, for the comparable BLEU")
-    recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
+    recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
     args = parser.parse_args()
     layers, args.num_layers = args.num_layers, None  # --num-layers sets both stacks
     depth = {} if layers is None else {"num_encoder_layers": layers, "num_decoder_layers": layers}

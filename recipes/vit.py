@@ -44,19 +44,19 @@ def main() -> None:
     recipe = parser.add_argument_group("image classifier")
     recipe.add_argument("--from-huggingface", metavar="DIR",
                         help="fine-tune this Hugging Face ViT checkpoint directory (see above)")
-    recipe.add_argument("--image-size", type=int,
+    recipe.add_argument("--image-size", type=training.POSITIVE,
                         help="side the images are resized to (default: theirs, or the checkpoint's)")
-    recipe.add_argument("--patch-size", type=int, help="patch side (default: 4, or 2 for images under 16 pixels)")
+    recipe.add_argument("--patch-size", type=training.POSITIVE, help="patch side (default: 4, or 2 for images under 16 pixels)")
     recipe.add_argument("--pooling", choices=["token", "mean"], default="token", help="(default: %(default)s)")
-    recipe.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
-    recipe.add_argument("--shift", type=float, default=0.1, help="random shift, as a fraction of the side (default: %(default)s)")
+    recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
+    recipe.add_argument("--shift", type=training.number(0.0, 1.0), default=0.1, help="random shift, as a fraction of the side (default: %(default)s)")
     recipe.add_argument("--flip", action="store_true",
                         help="random horizontal flips (not for digits or text); test images are then also scored "
                              "averaged with their mirror images")
-    recipe.add_argument("--erasing", type=float, default=0.0,
+    recipe.add_argument("--erasing", type=training.number(0.0, 1.0), default=0.0,
                         help="random erasing: each image's chance is drawn from [0, this] (default: off)")
-    recipe.add_argument("--mixup", type=float, default=0.0, help="MixUp with this Beta alpha (default: off)")
-    recipe.add_argument("--cutmix", type=float, default=0.0, help="CutMix with this Beta factor (default: off)")
+    recipe.add_argument("--mixup", type=training.number(0.0), default=0.0, help="MixUp with this Beta alpha (default: off)")
+    recipe.add_argument("--cutmix", type=training.number(0.0), default=0.0, help="CutMix with this Beta factor (default: off)")
     args = parser.parse_args()
     training.setup(args)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import typing
 
 import keras
@@ -13,6 +14,45 @@ from keras_tfm.data.errors import DataError
 MODEL_OVERRIDES = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "max_length")
 
 
+def integer(minimum: int) -> typing.Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`; anything else is refused when the flags are read
+    (`error: argument --batch-size: expected an integer >= 1; got '0'`), before any data is loaded."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}; got {text!r}")
+        return value
+    return parse
+
+
+def number(minimum: float, maximum: float | None = None, above_minimum: bool = False,
+           below_maximum: bool = False) -> typing.Callable[[str], float]:
+    """An argparse type: a finite number within the bounds (`above_minimum`, `below_maximum`: strictly)."""
+    if maximum is None:
+        expected = f"a number {'>' if above_minimum else '>='} {minimum:g}"
+    else:
+        expected = f"a number in {'(' if above_minimum else '['}{minimum:g}, {maximum:g}{')' if below_maximum else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        low_ok = value > minimum if above_minimum else value >= minimum
+        high_ok = maximum is None or (value < maximum if below_maximum else value <= maximum)
+        if not (math.isfinite(value) and low_ok and high_ok):
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}")
+        return value
+    return parse
+
+
+POSITIVE = integer(1)
+FRACTION = number(0.0, 1.0, below_maximum=True)  # a rate in [0, 1): dropout, label smoothing, ...
+
+
 def recipe_parser(description: str, sizes: dict, default_size: str, default_output_dir: str) -> argparse.ArgumentParser:
     """An `ArgumentParser` with the flags of the shared runtime; a recipe adds its own to it."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -20,27 +60,28 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=default_size, metavar="SIZE",
                        help=f"named size, one of: {', '.join(sizes)} (default: %(default)s)")
-    model.add_argument("--num-layers", type=int, help="override the size's number of blocks")
-    model.add_argument("--num-heads", type=int, help="override the size's attention heads")
-    model.add_argument("--hidden-dim", type=int, help="override the size's width")
-    model.add_argument("--intermediate-dim", type=int, help="override the size's feed-forward width")
-    model.add_argument("--dropout", type=float, help="override the size's dropout rate")
-    model.add_argument("--max-length", type=int, help="override the size's longest sequence (context)")
+    model.add_argument("--num-layers", type=POSITIVE, help="override the size's number of blocks")
+    model.add_argument("--num-heads", type=POSITIVE, help="override the size's attention heads")
+    model.add_argument("--hidden-dim", type=POSITIVE, help="override the size's width")
+    model.add_argument("--intermediate-dim", type=POSITIVE, help="override the size's feed-forward width")
+    model.add_argument("--dropout", type=FRACTION, help="override the size's dropout rate")
+    model.add_argument("--max-length", type=POSITIVE, help="override the size's longest sequence (context)")
 
     training = parser.add_argument_group("training")
-    training.add_argument("--epochs", type=int, default=10, help="epochs; a checkpoint is written after each (default: %(default)s)")
-    training.add_argument("--steps-per-epoch", type=int,
+    training.add_argument("--epochs", type=POSITIVE, default=10, help="epochs; a checkpoint is written after each (default: %(default)s)")
+    training.add_argument("--steps-per-epoch", type=POSITIVE,
                           help="optimizer steps per epoch (default: one pass over the training data)")
-    training.add_argument("--steps", type=int,
+    training.add_argument("--steps", type=POSITIVE,
                           help="total optimizer steps; replaces --epochs (epochs are then at most --steps-per-epoch long)")
-    training.add_argument("--batch-size", type=int, default=32, help="global batch size (default: %(default)s)")
-    training.add_argument("--learning-rate", type=float, default=1e-3,
+    training.add_argument("--batch-size", type=POSITIVE, default=32, help="global batch size (default: %(default)s)")
+    training.add_argument("--learning-rate", type=number(0.0, above_minimum=True), default=1e-3,
                           help="peak learning rate of AdamW, reached after the warmup, then cosine decay to 10%% of it (default: %(default)s)")
-    training.add_argument("--warmup-steps", type=int, default=None,
+    training.add_argument("--warmup-steps", type=integer(0), default=None,
                           help="linear warmup steps (default: 5%% of all steps)")
-    training.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: %(default)s)")
-    training.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clipping (default: %(default)s)")
-    training.add_argument("--ema", type=float, default=None, metavar="MOMENTUM",
+    training.add_argument("--weight-decay", type=number(0.0), default=0.01, help="AdamW weight decay (default: %(default)s)")
+    training.add_argument("--clip-norm", type=number(0.0), default=1.0,
+                          help="global gradient-norm clipping; 0 = none (default: %(default)s)")
+    training.add_argument("--ema", type=FRACTION, default=None, metavar="MOMENTUM",
                           help="also keep an exponential moving average of the weights with this momentum (e.g. 0.999); "
                                "validation, the final evaluation and the trained model use the averaged weights "
                                "(default: off)")
@@ -63,9 +104,9 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
                          help="data: replicate the model on every device and split the batch (JAX DataParallel, "
                               "TensorFlow MirroredStrategy); model: also shard attention heads and feed-forward "
                               "over a 'model' mesh axis (JAX ModelParallel) (default: %(default)s)")
-    runtime.add_argument("--model-parallel", type=int, default=None, metavar="N",
+    runtime.add_argument("--model-parallel", type=POSITIVE, default=None, metavar="N",
                          help="devices on the 'model' axis for --distribute model (default: all)")
-    runtime.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+    runtime.add_argument("--cpu-devices", type=POSITIVE, default=None, metavar="N",
                          help="split the CPU into N virtual devices, to try --distribute without accelerators")
     runtime.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorflow)")
     runtime.add_argument("--verbose", type=int, default=None, choices=[0, 1, 2],

@@ -252,6 +252,23 @@ def test_steps_plan_and_bad_numbers():
         plan_steps(args, 50)
 
 
+def test_numeric_flags_are_checked_when_read():
+    from keras_tfm.training import FRACTION, POSITIVE, number
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--count", type=POSITIVE)
+    parser.add_argument("--rate", type=FRACTION)
+    parser.add_argument("--learning-rate", type=number(0.0, above_minimum=True))
+    assert vars(parser.parse_args(["--count", "1", "--rate", "0", "--learning-rate", "1e-9"])) == dict(
+        count=1, rate=0.0, learning_rate=1e-9)
+    for flag, value, expected in [("--count", "0", "an integer >= 1"), ("--count", "2.5", "an integer >= 1"),
+                                  ("--rate", "1", r"a number in \[0, 1\)"), ("--rate", "-0.1", r"a number in \[0, 1\)"),
+                                  ("--learning-rate", "0", "a number > 0"), ("--learning-rate", "inf", "a number > 0"),
+                                  ("--learning-rate", "nan", "a number > 0")]:
+        with pytest.raises(argparse.ArgumentError, match=f"expected {expected}; got '{value}'"):
+            parser.parse_args([flag, value])
+
+
 @pytest.mark.parametrize(
     "script, flags, message",
     [
@@ -260,6 +277,12 @@ def test_steps_plan_and_bad_numbers():
          "--data: expected a text file .* nothing is at '/nonexistent/input.txt'"),
         # before pretraining, not after it
         ("bert_mlm.py", ["--finetune", "/nonexistent.zip"], "--finetune: expected a zip archive .* nothing is at"),
+        # each was a traceback (NumPy's "need at least one array to stack"; the block's build), or trained on to NaN
+        ("gpt_lm.py", ["--batch-size", "0"], "argument --batch-size: expected an integer >= 1; got '0'"),
+        ("vit.py", ["--mixup", "-1"], "argument --mixup: expected a number >= 0; got '-1'"),
+        ("gpt_lm.py", ["--num-heads", "5"],
+         "--model gpt_shakespeare_char_cpu: GPT: hidden_dim must be a multiple of num_heads; received hidden_dim=128, "
+         "num_heads=5"),
     ],
 )
 def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, script, flags, message):
