@@ -1,0 +1,106 @@
+"""keras_tfm models vs keras-hub's GPT-2, BERT and ViT (the second oracle), built with random weights."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+keras_hub = pytest.importorskip("keras_hub")
+
+
+def peaked(model):
+    """Larger weights: sharper logits, so that greedy decoding follows the model, not float noise."""
+    model.set_weights([w * 5.0 if w.ndim >= 2 else w for w in model.get_weights()])
+    return model
+
+
+def gpt2_backbone():
+    keras.utils.set_random_seed(0)
+    return keras_hub.models.GPT2Backbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
+                                         intermediate_dim=32, max_sequence_length=24)
+
+
+def bert_backbone():
+    keras.utils.set_random_seed(0)
+    return keras_hub.models.BertBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
+                                         intermediate_dim=32, max_sequence_length=16)
+
+
+def vit_backbone():
+    keras.utils.set_random_seed(0)
+    return keras_hub.models.ViTBackbone(image_shape=(8, 8, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16,
+                                        mlp_dim=32)
+
+
+def bert_inputs(rng):
+    ids = rng.integers(1, 50, size=(2, 9)).astype("int32")
+    segments = np.concatenate([np.zeros((2, 5)), np.ones((2, 4))], axis=1).astype("int32")
+    mask = np.ones((2, 9), bool)
+    mask[0, 6:] = False
+    return {"token_ids": ids, "segment_ids": segments, "padding_mask": mask}
+
+
+def test_gpt2_logits_parameters_and_greedy_generation(rng):
+    causal_lm = keras_hub.models.GPT2CausalLM(backbone=peaked(gpt2_backbone()), preprocessor=None)
+    prompts = [[3, 7, 9, 11], [5, 6]]
+    ids, mask = np.zeros((2, 12), "int32"), np.zeros((2, 12), bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)], mask[row, : len(prompt)] = prompt, True
+    for source in (causal_lm.backbone, causal_lm):
+        model = keras_tfm.from_keras_hub(source)
+        assert isinstance(model, keras_tfm.GPT) and model.count_params() == source.count_params()
+        np.testing.assert_allclose(to_numpy(model(ids, padding_mask=mask)),
+                                   to_numpy(causal_lm({"token_ids": ids, "padding_mask": mask})), atol=1e-4, rtol=0)
+    causal_lm.compile(sampler="greedy")
+    expected = causal_lm.generate({"token_ids": ids, "padding_mask": mask}, stop_token_ids=None)["token_ids"]
+    got = model.generate(prompts, max_new_tokens=8)
+    for row, prompt in enumerate(prompts):
+        n = len(prompt) + 8
+        np.testing.assert_array_equal(got[row, :n], expected[row, :n])
+
+
+def test_bert_token_vectors_and_classifier_logits(rng):
+    backbone, inputs = bert_backbone(), bert_inputs(rng)
+    model = keras_tfm.from_keras_hub(backbone)
+    real = inputs["padding_mask"]  # keras-hub's vectors at padding are computed, ours too, but both are noise
+    np.testing.assert_allclose(to_numpy(model(inputs))[real], to_numpy(backbone(inputs)["sequence_output"])[real],
+                               atol=1e-4, rtol=0)
+    classifier = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None)
+    model = keras_tfm.from_keras_hub(classifier)
+    assert isinstance(model, keras_tfm.BertClassifier) and model.count_params() == classifier.count_params()
+    np.testing.assert_allclose(to_numpy(model(inputs)), to_numpy(classifier(inputs)), atol=1e-4, rtol=0)
+
+
+def test_vit_features_and_classifier_logits(rng):
+    backbone = vit_backbone()
+    images = rng.normal(size=(2, 8, 8, 3)).astype("float32")
+    model = keras_tfm.from_keras_hub(backbone)
+    assert not model.include_top and model.count_params() == backbone.count_params()
+    np.testing.assert_allclose(to_numpy(model(images)), to_numpy(backbone(images)), atol=1e-4, rtol=0)
+    classifier = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+    model = keras_tfm.from_keras_hub(classifier)
+    assert model.count_params() == classifier.count_params()
+    np.testing.assert_allclose(to_numpy(model(images)), to_numpy(classifier(images)), atol=1e-4, rtol=0)
+
+
+def test_preset_directories_load_as_their_model(rng, tmp_path):
+    classifier = keras_hub.models.BertTextClassifier(backbone=bert_backbone(), num_classes=3, preprocessor=None)
+    classifier.save_to_preset(str(tmp_path / "classifier"))  # a task: its head is in task.weights.h5
+    classifier.backbone.save_to_preset(str(tmp_path / "backbone"))
+    inputs = bert_inputs(rng)
+    model = keras_tfm.from_keras_hub(tmp_path / "classifier")
+    np.testing.assert_allclose(to_numpy(model(inputs)), to_numpy(classifier(inputs)), atol=1e-4, rtol=0)
+    assert isinstance(keras_tfm.from_keras_hub(str(tmp_path / "backbone")), keras_tfm.Bert)
+
+
+def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
+    masked_lm = keras_hub.models.BertMaskedLM(backbone=bert_backbone(), preprocessor=None)
+    with pytest.raises(ValueError, match="unsupported model BertMaskedLM; supported: "):
+        keras_tfm.from_keras_hub(masked_lm)  # its head's GELU and epsilon differ from its encoder's
+    pooled = keras_hub.models.ViTImageClassifier(backbone=vit_backbone(), num_classes=4, pooling="gap", preprocessor=None)
+    with pytest.raises(ValueError, match="ViTImageClassifier with pooling='gap', .* is not supported"):
+        keras_tfm.from_keras_hub(pooled)
+    with pytest.raises(FileNotFoundError, match="no config.json in directory .*; expected a keras-hub preset"):
+        keras_tfm.from_keras_hub(tmp_path)
