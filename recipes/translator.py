@@ -123,12 +123,16 @@ def main() -> None:
     def evaluate(model) -> dict:
         test = data.test[: args.bleu_sentences] if args.bleu_sentences else data.test
         sources = [s[:length] for s in source_tokenizer.encode_lines([p[0] for p in test])]
-        hypotheses = []
-        for i in range(0, len(sources), 64):
-            batch = sources[i: i + 64]
+        # a source that encodes to no token (a line of control characters) has nothing to translate
+        hypotheses = [""] * len(sources)
+        rows = [i for i, source in enumerate(sources) if len(source)]
+        for start_row in range(0, len(rows), 64):
+            chosen = rows[start_row: start_row + 64]
+            batch = [sources[i] for i in chosen]
             batch = batch + [batch[-1]] * (64 - len(batch))  # one shape, one compiled program
             translations = model.translate(batch, max_length=length, beam_size=args.beam_size)
-            hypotheses.extend(decode(row) for row in translations[: len(sources) - i])
+            for i, row in zip(chosen, translations):
+                hypotheses[i] = decode(row)
         hypotheses = bleu.detokenize(hypotheses, args.target_language)
         scores = bleu.bleu_scores(hypotheses, [p[1] for p in test], args.target_language,
                                   tokenized_references[: len(test)] if tokenized_references else None)

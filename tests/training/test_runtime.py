@@ -21,6 +21,7 @@ from keras_tfm.training.cli import MODEL_OVERRIDES, recipe_parser
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
 MOVIE_REVIEWS = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
+MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k", "task1", "raw")
 BACKEND = keras.backend.backend()
 TINY_GPT = ["--num-layers", "1", "--num-heads", "2", "--hidden-dim", "32", "--max-length", "32",
             "--batch-size", "8", "--eval-batches", "2", "--sample-tokens", "8", "--verbose", "2"]
@@ -363,6 +364,28 @@ def test_translator_recipe_short_run_reports_bleu(tmp_path):
     assert metrics["bleu_signature"].startswith("BLEU = ")
     assert len((out / "translations.txt").read_text().splitlines()) == 8
     assert (out / "learning_curves.png").exists() and (out / "tokenizer_source.json").exists()
+
+
+def test_translator_recipe_scores_a_test_source_that_encodes_to_nothing(tmp_path):
+    import gzip
+
+    data = tmp_path / "multi30k"  # the layout of ../shared/data/multi30k, a few of its lines
+    data.mkdir()
+    for split, lines in (("train", 64), ("val", 8), ("test_2016_flickr", 3)):
+        for language in ("de", "en"):
+            with gzip.open(os.path.join(MULTI30K, f"{split}.{language}.gz"), "rt", encoding="utf-8") as file:
+                text = [next(file) for _ in range(lines)]
+            if split.startswith("test"):  # a source of control characters only: no WordPiece token
+                text.append("\x07\x01\n" if language == "de" else "A dog.\n")
+            (data / f"{split}.{language}").write_text("".join(text), encoding="utf-8")
+    out = tmp_path / "run"
+    done = recipe("translator.py", "--data", str(data), "--steps", "1", "--batch-size", "8", "--num-layers", "1",
+                  "--hidden-dim", "16", "--intermediate-dim", "16", "--num-heads", "2", "--sequence-length", "12",
+                  "--vocabulary-size", "200", "--beam-size", "1", "--verbose", "2", "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr  # translate() refused the empty source: a traceback
+    rows = [line.split("\t") for line in (out / "translations.txt").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 4 and rows[-1] == ["\x07\x01", "A dog.", ""]
+    assert json.loads((out / "metrics.json").read_text())["test_sentences"] == 4
 
 
 def test_bert_recipe_pretrains_then_finetunes(tmp_path):
