@@ -3,7 +3,8 @@
 Data (one of):
   --data PATH       a directory of IDX files (MNIST/Fashion-MNIST layout, e.g. ../shared/data/fashion-mnist),
                     an .npz file with x_train, y_train, x_test, y_test, or an image folder PATH/<class>/*.png
-                    (or PATH/train/<class>/... and PATH/test/<class>/...)
+                    (or PATH/train/<class>/... and PATH/test/<class>/...); photos of mixed sizes need
+                    --image-size, to which they are resized as they are read
   --dataset NAME    tensorflow-datasets: cifar10, cifar100, fashion_mnist, mnist (needs network once)
   (neither)         the offline default: scikit-learn's bundled 8x8 digits
 
@@ -45,7 +46,8 @@ def main() -> None:
     recipe.add_argument("--from-huggingface", metavar="DIR",
                         help="fine-tune this Hugging Face ViT checkpoint directory (see above)")
     recipe.add_argument("--image-size", type=training.POSITIVE,
-                        help="side the images are resized to (default: theirs, or the checkpoint's)")
+                        help="side the images are resized to (default: theirs, or the checkpoint's); needed for "
+                             "an image folder of mixed sizes, which are resized as they are read")
     recipe.add_argument("--patch-size", type=training.POSITIVE, help="patch side (default: 4, or 2 for images under 16 pixels)")
     recipe.add_argument("--pooling", choices=["token", "mean"], default="token", help="(default: %(default)s)")
     recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
@@ -66,7 +68,7 @@ def main() -> None:
     from keras_tfm.data import DataError, augment, augmentation_layers, flip_averaged_probabilities, load_images
 
     checkpoint = checkpoint_settings(args) if args.from_huggingface else None
-    data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log)
+    data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log, image_size=args.image_size)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
     num_classes = len(data.class_names)
     if checkpoint and train_x.shape[-1] == 1 and checkpoint["num_channels"] == 3:

@@ -175,6 +175,16 @@ def test_npz_and_image_folder(tmp_path):
     splits = load_images(str(tmp_path / "folder"), log=lambda m: None)
     assert splits.class_names == ["cat", "dog"] and splits.train[0].shape == (6, 5, 5, 3)
     assert splits.train[1].tolist() == [0, 0, 0, 1, 1, 1]
+    # photos come in many sizes: a test image of another size is resized with --image-size, refused without
+    big = rng.integers(0, 255, (7, 9, 3), dtype=np.uint8)
+    Image.fromarray(big).save(tmp_path / "folder" / "test" / "dog" / "big.png")
+    with pytest.raises(DataError, match=r"differ in size \(\[\(5, 5, 3\), \(7, 9, 3\)\]...\); give --image-size N"):
+        load_images(str(tmp_path / "folder"), log=lambda m: None)
+    splits = load_images(str(tmp_path / "folder"), log=lambda m: None, image_size=6)
+    assert splits.train[0].shape == (6, 6, 6, 3) and splits.test[0].shape == (7, 6, 6, 3)
+    np.testing.assert_array_equal(splits.test[0][-1], np.asarray(Image.fromarray(big).resize((6, 6), Image.BILINEAR)))
+    single = load_images(str(tmp_path / "folder" / "test"), log=lambda m: None, image_size=6)  # one folder, split 90/10
+    assert single.train[0].shape == (6, 6, 6, 3) and single.test[0].shape == (1, 6, 6, 3)
 
 
 def test_offline_digits():

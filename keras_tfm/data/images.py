@@ -4,7 +4,8 @@ Local `--data PATH` may be
   - a directory of IDX files (MNIST / Fashion-MNIST layout: `train-images-idx3-ubyte[.gz]`,
     `train-labels-idx1-ubyte[.gz]`, `t10k-...`),
   - an `.npz` file with `x_train, y_train, x_test, y_test`,
-  - an image folder `PATH/<class>/*.png|jpg` (or `PATH/train/<class>/...` and `PATH/test/<class>/...`).
+  - an image folder `PATH/<class>/*.png|jpg` (or `PATH/train/<class>/...` and `PATH/test/<class>/...`);
+    images of different sizes are resized to `image_size` (the recipe's --image-size) as they are read.
 The offline default is scikit-learn's bundled handwritten digits (1,797 images, 8x8, 10 classes).
 Images come back as uint8 `(count, height, width, channels)` and int32 labels.
 """
@@ -81,7 +82,8 @@ def _load_npz(path: str):
     return [(x if x.ndim == 4 else x[..., None], y.astype("int32").reshape(-1)) for x, y in splits]
 
 
-def _load_folder(path: str, class_names: list[str] | None = None):
+def _read_folder(path: str, class_names: list[str] | None = None):
+    """The images of PATH/<class>/<image files> as a list of RGB arrays, their labels and the classes."""
     from PIL import Image
 
     class_names = class_names or sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
@@ -99,10 +101,37 @@ def _load_folder(path: str, class_names: list[str] | None = None):
                 labels.append(label)
     if not images:
         raise DataError(f"--data: no images ({', '.join(_IMAGE_SUFFIXES)}) under {path!r}.")
-    shapes = {image.shape for image in images}
+    return images, np.array(labels, "int32"), class_names
+
+
+def _stacked(groups: list[list[np.ndarray]], path: str, image_size: int | None) -> list[np.ndarray]:
+    """Each group of images as one array; images of different sizes are first resized (bilinear) to
+    `image_size` x `image_size`, as folders of photos usually need."""
+    from PIL import Image
+
+    shapes = sorted({image.shape for group in groups for image in group})
     if len(shapes) > 1:
-        raise DataError(f"--data: images under {path!r} differ in size ({sorted(shapes)[:3]}...); resize them to one size.")
-    return (np.stack(images), np.array(labels, "int32")), class_names
+        if not image_size:
+            raise DataError(f"--data: images under {path!r} differ in size ({shapes[:3]}...); give --image-size N to "
+                            f"resize them to N x N.")
+        groups = [[np.asarray(Image.fromarray(image).resize((image_size, image_size), Image.BILINEAR)) for image in group]
+                  for group in groups]
+    return [np.stack(group) for group in groups]
+
+
+def _load_folder(path: str, image_size: int | None):
+    """One folder of classes, split 90/10 into training and test images."""
+    images, labels, class_names = _read_folder(path)
+    (x,) = _stacked([images], path, image_size)
+    return _split(x, labels, 0.1), class_names
+
+
+def _load_split_folders(path: str, image_size: int | None):
+    """PATH/train/<class>/... and PATH/test/<class>/..., with the training classes."""
+    train_images, train_labels, class_names = _read_folder(os.path.join(path, "train"))
+    test_images, test_labels, _ = _read_folder(os.path.join(path, "test"), class_names)
+    train_x, test_x = _stacked([train_images, test_images], path, image_size)
+    return (train_x, train_labels), (test_x, test_labels), class_names
 
 
 def _split(x, y, test_fraction: float, seed: int = 0):
@@ -116,6 +145,7 @@ def load_images(
     dataset: str | None = None,
     data_dir: str | None = None,
     log: Callable[[str], None] = print,
+    image_size: int | None = None,
 ) -> ImageSplits:
     if data and dataset:
         raise DataError("pass either --data PATH or --dataset NAME, not both.")
@@ -131,11 +161,9 @@ def load_images(
         elif any(name.startswith("train-images-idx3") for name in os.listdir(data)):
             train, test = _load_idx_directory(data)
         elif os.path.isdir(os.path.join(data, "train")):
-            train, class_names = _load_folder(os.path.join(data, "train"))
-            test, _ = _load_folder(os.path.join(data, "test"), class_names)
+            train, test, class_names = _load_split_folders(data, image_size)
         else:
-            (x, y), class_names = _load_folder(data)
-            train, test = _split(x, y, 0.1)
+            (train, test), class_names = _load_folder(data, image_size)
         source = f"local images {data!r}"
     elif dataset:
         instead = "--data PATH (IDX directory, .npz or image folder)"
