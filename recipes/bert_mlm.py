@@ -55,7 +55,7 @@ def main() -> None:
     recipe.add_argument("--mask-positions", type=training.POSITIVE, default=20, help="most masked positions per sequence (default: %(default)s)")
     recipe.add_argument("--finetune", metavar="PATH", help="labelled texts to fine-tune a classifier on after pretraining")
     recipe.add_argument("--finetune-epochs", type=training.POSITIVE, default=3, help="(default: %(default)s)")
-    recipe.add_argument("--finetune-learning-rate", type=training.number(0.0, above_minimum=True), default=1e-4, help="(default: %(default)s)")
+    recipe.add_argument("--finetune-learning-rate", type=training.number(0.0), default=1e-4, help="(default: %(default)s)")
     recipe.add_argument("--from-huggingface", metavar="DIR",
                         help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory (see above)")
     args = parser.parse_args()

@@ -74,7 +74,7 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     training.add_argument("--steps", type=POSITIVE,
                           help="total optimizer steps; replaces --epochs (epochs are then at most --steps-per-epoch long)")
     training.add_argument("--batch-size", type=POSITIVE, default=32, help="global batch size (default: %(default)s)")
-    training.add_argument("--learning-rate", type=number(0.0, above_minimum=True), default=1e-3,
+    training.add_argument("--learning-rate", type=number(0.0), default=1e-3,
                           help="peak learning rate of AdamW, reached after the warmup, then cosine decay to 10%% of it (default: %(default)s)")
     training.add_argument("--warmup-steps", type=integer(0), default=None,
                           help="linear warmup steps (default: 5%% of all steps)")

@@ -259,13 +259,14 @@ def test_numeric_flags_are_checked_when_read():
     parser = argparse.ArgumentParser(exit_on_error=False)
     parser.add_argument("--count", type=POSITIVE)
     parser.add_argument("--rate", type=FRACTION)
-    parser.add_argument("--learning-rate", type=number(0.0, above_minimum=True))
-    assert vars(parser.parse_args(["--count", "1", "--rate", "0", "--learning-rate", "1e-9"])) == dict(
-        count=1, rate=0.0, learning_rate=1e-9)
+    parser.add_argument("--learning-rate", type=number(0.0))  # 0: evaluate a checkpoint unchanged
+    parser.add_argument("--mask-rate", type=number(0.0, 1.0, above_minimum=True))
+    assert vars(parser.parse_args(["--count", "1", "--rate", "0", "--learning-rate", "0", "--mask-rate", "1"])) == dict(
+        count=1, rate=0.0, learning_rate=0.0, mask_rate=1.0)
     for flag, value, expected in [("--count", "0", "an integer >= 1"), ("--count", "2.5", "an integer >= 1"),
                                   ("--rate", "1", r"a number in \[0, 1\)"), ("--rate", "-0.1", r"a number in \[0, 1\)"),
-                                  ("--learning-rate", "0", "a number > 0"), ("--learning-rate", "inf", "a number > 0"),
-                                  ("--learning-rate", "nan", "a number > 0")]:
+                                  ("--learning-rate", "-1", "a number >= 0"), ("--learning-rate", "inf", "a number >= 0"),
+                                  ("--learning-rate", "nan", "a number >= 0"), ("--mask-rate", "0", r"a number in \(0, 1\]")]:
         with pytest.raises(argparse.ArgumentError, match=f"expected {expected}; got '{value}'"):
             parser.parse_args([flag, value])
 
