@@ -9,8 +9,9 @@ Data (one of):
                     --target-language en (needs network once)
   (neither)         the offline default: generated English number words -> digits
 
-Each side gets a keras-hub WordPiece vocabulary trained on the training split (saved in --output-dir
-and reused on resume); the source side is lowercased, the target side keeps its case. Sentences are
+Each side gets a keras-hub WordPiece vocabulary (or, with --tokenizer sentencepiece, a SentencePiece
+unigram model, encoded by keras-hub) trained on the training split, saved in --output-dir and reused
+on resume; the source side is lowercased, the target side keeps its case. Sentences are
 cut to --sequence-length tokens; training batches group sentences of similar length and pad to a
 multiple of 8. After training, the
 test split is translated (--beam-size, default 4), detokenized (sacremoses) and scored with sacreBLEU
@@ -42,7 +43,10 @@ def main() -> None:
     recipe.add_argument("--source-language", default="de", help="source file suffix / TFDS key (default: %(default)s)")
     recipe.add_argument("--target-language", default="en", help="target file suffix / TFDS key (default: %(default)s)")
     recipe.add_argument("--swap", action="store_true", help="a tab-separated file holds target<TAB>source")
-    recipe.add_argument("--vocabulary-size", type=training.POSITIVE, default=8000, help="WordPiece size per language (default: %(default)s)")
+    recipe.add_argument("--tokenizer", choices=["wordpiece", "sentencepiece"], default="wordpiece",
+                        help="subword tokenizer of each language (default: %(default)s)")
+    recipe.add_argument("--vocabulary-size", type=training.POSITIVE, default=8000,
+                        help="most subwords per language (default: %(default)s)")
     recipe.add_argument("--sequence-length", type=training.integer(3), default=48, help="tokens per sentence (default: %(default)s)")
     recipe.add_argument("--beam-size", type=training.POSITIVE, default=4, help="beam width for the test translations (default: %(default)s)")
     recipe.add_argument("--bleu-sentences", type=training.POSITIVE, default=None, help="translate only the first N test sentences")
@@ -60,13 +64,12 @@ def main() -> None:
     from keras_tfm.data import DataError, load_or_fit_tokenizer, load_parallel
     from keras_tfm.data.text import read_text
     from keras_tfm.training import bleu
-    from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
     data = load_parallel(args.data, args.dataset, args.data_dir, args.source_language, args.target_language,
                          args.swap, log=training.runtime.log)
     if not data.train or not data.test:
         raise DataError("--data: the training or test split is empty.")
-    tokenizers = [load_or_fit_tokenizer("wordpiece", "\n".join(p[side] for p in data.train), args.output_dir,
+    tokenizers = [load_or_fit_tokenizer(args.tokenizer, "\n".join(p[side] for p in data.train), args.output_dir,
                                         args.vocabulary_size, log=training.runtime.log, name=f"tokenizer_{name}",
                                         lowercase=lowercase)
                   for side, name, lowercase in ((0, "source", True), (1, "target", False))]
@@ -77,7 +80,8 @@ def main() -> None:
         if len(tokenized_references) != len(data.test):
             raise DataError(f"--tokenized-references: expected {len(data.test)} lines (one per test sentence), "
                             f"{args.tokenized_references!r} has {len(tokenized_references)}.")
-    pad, start, end = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[START]", "[END]"))
+    pad, start, end = (target_tokenizer.token_id(t) for t in ("[PAD]", "[START]", "[END]"))
+    assert source_tokenizer.token_id("[PAD]") == pad  # one padding id for both sides (0 for either kind)
     length = args.sequence_length
 
     def encode(pairs):

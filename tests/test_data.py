@@ -123,6 +123,39 @@ def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
     assert "reusing" in messages[0] and np.array_equal(again.encode(unseen), ids)
 
 
+def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_another_kind(tmp_path):
+    pytest.importorskip("keras_hub")
+    pytest.importorskip("sentencepiece")
+    with gzip.open(os.path.join(SHARED, "multi30k", "task1", "raw", "train.de.gz"), "rt", encoding="utf-8") as file:
+        lines = [next(file).strip() for _ in range(2000)]
+    tokenizer = load_or_fit_tokenizer("sentencepiece", "\n".join(lines[:1900]), str(tmp_path), vocabulary_size=500,
+                                      log=lambda m: None)
+    assert tokenizer.kind == "sentencepiece" and tokenizer.vocabulary_size == 500
+    assert [tokenizer.token_id(t) for t in ("[PAD]", "[UNK]", "[START]", "[END]")] == [0, 1, 2, 3]
+    seen = set("".join(lines[:1900]))
+    held_out = [line for line in lines[1900:] if set(line) <= seen]  # a character never seen is [UNK] ("⁇")
+    assert len(held_out) >= 90
+    rows = tokenizer.encode_lines(held_out)
+    assert [tokenizer.decode(row) for row in rows] == held_out  # unseen sentences, cased, umlauts and all
+    assert "„" in "".join(held_out)  # a rare character (SentencePiece's default coverage would drop it)
+    assert tokenizer.token_id("[UNK]") in tokenizer.encode_lines(["ein ☃ im schnee"])[0] and "☃" not in seen
+    ids = np.concatenate(rows)
+    assert ids.dtype == np.int32 and ids.min() >= 4 and ids.max() < 500  # no special id inside a sentence
+    assert len(ids) < 0.4 * sum(len(line) for line in held_out)  # subwords: far fewer than characters
+    messages = []
+    again = load_or_fit_tokenizer("sentencepiece", "other text", str(tmp_path), vocabulary_size=50, log=messages.append)
+    assert "reusing" in messages[0] and np.array_equal(np.concatenate(again.encode_lines(held_out)), ids)
+    with pytest.raises(DataError, match="holds the sentencepiece tokenizer of an earlier run .*not wordpiece"):
+        load_or_fit_tokenizer("wordpiece", "other text", str(tmp_path), log=lambda m: None)
+    (tmp_path / "lower").mkdir()
+    lowercased = load_or_fit_tokenizer("sentencepiece", "\n".join(lines), str(tmp_path / "lower"), vocabulary_size=500,
+                                       log=lambda m: None, lowercase=True)
+    assert lowercased.decode(lowercased.encode("Ein Hund läuft.")) == "ein hund läuft."
+    with pytest.raises(DataError, match="--vocabulary-size: SentencePiece cannot train on this text with 5 pieces"):
+        load_or_fit_tokenizer("sentencepiece", "\n".join(lines), str(tmp_path / "lower" / "small"), vocabulary_size=5,
+                              log=lambda m: None)
+
+
 def test_byte_pair_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path):
     """GPT-2's files (vocab.json, merges.txt with its #version header) read into keras-hub's tokenizer give
     the ids of Hugging Face's GPT2Tokenizer."""

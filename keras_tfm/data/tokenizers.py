@@ -1,5 +1,5 @@
-"""Tokenizers for the recipes: characters (nanoGPT's), or subwords through keras-hub's WordPiece or
-byte-pair (GPT-2's byte-level BPE) tokenizers.
+"""Tokenizers for the recipes: characters (nanoGPT's), or subwords through keras-hub's WordPiece,
+byte-pair (GPT-2's byte-level BPE) or SentencePiece tokenizers.
 
 All expose `encode(text) -> int32 array`, `decode(ids) -> str`, `vocabulary_size` and `save(path)`;
 `load_or_fit_tokenizer` saves the fitted vocabulary in the output directory and reuses it on resume,
@@ -8,6 +8,7 @@ so a resumed run sees the same token ids.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -28,6 +29,20 @@ def _text(value) -> str:
     """keras-hub detokenizer output (a tensor, bytes or str) -> str."""
     value = value.numpy() if hasattr(value, "numpy") else value
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class _KerasHubTokenizer:
+    """Encoding and decoding through the keras-hub tokenizer a subclass keeps in `_tokenizer`."""
+
+    def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
+        return _rows(self._tokenizer(lines)) if lines else []
+
+    def encode(self, text: str) -> np.ndarray:
+        rows = self.encode_lines([line for line in text.splitlines() if line.strip()])
+        return np.concatenate(rows) if rows else np.zeros((0,), "int32")
+
+    def decode(self, ids) -> str:
+        return _text(self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1)))
 
 
 class CharacterTokenizer:
@@ -61,7 +76,7 @@ class CharacterTokenizer:
             json.dump({"kind": self.kind, "vocabulary": self.vocabulary}, file)
 
 
-class WordPieceTokenizer:
+class WordPieceTokenizer(_KerasHubTokenizer):
     """keras-hub's `WordPieceTokenizer` over a vocabulary from `compute_word_piece_vocabulary`."""
 
     kind = "wordpiece"
@@ -120,23 +135,13 @@ class WordPieceTokenizer:
     def token_id(self, token: str) -> int:
         return self.vocabulary.index(token)
 
-    def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
-        return _rows(self._tokenizer(lines))
-
-    def encode(self, text: str) -> np.ndarray:
-        rows = self.encode_lines([line for line in text.splitlines() if line.strip()])
-        return np.concatenate(rows) if rows else np.zeros((0,), "int32")
-
-    def decode(self, ids) -> str:
-        return _text(self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1)))
-
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
             json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "lowercase": self.lowercase,
                        "strip_accents": self.strip_accents}, file)
 
 
-class BytePairTokenizer:
+class BytePairTokenizer(_KerasHubTokenizer):
     """keras-hub's `BytePairTokenizer` (GPT-2's byte-level BPE: any text encodes, no unknown tokens).
 
     keras-hub encodes but does not learn merges; `fit` learns them with Hugging Face `tokenizers`
@@ -189,22 +194,67 @@ class BytePairTokenizer:
     def vocabulary_size(self) -> int:
         return len(self.vocabulary)
 
-    def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
-        return _rows(self._tokenizer(lines)) if lines else []
-
     def encode(self, text: str) -> np.ndarray:
         rows = self.encode_lines(text.splitlines(keepends=True))  # newlines are tokens too; lines keep inputs short
         return np.concatenate(rows) if rows else np.zeros((0,), "int32")
-
-    def decode(self, ids) -> str:
-        return _text(self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1)))
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
             json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "merges": self.merges}, file)
 
 
-TOKENIZERS = {"char": CharacterTokenizer, "wordpiece": WordPieceTokenizer, "bpe": BytePairTokenizer}
+class SentencePieceTokenizer(_KerasHubTokenizer):
+    """keras-hub's `SentencePieceTokenizer` over a unigram model learned by the `sentencepiece` trainer.
+
+    The ids keras-hub's `compute_sentence_piece_proto` reserves: 0 padding, 1 unknown, 2 start
+    ([START], SentencePiece's `<s>`), 3 end ([END], `</s>`). The trainer is called directly so that
+    `vocabulary_size` is a maximum, as for WordPiece, rather than a size small texts cannot reach,
+    that every character of the training text keeps a piece (`character_coverage=1.0`, as
+    SentencePiece advises for alphabets; its default drops the rarest, such as German „), and that
+    its log stays out of the recipe's output. Characters never seen become [UNK]."""
+
+    kind = "sentencepiece"
+    SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 1, "[START]": 2, "[END]": 3}
+
+    def __init__(self, proto: bytes | str):
+        import keras_hub
+
+        self.proto = base64.b64decode(proto) if isinstance(proto, str) else bytes(proto)
+        self._tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(proto=self.proto, dtype="int32")
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None, lowercase: bool = False) -> SentencePieceTokenizer:
+        import io
+
+        import sentencepiece
+
+        lines = [line for line in text.splitlines() if line.strip()]
+        model = io.BytesIO()
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines), model_writer=model, vocab_size=vocabulary_size or 8000,
+                model_type="unigram", normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+                hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+            )
+        except RuntimeError as error:  # e.g. fewer pieces allowed than the text has characters
+            raise DataError(f"--vocabulary-size: SentencePiece cannot train on this text with {vocabulary_size} pieces "
+                            f"({str(error).strip().splitlines()[-1]}).") from None
+        return cls(model.getvalue())
+
+    @property
+    def vocabulary_size(self) -> int:
+        return int(self._tokenizer.vocabulary_size())
+
+    def token_id(self, token: str) -> int:
+        return self.SPECIAL_IDS[token]
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "proto": base64.b64encode(self.proto).decode("ascii")}, file)
+
+
+TOKENIZERS = {"char": CharacterTokenizer, "wordpiece": WordPieceTokenizer, "bpe": BytePairTokenizer,
+              "sentencepiece": SentencePieceTokenizer}
 
 
 def load_tokenizer(path: str):
@@ -224,6 +274,9 @@ def load_or_fit_tokenizer(kind: str, text: str, output_dir: str, vocabulary_size
     path = os.path.join(output_dir, f"{name}.json")
     if os.path.exists(path):
         tokenizer = load_tokenizer(path)
+        if tokenizer.kind != kind:  # the run's ids would silently change meaning
+            raise DataError(f"--tokenizer: {path!r} holds the {tokenizer.kind} tokenizer of an earlier run in this "
+                            f"--output-dir, not {kind}; give --tokenizer {tokenizer.kind}, or another --output-dir.")
         log(f"Tokenizer: reusing {path} ({tokenizer.kind}, {tokenizer.vocabulary_size} tokens).")
         return tokenizer
     if kind not in TOKENIZERS:

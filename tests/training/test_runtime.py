@@ -367,7 +367,7 @@ def test_translator_recipe_short_run_reports_bleu(tmp_path):
     assert (out / "learning_curves.png").exists() and (out / "tokenizer_source.json").exists()
 
 
-def test_translator_recipe_scores_a_test_source_that_encodes_to_nothing(tmp_path):
+def test_translator_recipe_with_sentencepiece_scores_a_test_source_that_encodes_to_nothing(tmp_path):
     import gzip
 
     data = tmp_path / "multi30k"  # the layout of ../shared/data/multi30k, a few of its lines
@@ -376,17 +376,19 @@ def test_translator_recipe_scores_a_test_source_that_encodes_to_nothing(tmp_path
         for language in ("de", "en"):
             with gzip.open(os.path.join(MULTI30K, f"{split}.{language}.gz"), "rt", encoding="utf-8") as file:
                 text = [next(file) for _ in range(lines)]
-            if split.startswith("test"):  # a source of control characters only: no WordPiece token
+            if split.startswith("test"):  # a source of control characters only: no subword
                 text.append("\x07\x01\n" if language == "de" else "A dog.\n")
             (data / f"{split}.{language}").write_text("".join(text), encoding="utf-8")
     out = tmp_path / "run"
-    done = recipe("translator.py", "--data", str(data), "--steps", "1", "--batch-size", "8", "--num-layers", "1",
-                  "--hidden-dim", "16", "--intermediate-dim", "16", "--num-heads", "2", "--sequence-length", "12",
-                  "--vocabulary-size", "200", "--beam-size", "1", "--verbose", "2", "--output-dir", str(out))
+    done = recipe("translator.py", "--data", str(data), "--tokenizer", "sentencepiece", "--steps", "1", "--batch-size", "8",
+                  "--num-layers", "1", "--hidden-dim", "16", "--intermediate-dim", "16", "--num-heads", "2",
+                  "--sequence-length", "12", "--vocabulary-size", "200", "--beam-size", "1", "--verbose", "2",
+                  "--output-dir", str(out))
     assert done.returncode == 0, done.stdout + done.stderr  # translate() refused the empty source: a traceback
     rows = [line.split("\t") for line in (out / "translations.txt").read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 4 and rows[-1] == ["\x07\x01", "A dog.", ""]
     assert json.loads((out / "metrics.json").read_text())["test_sentences"] == 4
+    assert json.loads((out / "tokenizer_target.json").read_text())["kind"] == "sentencepiece"
 
 
 def test_bert_recipe_pretrains_then_finetunes(tmp_path):
