@@ -90,15 +90,19 @@ def _grid_to_pixels(grid: np.ndarray, height: int, width: int) -> np.ndarray:
     return grid[(np.arange(height) * rows) // height][:, (np.arange(width) * cols) // width]
 
 
-def plot_learning_curves(history: dict, path: str, title: str = "") -> str:
-    """Saves a PNG with one panel per metric (e.g. `model.fit(...).history`), training and
-    validation (`val_*`) curves together."""
+def plot_learning_curves(history, path: str, title: str = "") -> str:
+    """Saves a PNG with one panel per metric of `history` (what `model.fit` returns, or its
+    `.history` dict), training and validation (`val_*`) curves together."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    history = getattr(history, "history", history)  # a keras.callbacks.History
     metrics = [name for name in history if not name.startswith("val_")]
+    if not metrics:
+        raise ValueError(f"plot_learning_curves: `history` holds no training metric to plot; received the keys "
+                         f"{sorted(history)}.")
     figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3), squeeze=False)
     for axis, name in zip(axes[0], metrics):
         axis.plot(history[name], label="train")

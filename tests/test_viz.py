@@ -46,3 +46,16 @@ def test_learning_curves_png(tmp_path):
                                     str(tmp_path / "curves.png"), title="test")
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_learning_curves_take_what_fit_returns_and_refuse_an_empty_history(tmp_path):
+    pytest.importorskip("matplotlib")
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    history = model.fit(np.ones((4, 2)), np.ones((4, 1)), epochs=2, verbose=0)  # a History, not its dict
+    with open(viz.plot_learning_curves(history, str(tmp_path / "fit.png")), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match=r"holds no training metric to plot; received the keys \['val_loss'\]"):
+        viz.plot_learning_curves({"val_loss": [1.0]}, str(tmp_path / "empty.png"))  # was matplotlib's own error
