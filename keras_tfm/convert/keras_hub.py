@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 
+import keras
 from keras import ops
 
 from keras_tfm.convert.huggingface import WeightReader, read_json, set_dense, set_layer_norm
-from keras_tfm.models.bert import Bert, BertClassifier
+from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.gpt import GPT
 from keras_tfm.models.vit import ViT
 
@@ -29,7 +30,8 @@ def from_keras_hub(model_or_preset):
         model_or_preset: a keras-hub model, or the path of a local preset directory (as written by
             `save_to_preset`; a task's preset loads as that task). Supported:
             `GPT2Backbone` and `GPT2CausalLM` -> `GPT`; `BertBackbone` -> `Bert` (token vectors; its
-            pooler is left out) and `BertTextClassifier` -> `BertClassifier`; `ViTBackbone` ->
+            pooler is left out), `BertMaskedLM` -> `BertMLM` (with keras-hub's head activation and
+            epsilon) and `BertTextClassifier` -> `BertClassifier`; `ViTBackbone` ->
             `ViT(include_top=False)` and `ViTImageClassifier` (class-token pooling) -> `ViT`.
 
     Returns: the model, built, whose outputs equal the keras-hub model's.
@@ -123,13 +125,19 @@ def _gpt2(task, backbone, w: WeightReader) -> GPT:
 
 def _bert(task, backbone, w: WeightReader):
     arguments = dict(_text_arguments(backbone), num_segments=backbone.num_segments, layer_norm_epsilon=1e-12)
-    classifier = task is not backbone
+    masked_lm = type(task).__name__ == "BertMaskedLM"
+    classifier = task is not backbone and not masked_lm
     if classifier and not _outputs_logits(task):
         raise ValueError(f"from_keras_hub: BertTextClassifier with activation={task.get_config()['activation']!r} is "
                          "not supported; keras_tfm's BertClassifier outputs logits.")
-    model = BertClassifier(num_classes=task.num_classes, **arguments) if classifier else Bert(**arguments)
+    if masked_lm:  # keras-hub's head: exact GELU and epsilon 1e-5 (its MaskedLMHead's defaults)
+        head = task.masked_lm_head
+        model = BertMLM(**arguments, head_activation=keras.activations.serialize(head.intermediate_activation),
+                        head_layer_norm_epsilon=head.layer_norm_epsilon)
+    else:
+        model = BertClassifier(num_classes=task.num_classes, **arguments) if classifier else Bert(**arguments)
     model.build()
-    encoder = model.encoder if classifier else model
+    encoder = model if isinstance(model, Bert) else model.encoder
     encoder.token_embedding.set_weights([w("token_embedding/embeddings")])
     encoder.position_embedding.set_weights([w("position_embedding/embeddings")])
     encoder.segment_embedding.set_weights([w("segment_embedding/embeddings")])
@@ -138,7 +146,11 @@ def _bert(task, backbone, w: WeightReader):
         _set_transformer_layer(block, w, f"transformer_layer_{i}", "self_attention_layer")
     if classifier:
         _set_layers([(model.pooler, "pooled_dense"), (model.classifier, "logits")], w)
-    _check_all_used("BERT", w, ignore=() if classifier else ("pooled_dense/",))  # Bert returns token vectors
+    if masked_lm:
+        _set_layers([(model.transform, "mlm_head/intermediate_dense"),
+                     (model.transform_norm, "mlm_head/intermediate_layer_norm")], w)
+        model.output_bias.assign(w("mlm_head/output_bias"))
+    _check_all_used("BERT", w, ignore=() if classifier else ("pooled_dense/",))  # no pooler in Bert or BertMLM
     return model
 
 
@@ -192,6 +204,6 @@ def _vit(task, backbone, w: WeightReader) -> ViT:
 
 _CONVERTERS = {
     "GPT2Backbone": _gpt2, "GPT2CausalLM": _gpt2,
-    "BertBackbone": _bert, "BertTextClassifier": _bert,
+    "BertBackbone": _bert, "BertTextClassifier": _bert, "BertMaskedLM": _bert,
     "ViTBackbone": _vit, "ViTImageClassifier": _vit,
 }

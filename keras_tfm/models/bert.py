@@ -132,7 +132,11 @@ class _BertWithHead(Model):
 class BertMLM(_BertWithHead):
     """BERT with its masked-language-model head (pretraining).
 
-    Args: those of `Bert`.
+    Args: those of `Bert`, plus
+        head_activation, head_layer_norm_epsilon: of the head's transform (a Dense layer and a
+            LayerNorm before the tied output projection); default: the encoder's `activation` and
+            `layer_norm_epsilon`, as in BERT and Hugging Face. keras-hub's `BertMaskedLM` uses "gelu"
+            and 1e-5 there, under a "gelu_approximate" encoder with 1e-12.
 
     Call arguments: those of `Bert`, plus
         mask_positions: int `(batch, num_masked)`: compute logits only at these positions (the
@@ -145,14 +149,16 @@ class BertMLM(_BertWithHead):
     >>> logits = mlm(ids, padding_mask=ids != 0, mask_positions=positions)
     """
 
-    def __init__(self, **kwargs):
+    def __init__(self, head_activation: str | None = None, head_layer_norm_epsilon: float | None = None, **kwargs):
         super().__init__("bert_mlm", **kwargs)
+        self.head_activation = head_activation
+        self.head_layer_norm_epsilon = head_layer_norm_epsilon
         policy = self.dtype_policy
         init = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.transform = keras.layers.Dense(self.encoder.hidden_dim, activation=self.encoder.activation,
+        self.transform = keras.layers.Dense(self.encoder.hidden_dim, activation=head_activation or self.encoder.activation,
                                             kernel_initializer=init, dtype=policy, name="transform")
-        self.transform_norm = keras.layers.LayerNormalization(epsilon=self.encoder.layer_norm_epsilon,
-                                                              dtype=policy, name="transform_norm")
+        epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
+        self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
 
     def build(self, token_ids_shape=None):
         self.encoder.build()
@@ -169,6 +175,11 @@ class BertMLM(_BertWithHead):
                          output_positions=mask_positions, training=training)
         x = self.transform_norm(self.transform(x))
         return self.encoder.token_embedding(x, reverse=True) + ops.cast(self.output_bias, x.dtype)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(head_activation=self.head_activation, head_layer_norm_epsilon=self.head_layer_norm_epsilon)
+        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")

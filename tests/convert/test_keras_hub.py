@@ -73,6 +73,17 @@ def test_bert_token_vectors_and_classifier_logits(rng):
     np.testing.assert_allclose(to_numpy(model(inputs)), to_numpy(classifier(inputs)), atol=1e-4, rtol=0)
 
 
+def test_bert_masked_lm_logits_at_the_masked_positions(rng):
+    masked_lm = keras_hub.models.BertMaskedLM(backbone=bert_backbone(), preprocessor=None)
+    inputs = {**bert_inputs(rng), "mask_positions": np.array([[1, 4], [0, 8]], "int32")}
+    model = keras_tfm.from_keras_hub(masked_lm)
+    # keras-hub's head differs from BERT's own (and Hugging Face's): exact GELU and epsilon 1e-5
+    assert isinstance(model, keras_tfm.BertMLM)
+    assert (model.head_activation, model.head_layer_norm_epsilon) == ("gelu", 1e-5)
+    assert model.count_params() == masked_lm.count_params() - 16 * 16 - 16  # without the backbone's unused pooler
+    np.testing.assert_allclose(to_numpy(model(inputs)), to_numpy(masked_lm(inputs)), atol=1e-4, rtol=0)
+
+
 def test_vit_features_and_classifier_logits(rng):
     backbone = vit_backbone()
     images = rng.normal(size=(2, 8, 8, 3)).astype("float32")
@@ -96,9 +107,9 @@ def test_preset_directories_load_as_their_model(rng, tmp_path):
 
 
 def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
-    masked_lm = keras_hub.models.BertMaskedLM(backbone=bert_backbone(), preprocessor=None)
-    with pytest.raises(ValueError, match="unsupported model BertMaskedLM; supported: "):
-        keras_tfm.from_keras_hub(masked_lm)  # its head's GELU and epsilon differ from its encoder's
+    with pytest.raises(ValueError, match="unsupported model BertTokenizer; supported: "):
+        keras_tfm.from_keras_hub(keras_hub.tokenizers.BertTokenizer(vocabulary=["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                                                "[MASK]", "a"]))
     pooled = keras_hub.models.ViTImageClassifier(backbone=vit_backbone(), num_classes=4, pooling="gap", preprocessor=None)
     with pytest.raises(ValueError, match="ViTImageClassifier with pooling='gap', .* is not supported"):
         keras_tfm.from_keras_hub(pooled)
