@@ -48,8 +48,7 @@ def from_keras_hub(model_or_preset):
         raise ValueError(f"from_keras_hub: unsupported model {kind}; supported: {sorted(_CONVERTERS)}.")
     task = model_or_preset
     backbone = getattr(task, "backbone", task)
-    weights = {w.path.split("/", 1)[1] if w.path.startswith(backbone.name + "/") else w.path: ops.convert_to_numpy(w)
-               for w in task.weights}
+    weights = {w.path: ops.convert_to_numpy(w) for w in task.weights}  # paths name layers: "token_embedding/..."
     return _CONVERTERS[kind](task, backbone, WeightReader(weights))
 
 
@@ -62,14 +61,16 @@ def _load_preset(path: str):
     if os.path.isfile(task_path):  # a task's preset: its backbone (config.json) and its own layers
         name = read_json(task_path, "from_keras_hub").get("class_name")
         if name not in _CONVERTERS:
-            raise ValueError(f"from_keras_hub: unsupported model {name} in {task_path!r}; supported: {sorted(_CONVERTERS)}.")
+            raise ValueError(f"from_keras_hub: unsupported model {name} in {task_path!r}; supported: "
+                             f"{sorted(_CONVERTERS)}.")
         return getattr(keras_hub.models, name).from_preset(path, preprocessor=None)
     return keras_hub.models.Backbone.from_preset(path)
 
 
 def _set_attention(attention, w: WeightReader, prefix: str) -> None:
     """keras-hub `EinsumDense` projections (per-head axes) into our `Dense` ones."""
-    for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"), (attention.value_dense, "value")):
+    for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"),
+                        (attention.value_dense, "value")):
         kernel = w(f"{prefix}/{name}/kernel")
         set_dense(dense, kernel.reshape(kernel.shape[0], -1), w(f"{prefix}/{name}/bias").reshape(-1))
     kernel = w(f"{prefix}/attention_output/kernel")

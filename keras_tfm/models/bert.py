@@ -155,7 +155,8 @@ class BertMLM(_BertWithHead):
         self.head_layer_norm_epsilon = head_layer_norm_epsilon
         policy = self.dtype_policy
         init = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.transform = keras.layers.Dense(self.encoder.hidden_dim, activation=head_activation or self.encoder.activation,
+        self.transform = keras.layers.Dense(self.encoder.hidden_dim,
+                                            activation=head_activation or self.encoder.activation,
                                             kernel_initializer=init, dtype=policy, name="transform")
         epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
         self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
