@@ -153,15 +153,15 @@ class WeightReader:
         return sorted(k for k in self.weights if k not in self.used and not ignore(k))
 
 
-def require_options(model_type: str, config: dict, **computed) -> None:
+def require_options(model_type: str, config: dict, caller: str = "from_huggingface", **computed) -> None:
     """Refuses a checkpoint whose config sets an option that changes the computation to another
-    value than the one keras_tfm computes (`computed`: field -> that value, transformers' default);
-    loading it anyway would give other outputs without a word."""
+    value than the one keras_tfm computes (`computed`: field -> that value, the default of
+    transformers or keras-hub); loading it anyway would give other outputs without a word."""
     for field, value in computed.items():
         received = config.get(field, value)
         if received != value:
             raise ValueError(
-                f"from_huggingface: {model_type} checkpoints with {field}={received!r} are not supported; "
+                f"{caller}: {model_type} checkpoints with {field}={received!r} are not supported; "
                 f"keras_tfm computes what {field}={value!r} gives."
             )
 

@@ -17,7 +17,7 @@ import os
 import keras
 from keras import ops
 
-from keras_tfm.convert.huggingface import WeightReader, read_json, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, read_json, require_options, set_dense, set_layer_norm
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.gpt import GPT
 from keras_tfm.models.vit import ViT
@@ -157,9 +157,8 @@ def _bert(task, backbone, w: WeightReader):
 
 def _vit(task, backbone, w: WeightReader) -> ViT:
     config = backbone.get_config()
-    for option in ("use_class_token", "use_mha_bias", "use_mlp_bias", "use_patch_bias"):
-        if not config.get(option, True):
-            raise ValueError(f"from_keras_hub: ViTBackbone with {option}=False is not supported.")
+    require_options("ViTBackbone", config, caller="from_keras_hub", use_class_token=True, use_mha_bias=True,
+                    use_mlp_bias=True, use_patch_bias=True)
     image_shape, patch_size = config["image_shape"], config["patch_size"]
     patch_size = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     if image_shape[0] != image_shape[1] or patch_size[0] != patch_size[1]:

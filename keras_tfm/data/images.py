@@ -114,24 +114,9 @@ def _stacked(groups: list[list[np.ndarray]], path: str, image_size: int | None) 
         if not image_size:
             raise DataError(f"--data: images under {path!r} differ in size ({shapes[:3]}...); give --image-size N to "
                             f"resize them to N x N.")
-        groups = [[np.asarray(Image.fromarray(image).resize((image_size, image_size), Image.BILINEAR)) for image in group]
-                  for group in groups]
+        side = (image_size, image_size)
+        groups = [[np.asarray(Image.fromarray(image).resize(side, Image.BILINEAR)) for image in group] for group in groups]
     return [np.stack(group) for group in groups]
-
-
-def _load_folder(path: str, image_size: int | None):
-    """One folder of classes, split 90/10 into training and test images."""
-    images, labels, class_names = _read_folder(path)
-    (x,) = _stacked([images], path, image_size)
-    return _split(x, labels, 0.1), class_names
-
-
-def _load_split_folders(path: str, image_size: int | None):
-    """PATH/train/<class>/... and PATH/test/<class>/..., with the training classes."""
-    train_images, train_labels, class_names = _read_folder(os.path.join(path, "train"))
-    test_images, test_labels, _ = _read_folder(os.path.join(path, "test"), class_names)
-    train_x, test_x = _stacked([train_images, test_images], path, image_size)
-    return (train_x, train_labels), (test_x, test_labels), class_names
 
 
 def _split(x, y, test_fraction: float, seed: int = 0):
@@ -161,9 +146,14 @@ def load_images(
         elif any(name.startswith("train-images-idx3") for name in os.listdir(data)):
             train, test = _load_idx_directory(data)
         elif os.path.isdir(os.path.join(data, "train")):
-            train, test, class_names = _load_split_folders(data, image_size)
+            train_images, train_labels, class_names = _read_folder(os.path.join(data, "train"))
+            test_images, test_labels, _ = _read_folder(os.path.join(data, "test"), class_names)
+            train_x, test_x = _stacked([train_images, test_images], data, image_size)
+            train, test = (train_x, train_labels), (test_x, test_labels)
         else:
-            (train, test), class_names = _load_folder(data, image_size)
+            images, labels, class_names = _read_folder(data)
+            (x,) = _stacked([images], data, image_size)
+            train, test = _split(x, labels, 0.1)
         source = f"local images {data!r}"
     elif dataset:
         instead = "--data PATH (IDX directory, .npz or image folder)"

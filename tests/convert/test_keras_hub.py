@@ -113,5 +113,9 @@ def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
     pooled = keras_hub.models.ViTImageClassifier(backbone=vit_backbone(), num_classes=4, pooling="gap", preprocessor=None)
     with pytest.raises(ValueError, match="ViTImageClassifier with pooling='gap', .* is not supported"):
         keras_tfm.from_keras_hub(pooled)
+    no_bias = keras_hub.models.ViTBackbone(image_shape=(8, 8, 3), patch_size=4, num_layers=1, num_heads=2,
+                                           hidden_dim=16, mlp_dim=32, use_mha_bias=False)
+    with pytest.raises(ValueError, match="from_keras_hub: ViTBackbone checkpoints with use_mha_bias=False are not"):
+        keras_tfm.from_keras_hub(no_bias)
     with pytest.raises(FileNotFoundError, match="no config.json in directory .*; expected a keras-hub preset"):
         keras_tfm.from_keras_hub(tmp_path)
