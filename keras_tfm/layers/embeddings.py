@@ -7,18 +7,23 @@ from keras import ops
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class TokenEmbedding(keras.layers.Embedding):
+class TokenEmbedding(keras.layers.ReversibleEmbedding):
     """Token ids to vectors, and (with `reverse=True`) vectors back to vocabulary logits.
 
     The reverse projection multiplies by the transposed embedding table, so a language-model head
-    shares its weights with the input embedding ("weight tying").
+    shares its weights with the input embedding ("weight tying"). Keras' `ReversibleEmbedding` with
+    the zoo's argument names and masks; like it, the layer can be quantized (`model.quantize("int8")`
+    quantizes the table, used in both directions).
 
     Args:
         vocabulary_size: number of token ids.
         hidden_dim: size of each token vector.
         mask_zero: if True, id 0 is padding: the layer emits a Keras mask `(batch, length)` that is
-            False at padding, and downstream layers (positions, attention blocks) honour it.
+            False at padding, and downstream layers (positions, attention blocks) honour it. The
+            reverse projection passes the mask of its input vectors on to the logits.
         embeddings_initializer: initializer of the `(vocabulary_size, hidden_dim)` table.
+        **kwargs: other arguments of `keras.layers.ReversibleEmbedding` (`name`, `dtype`,
+            `reverse_dtype`), but for its untied and soft-capped projections.
 
     Example:
     >>> embed = TokenEmbedding(vocabulary_size=100, hidden_dim=16)
@@ -34,6 +39,9 @@ class TokenEmbedding(keras.layers.Embedding):
         embeddings_initializer="uniform",
         **kwargs,
     ):
+        if not kwargs.pop("tie_weights", True) or kwargs.pop("logit_soft_cap", None) is not None:
+            raise ValueError("TokenEmbedding: the reverse projection is always tied and uncapped; use "
+                             "keras.layers.ReversibleEmbedding for tie_weights=False or logit_soft_cap.")
         super().__init__(
             input_dim=vocabulary_size,
             output_dim=hidden_dim,
@@ -52,20 +60,21 @@ class TokenEmbedding(keras.layers.Embedding):
                 f"TokenEmbedding(reverse=True) expects `inputs` with last dimension hidden_dim="
                 f"{self.hidden_dim}; received shape {tuple(inputs.shape)}."
             )
-        kernel = ops.cast(self.embeddings, self.compute_dtype)
-        return ops.matmul(ops.cast(inputs, self.compute_dtype), ops.transpose(kernel))
+        # Keras' layer multiplies as given; an embedding does not autocast, so under mixed precision
+        # its float32 table would make float32 logits from bfloat16 vectors.
+        dtype = self.reverse_dtype or self.compute_dtype
+        return ops.matmul(ops.cast(inputs, dtype), ops.transpose(ops.cast(self.embeddings, dtype)))
 
     def compute_mask(self, inputs, mask=None):
         # The reverse projection gets float vectors: keep their padding mask instead of testing != 0.
         if "float" in keras.backend.standardize_dtype(inputs.dtype):
             return mask
-        return super().compute_mask(inputs, mask)
+        return keras.layers.Embedding.compute_mask(self, inputs, mask)
 
-    def compute_output_spec(self, inputs, reverse: bool = False):
-        if reverse:
-            shape = tuple(inputs.shape[:-1]) + (self.vocabulary_size,)
-            return keras.KerasTensor(shape, dtype=self.compute_dtype)
-        return super().compute_output_spec(inputs)
+    def quantize(self, mode=None, type_check: bool = True, config=None):
+        # Keras refuses to quantize subclasses of its embeddings, which might compute otherwise; this
+        # one's quantized forms are Keras' own.
+        super().quantize(mode, type_check=False, config=config)
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -27,6 +27,14 @@ def test_reverse_rejects_wrong_hidden_dim():
         layer(np.zeros((2, 3, 5), "float32"), reverse=True)
 
 
+
+@pytest.mark.parametrize("option", [{"tie_weights": False}, {"logit_soft_cap": 30.0}])
+def test_options_of_keras_reversible_embedding_it_does_not_compute_are_refused(option):
+    # the reverse projection is this layer's own: it would silently ignore them
+    with pytest.raises(ValueError, match="always tied and uncapped"):
+        TokenEmbedding(vocabulary_size=20, hidden_dim=8, **option)
+
+
 def test_patch_embedding_equals_cut_reshape_project(rng):
     patch, hidden = 4, 6
     images = rng.normal(size=(2, 8, 12, 3)).astype("float32")
