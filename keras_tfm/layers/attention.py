@@ -10,6 +10,8 @@ from keras import ops
 # keras-hub reads Keras masks the same way; there is no public accessor yet.
 from keras.src.backend import get_keras_mask
 
+from keras_tfm.layers.quantization import QuantizationConfigMixin
+
 _LARGE_NEGATIVE = -1e9  # masked logits; softmax is taken in float32, where exp(-1e9) == 0 exactly
 
 
@@ -35,7 +37,7 @@ def _from_cache_layout(cached):
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
     """Masked multi-head attention for self- and cross-attention, with an optional key/value cache.
 
     Args:

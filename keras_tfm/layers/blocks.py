@@ -13,6 +13,7 @@ from keras.src.backend import set_keras_mask
 
 from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ, get_keras_mask
 from keras_tfm.layers.feed_forward import FeedForward
+from keras_tfm.layers.quantization import QuantizationConfigMixin
 
 
 def _residual(x, sublayer, norm, dropout, norm_first: bool, training, normalized=None):
@@ -56,7 +57,7 @@ def _computed_once(x):
     return keras.ops.cond(keras.ops.isfinite(first), lambda: x, lambda: keras.ops.copy(x))
 
 
-class _Block(keras.layers.Layer):
+class _Block(QuantizationConfigMixin, keras.layers.Layer):
     """What encoder and decoder blocks share: arguments, config, and the sub-layer factories."""
 
     def __init__(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_tfm.layers.quantization import QuantizationConfigMixin
+
 
 def _approximate_gelu(x):
     return keras.activations.gelu(x, approximate=True)
@@ -15,7 +17,7 @@ def get_activation(name):
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class FeedForward(keras.layers.Layer):
+class FeedForward(QuantizationConfigMixin, keras.layers.Layer):
     """`Dense(intermediate_dim) -> activation -> dropout -> Dense(output_dim)`, applied to each token.
 
     Args:

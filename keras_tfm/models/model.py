@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import keras
 
+from keras_tfm.layers.quantization import QuantizationConfigMixin
 
-class Model(keras.Model):
+
+class Model(QuantizationConfigMixin, keras.Model):
     """A `keras.Model` whose weights are created on first use, so that even `gpt2_xl()` is
     constructed for free: the first call, `fit`, `generate` or `build()` creates them.
 
     Keras' methods that read a model's weights would refuse an unbuilt model (`count_params`,
     `load_weights`, `export`) or see no weights in it (`summary`, `get_weights`); here they build
-    it first, as a functional model already is.
+    it first, as a functional model already is. A model quantized with `quantize("int8")` keeps
+    its quantized layers in its config, so that its `.keras` file loads again.
 
     Example:
     >>> keras_tfm.gpt2_small().count_params()

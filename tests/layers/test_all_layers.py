@@ -8,7 +8,8 @@ import keras
 import numpy as np
 import pytest
 
-from tests.checks import all_layers_model, to_numpy
+from keras_tfm import layers
+from tests.checks import all_layers_model, quantized, to_numpy
 
 BACKENDS = ["tensorflow", "jax", "torch"]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,3 +82,22 @@ def test_keras_file_saved_here_loads_on_the_next_backend(rng, tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout.startswith(other)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantized_model_of_every_layer_keeps_its_outputs_and_its_keras_file_loads_again(rng, tmp_path, mode):
+    inputs, _ = copy_task(rng, n=4)
+    model = all_layers_model()
+    expected = to_numpy(model(inputs))
+    quantized(model, mode)
+    embedding = next(layer for layer in model.layers if isinstance(layer, layers.TokenEmbedding))
+    assert embedding.quantization_mode == mode  # Keras quantizes no subclass of its embeddings by itself
+    out = to_numpy(model(inputs))
+    if mode == "int8":
+        assert np.abs(out - expected).max() <= 0.1 * np.abs(expected).max()
+    # each block names its quantized sub-layers in its config: before, they came back as float layers
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert sum(layer.quantization_mode == "int8" for layer in loaded._flatten_layers()) == \
+        sum(layer.quantization_mode == "int8" for layer in model._flatten_layers())
+    np.testing.assert_allclose(to_numpy(loaded(inputs)), out, atol=1e-6)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
-from tests.checks import assert_close, run_layer_checks, to_numpy
+from tests.checks import assert_close, quantized, run_layer_checks, to_numpy
 
 
 def tiny_gpt(**overrides):
@@ -61,6 +61,15 @@ def test_cached_greedy_equals_full_forward_greedy():
     generated = model.generate([prompt], max_new_tokens=10)[0]
     assert generated.tolist() == full_forward_greedy(model, prompt, 10)
 
+
+
+def test_a_quantized_model_generates_as_its_full_forward_passes_and_after_loading(tmp_path):
+    model = quantized(peaked(tiny_gpt()))
+    prompt = [3, 17, 5, 9]
+    generated = model.generate([prompt], max_new_tokens=10)[0].tolist()
+    assert generated == full_forward_greedy(model, prompt, 10)
+    model.save(tmp_path / "model.keras")
+    assert keras.saving.load_model(tmp_path / "model.keras").generate([prompt], max_new_tokens=10)[0].tolist() == generated
 
 @pytest.mark.parametrize("sampling", [dict(), dict(num_beams=2), dict(temperature=1.0, seed=1)])
 def test_the_prefill_fills_the_cache_without_computing_logits(sampling):

@@ -1,8 +1,9 @@
+import keras
 import numpy as np
 import pytest
 
 import keras_tfm
-from tests.checks import assert_close, run_layer_checks, to_numpy
+from tests.checks import assert_close, quantized, run_layer_checks, to_numpy
 
 PAD, START, END = 0, 1, 2
 
@@ -62,6 +63,15 @@ def test_cached_greedy_translation_equals_full_forward_greedy(rng):
         source = sources(rng, [length])
         assert model.translate(source, max_length=10)[0].tolist() == full_forward_greedy(model, source, 10).tolist()
 
+
+
+def test_a_quantized_model_translates_as_its_full_forward_passes_and_after_loading(rng, tmp_path):
+    model = quantized(peaked(tiny_translator()))
+    source = sources(rng, [6])
+    translation = model.translate(source, max_length=10)[0].tolist()
+    assert translation == full_forward_greedy(model, source, 10).tolist()
+    model.save(tmp_path / "model.keras")
+    assert keras.saving.load_model(tmp_path / "model.keras").translate(source, max_length=10)[0].tolist() == translation
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_ragged_batch_translates_each_sentence_as_if_alone(rng, beam_size):
