@@ -3,7 +3,8 @@
 nanoGPT (4 layers, 4 heads, 128 wide, context 64, batch 12, 2000 iterations, no dropout, AdamW
 lr 1e-3 with warmup and cosine decay, first 90% of the text for training) reports validation loss
 1.88. This trains `keras_tfm.gpt_shakespeare_char_cpu()` on the same number of tokens (2000 x 12 x
-64, random windows, as nanoGPT samples them) and evaluates on the last 10%.
+64, random windows, as nanoGPT samples them) and evaluates on the last 10%; then evaluates the same
+trained model again quantized to int8 and to int4 weights (`model.quantize`).
 
     python benchmarks/gpt_quality.py [--data ../shared/data/tinyshakespeare/input.txt] [--learning-rate 3e-3]
 """
@@ -13,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -69,6 +72,16 @@ def main() -> None:
     seconds = time.perf_counter() - start
     vx, vy = windows(validation, args.eval_batches * args.batch_size)
     validation_loss = model.evaluate(vx, vy, batch_size=args.batch_size, verbose=0)
+    saved = os.path.join(tempfile.mkdtemp(), "trained.keras")
+    model.save(saved)
+    quantized_losses = {}
+    for mode in ("int8", "int4"):
+        quantized = keras.saving.load_model(saved)  # the trained model, compiled
+        with warnings.catch_warnings():  # "Layer LayerNormalization does not have a `quantize` method"
+            warnings.simplefilter("ignore")
+            quantized.quantize(mode)
+        loss = quantized.evaluate(vx, vy, batch_size=args.batch_size, verbose=0)
+        quantized_losses[f"validation_loss_{mode}"] = round(float(loss), 4)
     sample = model.generate([[vocabulary.index("\n")]], max_new_tokens=model.max_length - 1, temperature=0.8, top_k=20, seed=0)[0]
     result = {
         "backend": keras.backend.backend(),
@@ -76,6 +89,7 @@ def main() -> None:
         "iterations": args.iterations,
         "tokens": args.iterations * args.batch_size * context,
         "validation_loss": round(float(validation_loss), 4),
+        **quantized_losses,
         "nanogpt_validation_loss": 1.88,
         "train_seconds": round(seconds, 1),
     }

@@ -1,0 +1,54 @@
+"""What `model.quantize` buys on this machine: GPT-2 small (random weights, context 256) in float32,
+int8 and int4, on each Keras backend: the size of its `.keras` file, and greedy generation speed.
+
+    python benchmarks/quantization.py                 # both tables
+    python benchmarks/quantization.py --only generate # or: --only size
+
+Generation: batch 1, a 4-token prompt, 32 new tokens, best of 3 calls after a compiling one. What
+quantization does to a trained model's loss is in `benchmarks/gpt_quality.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BACKENDS, Timer, main  # noqa: E402
+
+GENERATE = dict(prompt=[464, 2068, 7586, 21831], new_tokens=32, repeats=3)
+MODES = ("float32", "int8", "int4")
+
+
+def worker(mode: str, task: str) -> dict:
+    import keras
+
+    import keras_tfm
+
+    keras.utils.set_random_seed(0)
+    model = keras_tfm.gpt2_small(max_length=256)
+    model.build()
+    if mode != "float32":
+        with warnings.catch_warnings():  # "Layer LayerNormalization does not have a `quantize` method"
+            warnings.simplefilter("ignore")
+            model.quantize(mode)
+    if task == "size":
+        path = os.path.join(tempfile.mkdtemp(), "model.keras")
+        model.save(path)
+        return {"value": os.path.getsize(path) / 1e6}
+    model.generate([GENERATE["prompt"]], max_new_tokens=GENERATE["new_tokens"])  # compile
+    windows = []
+    for _ in range(GENERATE["repeats"]):
+        with Timer() as timer:
+            model.generate([GENERATE["prompt"]], max_new_tokens=GENERATE["new_tokens"])
+        windows.append(GENERATE["new_tokens"] / timer.seconds)
+    return {"value": max(windows), "windows": windows, "method": "generate"}
+
+
+if __name__ == "__main__":
+    main(__doc__, os.path.abspath(__file__), worker,
+         {"size": ("GPT-2 small .keras file", "MB"), "generate": ("GPT-2 small greedy generation", "new tokens/s")},
+         contenders=[(f"{mode} ({backend})", mode, backend) for backend in BACKENDS for mode in MODES],
+         baselines={f"float32 ({backend})": f"float32 ({backend})" for backend in BACKENDS})
