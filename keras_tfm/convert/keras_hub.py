@@ -47,6 +47,10 @@ def from_keras_hub(model_or_preset):
     if kind not in _CONVERTERS:
         raise ValueError(f"from_keras_hub: unsupported model {kind}; supported: {sorted(_CONVERTERS)}.")
     task = model_or_preset
+    quantized = sorted({layer.quantization_mode for layer in task._flatten_layers() if layer.quantization_mode})
+    if quantized:  # its weights are integers and scales; converting them as floats would be wrong
+        raise ValueError(f"from_keras_hub: the {kind} is quantized ({', '.join(quantized)}); convert the float model, "
+                         f"then quantize the keras_tfm model: `from_keras_hub(...).quantize({quantized[0]!r})`.")
     backbone = getattr(task, "backbone", task)
     weights = {w.path: ops.convert_to_numpy(w) for w in task.weights}  # paths name layers: "token_embedding/..."
     return _CONVERTERS[kind](task, backbone, WeightReader(weights))

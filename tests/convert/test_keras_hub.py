@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
-from tests.checks import to_numpy
+from tests.checks import quantized, to_numpy
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -119,3 +119,12 @@ def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
         keras_tfm.from_keras_hub(no_bias)
     with pytest.raises(FileNotFoundError, match="no config.json in directory .*; expected a keras-hub preset"):
         keras_tfm.from_keras_hub(tmp_path)
+
+
+def test_a_quantized_keras_hub_model_is_refused_and_its_float_twin_quantizes_here():
+    quantized_hub = gpt2_backbone()
+    quantized_hub.quantize("int8")  # its kernels become integers and scales
+    with pytest.raises(ValueError, match=r"the GPT2Backbone is quantized \(int8\); convert the float model, then"):
+        keras_tfm.from_keras_hub(quantized_hub)
+    model = quantized(keras_tfm.from_keras_hub(gpt2_backbone()))
+    assert model.token_embedding.quantization_mode == "int8"
