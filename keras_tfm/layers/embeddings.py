@@ -71,6 +71,11 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
             return mask
         return keras.layers.Embedding.compute_mask(self, inputs, mask)
 
+    def quantized_call(self, inputs, reverse: bool = False):
+        # Keras' quantized lookups and projection divide by float32 scales, which an embedding does not
+        # autocast: under mixed precision they would return float32 vectors and logits.
+        return ops.cast(super().quantized_call(inputs, reverse=reverse), self.compute_dtype)
+
     def quantize(self, mode=None, type_check: bool = True, config=None):
         # Keras refuses to quantize subclasses of its embeddings, which might compute otherwise; this
         # one's quantized forms are Keras' own.

@@ -79,8 +79,8 @@ class Bert(Model):
                                               dtype=policy, name="token_embedding")
         self.position_embedding = LearnedPositionEmbedding(max_length, initializer=init, dtype=policy,
                                                            name="position_embedding")
-        self.segment_embedding = keras.layers.Embedding(num_segments, hidden_dim, embeddings_initializer=init,
-                                                        dtype=policy, name="segment_embedding")
+        self.segment_embedding = TokenEmbedding(num_segments, hidden_dim, embeddings_initializer=init, dtype=policy,
+                                                name="segment_embedding")
         self.embedding_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy,
                                                               name="embedding_norm")
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
