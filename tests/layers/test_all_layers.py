@@ -84,7 +84,7 @@ def test_keras_file_saved_here_loads_on_the_next_backend(rng, tmp_path):
     assert result.stdout.startswith(other)
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("mode", ["int8"])  # int4's own settings coming back: tests/models/test_model.py (GPT)
 def test_a_quantized_model_of_every_layer_keeps_its_outputs_and_its_keras_file_loads_again(rng, tmp_path, mode):
     inputs, _ = copy_task(rng, n=4)
     model = all_layers_model()

@@ -63,13 +63,11 @@ def test_cached_greedy_equals_full_forward_greedy():
 
 
 
-def test_a_quantized_model_generates_as_its_full_forward_passes_and_after_loading(tmp_path):
+def test_a_quantized_model_generates_as_its_full_forward_passes():
+    # its reloaded .keras file gives the same logits: tests/models/test_model.py
     model = quantized(peaked(tiny_gpt()))
     prompt = [3, 17, 5, 9]
-    generated = model.generate([prompt], max_new_tokens=10)[0].tolist()
-    assert generated == full_forward_greedy(model, prompt, 10)
-    model.save(tmp_path / "model.keras")
-    assert keras.saving.load_model(tmp_path / "model.keras").generate([prompt], max_new_tokens=10)[0].tolist() == generated
+    assert model.generate([prompt], max_new_tokens=10)[0].tolist() == full_forward_greedy(model, prompt, 10)
 
 @pytest.mark.parametrize("sampling", [dict(), dict(num_beams=2), dict(temperature=1.0, seed=1)])
 def test_the_prefill_fills_the_cache_without_computing_logits(sampling):
