@@ -16,7 +16,6 @@ import json
 import os
 import tempfile
 import time
-import warnings
 
 import numpy as np
 
@@ -77,9 +76,7 @@ def main() -> None:
     quantized_losses = {}
     for mode in ("int8", "int4"):
         quantized = keras.saving.load_model(saved)  # the trained model, compiled
-        with warnings.catch_warnings():  # "Layer LayerNormalization does not have a `quantize` method"
-            warnings.simplefilter("ignore")
-            quantized.quantize(mode)
+        quantized.quantize(mode)
         loss = quantized.evaluate(vx, vy, batch_size=args.batch_size, verbose=0)
         quantized_losses[f"validation_loss_{mode}"] = round(float(loss), 4)
     sample = model.generate([[vocabulary.index("\n")]], max_new_tokens=model.max_length - 1, temperature=0.8, top_k=20, seed=0)[0]

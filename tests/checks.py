@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import string
-import warnings
 
 import keras
 import numpy as np
@@ -24,14 +23,6 @@ def functional_model(layer, args, kwargs=None) -> keras.Model:
     inputs = [keras.Input(shape=a.shape[1:], batch_size=a.shape[0], dtype=str(a.dtype)) for a in args]
     outputs = first(layer(*inputs, **(kwargs or {})))
     return keras.Model(inputs, outputs)
-
-
-def quantized(model, mode="int8"):
-    """`model.quantize(mode)`, without Keras' warning for each layer that has no quantized form."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method implemented")
-        model.quantize(mode)
-    return model
 
 
 def assert_close(actual, expected, atol=1e-5, rtol=1e-5):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 
 from keras_tfm.layers.quantization import QuantizationConfigMixin
@@ -28,6 +30,13 @@ class Model(QuantizationConfigMixin, keras.Model):
         if num_heads < 1 or hidden_dim % num_heads:
             raise ValueError(f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim={hidden_dim}, "
                              f"num_heads={num_heads}.")
+
+    def quantize(self, mode=None, **kwargs) -> None:
+        # Keras warns once for every layer without a quantized form (each LayerNormalization, Dropout,
+        # position table, ...): dozens of lines that say nothing about what was quantized.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method implemented")
+            super().quantize(mode, **kwargs)
 
     def _build_on_demand(self) -> None:
         if not self.built:

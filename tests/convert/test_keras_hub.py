@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
-from tests.checks import quantized, to_numpy
+from tests.checks import to_numpy
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -126,5 +126,6 @@ def test_a_quantized_keras_hub_model_is_refused_and_its_float_twin_quantizes_her
     quantized_hub.quantize("int8")  # its kernels become integers and scales
     with pytest.raises(ValueError, match=r"the GPT2Backbone is quantized \(int8\); convert the float model, then"):
         keras_tfm.from_keras_hub(quantized_hub)
-    model = quantized(keras_tfm.from_keras_hub(gpt2_backbone()))
+    model = keras_tfm.from_keras_hub(gpt2_backbone())
+    model.quantize("int8")
     assert model.token_embedding.quantization_mode == "int8"

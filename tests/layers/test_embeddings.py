@@ -27,7 +27,6 @@ def test_reverse_rejects_wrong_hidden_dim():
         layer(np.zeros((2, 3, 5), "float32"), reverse=True)
 
 
-
 @pytest.mark.parametrize("option", [{"tie_weights": False}, {"logit_soft_cap": 30.0}])
 def test_options_of_keras_reversible_embedding_it_does_not_compute_are_refused(option):
     # the reverse projection is this layer's own: it would silently ignore them

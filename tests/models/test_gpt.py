@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
-from tests.checks import assert_close, quantized, run_layer_checks, to_numpy
+from tests.checks import assert_close, run_layer_checks, to_numpy
 
 
 def tiny_gpt(**overrides):
@@ -62,12 +62,13 @@ def test_cached_greedy_equals_full_forward_greedy():
     assert generated.tolist() == full_forward_greedy(model, prompt, 10)
 
 
-
 def test_a_quantized_model_generates_as_its_full_forward_passes():
     # its reloaded .keras file gives the same logits: tests/models/test_model.py
-    model = quantized(peaked(tiny_gpt()))
+    model = peaked(tiny_gpt())
+    model.quantize("int8")
     prompt = [3, 17, 5, 9]
     assert model.generate([prompt], max_new_tokens=10)[0].tolist() == full_forward_greedy(model, prompt, 10)
+
 
 @pytest.mark.parametrize("sampling", [dict(), dict(num_beams=2), dict(temperature=1.0, seed=1)])
 def test_the_prefill_fills_the_cache_without_computing_logits(sampling):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
-from tests.checks import assert_close, quantized, run_layer_checks, to_numpy
+from tests.checks import assert_close, run_layer_checks, to_numpy
 
 PAD, START, END = 0, 1, 2
 
@@ -66,7 +66,8 @@ def test_cached_greedy_translation_equals_full_forward_greedy(rng):
 
 def test_a_quantized_model_translates_as_its_full_forward_passes(rng):
     # its reloaded .keras file gives the same logits: tests/models/test_model.py
-    model = quantized(peaked(tiny_translator()))
+    model = peaked(tiny_translator())
+    model.quantize("int8")
     source = sources(rng, [6])
     assert model.translate(source, max_length=10)[0].tolist() == full_forward_greedy(model, source, 10).tolist()
 
