@@ -14,6 +14,7 @@ from keras.src.backend import set_keras_mask
 from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ, get_keras_mask
 from keras_tfm.layers.feed_forward import FeedForward
 from keras_tfm.layers.quantization import QuantizationConfigMixin
+from keras_tfm.layers.remat import rematerializable
 
 
 def _residual(x, sublayer, norm, dropout, norm_first: bool, training, normalized=None):
@@ -73,6 +74,7 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         use_bias: bool = True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        remat: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -87,6 +89,7 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.remat = remat
         self.supports_masking = True
         self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
@@ -146,6 +149,7 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
             use_bias=self.use_bias,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            remat=self.remat,
         )
         return config
 
@@ -164,6 +168,8 @@ class EncoderBlock(_Block):
         activation: of the feed-forward network ("gelu", "relu", "gelu_approximate", ...).
         norm_first: True for pre-norm (ViT, GPT), False for post-norm (original Transformer, BERT).
         layer_norm_epsilon, use_bias, kernel_initializer, bias_initializer.
+        remat: in training, recompute the block's activations in the backward pass instead of
+            storing them (`keras_tfm.layers.remat`): less memory, one more forward pass.
 
     Call arguments:
         inputs: `(batch, length, hidden_dim)`.
@@ -197,6 +203,7 @@ class EncoderBlock(_Block):
         self.feed_forward_norm.build(inputs_shape)
         self.built = True
 
+    @rematerializable
     def call(self, inputs, padding_mask=None, attention_mask=None,
              return_attention_weights: bool = False, output_positions=None, training=None):
         keras_mask = get_keras_mask(inputs)
@@ -301,6 +308,7 @@ class DecoderBlock(_Block):
         # Named as in `build`: `summary()` passes the shapes `build` recorded, by name.
         return decoder_sequence_shape
 
+    @rematerializable
     def call(
         self,
         decoder_sequence,

@@ -16,7 +16,7 @@ from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedd
 from keras_tfm.models.model import Model
 
 _ENCODER_ARGUMENTS = ("vocabulary_size", "max_length", "num_segments", "num_layers", "num_heads", "hidden_dim",
-                      "intermediate_dim", "dropout", "layer_norm_epsilon", "activation")
+                      "intermediate_dim", "dropout", "layer_norm_epsilon", "activation", "remat")
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -28,6 +28,7 @@ class Bert(Model):
         num_layers, num_heads, hidden_dim, intermediate_dim (default 4 x hidden_dim): the encoder.
         dropout: on embeddings, attention weights and residual branches (training only).
         layer_norm_epsilon, activation.
+        remat: the blocks recompute their activations in training's backward pass (less memory).
 
     Call arguments (as keyword arguments, or one dict with these keys, as `fit` and `predict` pass them):
         token_ids: int `(batch, length)`.
@@ -55,6 +56,7 @@ class Bert(Model):
         dropout: float = 0.1,
         layer_norm_epsilon: float = 1e-12,
         activation: str = "gelu",
+        remat: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("name", "bert")
@@ -87,7 +89,7 @@ class Bert(Model):
         self.blocks = [
             EncoderBlock(num_heads, self.intermediate_dim, dropout=dropout, attention_dropout=dropout,
                          activation=activation, norm_first=False, layer_norm_epsilon=layer_norm_epsilon,
-                         kernel_initializer=init, dtype=policy, name=f"block_{i}")
+                         kernel_initializer=init, remat=remat, dtype=policy, name=f"block_{i}")
             for i in range(num_layers)
         ]
 

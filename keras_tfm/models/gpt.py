@@ -32,6 +32,7 @@ class GPT(Model):
         tie_embeddings: the output projection reuses the token embedding table (GPT-2); False
             gives a separate `lm_head` without bias.
         activation: of the MLP; GPT-2 uses the tanh approximation of GELU.
+        remat: the blocks recompute their activations in training's backward pass (less memory).
 
     Call arguments:
         token_ids: int `(batch, length)`.
@@ -56,6 +57,7 @@ class GPT(Model):
         layer_norm_epsilon: float = 1e-5,
         tie_embeddings: bool = True,
         activation: str = "gelu_approximate",
+        remat: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("name", "gpt")
@@ -88,6 +90,7 @@ class GPT(Model):
                 norm_first=True,
                 layer_norm_epsilon=layer_norm_epsilon,
                 kernel_initializer=init,
+                remat=remat,
                 dtype=self.dtype_policy,
                 name=f"block_{i}",
             )
@@ -232,6 +235,7 @@ class GPT(Model):
             layer_norm_epsilon=self.layer_norm_epsilon,
             tie_embeddings=self.tie_embeddings,
             activation=self.activation,
+            remat=self.remat,
         )
         return config
 

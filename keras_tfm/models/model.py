@@ -6,6 +6,7 @@ import warnings
 
 import keras
 
+from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 
 
@@ -16,7 +17,8 @@ class Model(QuantizationConfigMixin, keras.Model):
     Keras' methods that read a model's weights would refuse an unbuilt model (`count_params`,
     `load_weights`, `export`) or see no weights in it (`summary`, `get_weights`); here they build
     it first, as a functional model already is. A model quantized with `quantize("int8")` keeps
-    its quantized layers in its config, so that its `.keras` file loads again.
+    its quantized layers in its config, so that its `.keras` file loads again. `remat = True`
+    makes every block recompute its activations in the backward pass (`keras_tfm.layers.remat`).
 
     Example:
     >>> keras_tfm.gpt2_small().count_params()
@@ -30,6 +32,23 @@ class Model(QuantizationConfigMixin, keras.Model):
         if num_heads < 1 or hidden_dim % num_heads:
             raise ValueError(f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim={hidden_dim}, "
                              f"num_heads={num_heads}.")
+
+    @property
+    def remat(self) -> bool:
+        """Whether the blocks recompute their activations in training's backward pass instead of
+        storing them: less memory for one more forward pass of each block, the same gradients. Also a
+        constructor argument; set it before `compile` (a compiled training step keeps its form)."""
+        blocks = self._blocks()
+        return bool(blocks) and all(block.remat for block in blocks)
+
+    @remat.setter
+    def remat(self, value: bool) -> None:
+        for block in self._blocks():
+            block.remat = bool(value)
+
+    def _blocks(self) -> list:
+        return [layer for layer in self._flatten_layers(include_self=False)
+                if isinstance(layer, (EncoderBlock, DecoderBlock))]
 
     def quantize(self, mode=None, **kwargs) -> None:
         # Keras warns once for every layer without a quantized form (each LayerNormalization, Dropout,

@@ -51,6 +51,7 @@ class Translator(Model):
         scale_embeddings: multiply token embeddings by sqrt(hidden_dim) (the paper, Marian).
         use_output_bias: a bias on the logits (Marian's `final_logits_bias`).
         activation, dropout, attention_dropout, layer_norm_epsilon: of the blocks.
+        remat: the blocks recompute their activations in training's backward pass (less memory).
         pad_token_id: marks source padding (ignored by attention) and pads translations.
         start_token_id: the first decoder input of every translation.
         end_token_id: ends a translation.
@@ -91,6 +92,7 @@ class Translator(Model):
         pad_token_id: int = 0,
         start_token_id: int = 1,
         end_token_id: int = 2,
+        remat: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("name", "translator")
@@ -139,7 +141,7 @@ class Translator(Model):
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
         block_args = dict(num_heads=num_heads, intermediate_dim=intermediate_dim, dropout=dropout,
                           attention_dropout=attention_dropout, activation=activation, norm_first=norm_first,
-                          layer_norm_epsilon=layer_norm_epsilon, dtype=policy)
+                          layer_norm_epsilon=layer_norm_epsilon, remat=remat, dtype=policy)
         self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}") for i in range(num_encoder_layers)]
         self.decoder_blocks = [DecoderBlock(**block_args, use_cross_attention=True, name=f"decoder_block_{i}")
                                for i in range(num_decoder_layers)]
@@ -304,7 +306,7 @@ class Translator(Model):
             "source_vocabulary_size", "target_vocabulary_size", "num_encoder_layers", "num_decoder_layers",
             "num_heads", "hidden_dim", "intermediate_dim", "max_length", "positions", "norm_first",
             "share_embeddings", "tie_embeddings", "scale_embeddings", "use_output_bias", "activation", "dropout",
-            "attention_dropout", "layer_norm_epsilon", "pad_token_id", "start_token_id", "end_token_id")})
+            "attention_dropout", "layer_norm_epsilon", "pad_token_id", "start_token_id", "end_token_id", "remat")})
         return config
 
 

@@ -30,6 +30,7 @@ class ViT(Model):
         positions: "learned" (a table, interpolated bicubically for other image sizes) or
             "sinusoidal" (fixed 2-D sinusoids for any grid).
         dropout, attention_dropout, layer_norm_epsilon, activation.
+        remat: the blocks recompute their activations in training's backward pass (less memory).
 
     Call arguments:
         images: `(batch, height, width, num_channels)`; height and width must be multiples of
@@ -60,6 +61,7 @@ class ViT(Model):
         attention_dropout: float = 0.0,
         layer_norm_epsilon: float = 1e-6,
         activation: str = "gelu",
+        remat: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("name", "vit")
@@ -105,7 +107,7 @@ class ViT(Model):
             EncoderBlock(
                 num_heads, self.intermediate_dim, dropout=dropout, attention_dropout=attention_dropout,
                 activation=activation, norm_first=True, layer_norm_epsilon=layer_norm_epsilon,
-                dtype=policy, name=f"block_{i}",
+                remat=remat, dtype=policy, name=f"block_{i}",
             )
             for i in range(num_layers)
         ]
@@ -173,7 +175,7 @@ class ViT(Model):
         config.update({name: getattr(self, name) for name in (
             "image_size", "patch_size", "num_classes", "num_layers", "num_heads", "hidden_dim",
             "intermediate_dim", "num_channels", "pooling", "include_top", "positions", "dropout",
-            "attention_dropout", "layer_norm_epsilon", "activation",
+            "attention_dropout", "layer_norm_epsilon", "activation", "remat",
         )})
         return config
 

@@ -27,6 +27,10 @@ CASES = {
         lambda **kw: layers.DecoderBlock(4, 64, use_cross_attention=True, norm_first=False, **kw),
         (SEQUENCE, SOURCE), {},
     ),
+    "decoder_block_cross_remat": (
+        lambda **kw: layers.DecoderBlock(4, 64, use_cross_attention=True, dropout=0.1, remat=True, **kw),
+        (SEQUENCE, SOURCE), {},
+    ),
 }
 # Fixed encodings have no weights to train; they get the config and saving checks in test_positions.
 
