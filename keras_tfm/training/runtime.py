@@ -122,6 +122,9 @@ def train(
     total_steps = epochs * steps_per_epoch
     with distribution_scope(args.distribute, args.model_parallel, log=log):
         model = build_model()
+        remat = getattr(args, "remat", False)
+        if remat:
+            model.remat = True
         model.compile(
             optimizer=make_optimizer(args, total_steps), loss=loss, metrics=_made_here(metrics),
             weighted_metrics=_made_here(weighted_metrics), jit_compile=use_jit(args)
@@ -129,7 +132,8 @@ def train(
         first_x = train_batch(0, 0)[0]
         model(first_x)
     log(f"Model: {model.name}, {model.count_params():,} parameters; {epochs} epochs x {steps_per_epoch} steps "
-        f"of batch {args.batch_size}; XLA {'on' if use_jit(args) else 'off'}.")
+        f"of batch {args.batch_size}; XLA {'on' if use_jit(args) else 'off'}"
+        f"{'; blocks rematerialized' if remat else ''}.")
 
     manager = CheckpointManager(os.path.join(args.output_dir, "checkpoint"))
     initial_epoch = manager.restore(model)
@@ -190,6 +194,7 @@ def train(
         "steps": total_steps,
         "batch_size": args.batch_size,
         "precision": args.precision,
+        "remat": remat,
         "train_seconds_this_run": round(seconds, 1),
         **results,
     }

@@ -78,13 +78,15 @@ def saved_weight(checkpoint_directory, shape) -> np.ndarray:
 def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
     out = tmp_path / "run"
     done = recipe("gpt_lm.py", "--steps", "4", "--steps-per-epoch", "2", "--output-dir", str(out),
-                  "--precision", "mixed_bfloat16", "--tokenizer", "bpe", "--vocabulary-size", "300", *TINY_GPT)
+                  "--precision", "mixed_bfloat16", "--tokenizer", "bpe", "--vocabulary-size", "300", "--remat",
+                  *TINY_GPT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "offline default" in done.stdout  # no --data: the bundled text, announced
+    assert "offline default" in done.stdout and "blocks rematerialized" in done.stdout  # no --data: the bundled text, announced
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["epoch"] == 2 and (out / "checkpoint" / state["weights"]).stat().st_size > 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["backend"] == BACKEND and metrics["steps"] == 4 and metrics["precision"] == "mixed_bfloat16"
+    assert metrics["remat"] is True
     assert metrics["tokenizer"] == "bpe" and metrics["vocabulary_size"] == 300
     assert 2.0 < metrics["validation_loss"] < 6.0
     assert np.isclose(metrics["validation_perplexity"], np.exp(metrics["validation_loss"]), rtol=1e-4)
