@@ -1,7 +1,7 @@
 """Rematerialization: a layer's activations recomputed in the backward pass instead of stored.
 
 A block with `remat=True` keeps only its inputs for the backward pass and runs its forward pass
-again there: one more forward pass of the block (0.7x the training speed on TensorFlow and PyTorch,
+again there: one more forward pass of the block (0.7-0.9x the training speed on TensorFlow and PyTorch,
 `benchmarks/remat.py`) for the memory of every activation inside it (attention weights, the
 feed-forward network's wide hidden layer), which lets a longer context or a larger batch fit.
 On JAX, XLA's CPU compiler drops `jax.checkpoint`'s optimization barriers and merges the
@@ -35,7 +35,7 @@ def rematerializable(call):
 
     @functools.wraps(call)
     def maybe_rematerialized(layer, *args, **kwargs):
-        if not (getattr(layer, "remat", False) and kwargs.get("training") is True):
+        if not (layer.remat and kwargs.get("training") is True):
             return call(layer, *args, **kwargs)
         return rematerialized_call(layer, functools.partial(call, layer), args, kwargs)
 

@@ -100,7 +100,7 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     runtime.add_argument("--remat", action="store_true",
                          help="recompute each block's activations in the backward pass instead of storing them: "
                               "less memory (a longer --max-length or larger --batch-size fits), one more forward pass of "
-                              "each block (about 0.7x the speed), the same gradients")
+                              "each block (0.7-0.9x the speed here), the same gradients")
     runtime.add_argument("--jit-compile", default="auto", choices=["auto", "on", "off"],
                          help="XLA compilation: auto = on for TensorFlow and JAX, off (eager) for PyTorch, whose "
                               "torch.compile path is slower here (default: %(default)s)")
