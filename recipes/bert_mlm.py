@@ -21,7 +21,8 @@ by folder (a zip or a directory of <label>/<file>.txt, e.g. ../shared/data/movie
 holding out 10%, and reports its accuracy (in --output-dir/finetune).
 
 --from-huggingface DIR skips pretraining and fine-tunes a Hugging Face BERT checkpoint instead (a local
-directory saved by `save_pretrained` with its tokenizer, e.g. bert-base-uncased): its WordPiece vocabulary
+directory saved by `save_pretrained` with its tokenizer, or a Hub model id such as bert-base-uncased, read
+from the local Hugging Face cache or downloaded into it): its WordPiece vocabulary
 (vocab.txt, lowercased as its tokenizer_config.json says), its weights and pooler, a new head.
 
     python recipes/bert_mlm.py --data ../shared/data/wikitext-2/valid.txt --validation-data ../shared/data/wikitext-2/test.txt \\
@@ -57,7 +58,7 @@ def main() -> None:
     recipe.add_argument("--finetune-epochs", type=training.POSITIVE, default=3, help="(default: %(default)s)")
     recipe.add_argument("--finetune-learning-rate", type=training.number(0.0), default=1e-4, help="(default: %(default)s)")
     recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory (see above)")
+                        help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory or Hub model id (see above)")
     args = parser.parse_args()
     training.setup(args)
     if args.from_huggingface:

@@ -14,7 +14,8 @@ leaves checkpoints, log.csv, metrics.json, learning_curves.png and samples.txt i
 Rerunning the same command resumes an interrupted run.
 
 --from-huggingface DIR fine-tunes a Hugging Face GPT-2 checkpoint (a local directory saved by
-`save_pretrained` with its tokenizer, e.g. gpt2) on the text instead of training a new model: its
+`save_pretrained` with its tokenizer, or a Hub model id such as gpt2, read from the local Hugging Face
+cache or downloaded into it) on the text instead of training a new model: its
 weights and its byte-pair tokenizer (vocab.json, merges.txt); windows of --max-length tokens (default:
 the checkpoint's context).
 
@@ -49,7 +50,7 @@ def main() -> None:
     recipe.add_argument("--temperature", type=training.number(0.0), default=0.8, help="sampling temperature (default: %(default)s)")
     recipe.add_argument("--top-k", type=training.integer(0), default=20, help="sample among the k likeliest tokens (default: %(default)s)")
     recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="fine-tune this Hugging Face GPT-2 checkpoint directory (see above)")
+                        help="fine-tune this Hugging Face GPT-2 checkpoint directory or Hub model id (see above)")
     args = parser.parse_args()
     training.setup(args)
 

@@ -16,7 +16,8 @@ takes raw pixels. AdamW with warmup and cosine decay, label smoothing. Prints te
 metrics.json, learning_curves.png and attention_maps.png in --output-dir. Rerunning resumes.
 
 --from-huggingface DIR fine-tunes a Hugging Face ViT checkpoint (a local directory saved by
-`save_pretrained`, e.g. google/vit-base-patch16-224) instead of training a new model: its weights, a
+`save_pretrained`, or a Hub model id such as google/vit-base-patch16-224, read from the local Hugging
+Face cache or downloaded into it) instead of training a new model: its weights, a
 new head for this data's classes, and its image processor's resizing and center crop (unless
 --image-size; positions are interpolated for other sizes), scaling and normalisation; grayscale images
 become RGB.
@@ -44,7 +45,7 @@ def main() -> None:
     parser.set_defaults(batch_size=128, learning_rate=1e-3, weight_decay=0.05, epochs=10)
     recipe = parser.add_argument_group("image classifier")
     recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="fine-tune this Hugging Face ViT checkpoint directory (see above)")
+                        help="fine-tune this Hugging Face ViT checkpoint directory or Hub model id (see above)")
     recipe.add_argument("--image-size", type=training.POSITIVE,
                         help="side the images are resized to (default: theirs, or the checkpoint's); needed for "
                              "an image folder of mixed sizes, which are resized as they are read")

@@ -4,6 +4,9 @@ import os
 # cost more than they save (JAX's model and layer tests take a quarter less time without them). Set
 # before Keras loads a backend; recipe subprocesses inherit it.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+# No test reaches the network: Hugging Face Hub ids are read from a local cache only (huggingface_hub reads
+# this when it is imported).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 import keras
 import numpy as np

@@ -1,14 +1,16 @@
 """`from_huggingface`: build the matching keras_tfm model and copy a Hugging Face model's weights.
 
-Takes an in-memory `transformers` model (PyTorch) or a local directory with `config.json` and
-`model.safetensors` / `pytorch_model.bin` (or their shards and `.index.json`). Reading a directory
-needs no `transformers` and no network; converting weights needs only NumPy.
+Takes an in-memory `transformers` model (PyTorch), a local directory with `config.json` and
+`model.safetensors` / `pytorch_model.bin` (or their shards and `.index.json`), or a Hugging Face Hub
+model id, whose files `huggingface_hub` keeps in its local cache. Reading a directory needs no
+`transformers` and no network; converting weights needs only NumPy.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Callable
 
 import numpy as np
@@ -33,6 +35,48 @@ def read_json(path: str, caller: str) -> dict:
             return json.load(f)
         except json.JSONDecodeError as error:
             raise ValueError(f"{caller}: {path!r} is not valid JSON ({error}).") from None
+
+
+# "gpt2", "google/vit-base-patch16-224": the Hub's model ids (one optional namespace)
+_HUB_MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+# what the converters, tokenizers and image processors read: configs, safetensors weights, vocabularies
+_HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.spm", "*.model"]
+
+
+def checkpoint_directory(name_or_path, caller: str = "from_huggingface") -> str:
+    """The local directory of a checkpoint: `name_or_path` itself when it is a directory; otherwise,
+    for a Hugging Face Hub model id ("gpt2", "google/vit-base-patch16-224"), its snapshot in the
+    local Hugging Face cache, downloaded there first where the Hub can be reached (`huggingface_hub`;
+    with `HF_HUB_OFFLINE=1` only the cache is read). From the Hub it takes the configuration files,
+    the tokenizer files and the safetensors weights, or `pytorch_model.bin` where a model has no
+    safetensors.
+
+    Example:
+    >>> directory = checkpoint_directory("google/vit-base-patch16-224")  # .../snapshots/<commit>
+    """
+    path = os.fspath(name_or_path)
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise NotADirectoryError(f"{caller}: {path!r} is a file; expected a checkpoint directory or a Hugging Face "
+                                 f"Hub model id.")
+    if not _HUB_MODEL_ID.fullmatch(path):
+        raise FileNotFoundError(f"{caller}: no config.json in directory {path!r}: there is no such directory.")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise FileNotFoundError(f"{caller}: there is no directory {path!r}; to read it as a Hugging Face Hub model "
+                                f"id, install huggingface_hub.") from None
+    try:
+        directory = snapshot_download(path, allow_patterns=_HUB_FILES)
+        if not any(name.endswith(".safetensors") for name in os.listdir(directory)):
+            directory = snapshot_download(path, allow_patterns=["pytorch_model*.bin"])
+    except Exception as error:  # huggingface_hub's errors: offline without a cached copy, unknown id, gated, ...
+        raise FileNotFoundError(
+            f"{caller}: {path!r} is neither a local directory nor a Hugging Face Hub model found in the local "
+            f"cache or on the Hub ({type(error).__name__}: {error})"
+        ) from None
+    return directory
 
 
 def read_config(path: str) -> dict:
@@ -95,8 +139,10 @@ def from_huggingface(model_or_directory, num_classes: int | None = None):
     """A keras_tfm model with the weights of a Hugging Face model.
 
     Args:
-        model_or_directory: a `transformers` PyTorch model (e.g. `GPT2LMHeadModel`), or the path of
-            a local directory saved by `save_pretrained` (`config.json` + weights).
+        model_or_directory: a `transformers` PyTorch model (e.g. `GPT2LMHeadModel`), the path of
+            a local directory saved by `save_pretrained` (`config.json` + weights), or a Hugging Face
+            Hub model id such as "gpt2", read from the local Hugging Face cache or downloaded
+            into it (`checkpoint_directory`).
         num_classes: for fine-tuning a ViT or BERT checkpoint as a classifier: a new, freshly
             initialised head with this many classes replaces the checkpoint's own head (or is added
             where it has none); every other weight comes from the checkpoint, BERT's pooler included
@@ -112,13 +158,15 @@ def from_huggingface(model_or_directory, num_classes: int | None = None):
     >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64))
     >>> model = keras_tfm.from_huggingface(hf)   # a keras_tfm.GPT with the same logits
     >>> vit = keras_tfm.from_huggingface("path/to/vit-base-patch16-224", num_classes=10)  # to fine-tune
+    >>> gpt2 = keras_tfm.from_huggingface("gpt2")                  # by Hub id, through the local cache
     """
     if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
                                     or num_classes < 1):
         raise ValueError(f"from_huggingface: num_classes must be a positive integer or None; received {num_classes!r}.")
     if isinstance(model_or_directory, (str, os.PathLike)):
-        config = read_config(os.fspath(model_or_directory))
-        weights = _read_weights(os.fspath(model_or_directory))
+        directory = checkpoint_directory(model_or_directory)
+        config = read_config(directory)
+        weights = _read_weights(directory)
     elif hasattr(model_or_directory, "state_dict") and hasattr(model_or_directory, "config"):
         config = model_or_directory.config.to_dict()
         _check_model_type(config)

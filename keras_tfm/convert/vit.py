@@ -14,7 +14,8 @@ import re
 import keras
 import numpy as np
 
-from keras_tfm.convert.huggingface import WeightReader, converter, read_json, require_options, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import (WeightReader, checkpoint_directory, converter, read_json, require_options,
+                                          set_dense, set_layer_norm)
 from keras_tfm.models.vit import ViT
 
 _OLD_NAMES = [
@@ -99,13 +100,14 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
     in its order: center crop (where it crops), rescale, normalise. Apply them after resizing to
     `side`; to fine-tune at another size, resize to that size and skip the crop. Without a
     `preprocessor_config.json`, the processor's defaults: 224, rescale by 1/255, mean and std 0.5.
+    `directory`: the checkpoint's directory, or its Hub model id (see `checkpoint_directory`).
 
     Example:
     >>> side, layers = keras_tfm.convert.image_preprocessing("path/to/vit-base-patch16-224")
     >>> model = keras.Sequential([keras.layers.Resizing(side, side), *layers,
     ...                           keras_tfm.from_huggingface("path/to/vit-base-patch16-224", num_classes=10)])
     """
-    path = os.path.join(directory, "preprocessor_config.json")
+    path = os.path.join(checkpoint_directory(directory, "image_preprocessing"), "preprocessor_config.json")
     processor = read_json(path, "image_preprocessing") if os.path.isfile(path) else {}
 
     def side_of(key: str, default: int) -> int:

@@ -138,20 +138,23 @@ def build_model(sizes: dict, args: argparse.Namespace, **fixed):
 def checkpoint_config(args: argparse.Namespace, model_type: str, fixed: dict, reason: str, keep: tuple = ()) -> dict:
     """For `--from-huggingface DIR`: refuses the model overrides (except those in `keep`) and every flag
     in `fixed` that differs from its default there, each with `reason`; returns DIR's `config.json`
-    after checking its model type; names the checkpoint as the model in metrics.json."""
-    from keras_tfm.convert.huggingface import read_config
+    after checking its model type; names the checkpoint as the model in metrics.json. DIR may be a
+    Hugging Face Hub model id: `args.from_huggingface` becomes its directory in the local cache."""
+    from keras_tfm.convert.huggingface import checkpoint_directory, read_config
 
     given = [name for name in MODEL_OVERRIDES if name not in keep and getattr(args, name, None) is not None]
     given += [name for name, default in fixed.items() if getattr(args, name) != default]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise DataError(f"{flag}: --from-huggingface {reason}; drop {flag}.")
+    name = args.from_huggingface
     try:
+        args.from_huggingface = checkpoint_directory(name)  # a Hub model id becomes its cached snapshot
         config = read_config(args.from_huggingface)
     except (OSError, ValueError) as error:
         raise DataError(f"--from-huggingface: {error}") from None
     if config["model_type"] != model_type:
-        raise DataError(f"--from-huggingface: expected a {model_type} checkpoint; {args.from_huggingface!r} holds a "
+        raise DataError(f"--from-huggingface: expected a {model_type} checkpoint; {name!r} holds a "
                         f"{config['model_type']!r} model.")
-    args.model = f"from_huggingface {args.from_huggingface}"
+    args.model = f"from_huggingface {name}"
     return config
