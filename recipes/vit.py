@@ -23,7 +23,7 @@ new head for this data's classes, and its image processor's resizing and center 
 become RGB.
 
     python recipes/vit.py --data ../shared/data/fashion-mnist --epochs 10
-    python recipes/vit.py --data ../shared/data/fashion-mnist --from-huggingface vit-base-patch16-224 \
+    python recipes/vit.py --data ../shared/data/fashion-mnist --from-huggingface google/vit-base-patch16-224 \
         --image-size 64 --epochs 2 --learning-rate 1e-4
 """
 

@@ -157,7 +157,7 @@ def from_huggingface(model_or_directory, num_classes: int | None = None):
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64))
     >>> model = keras_tfm.from_huggingface(hf)   # a keras_tfm.GPT with the same logits
-    >>> vit = keras_tfm.from_huggingface("path/to/vit-base-patch16-224", num_classes=10)  # to fine-tune
+    >>> vit = keras_tfm.from_huggingface("google/vit-base-patch16-224", num_classes=10)  # to fine-tune
     >>> gpt2 = keras_tfm.from_huggingface("gpt2")                  # by Hub id, through the local cache
     """
     if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)

@@ -103,9 +103,9 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
     `directory`: the checkpoint's directory, or its Hub model id (see `checkpoint_directory`).
 
     Example:
-    >>> side, layers = keras_tfm.convert.image_preprocessing("path/to/vit-base-patch16-224")
+    >>> side, layers = keras_tfm.convert.image_preprocessing("google/vit-base-patch16-224")
     >>> model = keras.Sequential([keras.layers.Resizing(side, side), *layers,
-    ...                           keras_tfm.from_huggingface("path/to/vit-base-patch16-224", num_classes=10)])
+    ...                           keras_tfm.from_huggingface("google/vit-base-patch16-224", num_classes=10)])
     """
     path = os.path.join(checkpoint_directory(directory, "image_preprocessing"), "preprocessor_config.json")
     processor = read_json(path, "image_preprocessing") if os.path.isfile(path) else {}
