@@ -25,15 +25,18 @@ def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
         hidden_dim=config["hidden_size"],
         intermediate_dim=config["intermediate_size"],
         dropout=config.get("hidden_dropout_prob", 0.1),
+        attention_dropout=config.get("attention_probs_dropout_prob", 0.1),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
     )
+    # BertForSequenceClassification's classifier_dropout: None there means hidden_dropout_prob, as here
+    classifier = dict(classifier_dropout=config.get("classifier_dropout"))
     if num_classes is not None:
-        model = BertClassifier(num_classes=num_classes, **arguments)
+        model = BertClassifier(num_classes=num_classes, **classifier, **arguments)
     elif "cls.predictions.transform.dense.weight" in weights:
         model = BertMLM(**arguments)
     elif "classifier.weight" in weights:
-        model = BertClassifier(num_classes=weights["classifier.weight"].shape[0], **arguments)
+        model = BertClassifier(num_classes=weights["classifier.weight"].shape[0], **classifier, **arguments)
     else:
         model = Bert(**arguments)
     model.build()

@@ -31,9 +31,10 @@ def convert_gpt2(config: dict, weights: dict, num_classes: int | None = None) ->
         num_heads=config["n_head"],
         hidden_dim=hidden_dim,
         intermediate_dim=config.get("n_inner") or 4 * hidden_dim,
-        # one rate for embeddings, attention weights and residual branches; GPT-2's three are equal
-        # in the published checkpoints (0.1): what fine-tuning trains with, as in transformers
+        # what fine-tuning trains with, as in transformers; one rate for embeddings and residual
+        # branches (GPT-2's embd_pdrop and resid_pdrop, equal in the published checkpoints: 0.1)
         dropout=config.get("resid_pdrop", 0.1),
+        attention_dropout=config.get("attn_pdrop", 0.1),
         layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
         activation=_ACTIVATIONS[config.get("activation_function", "gelu_new")],

@@ -16,7 +16,7 @@ from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedd
 from keras_tfm.models.model import Model
 
 _ENCODER_ARGUMENTS = ("vocabulary_size", "max_length", "num_segments", "num_layers", "num_heads", "hidden_dim",
-                      "intermediate_dim", "dropout", "layer_norm_epsilon", "activation", "remat")
+                      "intermediate_dim", "dropout", "attention_dropout", "layer_norm_epsilon", "activation", "remat")
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -26,7 +26,8 @@ class Bert(Model):
     Args:
         vocabulary_size, max_length, num_segments: sizes of the token, position and segment tables.
         num_layers, num_heads, hidden_dim, intermediate_dim (default 4 x hidden_dim): the encoder.
-        dropout: on embeddings, attention weights and residual branches (training only).
+        dropout: on embeddings and residual branches (training only).
+        attention_dropout: on attention weights; defaults to `dropout`.
         layer_norm_epsilon, activation.
         remat: the blocks recompute their activations in training's backward pass (less memory).
 
@@ -54,6 +55,7 @@ class Bert(Model):
         hidden_dim: int = 768,
         intermediate_dim: int | None = None,
         dropout: float = 0.1,
+        attention_dropout: float | None = None,
         layer_norm_epsilon: float = 1e-12,
         activation: str = "gelu",
         remat: bool = False,
@@ -72,6 +74,7 @@ class Bert(Model):
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim or 4 * hidden_dim
         self.dropout = dropout
+        self.attention_dropout = dropout if attention_dropout is None else attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.activation = activation
 
@@ -87,7 +90,7 @@ class Bert(Model):
                                                               name="embedding_norm")
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
         self.blocks = [
-            EncoderBlock(num_heads, self.intermediate_dim, dropout=dropout, attention_dropout=dropout,
+            EncoderBlock(num_heads, self.intermediate_dim, dropout=dropout, attention_dropout=self.attention_dropout,
                          activation=activation, norm_first=False, layer_norm_epsilon=layer_norm_epsilon,
                          kernel_initializer=init, remat=remat, dtype=policy, name=f"block_{i}")
             for i in range(num_layers)
@@ -189,21 +192,23 @@ class BertMLM(_BertWithHead):
 class BertClassifier(_BertWithHead):
     """BERT with a sentence-classification head on the [CLS] token (fine-tuning).
 
-    Args: `num_classes`, plus those of `Bert`.
+    Args: `num_classes`; `classifier_dropout`, on the pooled vector, defaults to `dropout`; plus those
+    of `Bert`.
 
     Example:
     >>> classifier = bert_tiny(head="classifier", num_classes=2)
     >>> logits = classifier(ids, padding_mask=ids != 0)       # (batch, 2)
     """
 
-    def __init__(self, num_classes: int = 2, **kwargs):
+    def __init__(self, num_classes: int = 2, classifier_dropout: float | None = None, **kwargs):
         super().__init__("bert_classifier", **kwargs)
         self.num_classes = num_classes
+        self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout
         policy = self.dtype_policy
         init = keras.initializers.TruncatedNormal(stddev=0.02)
         self.pooler = keras.layers.Dense(self.encoder.hidden_dim, activation="tanh", kernel_initializer=init,
                                          dtype=policy, name="pooler")
-        self.pooled_dropout = keras.layers.Dropout(self.encoder.dropout, dtype=policy, name="pooled_dropout")
+        self.pooled_dropout = keras.layers.Dropout(self.classifier_dropout, dtype=policy, name="pooled_dropout")
         self.classifier = keras.layers.Dense(num_classes, kernel_initializer=init, dtype=policy, name="classifier")
 
     def build(self, token_ids_shape=None):
@@ -224,7 +229,7 @@ class BertClassifier(_BertWithHead):
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update(num_classes=self.num_classes)
+        config.update(num_classes=self.num_classes, classifier_dropout=self.classifier_dropout)
         return config
 
 

@@ -27,7 +27,8 @@ class GPT(Model):
         max_length: longest sequence (the position table); longer inputs raise `ValueError`.
         num_layers, num_heads, hidden_dim: depth, attention heads, width.
         intermediate_dim: MLP width; defaults to `4 * hidden_dim`.
-        dropout: on embeddings, attention weights and residual branches (training only).
+        dropout: on embeddings and residual branches (training only).
+        attention_dropout: on attention weights; defaults to `dropout`.
         layer_norm_epsilon: of every LayerNorm.
         tie_embeddings: the output projection reuses the token embedding table (GPT-2); False
             gives a separate `lm_head` without bias.
@@ -54,6 +55,7 @@ class GPT(Model):
         hidden_dim: int,
         intermediate_dim: int | None = None,
         dropout: float = 0.0,
+        attention_dropout: float | None = None,
         layer_norm_epsilon: float = 1e-5,
         tie_embeddings: bool = True,
         activation: str = "gelu_approximate",
@@ -70,6 +72,7 @@ class GPT(Model):
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim or 4 * hidden_dim
         self.dropout = dropout
+        self.attention_dropout = dropout if attention_dropout is None else attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.tie_embeddings = tie_embeddings
         self.activation = activation
@@ -85,7 +88,7 @@ class GPT(Model):
                 num_heads,
                 self.intermediate_dim,
                 dropout=dropout,
-                attention_dropout=dropout,
+                attention_dropout=self.attention_dropout,
                 activation=activation,
                 norm_first=True,
                 layer_norm_epsilon=layer_norm_epsilon,
@@ -232,6 +235,7 @@ class GPT(Model):
             hidden_dim=self.hidden_dim,
             intermediate_dim=self.intermediate_dim,
             dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
             layer_norm_epsilon=self.layer_norm_epsilon,
             tie_embeddings=self.tie_embeddings,
             activation=self.activation,

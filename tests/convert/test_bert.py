@@ -106,3 +106,18 @@ def test_options_that_change_the_computation_are_refused(option, value):
     # a BERT decoder loaded silently before, attending both ways where Hugging Face's is causal
     with pytest.raises(ValueError, match=f"BERT checkpoints with {option}={value!r} are not supported"):
         keras_tfm.from_huggingface(hf_bert(transformers.BertForMaskedLM, **{option: value}))
+
+
+@pytest.mark.parametrize("num_classes", [None, 5])
+def test_dropout_rates_come_from_the_config(num_classes):
+    hf = hf_bert(transformers.BertForSequenceClassification, hidden_dropout_prob=0.1,
+                 attention_probs_dropout_prob=0.2, classifier_dropout=0.3)
+    model = keras_tfm.from_huggingface(hf, num_classes=num_classes)
+    # the attention and classifier rates were taken as hidden_dropout_prob
+    assert (model.encoder.dropout, model.encoder.attention_dropout, model.classifier_dropout) == (0.1, 0.2, 0.3)
+    assert {block.self_attention.dropout for block in model.encoder.blocks} == {0.2}
+    assert model.pooled_dropout.rate == 0.3
+    reloaded = keras_tfm.BertClassifier.from_config(model.get_config())
+    assert (reloaded.encoder.attention_dropout, reloaded.pooled_dropout.rate) == (0.2, 0.3)
+    unset = keras_tfm.from_huggingface(hf_bert(transformers.BertForSequenceClassification, hidden_dropout_prob=0.15))
+    assert unset.classifier_dropout == 0.15  # classifier_dropout=None: hidden_dropout_prob, as in transformers

@@ -58,6 +58,14 @@ def test_fine_tuning_drops_out_at_the_checkpoints_rate(rng, rate):
     assert np.allclose(training, inference, atol=1e-5) == (rate == 0.0)
 
 
+def test_attention_dropout_is_the_checkpoints_own():
+    model = keras_tfm.from_huggingface(hf_gpt2(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.25))
+    assert (model.dropout, model.attention_dropout) == (0.1, 0.25)  # attn_pdrop was taken as resid_pdrop
+    assert {block.self_attention.dropout for block in model.blocks} == {0.25}
+    assert {block.dropout for block in model.blocks} == {0.1}
+    assert keras_tfm.GPT.from_config(model.get_config()).attention_dropout == 0.25
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("safe_serialization", [True, False])
 def test_loads_a_saved_directory(rng, tmp_path, safe_serialization, sharded):
