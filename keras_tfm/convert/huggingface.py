@@ -61,7 +61,7 @@ def checkpoint_directory(name_or_path, caller: str = "from_huggingface") -> str:
         raise NotADirectoryError(f"{caller}: {path!r} is a file; expected a checkpoint directory or a Hugging Face "
                                  f"Hub model id.")
     if not _HUB_MODEL_ID.fullmatch(path):
-        raise FileNotFoundError(f"{caller}: no config.json in directory {path!r}: there is no such directory.")
+        raise FileNotFoundError(f"{caller}: there is no directory {path!r} (nor is it a Hugging Face Hub model id).")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:

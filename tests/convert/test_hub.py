@@ -65,7 +65,7 @@ def test_ids_that_are_neither_cached_nor_directories_are_named(hub_cache, tmp_pa
     with pytest.raises(FileNotFoundError, match="'tester/absent' is neither a local directory nor a Hugging Face "
                                                 "Hub model found in the local cache or on the Hub"):
         keras_tfm.from_huggingface("tester/absent")
-    with pytest.raises(FileNotFoundError, match="no config.json in directory .*: there is no such directory"):
+    with pytest.raises(FileNotFoundError, match=r"there is no directory .* \(nor is it a Hugging Face Hub model id\)"):
         keras_tfm.from_huggingface(str(tmp_path / "absent"))  # a path, not an id: the Hub is not asked
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(NotADirectoryError, match="is a file; expected a checkpoint directory or a Hugging Face Hub"):

@@ -564,7 +564,7 @@ def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
         checkpoint_config(args, "gpt2", {"tokenizer": "bpe"}, "reason", keep=("max_length",))
     with pytest.raises(DataError, match="expected a vit checkpoint; .* holds a 'gpt2' model"):
         checkpoint_config(args, "vit", {}, "reason", keep=("max_length",))
-    with pytest.raises(DataError, match="--from-huggingface: from_huggingface: no config.json in directory"):
+    with pytest.raises(DataError, match="--from-huggingface: from_huggingface: there is no directory"):
         checkpoint_config(argparse.Namespace(**{**vars(args), "from_huggingface": str(tmp_path / "none")}), "gpt2",
                           {}, "reason", keep=("max_length",))
     assert checkpoint_config(args, "gpt2", {"model": "small"}, "reason", keep=("max_length",))["n_positions"] == 64
