@@ -16,6 +16,15 @@ import numpy as np
 
 from keras_tfm.data.errors import DataError
 
+
+def _checkpoint_directory(name_or_path: str) -> str:
+    from keras_tfm.convert.huggingface import checkpoint_directory
+
+    try:
+        return checkpoint_directory(name_or_path, "--from-huggingface")
+    except OSError as error:
+        raise DataError(str(error)) from None
+
 WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
 
 
@@ -94,9 +103,11 @@ class WordPieceTokenizer(_KerasHubTokenizer):
 
     @classmethod
     def from_huggingface(cls, directory: str) -> WordPieceTokenizer:
-        """The tokenizer of a Hugging Face BERT checkpoint directory: its `vocab.txt`, lowercased and with
-        accents stripped as its `tokenizer_config.json` says (`do_lower_case`, `strip_accents`; BERT's
-        defaults: both when lowercasing)."""
+        """The tokenizer of a Hugging Face BERT checkpoint directory (or Hub model id, as in
+        `keras_tfm.convert.checkpoint_directory`): its `vocab.txt`, lowercased and with accents stripped
+        as its `tokenizer_config.json` says (`do_lower_case`, `strip_accents`; BERT's defaults: both
+        when lowercasing)."""
+        directory = _checkpoint_directory(directory)
         vocabulary_path = os.path.join(directory, "vocab.txt")
         if not os.path.isfile(vocabulary_path):
             raise DataError(f"--from-huggingface: no vocab.txt (the WordPiece vocabulary) in {directory!r}.")
@@ -174,7 +185,9 @@ class BytePairTokenizer(_KerasHubTokenizer):
 
     @classmethod
     def from_huggingface(cls, directory: str) -> BytePairTokenizer:
-        """The tokenizer of a Hugging Face GPT-2 checkpoint directory: its `vocab.json` and `merges.txt`."""
+        """The tokenizer of a Hugging Face GPT-2 checkpoint directory (or Hub model id, as in
+        `keras_tfm.convert.checkpoint_directory`): its `vocab.json` and `merges.txt`."""
+        directory = _checkpoint_directory(directory)
         paths = [os.path.join(directory, name) for name in ("vocab.json", "merges.txt")]
         missing = [os.path.basename(path) for path in paths if not os.path.isfile(path)]
         if missing:

@@ -2,6 +2,7 @@
 cache is written here in the layout huggingface_hub keeps, as a download would leave it)."""
 
 import argparse
+import json
 
 import numpy as np
 import pytest
@@ -81,3 +82,19 @@ def test_recipes_take_a_hub_id(hub_cache):
     assert args.model == "from_huggingface tester/tiny-gpt2"
     with pytest.raises(DataError, match="--from-huggingface: from_huggingface: 'tester/absent' is neither"):
         checkpoint_config(argparse.Namespace(from_huggingface="tester/absent", model="small"), "gpt2", {}, "reason")
+
+
+def test_tokenizers_read_a_hub_id(hub_cache):
+    pytest.importorskip("keras_hub")
+    from keras_tfm.data import BytePairTokenizer
+
+    snapshot = hub_cache("tester/tiny-gpt2", hf_gpt2())
+    learned = BytePairTokenizer.fit("the quick brown fox jumps over the lazy dog. " * 40, 300)
+    (snapshot / "vocab.json").write_text(json.dumps(learned.vocabulary))
+    (snapshot / "merges.txt").write_text("#version: 0.2\n" + "\n".join(learned.merges) + "\n")
+    hf = transformers.GPT2Tokenizer(str(snapshot / "vocab.json"), str(snapshot / "merges.txt"))
+    lines = ["the lazy dog jumps", "a quick brown fox."]
+    ours = BytePairTokenizer.from_huggingface("tester/tiny-gpt2")
+    assert [row.tolist() for row in ours.encode_lines(lines)] == hf(lines)["input_ids"]
+    with pytest.raises(DataError, match="--from-huggingface: 'tester/absent' is neither a local directory"):
+        BytePairTokenizer.from_huggingface("tester/absent")
