@@ -25,6 +25,7 @@ def _checkpoint_directory(name_or_path: str) -> str:
     except OSError as error:
         raise DataError(str(error)) from None
 
+
 WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
 
 
