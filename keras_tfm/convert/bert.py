@@ -30,13 +30,14 @@ def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
         activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
     )
     # BertForSequenceClassification's classifier_dropout: None there means hidden_dropout_prob, as here
-    classifier = dict(classifier_dropout=config.get("classifier_dropout"))
+    classifier_dropout = config.get("classifier_dropout")
     if num_classes is not None:
-        model = BertClassifier(num_classes=num_classes, **classifier, **arguments)
+        model = BertClassifier(num_classes=num_classes, classifier_dropout=classifier_dropout, **arguments)
     elif "cls.predictions.transform.dense.weight" in weights:
         model = BertMLM(**arguments)
     elif "classifier.weight" in weights:
-        model = BertClassifier(num_classes=weights["classifier.weight"].shape[0], **classifier, **arguments)
+        model = BertClassifier(num_classes=weights["classifier.weight"].shape[0], classifier_dropout=classifier_dropout,
+                               **arguments)
     else:
         model = Bert(**arguments)
     model.build()

@@ -11,6 +11,7 @@ import keras_tfm
 from keras_tfm.data import DataError
 from keras_tfm.training import checkpoint_config
 from tests.checks import to_numpy
+from tests.convert.test_gpt2 import hf_gpt2  # the GPT-2 tests' small random model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,12 +36,6 @@ def hub_cache(tmp_path, monkeypatch):
         return repository / "snapshots" / COMMIT
 
     return add
-
-
-def hf_gpt2():
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=2, n_head=4, n_embd=32, vocab_size=97, n_positions=40)).eval()
 
 
 @pytest.mark.parametrize("safetensors", [True, False])
