@@ -200,6 +200,8 @@ class BertClassifier(_BertWithHead):
     >>> logits = classifier(ids, padding_mask=ids != 0)       # (batch, 2)
     """
 
+    lora_trainable_layer_names = ("classifier",)
+
     def __init__(self, num_classes: int = 2, classifier_dropout: float | None = None, **kwargs):
         super().__init__("bert_classifier", **kwargs)
         self.num_classes = num_classes

@@ -6,6 +6,7 @@ import warnings
 
 import keras
 
+from keras_tfm.layers import lora
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 
@@ -19,11 +20,15 @@ class Model(QuantizationConfigMixin, keras.Model):
     it first, as a functional model already is. A model quantized with `quantize("int8")` keeps
     its quantized layers in its config, so that its `.keras` file loads again. `remat = True`
     makes every block recompute its activations in the backward pass (`keras_tfm.layers.remat`).
+    `enable_lora(rank)` freezes it for LoRA fine-tuning (`keras_tfm.layers.lora`).
 
     Example:
     >>> keras_tfm.gpt2_small().count_params()
     124439808
     """
+
+    # Layers that a LoRA fine-tuning trains whole by default: a task head made new for the task.
+    lora_trainable_layer_names: tuple = ()
 
     @staticmethod
     def _check_heads(model: str, hidden_dim: int, num_heads: int) -> None:
@@ -56,6 +61,39 @@ class Model(QuantizationConfigMixin, keras.Model):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method implemented")
             super().quantize(mode, **kwargs)
+
+    def enable_lora(self, rank: int, target_layer_names=lora.DEFAULT_TARGETS, lora_alpha: float | None = None,
+                    trainable_layer_names=None) -> None:
+        """Prepares the model for LoRA fine-tuning (call before `compile`): every weight is frozen
+        except a rank-`rank` update `(lora_alpha / rank) * A @ B` of each `Dense` named in
+        `target_layer_names` (by default every attention's query and value projections, as in the
+        LoRA paper and Hugging Face `peft`) and the layers in `trainable_layer_names` (by default
+        the model's task head where it has one that fine-tuning makes new: ViT's `head`,
+        `BertClassifier`'s `classifier`). The model's outputs are unchanged until training moves `B`
+        from zero. `save("x.keras")` then writes a plain model with the updates merged into its
+        kernels; `save_lora_weights("x.npz")` writes only the small `A`, `B` pairs.
+
+        Example:
+        >>> model = keras_tfm.from_huggingface("gpt2")
+        >>> model.enable_lora(rank=8)
+        >>> model.compile(optimizer="adamw", loss=keras_tfm.TokenCrossEntropy())
+        >>> sum(int(np.prod(w.shape)) for w in model.trainable_weights)   # 294,912 of 124 million
+        """
+        self._build_on_demand()
+        if trainable_layer_names is None:
+            present = {layer.name for layer in self._flatten_layers(include_self=False)}
+            trainable_layer_names = [name for name in self.lora_trainable_layer_names if name in present]
+        lora.enable_lora(self, rank, target_layer_names, lora_alpha, trainable_layer_names)
+
+    def save_lora_weights(self, filepath: str) -> None:
+        """Writes only the LoRA pairs (a few hundred KB for GPT-2 at rank 8) to a `.npz` file."""
+        lora.save_lora_weights(self, filepath)
+
+    def load_lora_weights(self, filepath: str) -> None:
+        """Loads pairs written by `save_lora_weights` onto the same base weights, enabling LoRA with
+        the file's rank and layers first if it is not enabled yet."""
+        self._build_on_demand()
+        lora.load_lora_weights(self, filepath)
 
     def _build_on_demand(self) -> None:
         if not self.built:

@@ -44,6 +44,8 @@ class ViT(Model):
     >>> logits, weights = model(images, return_attention_weights=True)      # 12 x (2, 3, 65, 65)
     """
 
+    lora_trainable_layer_names = ("head",)
+
     def __init__(
         self,
         image_size: int = 224,
