@@ -64,6 +64,11 @@ def main() -> None:
     if args.from_huggingface:
         finetune_checkpoint(args)
         return
+    if args.lora_rank and not args.finetune:
+        from keras_tfm.data import DataError
+
+        raise DataError("--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH (the classifier "
+                        "stage after pretraining) or --from-huggingface DIR; pretraining trains every weight.")
 
     import keras
 
@@ -105,8 +110,10 @@ def main() -> None:
                 "masked_tokens_evaluated": int(validation[2].sum()), "data": text.source}
 
     encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=length)
+    pretraining = copy.copy(args)  # --lora-rank is for the --finetune stage
+    pretraining.lora_rank = pretraining.lora_alpha = None
     result = training.train(
-        args,
+        pretraining,
         build_model=lambda: training.build_model(sizes, args, **encoder_config),
         train_batch=train_batch,
         steps_per_pass=len(train_sequences) // args.batch_size,
@@ -194,6 +201,7 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
         validation_data=(inputs(test_rows), labels[test_rows]),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        pretrained=True,
     )
     print(f"fine-tuned classification accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_rows)} held-out texts")
 

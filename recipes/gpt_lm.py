@@ -112,6 +112,7 @@ def main() -> None:
         loss=TokenCrossEntropy(),
         callbacks=[PrintSample()],
         evaluate=evaluate,
+        pretrained=bool(args.from_huggingface),
     )
     text_out = sample(result.model)
     with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:

@@ -150,6 +150,7 @@ def main() -> None:
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         evaluate=evaluate,
+        pretrained=bool(args.from_huggingface),
     )
     print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
           + (f"; averaged with their mirror images {result.metrics['validation_accuracy_flip_averaged']:.4f}"

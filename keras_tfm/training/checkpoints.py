@@ -6,6 +6,9 @@ file; `state.json` is replaced atomically after the file is complete, so a run k
 (`kill -9`) leaves the previous checkpoint intact and pointed to. `state.json` also records the
 model's weight shapes: resuming another model (other flags, same --output-dir) is refused, as is a
 damaged checkpoint, with a `DataError` that says what to do.
+
+A LoRA model's checkpoint is two files: its weights with the frozen kernels (not the merged ones
+Keras would write, nor the zeroed pairs it would load) and its LoRA pairs (`keras_tfm.layers.lora`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import keras
 
 from keras_tfm.data.errors import DataError
+from keras_tfm.layers import lora
 
 
 class TrainingDiverged(RuntimeError):
@@ -49,18 +53,24 @@ class CheckpointManager:
     def save(self, model: keras.Model, epoch: int, extra: dict | None = None) -> str:
         name = f"epoch-{epoch:05d}.weights.h5"
         path = os.path.join(self.directory, name)
-        model.save_weights(path, overwrite=True)
+        with lora.unmerged(model):
+            model.save_weights(path, overwrite=True)
+        files = {"weights": name}
+        if lora.lora_layers(model):
+            files["lora"] = f"epoch-{epoch:05d}.lora.npz"
+            lora.save_lora_weights(model, os.path.join(self.directory, files["lora"]))
         previous = self.state()
         temporary = self.state_path + ".tmp"
         with open(temporary, "w", encoding="utf-8") as file:
-            json.dump({"epoch": epoch, "weights": name, **_architecture(model), **(extra or {})}, file)
+            json.dump({"epoch": epoch, **files, **_architecture(model), **(extra or {})}, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, self.state_path)
-        if previous and previous["weights"] != name:
-            old = os.path.join(self.directory, previous["weights"])
-            if os.path.exists(old):
-                os.remove(old)
+        for key in ("weights", "lora"):
+            if previous and previous.get(key) and previous[key] != files.get(key):
+                old = os.path.join(self.directory, previous[key])
+                if os.path.exists(old):
+                    os.remove(old)
         return path
 
     def restore(self, model: keras.Model) -> int:
@@ -79,6 +89,9 @@ class CheckpointManager:
         path = os.path.join(self.directory, state["weights"])
         try:
             model.load_weights(path)
+            if lora.lora_layers(model):
+                path = os.path.join(self.directory, state.get("lora") or "(no LoRA file recorded)")
+                lora.load_lora_weights(model, path)
         except (OSError, ValueError, KeyError) as error:
             raise self._cannot_resume(path, error) from None
         return state["epoch"]

@@ -85,6 +85,11 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
                           help="also keep an exponential moving average of the weights with this momentum (e.g. 0.999); "
                                "validation, the final evaluation and the trained model use the averaged weights "
                                "(default: off)")
+    training.add_argument("--lora-rank", type=POSITIVE, default=None, metavar="RANK",
+                          help="LoRA fine-tuning: freeze the model and train rank-RANK updates of every attention's query "
+                               "and value projections (and a new task head); for --from-huggingface checkpoints")
+    training.add_argument("--lora-alpha", type=number(0.0, above_minimum=True), default=None, metavar="ALPHA",
+                          help="LoRA's updates are scaled by ALPHA / RANK (default: RANK, a scale of 1)")
     training.add_argument("--seed", type=int, default=0, help="seed of weights, data order and sampling (default: %(default)s)")
 
     data = parser.add_argument_group("data")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import keras
 
 from keras_tfm.data.errors import DataError
+from keras_tfm.models.model import Model as ZooModel
 from keras_tfm.training.checkpoints import CheckpointManager, EpochCheckpoint, StopOnNaN, TrainingDiverged
 from keras_tfm.training.distribute import distribution_scope, use_cpu_devices
 
@@ -116,12 +117,24 @@ def train(
     weighted_metrics: list | None = None,
     callbacks: list | None = None,
     evaluate: Callable[[keras.Model], dict] | None = None,
+    pretrained: bool = False,
 ) -> TrainResult:
-    """Builds, trains (resuming if `--output-dir` holds a checkpoint), evaluates and records a model."""
+    """Builds, trains (resuming if `--output-dir` holds a checkpoint), evaluates and records a model.
+    `pretrained`: `build_model` returns trained weights (a checkpoint, an earlier stage), which
+    `--lora-rank` may fine-tune."""
+    lora_rank = getattr(args, "lora_rank", None)
+    if lora_rank and not pretrained:
+        raise DataError("--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; "
+                        "use it with --from-huggingface DIR (gpt_lm.py, vit.py, bert_mlm.py) or bert_mlm.py's "
+                        "--finetune stage.")
+    if getattr(args, "lora_alpha", None) is not None and not lora_rank:
+        raise DataError("--lora-alpha: it scales LoRA's updates; give --lora-rank too.")
     epochs, steps_per_epoch = plan_steps(args, steps_per_pass)
     total_steps = epochs * steps_per_epoch
     with distribution_scope(args.distribute, args.model_parallel, log=log):
         model = build_model()
+        if lora_rank:
+            _zoo_model(model).enable_lora(lora_rank, lora_alpha=getattr(args, "lora_alpha", None))
         remat = getattr(args, "remat", False)
         if remat:
             model.remat = True
@@ -131,8 +144,10 @@ def train(
         )
         first_x = train_batch(0, 0)[0]
         model(first_x)
-    log(f"Model: {model.name}, {model.count_params():,} parameters; {epochs} epochs x {steps_per_epoch} steps "
-        f"of batch {args.batch_size}; XLA {'on' if use_jit(args) else 'off'}"
+    trainable = sum(math.prod(variable.shape) for variable in model.trainable_variables)
+    log(f"Model: {model.name}, {model.count_params():,} parameters"
+        f"{f' ({trainable:,} trained: LoRA rank {lora_rank})' if lora_rank else ''}; {epochs} epochs x "
+        f"{steps_per_epoch} steps of batch {args.batch_size}; XLA {'on' if use_jit(args) else 'off'}"
         f"{'; blocks rematerialized' if remat else ''}.")
 
     manager = CheckpointManager(os.path.join(args.output_dir, "checkpoint"))
@@ -190,6 +205,8 @@ def train(
         "backend": keras.backend.backend(),
         "model": args.model,
         "parameters": model.count_params(),
+        "trainable_parameters": trainable,
+        "lora_rank": lora_rank,
         "epochs": epochs,
         "steps": total_steps,
         "batch_size": args.batch_size,
@@ -206,6 +223,13 @@ def train(
         plot_learning_curves(history, os.path.join(args.output_dir, "learning_curves.png"), title=args.model)
     log("Metrics: " + json.dumps(record))
     return TrainResult(model, record, history)
+
+
+def _zoo_model(model: keras.Model) -> ZooModel:
+    """`model`, or the keras_tfm model a recipe wrapped (the ViT recipe puts preprocessing before it)."""
+    if isinstance(model, ZooModel):
+        return model
+    return next(layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, ZooModel))
 
 
 def read_log(path: str) -> dict:

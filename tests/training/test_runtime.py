@@ -162,6 +162,45 @@ def test_resuming_a_damaged_checkpoint_or_another_model_is_refused(tmp_path):
         manager.restore(compiled(2))
 
 
+def test_a_lora_checkpoint_resumes_exactly(tmp_path, rng):
+    """The frozen kernels and the LoRA pairs come back as they were, not Keras' merged kernels and zeroed
+    pairs, so training goes on as if never stopped."""
+    import keras_tfm
+    from keras_tfm.training import CheckpointManager
+    from tests.layers.test_lora import small_gpt
+
+    ids = rng.integers(0, 50, size=(4, 16))
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def compiled() -> keras.Model:
+        model = small_gpt()
+        model.enable_lora(2)
+        model.compile(optimizer=keras.optimizers.AdamW(3e-2), loss=keras_tfm.TokenCrossEntropy())
+        return model
+
+    straight = compiled()
+    straight.fit(x, y, epochs=3, batch_size=4, verbose=0)
+    first = compiled()
+    first.fit(x, y, epochs=1, batch_size=4, verbose=0)
+    manager = CheckpointManager(str(tmp_path))
+    manager.save(first, 1)
+    first.fit(x, y, epochs=1, batch_size=4, verbose=0)
+    manager.save(first, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-00002.lora.npz", "epoch-00002.weights.h5", "state.json"]
+
+    resumed = compiled()
+    resumed(x)
+    assert manager.restore(resumed) == 2
+    for saved, loaded in zip(first.weights, resumed.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded), keras.ops.convert_to_numpy(saved), err_msg=saved.path)
+    resumed.fit(x, y, epochs=1, batch_size=4, verbose=0)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(resumed(x)), keras.ops.convert_to_numpy(straight(x)),
+                               atol=1e-5, rtol=0)
+    (tmp_path / "epoch-00002.lora.npz").unlink()
+    with pytest.raises(DataError, match=r"cannot resume from '.*epoch-00002.lora.npz', damaged"):
+        manager.restore(compiled())
+
+
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
     args = _args(tmp_path, epochs=3, steps_per_epoch=2, batch_size=4)
 
@@ -287,6 +326,11 @@ def test_numeric_flags_are_checked_when_read():
         ("gpt_lm.py", ["--num-heads", "5"],
          "--model gpt_shakespeare_char_cpu: GPT: hidden_dim must be a multiple of num_heads; received hidden_dim=128, "
          "num_heads=5"),
+        # LoRA on random weights (or on BERT's pretraining) would fine-tune nothing worth keeping
+        ("translator.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains "
+                                                "a model from scratch"),
+        ("bert_mlm.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH"),
+        ("gpt_lm.py", ["--lora-alpha", "16"], "--lora-alpha: it scales LoRA's updates; give --lora-rank too"),
     ],
 )
 def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, script, flags, message):
@@ -468,6 +512,12 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
     np.testing.assert_allclose(saved_weight(out / "checkpoint", patch_kernel.shape), patch_kernel, atol=1e-6, rtol=0)
 
+    # --lora-rank: the model inside the recipe's preprocessing gets the pairs; its new head trains whole
+    lora = recipe("vit.py", "--from-huggingface", str(checkpoint), "--steps", "2", "--steps-per-epoch", "2",
+                  "--batch-size", "16", "--lora-rank", "2", "--verbose", "2", "--output-dir", str(tmp_path / "lora"))
+    assert lora.returncode == 0, lora.stdout[-3000:] + lora.stderr[-3000:]
+    assert f"({2 * (24 * 2 + 2 * 24) + 24 * 10 + 10:,} trained: LoRA rank 2)" in lora.stdout
+
 
 def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: no pretraining; the checkpoint's tokenizer, weights and pooler, a new head."""
@@ -506,8 +556,9 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     np.testing.assert_allclose(saved_weight(out / "finetune" / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0)
 
 
-def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
-    """--from-huggingface: the checkpoint's weights and its byte-pair tokenizer, windows of --max-length."""
+def gpt2_checkpoint(tmp_path):
+    """A small random GPT-2 checkpoint with a byte-pair tokenizer learned on Shakespeare, in
+    tmp_path/checkpoint, and the text in tmp_path/text.txt."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     from keras_tfm.data import BytePairTokenizer
@@ -524,6 +575,12 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=400, n_positions=64, n_embd=32, n_layer=1,
                                                               n_head=2))
     hf.save_pretrained(str(checkpoint))
+    return checkpoint, hf
+
+
+def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
+    """--from-huggingface: the checkpoint's weights and its byte-pair tokenizer, windows of --max-length."""
+    checkpoint, hf = gpt2_checkpoint(tmp_path)
     checkpoint_settings = recipe_function("gpt_lm.py", "checkpoint_settings")
     flags = dict(model="gpt_shakespeare_char_cpu", tokenizer="char", vocabulary_size=8192)
     with pytest.raises(DataError, match="--max-length: the checkpoint has 64 positions; got 65"):
@@ -550,6 +607,32 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     assert (out / "samples.txt").read_text()
     embeddings = hf.state_dict()["transformer.wte.weight"].numpy()
     np.testing.assert_allclose(saved_weight(out / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0)
+
+
+def test_gpt_recipe_lora_fine_tunes_a_hugging_face_checkpoint_and_resumes(tmp_path):
+    """--lora-rank: the checkpoint's weights stay as they were; only the pairs train, and a rerun with more
+    steps resumes them."""
+    checkpoint, hf = gpt2_checkpoint(tmp_path)
+    out = tmp_path / "run"
+    flags = ["--from-huggingface", str(checkpoint), "--data", str(tmp_path / "text.txt"), "--max-length", "32",
+             "--steps-per-epoch", "2", "--batch-size", "8", "--eval-batches", "2", "--sample-tokens", "8",
+             "--sample-every", "0", "--learning-rate", "1e-2", "--lora-rank", "4", "--verbose", "2",
+             "--output-dir", str(out)]
+    done = recipe("gpt_lm.py", *flags, "--steps", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trained = 2 * (32 * 4 + 4 * 32)  # query and value of the one block
+    assert f"{sum(p.numel() for p in hf.parameters()) + trained:,} parameters ({trained:,} trained: LoRA rank 4)" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["lora_rank"] == 4 and metrics["trainable_parameters"] == trained
+    resumed = recipe("gpt_lm.py", *flags, "--steps", "4")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "1 epochs done, optimizer step 2" in resumed.stdout
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["epoch"] == 2 and (out / "checkpoint" / state["lora"]).exists()
+    embeddings = hf.state_dict()["transformer.wte.weight"].numpy()  # frozen, though the learning rate is not 0
+    np.testing.assert_allclose(saved_weight(out / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0)
+    with np.load(out / "checkpoint" / state["lora"]) as pairs:
+        assert np.abs(pairs["block_0/self_attention/query:b"]).max() > 0  # trained from zero
 
 
 def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
