@@ -41,8 +41,12 @@ def enable_lora(model: keras.layers.Layer, rank: int, target_layer_names=DEFAULT
 
     Example:
     >>> model = keras_tfm.gpt_shakespeare_char_cpu()
+    >>> model.build()
     >>> enable_lora(model, rank=4)           # every attention's query and value projections
     """
+    if not model.built:  # its Dense layers are made when it builds: none to choose from yet
+        raise ValueError(f"enable_lora: {model.name!r} is not built yet; build it first (call it on a batch, or "
+                         "`build()`), or use a keras_tfm model's own `enable_lora`, which does.")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"enable_lora: rank must be a positive integer; received rank={rank!r}.")
     if lora_alpha is not None and not lora_alpha > 0:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.layers.lora import enable_lora
 from tests.checks import to_numpy
 
 SMALL_GPT = dict(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_length=16)
@@ -113,6 +114,11 @@ def test_bad_lora_arguments_are_refused_clearly():
     model.enable_lora(2)
     with pytest.raises(ValueError, match="LoRA is already enabled on 'gpt' \\(rank 2\\)"):
         model.enable_lora(4)
+    with pytest.raises(ValueError, match="'unbuilt' is not built yet; build it first"):
+        enable_lora(keras_tfm.GPT(**SMALL_GPT, name="unbuilt"), 2)  # the function; the model's method builds first
+    unbuilt = keras_tfm.GPT(**SMALL_GPT)
+    unbuilt.enable_lora(2)
+    assert len(unbuilt.trainable_weights) == 2 * 2 * 2
 
 
 def test_lora_on_an_int8_model_trains(rng):
