@@ -284,6 +284,16 @@ def test_model_overrides_are_checked_against_the_model_class(tmp_path):
         build_model(sizes, args, source_vocabulary_size=10)
 
 
+def test_lora_flags_need_pretrained_weights(tmp_path):
+    """Refused before anything is built: LoRA of random weights would fine-tune nothing worth keeping."""
+    for flags, message in (({"lora_rank": 4}, "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a "
+                                              "model from scratch; use it with --from-huggingface DIR"),
+                           ({"lora_alpha": 16.0}, "--lora-alpha: it scales LoRA's updates; give --lora-rank too")):
+        with pytest.raises(DataError, match=message):
+            train(_args(tmp_path, **flags), build_model=None, train_batch=None, steps_per_pass=1, validation_data=(),
+                  loss=None)
+
+
 def test_steps_plan_and_bad_numbers():
     args = argparse.Namespace(steps_per_epoch=None, epochs=3, steps=None, batch_size=8)
     assert plan_steps(args, 50) == (3, 50)
@@ -326,11 +336,8 @@ def test_numeric_flags_are_checked_when_read():
         ("gpt_lm.py", ["--num-heads", "5"],
          "--model gpt_shakespeare_char_cpu: GPT: hidden_dim must be a multiple of num_heads; received hidden_dim=128, "
          "num_heads=5"),
-        # LoRA on random weights (or on BERT's pretraining) would fine-tune nothing worth keeping
-        ("translator.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains "
-                                                "a model from scratch"),
+        # LoRA on BERT's pretraining would fine-tune random weights (see also test_lora_flags_need_pretrained_weights)
         ("bert_mlm.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH"),
-        ("gpt_lm.py", ["--lora-alpha", "16"], "--lora-alpha: it scales LoRA's updates; give --lora-rank too"),
     ],
 )
 def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, script, flags, message):
