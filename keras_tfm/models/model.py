@@ -86,7 +86,7 @@ class Model(QuantizationConfigMixin, keras.Model):
         lora.enable_lora(self, rank, target_layer_names, lora_alpha, trainable_layer_names)
 
     def save_lora_weights(self, filepath: str) -> None:
-        """Writes only the LoRA pairs (a few hundred KB for GPT-2 at rank 8) to a `.npz` file."""
+        """Writes only the LoRA pairs to a `.npz` file (1.2 MB for GPT-2 small at rank 8: 294,912 floats)."""
         lora.save_lora_weights(self, filepath)
 
     def load_lora_weights(self, filepath: str) -> None:
