@@ -4,14 +4,14 @@ decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import WeightReader, converter, require_options, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, converter, require_options, set_layer_norm
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
 
 
-@converter("bert")
-def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
+@converter("bert", prefixes=("bert.",))
+def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     # a BERT decoder (causal, with cross-attention) or relative positions is another model than `Bert`
     require_options("BERT", config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
     if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
@@ -31,18 +31,18 @@ def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
     )
     # BertForSequenceClassification's classifier_dropout: None there means hidden_dropout_prob, as here
     classifier_dropout = config.get("classifier_dropout")
+    # a classifier head first: a peft adapter's head on a BertForPreTraining checkpoint (bert-base-uncased)
     if num_classes is not None:
         model = BertClassifier(num_classes=num_classes, classifier_dropout=classifier_dropout, **arguments)
-    elif "cls.predictions.transform.dense.weight" in weights:
+    elif "classifier.weight" in w:
+        model = BertClassifier(num_classes=w.weights["classifier.weight"].shape[0],
+                               classifier_dropout=classifier_dropout, **arguments)
+    elif "cls.predictions.transform.dense.weight" in w:
         model = BertMLM(**arguments)
-    elif "classifier.weight" in weights:
-        model = BertClassifier(num_classes=weights["classifier.weight"].shape[0], classifier_dropout=classifier_dropout,
-                               **arguments)
     else:
         model = Bert(**arguments)
     model.build()
     encoder = model if isinstance(model, Bert) else model.encoder
-    w = WeightReader(weights, prefixes=("bert.",))
     encoder.token_embedding.set_weights([w("embeddings.word_embeddings.weight")])
     encoder.position_embedding.set_weights([w("embeddings.position_embeddings.weight")])
     encoder.segment_embedding.set_weights([w("embeddings.token_type_embeddings.weight")])
@@ -55,7 +55,7 @@ def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
                             (attention.output_dense, "attention.output.dense"),
                             (block.feed_forward.intermediate_dense, "intermediate.dense"),
                             (block.feed_forward.output_dense, "output.dense")):
-            set_dense(dense, w(p + name + ".weight").T, w(p + name + ".bias"))
+            w.linear(p + name, dense)
         set_layer_norm(block.self_attention_norm, w(p + "attention.output.LayerNorm.weight"),
                        w(p + "attention.output.LayerNorm.bias"))
         set_layer_norm(block.feed_forward_norm, w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias"))
@@ -63,18 +63,19 @@ def convert_bert(config: dict, weights: dict, num_classes: int | None = None):
     # next-sentence head of BertForPreTraining checkpoints has no counterpart here.
     ignored = ("cls.predictions.decoder.", "cls.seq_relationship.")
     if isinstance(model, BertMLM):
-        set_dense(model.transform, w("cls.predictions.transform.dense.weight").T, w("cls.predictions.transform.dense.bias"))
+        w.linear("cls.predictions.transform.dense", model.transform)
         set_layer_norm(model.transform_norm, w("cls.predictions.transform.LayerNorm.weight"),
                        w("cls.predictions.transform.LayerNorm.bias"))
         model.output_bias.assign(w("cls.predictions.bias"))
         ignored += ("pooler.", "bert.pooler.")  # a BertMLM has no pooler
     elif isinstance(model, BertClassifier):
         if num_classes is None or "pooler.dense.weight" in w:  # a new head keeps the checkpoint's pooler
-            set_dense(model.pooler, w("pooler.dense.weight").T, w("pooler.dense.bias"))
+            w.linear("pooler.dense", model.pooler)
         if num_classes is None:
-            set_dense(model.classifier, w("classifier.weight").T, w("classifier.bias"))
+            w.linear("classifier", model.classifier)
         else:
-            ignored += ("classifier.", "cls.")  # the checkpoint's own head, replaced by a fresh one
+            ignored += ("classifier.",)  # the checkpoint's own head, replaced by a fresh one
+        ignored += ("cls.",)  # the masked-LM head of a pretraining checkpoint under a classifier
     else:
         ignored += ("pooler.", "bert.pooler.")  # keras_tfm.Bert returns token vectors, not a pooled vector
     leftover = w.unused(ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids"))

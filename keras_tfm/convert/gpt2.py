@@ -6,17 +6,14 @@ GPT-2 stores its projections as `Conv1D` with kernels laid out (in, out), as Ker
 
 from __future__ import annotations
 
-import numpy as np
-
-from keras_tfm.convert.huggingface import (WeightReader, converter, no_classifier, require_options, set_dense,
-                                          set_layer_norm)
+from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, require_options, set_layer_norm
 from keras_tfm.models.gpt import GPT
 
 _ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu", "relu": "relu"}
 
 
-@converter("gpt2")
-def convert_gpt2(config: dict, weights: dict, num_classes: int | None = None) -> GPT:
+@converter("gpt2", prefixes=("transformer.",))
+def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) -> GPT:
     no_classifier("GPT-2", num_classes)
     # (reorder_and_upcast_attn only changes the precision of the attention logits: allowed)
     require_options("GPT-2", config, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
@@ -40,26 +37,20 @@ def convert_gpt2(config: dict, weights: dict, num_classes: int | None = None) ->
         activation=_ACTIVATIONS[config.get("activation_function", "gelu_new")],
     )
     model.build()
-    w = WeightReader(weights, prefixes=("transformer.",))
     model.token_embedding.set_weights([w("wte.weight")])
     model.position_embedding.set_weights([w("wpe.weight")])
     for i, block in enumerate(model.blocks):
         p = f"h.{i}."
         set_layer_norm(block.self_attention_norm, w(p + "ln_1.weight"), w(p + "ln_1.bias"))
-        qkv_kernel = np.split(w(p + "attn.c_attn.weight"), 3, axis=1)
-        qkv_bias = np.split(w(p + "attn.c_attn.bias"), 3)
         attention = block.self_attention
-        for dense, kernel, bias in zip(
-            (attention.query_dense, attention.key_dense, attention.value_dense), qkv_kernel, qkv_bias
-        ):
-            set_dense(dense, kernel, bias)
-        set_dense(attention.output_dense, w(p + "attn.c_proj.weight"), w(p + "attn.c_proj.bias"))
+        w.linear(p + "attn.c_attn", attention.query_dense, attention.key_dense, attention.value_dense, transpose=False)
+        w.linear(p + "attn.c_proj", attention.output_dense, transpose=False)
         set_layer_norm(block.feed_forward_norm, w(p + "ln_2.weight"), w(p + "ln_2.bias"))
-        set_dense(block.feed_forward.intermediate_dense, w(p + "mlp.c_fc.weight"), w(p + "mlp.c_fc.bias"))
-        set_dense(block.feed_forward.output_dense, w(p + "mlp.c_proj.weight"), w(p + "mlp.c_proj.bias"))
+        w.linear(p + "mlp.c_fc", block.feed_forward.intermediate_dense, transpose=False)
+        w.linear(p + "mlp.c_proj", block.feed_forward.output_dense, transpose=False)
     set_layer_norm(model.final_norm, w("ln_f.weight"), w("ln_f.bias"))
     if not model.tie_embeddings:
-        model.lm_head.set_weights([w("lm_head.weight").T])
+        w.linear("lm_head", model.lm_head)
     leftover = w.unused(ignore=lambda name: name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")))
     if leftover:
         raise ValueError(f"from_huggingface: GPT-2 weights not converted: {leftover[:5]}")

@@ -15,15 +15,16 @@ from typing import Callable
 
 import numpy as np
 
-_CONVERTERS: dict[str, Callable] = {}
+_CONVERTERS: dict[str, tuple] = {}
 
 
-def converter(*model_types: str):
-    """Registers a function `(config: dict, weights: dict[str, np.ndarray], num_classes: int | None)
-    -> keras model`."""
+def converter(*model_types: str, prefixes: tuple[str, ...] = (), rename: Callable[[str], str] = lambda name: name):
+    """Registers a function `(config: dict, w: WeightReader, num_classes: int | None) -> keras model`.
+    `prefixes`: what task models put before the base model's weight names ("bert." in
+    `BertForMaskedLM`); `rename`: maps every weight name first (older checkpoints' names)."""
     def register(fn):
         for model_type in model_types:
-            _CONVERTERS[model_type] = fn
+            _CONVERTERS[model_type] = (fn, prefixes, rename)
         return fn
     return register
 
@@ -48,8 +49,8 @@ def checkpoint_directory(name_or_path, caller: str = "from_huggingface") -> str:
     for a Hugging Face Hub model id ("gpt2", "google/vit-base-patch16-224"), its snapshot in the
     local Hugging Face cache, downloaded there first where the Hub can be reached (`huggingface_hub`;
     with `HF_HUB_OFFLINE=1` only the cache is read). From the Hub it takes the configuration files,
-    the tokenizer files and the safetensors weights, or `pytorch_model.bin` where a model has no
-    safetensors.
+    the tokenizer files and the safetensors weights, or `pytorch_model.bin` (`adapter_model.bin`)
+    where a model (a peft adapter) has no safetensors.
 
     Example:
     >>> directory = checkpoint_directory("google/vit-base-patch16-224")  # .../snapshots/<commit>
@@ -70,7 +71,7 @@ def checkpoint_directory(name_or_path, caller: str = "from_huggingface") -> str:
     try:
         directory = snapshot_download(path, allow_patterns=_HUB_FILES)
         if not any(name.endswith(".safetensors") for name in os.listdir(directory)):
-            directory = snapshot_download(path, allow_patterns=["pytorch_model*.bin"])
+            directory = snapshot_download(path, allow_patterns=["pytorch_model*.bin", "adapter_model.bin"])
     except Exception as error:  # huggingface_hub's errors: offline without a cached copy, unknown id, gated, ...
         raise FileNotFoundError(
             f"{caller}: {path!r} is neither a local directory nor a Hugging Face Hub model found in the local "
@@ -88,7 +89,7 @@ def read_config(path: str) -> dict:
     return config
 
 
-def _read_weight_file(file: str) -> dict:
+def read_weight_file(file: str) -> dict:
     """One `.safetensors` or `.bin` file's arrays; a corrupt file is a ValueError naming it."""
     try:
         if file.endswith(".safetensors"):
@@ -108,7 +109,7 @@ def _read_weights(path: str) -> dict:
     (`save_pretrained` shards what exceeds `max_shard_size`, e.g. GPT-2 XL in fp32)."""
     for name in ("model.safetensors", "pytorch_model.bin"):
         if os.path.isfile(os.path.join(path, name)):
-            return _read_weight_file(os.path.join(path, name))
+            return read_weight_file(os.path.join(path, name))
         index_path = os.path.join(path, name + ".index.json")
         if os.path.isfile(index_path):
             weight_map = read_json(index_path, "from_huggingface").get("weight_map")
@@ -119,7 +120,7 @@ def _read_weights(path: str) -> dict:
                 shard_path = os.path.join(path, shard)
                 if not os.path.isfile(shard_path):
                     raise FileNotFoundError(f"from_huggingface: shard {shard!r}, listed in {index_path!r}, is missing.")
-                weights.update(_read_weight_file(shard_path))
+                weights.update(read_weight_file(shard_path))
             return weights
     raise FileNotFoundError(
         f"from_huggingface: directory {path!r} has neither model.safetensors nor pytorch_model.bin "
@@ -135,18 +136,25 @@ def _check_model_type(config: dict) -> None:
         )
 
 
-def from_huggingface(model_or_directory, num_classes: int | None = None):
+def from_huggingface(model_or_directory, num_classes: int | None = None, adapter=None):
     """A keras_tfm model with the weights of a Hugging Face model.
 
     Args:
         model_or_directory: a `transformers` PyTorch model (e.g. `GPT2LMHeadModel`), the path of
             a local directory saved by `save_pretrained` (`config.json` + weights), or a Hugging Face
             Hub model id such as "gpt2", read from the local Hugging Face cache or downloaded
-            into it (`checkpoint_directory`).
+            into it (`checkpoint_directory`). Also a `peft` LoRA adapter: a `PeftModel`, or an
+            adapter's directory or Hub id (`adapter_config.json`), whose base checkpoint is the one
+            its `base_model_name_or_path` names.
         num_classes: for fine-tuning a ViT or BERT checkpoint as a classifier: a new, freshly
             initialised head with this many classes replaces the checkpoint's own head (or is added
             where it has none); every other weight comes from the checkpoint, BERT's pooler included
             when the checkpoint has one. None (default): the checkpoint's model as it is.
+        adapter: a `peft` LoRA adapter (directory or Hub id) to apply to the checkpoint
+            `model_or_directory`. The model comes back with LoRA enabled (`enable_lora`) and the
+            adapter's pairs loaded, ready to predict or to train on: only the pairs and the
+            adapter's `modules_to_save` (a classification head) are trainable
+            (`keras_tfm.convert.adapters`).
 
     Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`, `BertForPreTraining`, the
     layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
@@ -159,24 +167,52 @@ def from_huggingface(model_or_directory, num_classes: int | None = None):
     >>> model = keras_tfm.from_huggingface(hf)   # a keras_tfm.GPT with the same logits
     >>> vit = keras_tfm.from_huggingface("google/vit-base-patch16-224", num_classes=10)  # to fine-tune
     >>> gpt2 = keras_tfm.from_huggingface("gpt2")                  # by Hub id, through the local cache
+    >>> tuned = keras_tfm.from_huggingface("gpt2", adapter="path/to/peft_adapter")  # GPT-2 + its LoRA
     """
+    from keras_tfm.convert import adapters
+
     if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
                                     or num_classes < 1):
         raise ValueError(f"from_huggingface: num_classes must be a positive integer or None; received {num_classes!r}.")
+    adapter_config = None
+    if adapters.is_peft_model(model_or_directory):
+        if adapter is not None:
+            raise ValueError("from_huggingface: received a PeftModel, which holds its adapter, and adapter="
+                             f"{adapter!r}; pass one of them.")
+        config, weights, adapter_config, adapter_weights = adapters.peft_model_parts(model_or_directory)
+    else:
+        base = model_or_directory
+        if isinstance(base, (str, os.PathLike)) and adapter is None:
+            directory = checkpoint_directory(base)
+            if adapters.is_adapter_directory(directory) and not os.path.isfile(os.path.join(directory, "config.json")):
+                adapter, base = directory, adapters.base_model_name(directory)
+        config, weights = _read_checkpoint(base)
+        if adapter is not None:
+            adapter_config, adapter_weights = adapters.read_adapter(checkpoint_directory(adapter, "from_huggingface"))
+    _check_model_type(config)
+    if adapter_config is not None:
+        adapters.check_weights(adapter_weights, num_classes)
+        weights = {**weights, **adapter_weights}
+    convert, prefixes, rename = _CONVERTERS[config["model_type"]]
+    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes)
+    model = convert(config, w, num_classes)
+    if adapter_config is not None:
+        adapters.enable_adapter(model, w, adapter_config)
+    return model
+
+
+def _read_checkpoint(model_or_directory) -> tuple[dict, dict]:
+    """(config, weights) of a transformers model, a checkpoint directory or a Hub model id."""
     if isinstance(model_or_directory, (str, os.PathLike)):
         directory = checkpoint_directory(model_or_directory)
-        config = read_config(directory)
-        weights = _read_weights(directory)
-    elif hasattr(model_or_directory, "state_dict") and hasattr(model_or_directory, "config"):
-        config = model_or_directory.config.to_dict()
-        _check_model_type(config)
+        return read_config(directory), _read_weights(directory)
+    if hasattr(model_or_directory, "state_dict") and hasattr(model_or_directory, "config"):
         weights = {k: v.detach().float().cpu().numpy() for k, v in model_or_directory.state_dict().items()}
-    else:
-        raise TypeError(
-            "from_huggingface expects a transformers model or a directory path; received "
-            f"{type(model_or_directory).__name__}."
-        )
-    return _CONVERTERS[config["model_type"]](config, weights, num_classes)
+        return model_or_directory.config.to_dict(), weights
+    raise TypeError(
+        "from_huggingface expects a transformers model or a directory path; received "
+        f"{type(model_or_directory).__name__}."
+    )
 
 
 class WeightReader:
@@ -186,6 +222,8 @@ class WeightReader:
         self.weights = weights
         self.prefixes = prefixes
         self.used: set[str] = set()
+        self.linear_layers: dict[str, list] = {}  # checkpoint module name -> the Dense layers made from it
+        self.lora_pairs: dict[str, tuple] = {}  # module name -> its (lora_A, lora_B) from a peft adapter
 
     def __call__(self, name: str) -> np.ndarray:
         for prefix in ("",) + self.prefixes:
@@ -196,6 +234,23 @@ class WeightReader:
 
     def __contains__(self, name: str) -> bool:
         return any(prefix + name in self.weights for prefix in ("",) + self.prefixes)
+
+    def linear(self, name: str, *dense_layers, transpose: bool = True) -> None:
+        """Sets `dense_layers` from the checkpoint's linear module `name` (`name.weight`, and
+        `name.bias` where it has one), split evenly along its outputs where it feeds several (GPT-2's
+        fused query/key/value). `transpose`: PyTorch `Linear` weights are (out, in), Keras kernels
+        (in, out); GPT-2's `Conv1D` is stored (in, out) already. Records where the module went,
+        and takes its LoRA pair where the weights include a peft adapter's."""
+        kernel = self(name + ".weight")
+        kernel = kernel.T if transpose else kernel
+        bias = self(name + ".bias") if name + ".bias" in self else None
+        splits = len(dense_layers)
+        for dense, part, part_bias in zip(dense_layers, np.split(kernel, splits, axis=1),
+                                          np.split(bias, splits) if bias is not None else [None] * splits):
+            set_dense(dense, part, part_bias)
+        self.linear_layers[name] = list(dense_layers)
+        if name + ".lora_A.weight" in self:
+            self.lora_pairs[name] = (self(name + ".lora_A.weight"), self(name + ".lora_B.weight"))
 
     def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
         return sorted(k for k in self.weights if k not in self.used and not ignore(k))

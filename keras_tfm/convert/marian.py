@@ -9,14 +9,14 @@ by sqrt(d_model) when `scale_embedding`, a padding id that also starts decoding,
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, set_dense, set_layer_norm
+from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, set_layer_norm
 from keras_tfm.models.translator import Translator
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "swish": "silu", "silu": "silu", "gelu_new": "gelu_approximate"}
 
 
-@converter("marian")
-def convert_marian(config: dict, weights: dict, num_classes: int | None = None) -> Translator:
+@converter("marian", prefixes=("model.",))
+def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None) -> Translator:
     no_classifier("Marian", num_classes)
     activation = config.get("activation_function", "gelu")
     if activation not in _ACTIVATIONS:
@@ -48,23 +48,22 @@ def convert_marian(config: dict, weights: dict, num_classes: int | None = None) 
         end_token_id=config["eos_token_id"],
     )
     model.build()
-    w = WeightReader(weights, prefixes=("model.",))
     if shared:
         model.source_embedding.set_weights([w("shared.weight")])
     else:
         model.source_embedding.set_weights([w("encoder.embed_tokens.weight")])
         model.target_embedding.set_weights([w("decoder.embed_tokens.weight")])
-    if "final_logits_bias" in weights:
+    if "final_logits_bias" in w:
         model.output_bias.assign(w("final_logits_bias").reshape(-1))
 
     def attention(layer, prefix):
         for dense, name in ((layer.query_dense, "q_proj"), (layer.key_dense, "k_proj"),
                             (layer.value_dense, "v_proj"), (layer.output_dense, "out_proj")):
-            set_dense(dense, w(f"{prefix}.{name}.weight").T, w(f"{prefix}.{name}.bias"))
+            w.linear(f"{prefix}.{name}", dense)
 
     def feed_forward(block, prefix):
-        set_dense(block.feed_forward.intermediate_dense, w(prefix + "fc1.weight").T, w(prefix + "fc1.bias"))
-        set_dense(block.feed_forward.output_dense, w(prefix + "fc2.weight").T, w(prefix + "fc2.bias"))
+        w.linear(prefix + "fc1", block.feed_forward.intermediate_dense)
+        w.linear(prefix + "fc2", block.feed_forward.output_dense)
         set_layer_norm(block.feed_forward_norm, w(prefix + "final_layer_norm.weight"), w(prefix + "final_layer_norm.bias"))
 
     for i, block in enumerate(model.encoder_blocks):
@@ -81,7 +80,7 @@ def convert_marian(config: dict, weights: dict, num_classes: int | None = None) 
                        w(p + "encoder_attn_layer_norm.bias"))
         feed_forward(block, p)
     if not model.tie_embeddings:
-        model.lm_head.set_weights([w("lm_head.weight").T])
+        w.linear("lm_head", model.lm_head)
     # with a shared vocabulary the per-stack token tables are copies of `shared`; the position
     # tables are the fixed sinusoids; a tied `lm_head` is a copy of the target table
     copies = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") if shared else ()

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from keras_tfm.convert.huggingface import (WeightReader, checkpoint_directory, converter, read_json, require_options,
-                                          set_dense, set_layer_norm)
+                                          set_layer_norm)
 from keras_tfm.models.vit import ViT
 
 _OLD_NAMES = [
@@ -36,14 +36,13 @@ def _rename(name: str) -> str:
     return name
 
 
-@converter("vit")
-def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> ViT:
+@converter("vit", prefixes=("vit.",), rename=_rename)
+def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
     require_options("ViT", config, qkv_bias=True)
-    weights = {_rename(k): v for k, v in weights.items()}
-    checkpoint_head = "classifier.weight" in weights and num_classes is None
+    checkpoint_head = "classifier.weight" in w.weights and num_classes is None
     include_top = checkpoint_head or num_classes is not None
     if checkpoint_head:
-        num_classes = weights["classifier.weight"].shape[0]
+        num_classes = w.weights["classifier.weight"].shape[0]
     if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: ViT activation {config['hidden_act']!r} is not supported.")
     image_size, patch_size = config["image_size"], config["patch_size"]
@@ -66,7 +65,6 @@ def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> 
         activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
     )
     model.build()
-    w = WeightReader(weights, prefixes=("vit.",))
     model.class_token.assign(w("embeddings.cls_token"))
     model.position_embedding.set_weights([w("embeddings.position_embeddings")[0]])
     model.patch_embedding.projection.set_weights([
@@ -79,13 +77,13 @@ def convert_vit(config: dict, weights: dict, num_classes: int | None = None) -> 
         set_layer_norm(block.self_attention_norm, w(p + "layernorm_before.weight"), w(p + "layernorm_before.bias"))
         for dense, name in ((attention.query_dense, "q_proj"), (attention.key_dense, "k_proj"),
                             (attention.value_dense, "v_proj"), (attention.output_dense, "o_proj")):
-            set_dense(dense, w(p + f"attention.{name}.weight").T, w(p + f"attention.{name}.bias"))
+            w.linear(p + "attention." + name, dense)
         set_layer_norm(block.feed_forward_norm, w(p + "layernorm_after.weight"), w(p + "layernorm_after.bias"))
-        set_dense(block.feed_forward.intermediate_dense, w(p + "mlp.fc1.weight").T, w(p + "mlp.fc1.bias"))
-        set_dense(block.feed_forward.output_dense, w(p + "mlp.fc2.weight").T, w(p + "mlp.fc2.bias"))
+        w.linear(p + "mlp.fc1", block.feed_forward.intermediate_dense)
+        w.linear(p + "mlp.fc2", block.feed_forward.output_dense)
     set_layer_norm(model.final_norm, w("layernorm.weight"), w("layernorm.bias"))
     if checkpoint_head:
-        set_dense(model.head, w("classifier.weight").T, w("classifier.bias"))
+        w.linear("classifier", model.head)
     ignored = ("pooler.", "vit.pooler.") + (() if checkpoint_head else ("classifier.",))  # a new head: fresh
     leftover = w.unused(ignore=lambda name: name.startswith(ignored))
     if leftover:
