@@ -58,7 +58,7 @@ def main() -> None:
     recipe.add_argument("--finetune-epochs", type=training.POSITIVE, default=3, help="(default: %(default)s)")
     recipe.add_argument("--finetune-learning-rate", type=training.number(0.0), default=1e-4, help="(default: %(default)s)")
     recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory or Hub model id (see above)")
+                        help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)")
     args = parser.parse_args()
     training.setup(args)
     if args.from_huggingface:
@@ -149,7 +149,8 @@ def finetune_checkpoint(args) -> None:
                         f"got {args.sequence_length}.")
     tokenizer = WordPieceTokenizer.from_huggingface(args.from_huggingface)
     special = tuple(tokenizer.token_id(token) for token in ("[PAD]", "[CLS]", "[SEP]"))
-    finetune(args, tokenizer, special, lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes))
+    finetune(args, tokenizer, special, lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes,
+                                                                                   adapter=args.adapter))
 
 
 def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:

@@ -50,7 +50,7 @@ def main() -> None:
     recipe.add_argument("--temperature", type=training.number(0.0), default=0.8, help="sampling temperature (default: %(default)s)")
     recipe.add_argument("--top-k", type=training.integer(0), default=20, help="sample among the k likeliest tokens (default: %(default)s)")
     recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="fine-tune this Hugging Face GPT-2 checkpoint directory or Hub model id (see above)")
+                        help="fine-tune this Hugging Face GPT-2 checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)")
     args = parser.parse_args()
     training.setup(args)
 
@@ -104,7 +104,7 @@ def main() -> None:
 
     result = training.train(
         args,
-        build_model=(lambda: convert.from_huggingface(args.from_huggingface)) if args.from_huggingface else (
+        build_model=(lambda: convert.from_huggingface(args.from_huggingface, adapter=args.adapter)) if args.from_huggingface else (
             lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size, max_length=context)),
         train_batch=train_batch,
         steps_per_pass=len(train_ids) // (args.batch_size * context),

@@ -45,7 +45,7 @@ def main() -> None:
     parser.set_defaults(batch_size=128, learning_rate=1e-3, weight_decay=0.05, epochs=10)
     recipe = parser.add_argument_group("image classifier")
     recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="fine-tune this Hugging Face ViT checkpoint directory or Hub model id (see above)")
+                        help="fine-tune this Hugging Face ViT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)")
     recipe.add_argument("--image-size", type=training.POSITIVE,
                         help="side the images are resized to (default: theirs, or the checkpoint's); needed for "
                              "an image folder of mixed sizes, which are resized as they are read")
@@ -93,7 +93,7 @@ def main() -> None:
 
     def build_model():
         if args.from_huggingface:
-            backbone = convert.from_huggingface(args.from_huggingface, num_classes=num_classes)
+            backbone = convert.from_huggingface(args.from_huggingface, num_classes=num_classes, adapter=args.adapter)
             if backbone.num_channels != channels:
                 raise DataError(f"--from-huggingface: the checkpoint takes {backbone.num_channels}-channel images; "
                                 f"the data has {channels} channels.")

@@ -105,17 +105,23 @@ def _check_config(config: dict, source: str) -> None:
                              f"keras_tfm loads those with {field}={value!r}.")
 
 
-def check_weights(adapter_weights: dict, num_classes: int | None) -> None:
+def check_weights(adapter_weights: dict, num_classes: int | None) -> int | None:
     """Refuses LoRA on embeddings, and a new head of `num_classes` classes where the adapter brings
-    its trained head."""
+    a trained head of another size; returns the `num_classes` to convert with (None: the adapter's
+    head, where it has one of that size)."""
     embeddings = sorted(name for name in adapter_weights if ".lora_embedding_" in name)
     if embeddings:
         raise ValueError(f"from_huggingface: the adapter adapts embeddings ({embeddings[:2]}); keras_tfm's LoRA "
                          "adapts linear layers only.")
     heads = sorted(name for name in adapter_weights if ".lora_" not in name)
-    if num_classes is not None and heads:
-        raise ValueError(f"from_huggingface: the adapter brings its own trained head ({heads[:2]}); leave num_classes "
-                         f"None (received num_classes={num_classes}).")
+    if num_classes is None or not heads:
+        return num_classes
+    classes = adapter_weights["classifier.weight"].shape[0] if "classifier.weight" in adapter_weights else None
+    if classes != num_classes:
+        raise ValueError(f"from_huggingface: the adapter brings its own trained head ({heads[:2]}"
+                         f"{f', {classes} classes' if classes else ''}); num_classes={num_classes} would replace it. "
+                         "Leave num_classes None.")
+    return None
 
 
 def enable_adapter(model, w: WeightReader, config: dict) -> None:
@@ -152,7 +158,7 @@ _ROOT_MODULES = ("lm_head", "classifier", "cls.")  # modules of the task class, 
 _HEADS = {"head": "classifier", "classifier": "classifier"}  # a ViT's or BertClassifier's head
 
 
-def save_peft_adapter(model, directory: str, base) -> None:
+def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str | None = None) -> None:
     """Writes the LoRA pairs of `model`, fine-tuned from the Hugging Face checkpoint `base`, as a
     peft adapter directory (`adapter_config.json`, `adapter_model.safetensors`):
     `peft.PeftModel.from_pretrained(base_model, directory)` then computes what `model` computes,
@@ -164,8 +170,9 @@ def save_peft_adapter(model, directory: str, base) -> None:
             `from_huggingface`).
         directory: where to write the adapter (made if missing).
         base: the checkpoint `model` was converted from, as `from_huggingface` took it (a directory,
-            a Hub model id, or a transformers model); read to map each layer to its module, and
-            named in the adapter as `base_model_name_or_path`.
+            a Hub model id, or a transformers model); read to map each layer to its module.
+        base_model_name_or_path: how the adapter names its base (default: `base`, where it is a
+            path or id), e.g. the Hub id of a checkpoint read from the local cache.
 
     A fused module of the checkpoint (GPT-2's query/key/value `c_attn`) with LoRA on k of its parts
     gets one pair of rank k * rank, exact: `A` stacks the parts' `A`s, `B` is block-diagonal,
@@ -242,7 +249,8 @@ def save_peft_adapter(model, directory: str, base) -> None:
         tensors[f"{PREFIX}{_HEADS[path]}.weight"] = keras_numpy(head.kernel).T
         tensors[f"{PREFIX}{_HEADS[path]}.bias"] = keras_numpy(head.bias)
     modules_to_save = sorted({_HEADS[path] for path in heads})
-    base_name = os.fspath(base) if isinstance(base, (str, os.PathLike)) else config.get("_name_or_path") or None
+    base_name = base_model_name_or_path or (os.fspath(base) if isinstance(base, (str, os.PathLike))
+                                            else config.get("_name_or_path") or None)
     adapter_config = {
         "peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_name,
         "r": parts_adapted * rank, "lora_alpha": parts_adapted * alpha, "lora_dropout": 0.0, "bias": "none",

@@ -191,7 +191,7 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
             adapter_config, adapter_weights = adapters.read_adapter(checkpoint_directory(adapter, "from_huggingface"))
     _check_model_type(config)
     if adapter_config is not None:
-        adapters.check_weights(adapter_weights, num_classes)
+        num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = {**weights, **adapter_weights}
     convert, prefixes, rename = _CONVERTERS[config["model_type"]]
     w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
+import os
 import typing
 
 import keras
@@ -144,7 +145,10 @@ def checkpoint_config(args: argparse.Namespace, model_type: str, fixed: dict, re
     """For `--from-huggingface DIR`: refuses the model overrides (except those in `keep`) and every flag
     in `fixed` that differs from its default there, each with `reason`; returns DIR's `config.json`
     after checking its model type; names the checkpoint as the model in metrics.json. DIR may be a
-    Hugging Face Hub model id: `args.from_huggingface` becomes its directory in the local cache."""
+    Hugging Face Hub model id: `args.from_huggingface` becomes its directory in the local cache. DIR
+    may be a peft LoRA adapter: `args.adapter` becomes its directory, and `args.from_huggingface`
+    that of the base checkpoint it names (`args.base_model_name`)."""
+    from keras_tfm.convert import adapters
     from keras_tfm.convert.huggingface import checkpoint_directory, read_config
 
     given = [name for name in MODEL_OVERRIDES if name not in keep and getattr(args, name, None) is not None]
@@ -154,8 +158,13 @@ def checkpoint_config(args: argparse.Namespace, model_type: str, fixed: dict, re
         raise DataError(f"{flag}: --from-huggingface {reason}; drop {flag}.")
     name = args.from_huggingface
     try:
-        args.from_huggingface = checkpoint_directory(name)  # a Hub model id becomes its cached snapshot
-        config = read_config(args.from_huggingface)
+        directory = checkpoint_directory(name)  # a Hub model id becomes its cached snapshot
+        args.adapter, args.base_model_name = None, name
+        if adapters.is_adapter_directory(directory) and not os.path.isfile(os.path.join(directory, "config.json")):
+            args.adapter, args.base_model_name = directory, adapters.base_model_name(directory)
+            directory = checkpoint_directory(args.base_model_name)
+        args.from_huggingface = directory
+        config = read_config(directory)
     except (OSError, ValueError) as error:
         raise DataError(f"--from-huggingface: {error}") from None
     if config["model_type"] != model_type:

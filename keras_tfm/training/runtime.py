@@ -24,6 +24,7 @@ from collections.abc import Callable
 import keras
 
 from keras_tfm.data.errors import DataError
+from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
 from keras_tfm.training.checkpoints import CheckpointManager, EpochCheckpoint, StopOnNaN, TrainingDiverged
 from keras_tfm.training.distribute import distribution_scope, use_cpu_devices
@@ -133,8 +134,14 @@ def train(
     total_steps = epochs * steps_per_epoch
     with distribution_scope(args.distribute, args.model_parallel, log=log):
         model = build_model()
+        adapted = lora.lora_layers(_zoo_model(model))  # a peft adapter's, from --from-huggingface
+        if lora_rank and adapted:
+            raise DataError(f"--lora-rank: --from-huggingface {getattr(args, 'adapter', '')!r} is a LoRA adapter "
+                            f"of rank {next(iter(adapted.values())).lora_rank}, which goes on training; drop "
+                            "--lora-rank.")
         if lora_rank:
             _zoo_model(model).enable_lora(lora_rank, lora_alpha=getattr(args, "lora_alpha", None))
+        lora_rank = lora_rank or (next(iter(adapted.values())).lora_rank if adapted else None)
         remat = getattr(args, "remat", False)
         if remat:
             model.remat = True
@@ -215,6 +222,18 @@ def train(
         "train_seconds_this_run": round(seconds, 1),
         **results,
     }
+    if lora_rank and getattr(args, "from_huggingface", None):  # LoRA on a Hugging Face checkpoint: for peft too
+        from keras_tfm.convert import save_peft_adapter
+
+        path = os.path.join(args.output_dir, "peft_adapter")
+        try:
+            save_peft_adapter(_zoo_model(model), path, base=args.from_huggingface,
+                              base_model_name_or_path=getattr(args, "base_model_name", None))
+            record["peft_adapter"] = path
+            log(f"LoRA pairs written as a peft adapter for "
+                f"{getattr(args, 'base_model_name', args.from_huggingface)!r}: {path}")
+        except (OSError, ValueError) as error:  # the trained run is recorded all the same
+            log(f"No peft adapter written: {error}")
     with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
         json.dump(record, file, indent=2)
     if history:

@@ -115,6 +115,9 @@ def test_bert_adapter_on_a_pretraining_checkpoint_loads_with_its_head(rng, tmp_p
                                atol=1e-4, rtol=0)
     assert trained_count(model) == tuned.get_nb_trainable_parameters()[0]
     assert {path.split("/")[0] for path in trained_paths(model)} == {"query", "value", "classifier"}
+    same_classes = keras_tfm.from_huggingface(str(tmp_path / "adapter"), num_classes=3)  # what the recipes pass
+    np.testing.assert_allclose(to_numpy(same_classes(ids, segment_ids=segments, padding_mask=mask)), expected,
+                               atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("use_rslora", [False, True])

@@ -646,6 +646,30 @@ def test_gpt_recipe_lora_fine_tunes_a_hugging_face_checkpoint_and_resumes(tmp_pa
     with np.load(out / "checkpoint" / state["lora"]) as pairs:
         assert np.abs(pairs["block_0/self_attention/query:b"]).max() > 0  # trained from zero
 
+    # The run wrote its pairs as a peft adapter on the checkpoint (query and value: one c_attn pair of rank 8),
+    # which a new run takes as --from-huggingface and trains on.
+    assert metrics["peft_adapter"] == str(out / "peft_adapter")
+    adapter = json.loads((out / "peft_adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["base_model_name_or_path"], adapter["target_modules"]) == (8, str(checkpoint),
+                                                                                            ["transformer.h.0.attn.c_attn"])
+    peft = pytest.importorskip("peft")
+    import torch
+
+    import keras_tfm
+
+    ids = np.arange(12).reshape(2, 6)
+    tuned = peft.PeftModel.from_pretrained(hf, out / "peft_adapter").eval()
+    with torch.no_grad():
+        expected = tuned(torch.tensor(ids)).logits.numpy()
+    ours = keras_tfm.from_huggingface(str(out / "peft_adapter"))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(ids)), expected, atol=1e-4, rtol=0)
+    again = recipe("gpt_lm.py", *[flag for flag in flags[2:] if flag not in ("--lora-rank", "4")], "--steps", "2",
+                   "--from-huggingface", str(out / "peft_adapter"), "--output-dir", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    trained = 3 * (32 * 8 + 8 * 32)  # query, key and value, each with c_attn's A and its third of B
+    assert f"({trained:,} trained: LoRA rank 8)" in again.stdout
+    assert json.loads((tmp_path / "again" / "metrics.json").read_text())["model"] == f"from_huggingface {out / 'peft_adapter'}"
+
 
 def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
     from keras_tfm.training import checkpoint_config
