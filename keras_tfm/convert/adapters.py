@@ -97,7 +97,8 @@ def _check_config(config: dict, source: str) -> None:
         raise ValueError(f"from_huggingface: {source!r} is a {config.get('peft_type')!r} adapter; keras_tfm loads "
                          "LoRA adapters (peft_type 'LORA').")
     unsupported = {"use_dora": False, "bias": "none", "lora_bias": False, "rank_pattern": {}, "alpha_pattern": {},
-                   "layer_replication": None, "trainable_token_indices": None, "target_parameters": None}
+                   "layer_replication": None, "trainable_token_indices": None, "target_parameters": None,
+                   "enable_lora": None}  # (peft < 0.3's merged query/key/value layout)
     for field, value in unsupported.items():
         received = config.get(field, value)
         if received != value and (received or value):  # None, {} and False alike mean "not used"

@@ -134,7 +134,7 @@ def train(
     total_steps = epochs * steps_per_epoch
     with distribution_scope(args.distribute, args.model_parallel, log=log):
         model = build_model()
-        adapted = lora.lora_layers(_zoo_model(model))  # a peft adapter's, from --from-huggingface
+        adapted = lora.lora_layers(model)  # a peft adapter's, from --from-huggingface
         if lora_rank and adapted:
             raise DataError(f"--lora-rank: --from-huggingface {getattr(args, 'adapter', '')!r} is a LoRA adapter "
                             f"of rank {next(iter(adapted.values())).lora_rank}, which goes on training; drop "

@@ -185,6 +185,7 @@ def write_adapter(tmp_path, **changes):
     ({"use_dora": True}, "LoRA adapters with use_dora=True are not supported"),
     ({"bias": "all"}, "LoRA adapters with bias='all' are not supported"),
     ({"rank_pattern": {"c_attn": 8}}, "LoRA adapters with rank_pattern={'c_attn': 8} are not supported"),
+    ({"enable_lora": [True, False, True]}, "LoRA adapters with enable_lora=[True, False, True] are not supported"),
     ({"base_model_name_or_path": None}, "names no base checkpoint"),
 ])
 def test_adapters_it_cannot_compute_are_refused_by_name(tmp_path, changes, message):
