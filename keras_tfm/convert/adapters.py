@@ -187,17 +187,14 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     """
     from safetensors.numpy import save_file
 
-    from keras_tfm.convert.huggingface import _CONVERTERS, _check_model_type, _read_checkpoint
+    from keras_tfm.convert.huggingface import _read_checkpoint, convert_checkpoint
 
     layers = lora.lora_layers(model)
     if not layers:
         raise ValueError(f"save_peft_adapter: {model.name!r} has no LoRA layers; call enable_lora(rank) first.")
     config, weights = _read_checkpoint(base)
-    _check_model_type(config)
-    convert, prefixes, rename = _CONVERTERS[config["model_type"]]
-    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes)
     classifier = getattr(model, "include_top", True) and getattr(model, "num_classes", None)
-    fresh = convert(config, w, classifier or None)  # the same model, to see which module each layer came from
+    fresh, w = convert_checkpoint(config, weights, classifier or None)  # to see which module each layer came from
     if type(fresh) is not type(model):
         described = repr(os.fspath(base)) if isinstance(base, (str, os.PathLike)) else f"(a {type(base).__name__})"
         raise ValueError(f"save_peft_adapter: {model.name!r} is a {type(model).__name__}; the checkpoint base="

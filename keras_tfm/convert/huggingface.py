@@ -193,12 +193,19 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
     if adapter_config is not None:
         num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = {**weights, **adapter_weights}
-    convert, prefixes, rename = _CONVERTERS[config["model_type"]]
-    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes)
-    model = convert(config, w, num_classes)
+    model, w = convert_checkpoint(config, weights, num_classes)
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
     return model
+
+
+def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = None):
+    """(model, the WeightReader that filled it) for a checkpoint's config and weights: the reader
+    records which layers each linear module became."""
+    _check_model_type(config)
+    convert, prefixes, rename = _CONVERTERS[config["model_type"]]
+    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes)
+    return convert(config, w, num_classes), w
 
 
 def _read_checkpoint(model_or_directory) -> tuple[dict, dict]:
