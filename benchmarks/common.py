@@ -94,10 +94,11 @@ def _best_round(results: list[dict]) -> dict:
 
 
 def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], contenders=DEFAULT_CONTENDERS,
-         baselines=BASELINES) -> None:
+         baselines=BASELINES, task_contenders: dict[str, tuple[list, dict]] | None = None) -> None:
     """The command line of every speed benchmark: `script [--only TASK]` prints one side-by-side table
     per task (`tasks`: name -> (title, unit)); `script --worker CONTENDER BACKEND TASK`, which the
-    driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON."""
+    driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON.
+    `task_contenders`: task -> (contenders, baselines) for a task that compares others."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(tasks), help="run one task's table")
     parser.add_argument("--rounds", type=int, default=1,
@@ -110,7 +111,8 @@ def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], conte
         return
     for task, (title, unit) in tasks.items():
         if args.only in (None, task):
-            side_by_side(script, title, unit, task, contenders, baselines, args.rounds)
+            side_by_side(script, title, unit, task, *(task_contenders or {}).get(task, (contenders, baselines)),
+                         rounds=args.rounds)
 
 
 def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per_step: int,

@@ -1,8 +1,10 @@
 """What `model.quantize` buys on this machine: GPT-2 small (random weights, context 256) in float32,
-int8 and int4, on each Keras backend: the size of its `.keras` file, and greedy generation speed.
+int8 and int4, on each Keras backend: the size of its `.keras` file, and greedy generation speed;
+and what quantizing costs: GPT-2 small's int8 quantization by keras_tfm's `quantize` against Keras'
+own `keras.Model.quantize` on the same model (Keras collects garbage after every kernel it replaces).
 
-    python benchmarks/quantization.py                 # both tables
-    python benchmarks/quantization.py --only generate # or: --only size
+    python benchmarks/quantization.py                 # the three tables
+    python benchmarks/quantization.py --only generate # or: --only size, --only quantize
 
 Generation: batch 1, a 4-token prompt, 32 new tokens, best of 3 calls after a compiling one. What
 quantization does to a trained model's loss is in `benchmarks/gpt_quality.py`.
@@ -29,6 +31,11 @@ def worker(mode: str, task: str) -> dict:
     keras.utils.set_random_seed(0)
     model = keras_tfm.gpt2_small(max_length=256)
     model.build()
+    if task == "quantize":  # millions of float parameters quantized per second
+        parameters = model.count_params() / 1e6
+        with Timer() as timer:
+            (model.quantize if mode == "keras_tfm" else lambda mode: keras.Model.quantize(model, mode))("int8")
+        return {"value": parameters / timer.seconds, "method": f"{timer.seconds:.1f} s"}
     if mode != "float32":
         model.quantize(mode)
     if task == "size":
@@ -46,6 +53,10 @@ def worker(mode: str, task: str) -> dict:
 
 if __name__ == "__main__":
     main(__doc__, os.path.abspath(__file__), worker,
-         {"size": ("GPT-2 small .keras file", "MB"), "generate": ("GPT-2 small greedy generation", "new tokens/s")},
+         {"size": ("GPT-2 small .keras file", "MB"), "generate": ("GPT-2 small greedy generation", "new tokens/s"),
+          "quantize": ("GPT-2 small int8 quantization", "M parameters/s")},
          contenders=[(f"{mode} ({backend})", mode, backend) for backend in BACKENDS for mode in MODES],
-         baselines={f"float32 ({backend})": f"float32 ({backend})" for backend in BACKENDS})
+         baselines={f"float32 ({backend})": f"float32 ({backend})" for backend in BACKENDS},
+         task_contenders={"quantize": (
+             [(f"{how} ({backend})", how, backend) for backend in BACKENDS for how in ("keras_tfm", "keras")],
+             {f"Keras ({backend})": f"keras ({backend})" for backend in BACKENDS})})

@@ -1,13 +1,29 @@
-"""BERT (`BertModel`, `BertForMaskedLM`, `BertForPreTraining`, `BertForSequenceClassification`) -> `keras_tfm.Bert`,
+"""BERT (`BertModel`, `BertForMaskedLM`, `BertForPreTraining`, `BertForSequenceClassification`) <-> `keras_tfm.Bert`,
 `BertMLM`, `BertClassifier`. PyTorch `Linear` kernels are (out, in) and are transposed; the MLM
 decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import WeightReader, converter, require_options, set_layer_norm
+from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, converter, exporter, hugging_face_activation,
+                                          require_options, set_layer_norm)
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
+
+
+def _blocks(encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> None:
+    """Reads (`WeightReader`) or writes (`WeightWriter`) the blocks under their checkpoint names."""
+    for i, block in enumerate(encoder.blocks):
+        p = f"{prefix}encoder.layer.{i}."
+        attention = block.self_attention
+        for dense, name in ((attention.query_dense, "attention.self.query"), (attention.key_dense, "attention.self.key"),
+                            (attention.value_dense, "attention.self.value"),
+                            (attention.output_dense, "attention.output.dense"),
+                            (block.feed_forward.intermediate_dense, "intermediate.dense"),
+                            (block.feed_forward.output_dense, "output.dense")):
+            w.linear(p + name, dense)
+        w.layer_norm(p + "attention.output.LayerNorm", block.self_attention_norm)
+        w.layer_norm(p + "output.LayerNorm", block.feed_forward_norm)
 
 
 @converter("bert", prefixes=("bert.",))
@@ -47,18 +63,7 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     encoder.position_embedding.set_weights([w("embeddings.position_embeddings.weight")])
     encoder.segment_embedding.set_weights([w("embeddings.token_type_embeddings.weight")])
     set_layer_norm(encoder.embedding_norm, w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
-    for i, block in enumerate(encoder.blocks):
-        p = f"encoder.layer.{i}."
-        attention = block.self_attention
-        for dense, name in ((attention.query_dense, "attention.self.query"), (attention.key_dense, "attention.self.key"),
-                            (attention.value_dense, "attention.self.value"),
-                            (attention.output_dense, "attention.output.dense"),
-                            (block.feed_forward.intermediate_dense, "intermediate.dense"),
-                            (block.feed_forward.output_dense, "output.dense")):
-            w.linear(p + name, dense)
-        set_layer_norm(block.self_attention_norm, w(p + "attention.output.LayerNorm.weight"),
-                       w(p + "attention.output.LayerNorm.bias"))
-        set_layer_norm(block.feed_forward_norm, w(p + "output.LayerNorm.weight"), w(p + "output.LayerNorm.bias"))
+    _blocks(encoder, w)
     # The MLM decoder is tied to the word embeddings (its bias is cls.predictions.bias); the
     # next-sentence head of BertForPreTraining checkpoints has no counterpart here.
     ignored = ("cls.predictions.decoder.", "cls.seq_relationship.")
@@ -82,3 +87,44 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     if leftover:
         raise ValueError(f"from_huggingface: BERT weights not converted: {leftover[:5]}")
     return model
+
+
+@exporter(Bert)
+@exporter(BertMLM)
+@exporter(BertClassifier)
+def export_bert(model, w: WeightWriter) -> dict:
+    encoder = model if isinstance(model, Bert) else model.encoder
+    p = "" if isinstance(model, Bert) else "bert."  # BertModel's names, and its task models'
+    w[p + "embeddings.word_embeddings.weight"] = encoder.token_embedding.embeddings
+    w[p + "embeddings.position_embeddings.weight"] = encoder.position_embedding.embeddings
+    w[p + "embeddings.token_type_embeddings.weight"] = encoder.segment_embedding.embeddings
+    w.layer_norm(p + "embeddings.LayerNorm", encoder.embedding_norm)
+    _blocks(encoder, w, p)
+    activation = hugging_face_activation("BERT", encoder.activation, _ACTIVATIONS)
+    config = dict(
+        model_type="bert", vocab_size=encoder.vocabulary_size, max_position_embeddings=encoder.max_length,
+        type_vocab_size=encoder.num_segments, num_hidden_layers=encoder.num_layers,
+        num_attention_heads=encoder.num_heads, hidden_size=encoder.hidden_dim,
+        intermediate_size=encoder.intermediate_dim, hidden_dropout_prob=encoder.dropout,
+        attention_probs_dropout_prob=encoder.attention_dropout, layer_norm_eps=encoder.layer_norm_epsilon,
+        hidden_act=activation,
+    )
+    if isinstance(model, BertMLM):
+        # transformers' head uses the encoder's activation and epsilon
+        for field, value, encoders in (("head_activation", model.head_activation, encoder.activation),
+                                       ("head_layer_norm_epsilon", model.head_layer_norm_epsilon,
+                                        encoder.layer_norm_epsilon)):
+            if value not in (None, encoders):
+                raise ValueError(f"save_huggingface: BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
+                                 f"({encoders!r}); received {field}={value!r}.")
+        w.linear("cls.predictions.transform.dense", model.transform)
+        w.layer_norm("cls.predictions.transform.LayerNorm", model.transform_norm)
+        w["cls.predictions.bias"] = model.output_bias
+        return dict(config, architectures=["BertForMaskedLM"])
+    if isinstance(model, BertClassifier):
+        w.linear(p + "pooler.dense", model.pooler)
+        w.linear("classifier", model.classifier)
+        return dict(config, architectures=["BertForSequenceClassification"], classifier_dropout=model.classifier_dropout,
+                    id2label={str(i): f"LABEL_{i}" for i in range(model.num_classes)},
+                    label2id={f"LABEL_{i}": i for i in range(model.num_classes)})
+    return dict(config, architectures=["BertModel"])

@@ -1,4 +1,4 @@
-"""GPT-2 (`GPT2Model`, `GPT2LMHeadModel`) -> `keras_tfm.GPT`.
+"""GPT-2 (`GPT2Model`, `GPT2LMHeadModel`) <-> `keras_tfm.GPT`.
 
 GPT-2 stores its projections as `Conv1D` with kernels laid out (in, out), as Keras does; the fused
 `c_attn` kernel is split into query, key and value.
@@ -6,10 +6,24 @@ GPT-2 stores its projections as `Conv1D` with kernels laid out (in, out), as Ker
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, require_options, set_layer_norm
+from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, converter, exporter, hugging_face_activation,
+                                          no_classifier, require_options)
 from keras_tfm.models.gpt import GPT
 
 _ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu", "relu": "relu"}
+
+
+def _blocks(model: GPT, w: WeightReader | WeightWriter, prefix: str = "") -> None:
+    """Reads (`WeightReader`) or writes (`WeightWriter`) the blocks under their checkpoint names."""
+    for i, block in enumerate(model.blocks):
+        p = f"{prefix}h.{i}."
+        w.layer_norm(p + "ln_1", block.self_attention_norm)
+        attention = block.self_attention
+        w.linear(p + "attn.c_attn", attention.query_dense, attention.key_dense, attention.value_dense, transpose=False)
+        w.linear(p + "attn.c_proj", attention.output_dense, transpose=False)
+        w.layer_norm(p + "ln_2", block.feed_forward_norm)
+        w.linear(p + "mlp.c_fc", block.feed_forward.intermediate_dense, transpose=False)
+        w.linear(p + "mlp.c_proj", block.feed_forward.output_dense, transpose=False)
 
 
 @converter("gpt2", prefixes=("transformer.",))
@@ -39,19 +53,31 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
     model.build()
     model.token_embedding.set_weights([w("wte.weight")])
     model.position_embedding.set_weights([w("wpe.weight")])
-    for i, block in enumerate(model.blocks):
-        p = f"h.{i}."
-        set_layer_norm(block.self_attention_norm, w(p + "ln_1.weight"), w(p + "ln_1.bias"))
-        attention = block.self_attention
-        w.linear(p + "attn.c_attn", attention.query_dense, attention.key_dense, attention.value_dense, transpose=False)
-        w.linear(p + "attn.c_proj", attention.output_dense, transpose=False)
-        set_layer_norm(block.feed_forward_norm, w(p + "ln_2.weight"), w(p + "ln_2.bias"))
-        w.linear(p + "mlp.c_fc", block.feed_forward.intermediate_dense, transpose=False)
-        w.linear(p + "mlp.c_proj", block.feed_forward.output_dense, transpose=False)
-    set_layer_norm(model.final_norm, w("ln_f.weight"), w("ln_f.bias"))
+    _blocks(model, w)
+    w.layer_norm("ln_f", model.final_norm)
     if not model.tie_embeddings:
         w.linear("lm_head", model.lm_head)
     leftover = w.unused(ignore=lambda name: name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")))
     if leftover:
         raise ValueError(f"from_huggingface: GPT-2 weights not converted: {leftover[:5]}")
     return model
+
+
+@exporter(GPT)
+def export_gpt2(model: GPT, w: WeightWriter) -> dict:
+    w["transformer.wte.weight"] = model.token_embedding.embeddings
+    w["transformer.wpe.weight"] = model.position_embedding.embeddings
+    _blocks(model, w, "transformer.")
+    w.layer_norm("transformer.ln_f", model.final_norm)
+    if not model.tie_embeddings:
+        w.linear("lm_head", model.lm_head)
+    return dict(
+        model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=model.vocabulary_size,
+        n_positions=model.max_length, n_layer=model.num_layers, n_head=model.num_heads, n_embd=model.hidden_dim,
+        n_inner=model.intermediate_dim, resid_pdrop=model.dropout, embd_pdrop=model.dropout,
+        attn_pdrop=model.attention_dropout, layer_norm_epsilon=model.layer_norm_epsilon,
+        tie_word_embeddings=model.tie_embeddings,
+        activation_function=hugging_face_activation("GPT-2", model.activation, _ACTIVATIONS),
+        # GPT-2's <|endoftext|>, where the vocabulary is GPT-2's (transformers' defaults); none otherwise
+        **({} if model.vocabulary_size > 50256 else dict(bos_token_id=None, eos_token_id=None)),
+    )

@@ -1,9 +1,11 @@
-"""`from_huggingface`: build the matching keras_tfm model and copy a Hugging Face model's weights.
+"""`from_huggingface`: build the matching keras_tfm model and copy a Hugging Face model's weights;
+`save_huggingface`: the other way, a keras_tfm model as a checkpoint that `transformers` loads.
 
 Takes an in-memory `transformers` model (PyTorch), a local directory with `config.json` and
 `model.safetensors` / `pytorch_model.bin` (or their shards and `.index.json`), or a Hugging Face Hub
 model id, whose files `huggingface_hub` keeps in its local cache. Reading a directory needs no
-`transformers` and no network; converting weights needs only NumPy.
+`transformers` and no network; converting weights needs only NumPy. Each model type's file
+(`gpt2.py`, ...) holds its converter and its exporter, the same names in both directions.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import os
 import re
 from typing import Callable
 
+import keras
 import numpy as np
 
 _CONVERTERS: dict[str, tuple] = {}
+_EXPORTERS: dict[type, Callable] = {}
 
 
 def converter(*model_types: str, prefixes: tuple[str, ...] = (), rename: Callable[[str], str] = lambda name: name):
@@ -25,6 +29,15 @@ def converter(*model_types: str, prefixes: tuple[str, ...] = (), rename: Callabl
     def register(fn):
         for model_type in model_types:
             _CONVERTERS[model_type] = (fn, prefixes, rename)
+        return fn
+    return register
+
+
+def exporter(model_class: type):
+    """Registers a function `(model, w: WeightWriter) -> config dict` that writes a `model_class`
+    model as a checkpoint: its converter's inverse."""
+    def register(fn):
+        _EXPORTERS[model_class] = fn
         return fn
     return register
 
@@ -208,6 +221,78 @@ def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = No
     return convert(config, w, num_classes), w
 
 
+def save_huggingface(model, directory: str) -> None:
+    """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
+    `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
+    `GPT` as `GPT2LMHeadModel`, `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
+    `BertForSequenceClassification`, `Bert` as `BertModel`, `ViT` as `ViTForImageClassification`
+    (`ViTModel` with `include_top=False`), `Translator` as `MarianMTModel`. A model with LoRA enabled
+    is written with its pairs merged into the kernels (`save_peft_adapter` writes the pairs alone).
+    `from_huggingface(directory)` gives the model back. Needs only NumPy and `safetensors`.
+
+    Refused by name: what the Hugging Face model cannot compute (a pre-norm `Translator`, whose
+    Marian counterpart is post-norm; a ViT with mean pooling or sinusoidal positions; an activation
+    it has no name for) and quantized models (their int8 tables are not a `transformers` format).
+    Tokenizers are not written: a recipe's tokenizer files sit beside its checkpoint.
+
+    Example:
+    >>> model = keras_tfm.gpt_shakespeare_char(vocabulary_size=65)
+    >>> model.fit(...)
+    >>> keras_tfm.save_huggingface(model, "shakespeare-gpt")
+    >>> transformers.GPT2LMHeadModel.from_pretrained("shakespeare-gpt")   # the same logits
+    """
+    from safetensors.numpy import save_file
+
+    export = next((fn for model_class, fn in _EXPORTERS.items() if type(model) is model_class), None)
+    if export is None:
+        raise TypeError(f"save_huggingface: expected a keras_tfm model ({', '.join(c.__name__ for c in _EXPORTERS)}); "
+                        f"received a {type(model).__name__}.")
+    quantized = sorted({layer.quantization_mode for layer in model._flatten_layers() if layer.quantization_mode})
+    if quantized:
+        raise ValueError(f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
+                         "checkpoints hold float weights. Save the model before quantize(), or its .keras file.")
+    model._build_on_demand()
+    w = WeightWriter()
+    config = export(model, w)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    save_file(w.weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+
+
+def hugging_face_activation(model_type: str, activation: str, activations: dict[str, str]) -> str:
+    """The checkpoint's name for a Keras activation: the first key of a converter's table (its
+    name -> Keras name) that gives `activation`."""
+    for name, keras_name in activations.items():
+        if keras_name == activation:
+            return name
+    raise ValueError(f"save_huggingface: {model_type} has no activation for {activation!r}; supported: "
+                     f"{sorted(set(activations.values()))}.")
+
+
+class WeightWriter:
+    """Collects a model's arrays under checkpoint names: what a converter's `WeightReader` reads."""
+
+    def __init__(self):
+        self.weights: dict[str, np.ndarray] = {}
+        self.linear_layers: dict[str, list] = {}  # checkpoint module name -> the Dense layers written as it
+
+    def __setitem__(self, name: str, value) -> None:
+        self.weights[name] = np.ascontiguousarray(keras.ops.convert_to_numpy(value), dtype="float32")
+
+    def linear(self, name: str, *dense_layers, transpose: bool = True) -> None:
+        """Writes `dense_layers` as the linear module `name`, joined along the outputs where there
+        are several (`WeightReader.linear`'s inverse). LoRA pairs are merged: `Dense.kernel` adds them."""
+        kernel = np.concatenate([keras.ops.convert_to_numpy(dense.kernel) for dense in dense_layers], axis=1)
+        self[name + ".weight"] = kernel.T if transpose else kernel
+        if dense_layers[0].use_bias:
+            self[name + ".bias"] = np.concatenate([keras.ops.convert_to_numpy(dense.bias) for dense in dense_layers])
+        self.linear_layers[name] = list(dense_layers)
+
+    def layer_norm(self, name: str, norm) -> None:
+        self[name + ".weight"], self[name + ".bias"] = norm.gamma, norm.beta
+
+
 def _read_checkpoint(model_or_directory) -> tuple[dict, dict]:
     """(config, weights) of a transformers model, a checkpoint directory or a Hub model id."""
     if isinstance(model_or_directory, (str, os.PathLike)):
@@ -223,7 +308,8 @@ def _read_checkpoint(model_or_directory) -> tuple[dict, dict]:
 
 
 class WeightReader:
-    """Hands out checkpoint arrays by name, so a converter can check at the end that it used them all."""
+    """Hands out checkpoint arrays by name, so a converter can check at the end that it used them all.
+    `linear` and `layer_norm` are also `WeightWriter`'s: code that names a model's modules serves both ways."""
 
     def __init__(self, weights: dict, prefixes: tuple[str, ...] = ()):
         self.weights = weights
@@ -258,6 +344,9 @@ class WeightReader:
         self.linear_layers[name] = list(dense_layers)
         if name + ".lora_A.weight" in self:
             self.lora_pairs[name] = (self(name + ".lora_A.weight"), self(name + ".lora_B.weight"))
+
+    def layer_norm(self, name: str, norm) -> None:
+        set_layer_norm(norm, self(name + ".weight"), self(name + ".bias"))
 
     def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
         return sorted(k for k in self.weights if k not in self.used and not ignore(k))

@@ -1,4 +1,4 @@
-"""Marian (`MarianMTModel`, `MarianModel`: the opus-mt checkpoints) -> `keras_tfm.Translator`.
+"""Marian (`MarianMTModel`, `MarianModel`: the opus-mt checkpoints) <-> `keras_tfm.Translator`.
 
 Marian is the paper's post-norm Transformer with [sin | cos] sinusoidal positions, embeddings scaled
 by sqrt(d_model) when `scale_embedding`, a padding id that also starts decoding, and a fixed
@@ -9,10 +9,34 @@ by sqrt(d_model) when `scale_embedding`, a padding id that also starts decoding,
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import WeightReader, converter, no_classifier, set_layer_norm
+import keras
+
+from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, converter, exporter, hugging_face_activation,
+                                          no_classifier)
 from keras_tfm.models.translator import Translator
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "swish": "silu", "silu": "silu", "gelu_new": "gelu_approximate"}
+
+
+def _blocks(model: Translator, w: WeightReader | WeightWriter, prefix: str = "") -> None:
+    """Reads (`WeightReader`) or writes (`WeightWriter`) both stacks' blocks under their checkpoint names."""
+
+    def attention(layer, name):
+        for dense, projection in ((layer.query_dense, "q_proj"), (layer.key_dense, "k_proj"),
+                                  (layer.value_dense, "v_proj"), (layer.output_dense, "out_proj")):
+            w.linear(f"{name}.{projection}", dense)
+
+    for stack, blocks in (("encoder", model.encoder_blocks), ("decoder", model.decoder_blocks)):
+        for i, block in enumerate(blocks):
+            p = f"{prefix}{stack}.layers.{i}."
+            attention(block.self_attention, p + "self_attn")
+            w.layer_norm(p + "self_attn_layer_norm", block.self_attention_norm)
+            if stack == "decoder":
+                attention(block.cross_attention, p + "encoder_attn")
+                w.layer_norm(p + "encoder_attn_layer_norm", block.cross_attention_norm)
+            w.linear(p + "fc1", block.feed_forward.intermediate_dense)
+            w.linear(p + "fc2", block.feed_forward.output_dense)
+            w.layer_norm(p + "final_layer_norm", block.feed_forward_norm)
 
 
 @converter("marian", prefixes=("model.",))
@@ -55,30 +79,7 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
         model.target_embedding.set_weights([w("decoder.embed_tokens.weight")])
     if "final_logits_bias" in w:
         model.output_bias.assign(w("final_logits_bias").reshape(-1))
-
-    def attention(layer, prefix):
-        for dense, name in ((layer.query_dense, "q_proj"), (layer.key_dense, "k_proj"),
-                            (layer.value_dense, "v_proj"), (layer.output_dense, "out_proj")):
-            w.linear(f"{prefix}.{name}", dense)
-
-    def feed_forward(block, prefix):
-        w.linear(prefix + "fc1", block.feed_forward.intermediate_dense)
-        w.linear(prefix + "fc2", block.feed_forward.output_dense)
-        set_layer_norm(block.feed_forward_norm, w(prefix + "final_layer_norm.weight"), w(prefix + "final_layer_norm.bias"))
-
-    for i, block in enumerate(model.encoder_blocks):
-        p = f"encoder.layers.{i}."
-        attention(block.self_attention, p + "self_attn")
-        set_layer_norm(block.self_attention_norm, w(p + "self_attn_layer_norm.weight"), w(p + "self_attn_layer_norm.bias"))
-        feed_forward(block, p)
-    for i, block in enumerate(model.decoder_blocks):
-        p = f"decoder.layers.{i}."
-        attention(block.self_attention, p + "self_attn")
-        set_layer_norm(block.self_attention_norm, w(p + "self_attn_layer_norm.weight"), w(p + "self_attn_layer_norm.bias"))
-        attention(block.cross_attention, p + "encoder_attn")
-        set_layer_norm(block.cross_attention_norm, w(p + "encoder_attn_layer_norm.weight"),
-                       w(p + "encoder_attn_layer_norm.bias"))
-        feed_forward(block, p)
+    _blocks(model, w)
     if not model.tie_embeddings:
         w.linear("lm_head", model.lm_head)
     # with a shared vocabulary the per-stack token tables are copies of `shared`; the position
@@ -89,3 +90,36 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
     if leftover:
         raise ValueError(f"from_huggingface: Marian weights not converted: {leftover[:5]}")
     return model
+
+
+@exporter(Translator)
+def export_marian(model: Translator, w: WeightWriter) -> dict:
+    # Marian's LayerNorms use PyTorch's default epsilon, which its config cannot change
+    if model.norm_first or model.positions != "sinusoidal" or model.layer_norm_epsilon != 1e-5:
+        raise ValueError(f"save_huggingface: Marian is the post-norm Transformer with sinusoidal positions and "
+                         f"layer_norm_epsilon 1e-5; received norm_first={model.norm_first}, positions={model.positions!r}, "
+                         f"layer_norm_epsilon={model.layer_norm_epsilon}.")
+    if model.share_embeddings:  # with the stacks' copies, which transformers 5 does not tie when the output is untied
+        for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+            w[name] = model.source_embedding.embeddings
+    else:
+        w["model.encoder.embed_tokens.weight"] = model.source_embedding.embeddings
+        w["model.decoder.embed_tokens.weight"] = model.target_embedding.embeddings
+    # a fixed buffer in Marian, zero in the opus-mt checkpoints
+    w["final_logits_bias"] = (model.output_bias if model.use_output_bias else
+                              keras.ops.zeros((model.target_vocabulary_size,)))[None]
+    _blocks(model, w, "model.")
+    if not model.tie_embeddings:
+        w.linear("lm_head", model.lm_head)
+    return dict(
+        model_type="marian", architectures=["MarianMTModel"], vocab_size=model.source_vocabulary_size,
+        decoder_vocab_size=model.target_vocabulary_size, share_encoder_decoder_embeddings=model.share_embeddings,
+        tie_word_embeddings=model.tie_embeddings, d_model=model.hidden_dim, encoder_layers=model.num_encoder_layers,
+        decoder_layers=model.num_decoder_layers, encoder_attention_heads=model.num_heads,
+        decoder_attention_heads=model.num_heads, encoder_ffn_dim=model.intermediate_dim,
+        decoder_ffn_dim=model.intermediate_dim, max_position_embeddings=model.max_length,
+        scale_embedding=model.scale_embeddings, dropout=model.dropout, attention_dropout=model.attention_dropout,
+        activation_dropout=0.0, activation_function=hugging_face_activation("Marian", model.activation, _ACTIVATIONS),
+        pad_token_id=model.pad_token_id, decoder_start_token_id=model.start_token_id,
+        eos_token_id=model.end_token_id, forced_eos_token_id=model.end_token_id,
+    )

@@ -1,8 +1,9 @@
-"""ViT (`ViTModel`, `ViTForImageClassification`) -> `keras_tfm.ViT`.
+"""ViT (`ViTModel`, `ViTForImageClassification`) <-> `keras_tfm.ViT`.
 
 transformers 5 names the weights `layers.{i}.attention.q_proj`, `mlp.fc1`, ...; checkpoints saved by
 earlier versions use `encoder.layer.{i}.attention.attention.query`, `intermediate.dense`, ...
-Both are read. PyTorch `Linear` kernels are (out, in) and are transposed; the patch convolution goes
+Both are read. `save_huggingface` writes the earlier names, which transformers 5 renames as it
+loads them (as it does for the published checkpoints): both versions load the files. PyTorch `Linear` kernels are (out, in) and are transposed; the patch convolution goes
 from (out, in, kh, kw) to Keras' (kh, kw, in, out).
 """
 
@@ -14,8 +15,8 @@ import re
 import keras
 import numpy as np
 
-from keras_tfm.convert.huggingface import (WeightReader, checkpoint_directory, converter, read_json, require_options,
-                                          set_layer_norm)
+from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, checkpoint_directory, converter, exporter,
+                                          hugging_face_activation, read_json, require_options, set_layer_norm)
 from keras_tfm.models.vit import ViT
 
 _OLD_NAMES = [
@@ -89,6 +90,46 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
     if leftover:
         raise ValueError(f"from_huggingface: ViT weights not converted: {leftover[:5]}")
     return model
+
+
+@exporter(ViT)
+def export_vit(model: ViT, w: WeightWriter) -> dict:
+    if model.positions != "learned" or (model.include_top and model.pooling != "token"):
+        raise ValueError(f"save_huggingface: Hugging Face ViTs have learned positions and classify from the class "
+                         f"token; received positions={model.positions!r}, pooling={model.pooling!r}.")
+    p = "vit." if model.include_top else ""  # ViTForImageClassification's names, or ViTModel's
+    w[p + "embeddings.cls_token"] = model.class_token
+    w[p + "embeddings.position_embeddings"] = model.position_embedding.embeddings[None]
+    projection = model.patch_embedding.projection
+    w[p + "embeddings.patch_embeddings.projection.weight"] = keras.ops.convert_to_numpy(projection.kernel).transpose(3, 2, 0, 1)
+    w[p + "embeddings.patch_embeddings.projection.bias"] = projection.bias
+    for i, block in enumerate(model.blocks):
+        b = f"{p}encoder.layer.{i}."
+        attention = block.self_attention
+        w.layer_norm(b + "layernorm_before", block.self_attention_norm)
+        for dense, name in ((attention.query_dense, "attention.attention.query"),
+                            (attention.key_dense, "attention.attention.key"),
+                            (attention.value_dense, "attention.attention.value"),
+                            (attention.output_dense, "attention.output.dense")):
+            w.linear(b + name, dense)
+        w.layer_norm(b + "layernorm_after", block.feed_forward_norm)
+        w.linear(b + "intermediate.dense", block.feed_forward.intermediate_dense)
+        w.linear(b + "output.dense", block.feed_forward.output_dense)
+    w.layer_norm(p + "layernorm", model.final_norm)
+    config = dict(
+        model_type="vit", image_size=model.image_size, patch_size=model.patch_size,
+        num_channels=model.num_channels, num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads, hidden_size=model.hidden_dim,
+        intermediate_size=model.intermediate_dim, hidden_dropout_prob=model.dropout,
+        attention_probs_dropout_prob=model.attention_dropout, layer_norm_eps=model.layer_norm_epsilon,
+        hidden_act=hugging_face_activation("ViT", model.activation, _ACTIVATIONS), qkv_bias=True,
+    )
+    if not model.include_top:
+        return dict(config, architectures=["ViTModel"])
+    w.linear("classifier", model.head)
+    return dict(config, architectures=["ViTForImageClassification"],
+                id2label={str(i): f"LABEL_{i}" for i in range(model.num_classes)},
+                label2id={f"LABEL_{i}": i for i in range(model.num_classes)})
 
 
 def image_preprocessing(directory: str) -> tuple[int, list]:

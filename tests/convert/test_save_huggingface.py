@@ -1,0 +1,131 @@
+"""keras_tfm models written as Hugging Face checkpoints (`save_huggingface`), loaded by transformers (no network)."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import keras_tfm
+from keras_tfm.convert.huggingface import save_huggingface
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+MODELS = {
+    "gpt": lambda: keras_tfm.GPT(vocabulary_size=50, max_length=20, num_layers=2, num_heads=2, hidden_dim=16),
+    "gpt-untied-relu": lambda: keras_tfm.GPT(vocabulary_size=50, max_length=20, num_layers=1, num_heads=2,
+                                             hidden_dim=16, intermediate_dim=24, tie_embeddings=False,
+                                             activation="relu"),
+    "bert_mlm": lambda: keras_tfm.bert_tiny(vocabulary_size=30, max_length=16, num_layers=2),
+    "bert_classifier": lambda: keras_tfm.bert_tiny(head="classifier", num_classes=3, vocabulary_size=30,
+                                                   max_length=16, num_layers=1, num_segments=3),
+    "bert": lambda: keras_tfm.bert_tiny(head=None, vocabulary_size=30, max_length=16, num_layers=1),
+    "vit": lambda: keras_tfm.ViT(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, num_classes=3,
+                                 num_channels=2),
+    "vit-features": lambda: keras_tfm.ViT(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16,
+                                          include_top=False),
+    "translator": lambda: keras_tfm.transformer_small(source_vocabulary_size=30, target_vocabulary_size=20,
+                                                      num_encoder_layers=2, num_decoder_layers=1, hidden_dim=16,
+                                                      num_heads=2, intermediate_dim=32, use_output_bias=True,
+                                                      tie_embeddings=False, activation="gelu"),
+    "translator-shared": lambda: keras_tfm.transformer_small(
+        source_vocabulary_size=30, share_embeddings=True, scale_embeddings=False, num_encoder_layers=1,
+        num_decoder_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32),
+}
+
+
+def inputs(name, model, rng):
+    """(our inputs, transformers' keyword arguments): the same random inputs, token id 0 (padding) left out."""
+    if name.startswith("vit"):
+        images = rng.random((2, 16, 16, model.num_channels)).astype("float32")
+        return images, dict(pixel_values=torch.tensor(images.transpose(0, 3, 1, 2)))
+    if name.startswith("translator"):
+        source, target = rng.integers(3, 20, (2, 7)), rng.integers(3, 20, (2, 5))
+        return ({"source_ids": source, "target_ids": target},
+                dict(input_ids=torch.tensor(source), decoder_input_ids=torch.tensor(target)))
+    ids = rng.integers(1, 30, (2, 9))
+    if name.startswith("bert"):
+        segments = rng.integers(0, (model if name == "bert" else model.encoder).num_segments, (2, 9))
+        return {"token_ids": ids, "segment_ids": segments}, dict(input_ids=torch.tensor(ids),
+                                                                  token_type_ids=torch.tensor(segments))
+    return ids, dict(input_ids=torch.tensor(ids))
+
+
+def hf_output(hf, arguments):
+    with torch.no_grad():
+        output = hf(**arguments)
+    return (output.logits if hasattr(output, "logits") else output.last_hidden_state).numpy()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_transformers_loads_every_weight_and_computes_the_same_outputs(tmp_path, rng, name):
+    model = MODELS[name]()
+    model.build()
+    for variable in model.weights:  # LayerNorm scales and biases too: none left at 1 or 0
+        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32"))
+    save_huggingface(model, tmp_path)
+
+    config = json.loads((tmp_path / "config.json").read_text())
+    hf_class = getattr(transformers, config["architectures"][0])
+    hf, loading = hf_class.from_pretrained(tmp_path, output_loading_info=True)
+    hf.eval()
+    assert loading["unexpected_keys"] == set() or not loading["unexpected_keys"]
+    missing = sorted(loading["missing_keys"])
+    # keras_tfm.Bert and a ViT without its top return token vectors; BertModel and ViTModel add a
+    # pooler, newly initialised
+    pooled = name in ("bert", "vit-features")
+    assert missing == (["pooler.dense.bias", "pooler.dense.weight"] if pooled else [])
+    # Marian keeps its sinusoids as (frozen) parameters, and its logits bias as a buffer
+    positions = sum(p.numel() for key, p in hf.named_parameters() if "embed_positions" in key)
+    output_bias = model.target_vocabulary_size if name == "translator" else 0
+    assert model.count_params() - output_bias == sum(p.numel() for p in hf.parameters()) - positions - (
+        model.hidden_dim * (model.hidden_dim + 1) if pooled else 0)
+    ours, theirs = inputs(name, model, rng)
+    expected = to_numpy(model(ours))
+    assert np.abs(expected).max() > 0.1
+    np.testing.assert_allclose(hf_output(hf, theirs), expected, atol=1e-4, rtol=0)
+
+    back = keras_tfm.from_huggingface(str(tmp_path))
+    assert type(back) is type(model)
+    np.testing.assert_allclose(to_numpy(back(ours)), expected, atol=1e-6, rtol=0)
+
+
+def test_a_lora_model_is_written_with_its_pairs_merged(tmp_path, rng):
+    model = MODELS["gpt"]()
+    model.enable_lora(rank=2)
+    for layer in keras_tfm.layers.lora.lora_layers(model).values():
+        layer.lora_kernel_b.assign(rng.normal(0.0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
+    save_huggingface(model, tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    ours, theirs = inputs("gpt", model, rng)
+    np.testing.assert_allclose(hf_output(hf, theirs), to_numpy(model(ours)), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: keras_tfm.transformer_small(source_vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=1,
+                                         hidden_dim=16, num_heads=2, norm_first=True),
+     "Marian is the post-norm Transformer .* received norm_first=True"),
+    (lambda: keras_tfm.ViT(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, pooling="mean"),
+     "Hugging Face ViTs have learned positions and classify from the class token; received "
+     "positions='learned', pooling='mean'"),
+    (lambda: keras_tfm.bert_tiny(vocabulary_size=30, num_layers=1, head_activation="relu"),
+     "BertForMaskedLM's head has the encoder's activation \\('gelu'\\); received head_activation='relu'"),
+    (lambda: keras_tfm.GPT(vocabulary_size=30, max_length=8, num_layers=1, num_heads=2, hidden_dim=8,
+                           activation="tanh"),
+     "GPT-2 has no activation for 'tanh'"),
+])
+def test_what_transformers_cannot_compute_is_refused_by_name(tmp_path, make, message):
+    with pytest.raises(ValueError, match=f"save_huggingface: {message}"):
+        save_huggingface(make(), tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_quantized_models_and_other_models_are_refused(tmp_path):
+    model = MODELS["gpt"]()
+    model.quantize("int8")  # unbuilt: it builds first, as for Keras' other methods that read weights
+    with pytest.raises(ValueError, match="save_huggingface: 'gpt' is quantized \\(int8\\)"):
+        save_huggingface(model, tmp_path)
+    with pytest.raises(TypeError, match="save_huggingface: expected a keras_tfm model .*; received a Sequential"):
+        save_huggingface(keras.Sequential([keras.layers.Dense(2)]), tmp_path)
