@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import warnings
 
 import keras
 
 from keras_tfm.layers import lora
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
-from keras_tfm.layers.quantization import QuantizationConfigMixin
+from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
 
 
 class Model(QuantizationConfigMixin, keras.Model):
@@ -60,7 +58,7 @@ class Model(QuantizationConfigMixin, keras.Model):
     def quantize(self, mode=None, **kwargs) -> None:
         # Keras warns once for every layer without a quantized form (each LayerNormalization, Dropout,
         # position table, ...): dozens of lines that say nothing about what was quantized.
-        with warnings.catch_warnings(), _one_garbage_collection():
+        with warnings.catch_warnings(), one_garbage_collection():
             warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method implemented")
             super().quantize(mode, **kwargs)
 
@@ -130,18 +128,3 @@ class Model(QuantizationConfigMixin, keras.Model):
         self._build_on_demand()
         return super().export(filepath, *args, **kwargs)
 
-
-@contextlib.contextmanager
-def _one_garbage_collection():
-    """Keras' `Layer.__delattr__` runs a full `gc.collect()` for every variable it deletes, so that
-    the device frees its buffer at once; quantization deletes each float kernel it replaces. With
-    the backends' objects in memory one collection takes 0.15-0.6 s on this CPU, and quantizing
-    GPT-2 small spent 10-40 s in them. The variables are freed by one collection at the end instead.
-    (For that time `gc.collect` is a no-op in every thread.)"""
-    collect = gc.collect
-    gc.collect = lambda generation=2: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        gc.collect()

@@ -123,7 +123,8 @@ def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
 
 def test_a_quantized_keras_hub_model_is_refused_and_its_float_twin_quantizes_here():
     quantized_hub = gpt2_backbone()
-    quantized_hub.quantize("int8")  # its kernels become integers and scales
+    with keras_tfm.layers.quantization.one_garbage_collection():
+        quantized_hub.quantize("int8")  # its kernels become integers and scales
     with pytest.raises(ValueError, match=r"the GPT2Backbone is quantized \(int8\); convert the float model, then"):
         keras_tfm.from_keras_hub(quantized_hub)
     model = keras_tfm.from_keras_hub(gpt2_backbone())
