@@ -221,7 +221,12 @@ def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = No
     return convert(config, w, num_classes), w
 
 
-def save_huggingface(model, directory: str) -> None:
+# what a checkpoint's tokenizer and image processor read, beside its config and weights
+_PROCESSOR_FILES = re.compile(r"(tokenizer.*\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
+                              r"merges\.txt|.*\.spm|.*\.model|preprocessor_config\.json|generation_config\.json)")
+
+
+def save_huggingface(model, directory: str, tokenizer_from=None) -> None:
     """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
     `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
     `GPT` as `GPT2LMHeadModel`, `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
@@ -233,14 +238,19 @@ def save_huggingface(model, directory: str) -> None:
     Refused by name: what the Hugging Face model cannot compute (a pre-norm `Translator`, whose
     Marian counterpart is post-norm; a ViT with mean pooling or sinusoidal positions; an activation
     it has no name for) and quantized models (their int8 tables are not a `transformers` format).
-    Tokenizers are not written: a recipe's tokenizer files sit beside its checkpoint.
+    `tokenizer_from`: a checkpoint (directory or Hub id) whose tokenizer, image processor and
+    generation files to copy beside the weights, for a model fine-tuned from it: then
+    `transformers.pipeline(task, directory)` works. keras_tfm's own tokenizers are not converted.
 
     Example:
     >>> model = keras_tfm.gpt_shakespeare_char(vocabulary_size=65)
     >>> model.fit(...)
     >>> keras_tfm.save_huggingface(model, "shakespeare-gpt")
     >>> transformers.GPT2LMHeadModel.from_pretrained("shakespeare-gpt")   # the same logits
+    >>> keras_tfm.save_huggingface(tuned_gpt2, "gpt2-tuned", tokenizer_from="gpt2")
     """
+    import shutil
+
     from safetensors.numpy import save_file
 
     export = next((fn for model_class, fn in _EXPORTERS.items() if type(model) is model_class), None)
@@ -251,10 +261,14 @@ def save_huggingface(model, directory: str) -> None:
     if quantized:
         raise ValueError(f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
                          "checkpoints hold float weights. Save the model before quantize(), or its .keras file.")
+    source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     model._build_on_demand()
     w = WeightWriter()
     config = export(model, w)
     os.makedirs(directory, exist_ok=True)
+    for name in sorted(os.listdir(source)) if source else []:
+        if _PROCESSOR_FILES.fullmatch(name):
+            shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     save_file(w.weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})

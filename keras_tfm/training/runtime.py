@@ -234,6 +234,17 @@ def train(
                 f"{getattr(args, 'base_model_name', args.from_huggingface)!r}: {path}")
         except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No peft adapter written: {error}")
+    elif getattr(args, "from_huggingface", None):  # a fine-tuned checkpoint, for transformers users too
+        from keras_tfm.convert import save_huggingface
+
+        path = os.path.join(args.output_dir, "huggingface")
+        try:
+            save_huggingface(_zoo_model(model), path, tokenizer_from=args.from_huggingface)
+            record["huggingface_checkpoint"] = path
+            log(f"Fine-tuned model written as a Hugging Face checkpoint, with the tokenizer of "
+                f"{getattr(args, 'base_model_name', args.from_huggingface)!r}: {path}")
+        except (OSError, ValueError) as error:
+            log(f"No Hugging Face checkpoint written: {error}")
     with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
         json.dump(record, file, indent=2)
     if history:

@@ -619,6 +619,17 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     assert (out / "samples.txt").read_text()
     embeddings = hf.state_dict()["transformer.wte.weight"].numpy()
     np.testing.assert_allclose(saved_weight(out / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0)
+    # the fine-tuned model as a Hugging Face checkpoint, with the checkpoint's tokenizer files
+    import transformers
+
+    assert metrics["huggingface_checkpoint"] == str(out / "huggingface")
+    exported = transformers.GPT2LMHeadModel.from_pretrained(out / "huggingface").state_dict()
+    assert set(exported) == set(hf.state_dict())
+    np.testing.assert_array_equal(exported["transformer.wte.weight"].numpy(),
+                                  saved_weight(out / "checkpoint", embeddings.shape))
+    vocabulary = transformers.GPT2Tokenizer.from_pretrained(out / "huggingface").get_vocab()
+    vocabulary.pop("<|endoftext|>")  # GPT2Tokenizer adds it
+    assert vocabulary == json.loads((checkpoint / "vocab.json").read_text())
 
 
 def test_gpt_recipe_lora_fine_tunes_a_hugging_face_checkpoint_and_resumes(tmp_path):
