@@ -289,7 +289,6 @@ class WeightWriter:
 
     def __init__(self):
         self.weights: dict[str, np.ndarray] = {}
-        self.linear_layers: dict[str, list] = {}  # checkpoint module name -> the Dense layers written as it
 
     def __setitem__(self, name: str, value) -> None:
         self.weights[name] = np.ascontiguousarray(keras.ops.convert_to_numpy(value), dtype="float32")
@@ -301,7 +300,6 @@ class WeightWriter:
         self[name + ".weight"] = kernel.T if transpose else kernel
         if dense_layers[0].use_bias:
             self[name + ".bias"] = np.concatenate([keras.ops.convert_to_numpy(dense.bias) for dense in dense_layers])
-        self.linear_layers[name] = list(dense_layers)
 
     def layer_norm(self, name: str, norm) -> None:
         self[name + ".weight"], self[name + ".bias"] = norm.gamma, norm.beta

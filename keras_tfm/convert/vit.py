@@ -3,7 +3,8 @@
 transformers 5 names the weights `layers.{i}.attention.q_proj`, `mlp.fc1`, ...; checkpoints saved by
 earlier versions use `encoder.layer.{i}.attention.attention.query`, `intermediate.dense`, ...
 Both are read. `save_huggingface` writes the earlier names, which transformers 5 renames as it
-loads them (as it does for the published checkpoints): both versions load the files. PyTorch `Linear` kernels are (out, in) and are transposed; the patch convolution goes
+loads them (as it does for the published checkpoints): both versions load the files. PyTorch
+`Linear` kernels are (out, in) and are transposed; the patch convolution goes
 from (out, in, kh, kw) to Keras' (kh, kw, in, out).
 """
 
