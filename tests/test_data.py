@@ -103,6 +103,9 @@ def test_wordpiece_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path
     expected = [hf(line, add_special_tokens=False)["input_ids"] for line in lines]
     assert [row.tolist() for row in ours.encode_lines(lines)] == expected
     assert sum(len(row) for row in expected) > 2000
+    ours.save_huggingface(str(tmp_path / "written"))  # and back: transformers reads what we write
+    written = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "written"))
+    assert [written(line, add_special_tokens=False)["input_ids"] for line in lines] == expected
     (tmp_path / "vocab.txt").unlink()
     with pytest.raises(DataError, match="no vocab.txt"):
         WordPieceTokenizer.from_huggingface(str(tmp_path))
@@ -118,6 +121,11 @@ def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
     ids = tokenizer.encode(unseen)
     assert ids.dtype == np.int32 and ids.max() < 600 and tokenizer.decode(ids) == unseen
     assert len(ids) < 0.6 * len(unseen.encode("utf-8"))  # the merges compress: fewer tokens than bytes
+    transformers = pytest.importorskip("transformers")
+    tokenizer.save_huggingface(str(tmp_path / "written"))
+    written = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "written"))
+    lines = unseen.splitlines(keepends=True)
+    assert [written(line)["input_ids"] for line in lines] == [row.tolist() for row in tokenizer.encode_lines(lines)]
     messages = []
     again = load_or_fit_tokenizer("bpe", "other text", str(tmp_path), vocabulary_size=50, log=messages.append)
     assert "reusing" in messages[0] and np.array_equal(again.encode(unseen), ids)

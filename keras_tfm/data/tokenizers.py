@@ -152,6 +152,17 @@ class WordPieceTokenizer(_KerasHubTokenizer):
             json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "lowercase": self.lowercase,
                        "strip_accents": self.strip_accents}, file)
 
+    def save_huggingface(self, directory: str) -> None:
+        """Writes the tokenizer as Hugging Face's `BertTokenizer` reads it (`vocab.txt`,
+        `tokenizer_config.json`), giving the same ids: beside `keras_tfm.save_huggingface(model,
+        directory)`, `transformers.pipeline("fill-mask", directory)` works."""
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as file:
+            file.write("".join(token + "\n" for token in self.vocabulary))
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+                       "strip_accents": self.strip_accents}, file, indent=2)
+
 
 class BytePairTokenizer(_KerasHubTokenizer):
     """keras-hub's `BytePairTokenizer` (GPT-2's byte-level BPE: any text encodes, no unknown tokens).
@@ -215,6 +226,18 @@ class BytePairTokenizer(_KerasHubTokenizer):
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
             json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "merges": self.merges}, file)
+
+    def save_huggingface(self, directory: str) -> None:
+        """Writes the tokenizer as Hugging Face's `GPT2Tokenizer` reads it (`vocab.json`,
+        `merges.txt`), giving the same ids line by line: beside `keras_tfm.save_huggingface(model,
+        directory)`, `transformers.pipeline("text-generation", directory)` works."""
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as file:
+            json.dump(self.vocabulary, file, ensure_ascii=False)
+        with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as file:
+            file.write("#version: 0.2\n" + "".join(merge + "\n" for merge in self.merges))
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump({"tokenizer_class": "GPT2Tokenizer"}, file, indent=2)
 
 
 class SentencePieceTokenizer(_KerasHubTokenizer):
