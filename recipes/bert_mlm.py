@@ -121,6 +121,7 @@ def main() -> None:
         loss=TokenCrossEntropy(reduction="mean_with_sample_weight"),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
         evaluate=evaluate,
+        tokenizer=tokenizer,
     )
     print(f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
           f"perplexity {result.metrics['validation_perplexity']:.2f}")
@@ -203,6 +204,7 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         pretrained=True,
+        tokenizer=tokenizer,
     )
     print(f"fine-tuned classification accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_rows)} held-out texts")
 

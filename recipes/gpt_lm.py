@@ -113,6 +113,7 @@ def main() -> None:
         callbacks=[PrintSample()],
         evaluate=evaluate,
         pretrained=bool(args.from_huggingface),
+        tokenizer=tokenizer,
     )
     text_out = sample(result.model)
     with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:

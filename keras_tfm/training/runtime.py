@@ -119,10 +119,14 @@ def train(
     callbacks: list | None = None,
     evaluate: Callable[[keras.Model], dict] | None = None,
     pretrained: bool = False,
+    tokenizer=None,
 ) -> TrainResult:
     """Builds, trains (resuming if `--output-dir` holds a checkpoint), evaluates and records a model.
     `pretrained`: `build_model` returns trained weights (a checkpoint, an earlier stage), which
-    `--lora-rank` may fine-tune."""
+    `--lora-rank` may fine-tune. The trained model is also written for transformers users
+    (`OUTPUT_DIR/huggingface`) where they can use it: fine-tuned from `--from-huggingface` (with that
+    checkpoint's tokenizer files), or read by a `tokenizer` that writes itself for transformers
+    (byte-pair, WordPiece). A LoRA run on a checkpoint writes its peft adapter instead."""
     lora_rank = getattr(args, "lora_rank", None)
     if lora_rank and not pretrained:
         raise DataError("--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; "
@@ -234,16 +238,17 @@ def train(
                 f"{getattr(args, 'base_model_name', args.from_huggingface)!r}: {path}")
         except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No peft adapter written: {error}")
-    elif getattr(args, "from_huggingface", None):  # a fine-tuned checkpoint, for transformers users too
+    elif getattr(args, "from_huggingface", None) or hasattr(tokenizer, "save_huggingface"):
         from keras_tfm.convert import save_huggingface
 
         path = os.path.join(args.output_dir, "huggingface")
         try:
-            save_huggingface(_zoo_model(model), path, tokenizer_from=args.from_huggingface)
+            save_huggingface(_zoo_model(model), path, tokenizer_from=getattr(args, "from_huggingface", None))
+            if not getattr(args, "from_huggingface", None):
+                tokenizer.save_huggingface(path)
             record["huggingface_checkpoint"] = path
-            log(f"Fine-tuned model written as a Hugging Face checkpoint, with the tokenizer of "
-                f"{getattr(args, 'base_model_name', args.from_huggingface)!r}: {path}")
-        except (OSError, ValueError) as error:
+            log(f"Trained model and its tokenizer written as a Hugging Face checkpoint: {path}")
+        except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No Hugging Face checkpoint written: {error}")
     with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
         json.dump(record, file, indent=2)

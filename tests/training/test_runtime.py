@@ -469,6 +469,19 @@ def test_bert_recipe_pretrains_then_finetunes(tmp_path):
     assert "['neg', 'pos']" in done.stdout
     for stage in (out, out / "finetune"):
         assert (stage / "learning_curves.png").exists() and (stage / "checkpoint" / "state.json").exists()
+    # each stage's model and the WordPiece tokenizer, for transformers users
+    transformers = pytest.importorskip("transformers")
+    from keras_tfm.data import load_tokenizer
+
+    for stage, hf_class in ((out, transformers.BertForMaskedLM), (out / "finetune", transformers.BertForSequenceClassification)):
+        assert json.loads((stage / "metrics.json").read_text())["huggingface_checkpoint"] == str(stage / "huggingface")
+        hf, loading = hf_class.from_pretrained(stage / "huggingface", output_loading_info=True)
+        assert not loading["missing_keys"] and not loading["unexpected_keys"]
+        embeddings = hf.state_dict()["bert.embeddings.word_embeddings.weight"].numpy()
+        np.testing.assert_array_equal(embeddings, saved_weight(stage / "checkpoint", embeddings.shape))
+    line = "An unexpectedly moving film, with a plot that twists."
+    ours = load_tokenizer(str(out / "tokenizer.json")).encode(line).tolist()
+    assert transformers.AutoTokenizer.from_pretrained(out / "huggingface")(line, add_special_tokens=False)["input_ids"] == ours
 
 
 def test_dynamic_masks_follow_the_bert_recipe():
