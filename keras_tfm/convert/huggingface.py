@@ -226,6 +226,11 @@ _PROCESSOR_FILES = re.compile(r"(tokenizer.*\.json|special_tokens_map\.json|adde
                               r"merges\.txt|.*\.spm|.*\.model|preprocessor_config\.json|generation_config\.json)")
 
 
+# weight files `from_pretrained` could read instead of the model.safetensors written here
+_OTHER_WEIGHTS = re.compile(r"(pytorch_model.*\.bin|model-.*\.safetensors|.*\.index\.json|tf_model\.h5|"
+                            r"flax_model\.msgpack|adapter_model\..*)")
+
+
 def save_huggingface(model, directory: str, tokenizer_from=None) -> None:
     """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
     `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
@@ -237,7 +242,9 @@ def save_huggingface(model, directory: str, tokenizer_from=None) -> None:
 
     Refused by name: what the Hugging Face model cannot compute (a pre-norm `Translator`, whose
     Marian counterpart is post-norm; a ViT with mean pooling or sinusoidal positions; an activation
-    it has no name for) and quantized models (their int8 tables are not a `transformers` format).
+    it has no name for), quantized models (their int8 tables are not a `transformers` format), and a
+    directory that holds other weight files, which `from_pretrained` could read instead (its own
+    `config.json` and `model.safetensors` are overwritten).
     `tokenizer_from`: a checkpoint (directory or Hub id) whose tokenizer, image processor and
     generation files to copy beside the weights, for a model fine-tuned from it: then
     `transformers.pipeline(task, directory)` works. keras_tfm's own tokenizers are not converted.
@@ -261,6 +268,11 @@ def save_huggingface(model, directory: str, tokenizer_from=None) -> None:
     if quantized:
         raise ValueError(f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
                          "checkpoints hold float weights. Save the model before quantize(), or its .keras file.")
+    stale = sorted(name for name in os.listdir(directory) if _OTHER_WEIGHTS.fullmatch(name)) \
+        if os.path.isdir(directory) else []
+    if stale:
+        raise FileExistsError(f"save_huggingface: {os.fspath(directory)!r} already holds other weights ({', '.join(stale)}), "
+                              "which transformers could load instead of these; write into an empty directory.")
     source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     model._build_on_demand()
     w = WeightWriter()

@@ -122,6 +122,20 @@ def test_what_transformers_cannot_compute_is_refused_by_name(tmp_path, make, mes
     assert not (tmp_path / "model.safetensors").exists()
 
 
+def test_a_directory_with_other_weights_is_refused_and_ours_are_overwritten(tmp_path, rng):
+    model = MODELS["gpt"]()
+    save_huggingface(model, tmp_path)  # a second save (a resumed recipe run) replaces the first
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32"))
+    save_huggingface(model, tmp_path)
+    ours, theirs = inputs("gpt", model, rng)
+    np.testing.assert_allclose(hf_output(transformers.GPT2LMHeadModel.from_pretrained(tmp_path), theirs),
+                               to_numpy(model(ours)), atol=1e-4, rtol=0)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileExistsError, match="already holds other weights \\(pytorch_model.bin\\)"):
+        save_huggingface(model, tmp_path)
+
+
 def test_quantized_models_and_other_models_are_refused(tmp_path):
     model = MODELS["gpt"]()
     model.quantize("int8")  # unbuilt: it builds first, as for Keras' other methods that read weights
