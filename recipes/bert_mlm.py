@@ -205,6 +205,7 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         pretrained=True,
         tokenizer=tokenizer,
+        labels=class_names,
     )
     print(f"fine-tuned classification accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_rows)} held-out texts")
 

@@ -231,7 +231,7 @@ _OTHER_WEIGHTS = re.compile(r"(pytorch_model.*\.bin|model-.*\.safetensors|.*\.in
                             r"flax_model\.msgpack|adapter_model\..*)")
 
 
-def save_huggingface(model, directory: str, tokenizer_from=None) -> None:
+def save_huggingface(model, directory: str, tokenizer_from=None, labels=None) -> None:
     """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
     `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
     `GPT` as `GPT2LMHeadModel`, `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
@@ -248,6 +248,8 @@ def save_huggingface(model, directory: str, tokenizer_from=None) -> None:
     `tokenizer_from`: a checkpoint (directory or Hub id) whose tokenizer, image processor and
     generation files to copy beside the weights, for a model fine-tuned from it: then
     `transformers.pipeline(task, directory)` works. keras_tfm's own tokenizers are not converted.
+    `labels`: a classifier's class names, in the order of its outputs (default: LABEL_0, ...), which
+    transformers' `id2label` gives back (a pipeline's predictions name them).
 
     Example:
     >>> model = keras_tfm.gpt_shakespeare_char(vocabulary_size=65)
@@ -277,6 +279,12 @@ def save_huggingface(model, directory: str, tokenizer_from=None) -> None:
     model._build_on_demand()
     w = WeightWriter()
     config = export(model, w)
+    if labels is not None:
+        labels = [str(label) for label in labels]
+        if "id2label" not in config or len(labels) != len(config["id2label"]):
+            expected = f"{len(config['id2label'])} class names" if "id2label" in config else "no labels: not a classifier"
+            raise ValueError(f"save_huggingface: labels: expected {expected}; received {len(labels)}.")
+        config.update(id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     os.makedirs(directory, exist_ok=True)
     for name in sorted(os.listdir(source)) if source else []:
         if _PROCESSOR_FILES.fullmatch(name):

@@ -120,13 +120,15 @@ def train(
     evaluate: Callable[[keras.Model], dict] | None = None,
     pretrained: bool = False,
     tokenizer=None,
+    labels: list | None = None,
 ) -> TrainResult:
     """Builds, trains (resuming if `--output-dir` holds a checkpoint), evaluates and records a model.
     `pretrained`: `build_model` returns trained weights (a checkpoint, an earlier stage), which
     `--lora-rank` may fine-tune. The trained model is also written for transformers users
     (`OUTPUT_DIR/huggingface`) where they can use it: fine-tuned from `--from-huggingface` (with that
     checkpoint's tokenizer files), or read by a `tokenizer` that writes itself for transformers
-    (byte-pair, WordPiece). A LoRA run on a checkpoint writes its peft adapter instead."""
+    (byte-pair, WordPiece), with a classifier's class names `labels`. A LoRA run on a checkpoint
+    writes its peft adapter instead."""
     lora_rank = getattr(args, "lora_rank", None)
     if lora_rank and not pretrained:
         raise DataError("--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; "
@@ -243,7 +245,8 @@ def train(
 
         path = os.path.join(args.output_dir, "huggingface")
         try:
-            save_huggingface(_zoo_model(model), path, tokenizer_from=getattr(args, "from_huggingface", None))
+            save_huggingface(_zoo_model(model), path, tokenizer_from=getattr(args, "from_huggingface", None),
+                             labels=labels)
             if not getattr(args, "from_huggingface", None):
                 tokenizer.save_huggingface(path)
             record["huggingface_checkpoint"] = path

@@ -136,6 +136,16 @@ def test_a_directory_with_other_weights_is_refused_and_ours_are_overwritten(tmp_
         save_huggingface(model, tmp_path)
 
 
+def test_class_names_become_id2label(tmp_path):
+    save_huggingface(MODELS["bert_classifier"](), tmp_path, labels=["neg", "neutral", "pos"])
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert config.id2label == {0: "neg", 1: "neutral", 2: "pos"} and config.label2id["pos"] == 2
+    with pytest.raises(ValueError, match="save_huggingface: labels: expected 3 class names; received 2"):
+        save_huggingface(MODELS["vit"](), tmp_path / "vit", labels=["cat", "dog"])
+    with pytest.raises(ValueError, match="labels: expected no labels: not a classifier; received 2"):
+        save_huggingface(MODELS["gpt"](), tmp_path / "gpt", labels=["cat", "dog"])
+
+
 def test_quantized_models_and_other_models_are_refused(tmp_path):
     model = MODELS["gpt"]()
     model.quantize("int8")  # unbuilt: it builds first, as for Keras' other methods that read weights

@@ -479,6 +479,7 @@ def test_bert_recipe_pretrains_then_finetunes(tmp_path):
         assert not loading["missing_keys"] and not loading["unexpected_keys"]
         embeddings = hf.state_dict()["bert.embeddings.word_embeddings.weight"].numpy()
         np.testing.assert_array_equal(embeddings, saved_weight(stage / "checkpoint", embeddings.shape))
+    assert hf.config.id2label == {0: "neg", 1: "pos"}  # the fine-tuned classifier's class names
     line = "An unexpectedly moving film, with a plot that twists."
     ours = load_tokenizer(str(out / "tokenizer.json")).encode(line).tolist()
     assert transformers.AutoTokenizer.from_pretrained(out / "huggingface")(line, add_special_tokens=False)["input_ids"] == ours
