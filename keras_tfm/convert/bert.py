@@ -125,6 +125,5 @@ def export_bert(model, w: WeightWriter) -> dict:
         w.linear(p + "pooler.dense", model.pooler)
         w.linear("classifier", model.classifier)
         return dict(config, architectures=["BertForSequenceClassification"], classifier_dropout=model.classifier_dropout,
-                    id2label={str(i): f"LABEL_{i}" for i in range(model.num_classes)},
-                    label2id={f"LABEL_{i}": i for i in range(model.num_classes)})
+                    num_labels=model.num_classes)
     return dict(config, architectures=["BertModel"])

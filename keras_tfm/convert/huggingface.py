@@ -35,7 +35,8 @@ def converter(*model_types: str, prefixes: tuple[str, ...] = (), rename: Callabl
 
 def exporter(model_class: type):
     """Registers a function `(model, w: WeightWriter) -> config dict` that writes a `model_class`
-    model as a checkpoint: its converter's inverse."""
+    model as a checkpoint: its converter's inverse. A classifier's config gives `num_labels`, which
+    `save_huggingface` turns into transformers' class names."""
     def register(fn):
         _EXPORTERS[model_class] = fn
         return fn
@@ -279,11 +280,12 @@ def save_huggingface(model, directory: str, tokenizer_from=None, labels=None) ->
     model._build_on_demand()
     w = WeightWriter()
     config = export(model, w)
-    if labels is not None:
-        labels = [str(label) for label in labels]
-        if "id2label" not in config or len(labels) != len(config["id2label"]):
-            expected = f"{len(config['id2label'])} class names" if "id2label" in config else "no labels: not a classifier"
-            raise ValueError(f"save_huggingface: labels: expected {expected}; received {len(labels)}.")
+    num_labels = config.pop("num_labels", None)
+    if labels is not None and (num_labels is None or len(labels) != num_labels):
+        expected = f"{num_labels} class names" if num_labels else "no labels: not a classifier"
+        raise ValueError(f"save_huggingface: labels: expected {expected}; received {len(labels)}.")
+    if num_labels:
+        labels = [str(label) for label in labels] if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
         config.update(id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     os.makedirs(directory, exist_ok=True)
     for name in sorted(os.listdir(source)) if source else []:

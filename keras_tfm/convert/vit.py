@@ -128,9 +128,7 @@ def export_vit(model: ViT, w: WeightWriter) -> dict:
     if not model.include_top:
         return dict(config, architectures=["ViTModel"])
     w.linear("classifier", model.head)
-    return dict(config, architectures=["ViTForImageClassification"],
-                id2label={str(i): f"LABEL_{i}" for i in range(model.num_classes)},
-                label2id={f"LABEL_{i}": i for i in range(model.num_classes)})
+    return dict(config, architectures=["ViTForImageClassification"], num_labels=model.num_classes)
 
 
 def image_preprocessing(directory: str) -> tuple[int, list]:

@@ -228,26 +228,26 @@ def train(
         "train_seconds_this_run": round(seconds, 1),
         **results,
     }
-    if lora_rank and getattr(args, "from_huggingface", None):  # LoRA on a Hugging Face checkpoint: for peft too
+    hugging_face_checkpoint = getattr(args, "from_huggingface", None)
+    if lora_rank and hugging_face_checkpoint:  # LoRA on a Hugging Face checkpoint: for peft too
         from keras_tfm.convert import save_peft_adapter
 
         path = os.path.join(args.output_dir, "peft_adapter")
         try:
-            save_peft_adapter(_zoo_model(model), path, base=args.from_huggingface,
+            save_peft_adapter(_zoo_model(model), path, base=hugging_face_checkpoint,
                               base_model_name_or_path=getattr(args, "base_model_name", None))
             record["peft_adapter"] = path
             log(f"LoRA pairs written as a peft adapter for "
-                f"{getattr(args, 'base_model_name', args.from_huggingface)!r}: {path}")
+                f"{getattr(args, 'base_model_name', hugging_face_checkpoint)!r}: {path}")
         except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No peft adapter written: {error}")
-    elif getattr(args, "from_huggingface", None) or hasattr(tokenizer, "save_huggingface"):
+    elif hugging_face_checkpoint or hasattr(tokenizer, "save_huggingface"):
         from keras_tfm.convert import save_huggingface
 
         path = os.path.join(args.output_dir, "huggingface")
         try:
-            save_huggingface(_zoo_model(model), path, tokenizer_from=getattr(args, "from_huggingface", None),
-                             labels=labels)
-            if not getattr(args, "from_huggingface", None):
+            save_huggingface(_zoo_model(model), path, tokenizer_from=hugging_face_checkpoint, labels=labels)
+            if not hugging_face_checkpoint:
                 tokenizer.save_huggingface(path)
             record["huggingface_checkpoint"] = path
             log(f"Trained model and its tokenizer written as a Hugging Face checkpoint: {path}")
