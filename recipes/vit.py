@@ -13,7 +13,9 @@ by Keras preprocessing layers as batches are drawn, with a seed per (epoch, step
 sees the same batches; the model itself scales pixels to [0, 1] and resizes to --image-size, so it
 takes raw pixels. AdamW with warmup and cosine decay, label smoothing. Prints test accuracy (with
 --flip also of each test image averaged with its mirror image); leaves checkpoints, log.csv,
-metrics.json, learning_curves.png and attention_maps.png in --output-dir. Rerunning resumes.
+metrics.json, learning_curves.png and attention_maps.png in --output-dir, and the trained model as a
+transformers checkpoint with its image processor and class names (huggingface/: a model with class-token
+pooling, as transformers' ViT). Rerunning resumes.
 
 --from-huggingface DIR fine-tunes a Hugging Face ViT checkpoint (a local directory saved by
 `save_pretrained`, or a Hub model id such as google/vit-base-patch16-224, read from the local Hugging
@@ -151,6 +153,8 @@ def main() -> None:
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         evaluate=evaluate,
         pretrained=bool(args.from_huggingface),
+        labels=data.class_names,
+        image_preprocessing=(image_size, scaling),  # as a transformers image processor beside the weights
     )
     print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
           + (f"; averaged with their mirror images {result.metrics['validation_accuracy_flip_averaged']:.4f}"

@@ -10,6 +10,7 @@ model id, whose files `huggingface_hub` keeps in its local cache. Reading a dire
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -232,7 +233,8 @@ _OTHER_WEIGHTS = re.compile(r"(pytorch_model.*\.bin|model-.*\.safetensors|.*\.in
                             r"flax_model\.msgpack|adapter_model\..*)")
 
 
-def save_huggingface(model, directory: str, tokenizer_from=None, labels=None) -> None:
+def save_huggingface(model, directory: str, tokenizer_from=None, labels=None,
+                     image_preprocessing: tuple | None = None) -> None:
     """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
     `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
     `GPT` as `GPT2LMHeadModel`, `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
@@ -251,6 +253,11 @@ def save_huggingface(model, directory: str, tokenizer_from=None, labels=None) ->
     `transformers.pipeline(task, directory)` works. keras_tfm's own tokenizers are not converted.
     `labels`: a classifier's class names, in the order of its outputs (default: LABEL_0, ...), which
     transformers' `id2label` gives back (a pipeline's predictions name them).
+    `image_preprocessing`: for a ViT, `(side, layers)`: raw 0-255 pixels resized to `side`, then
+    given to Keras `layers` (center crop, rescaling, normalisation), as `image_preprocessing(checkpoint)`
+    returns them; written as the checkpoint's image processor (replacing one from `tokenizer_from`).
+    A ViT fine-tuned on images of another size than its `image_size` is written at that size, with
+    its positions resized as it used them: transformers then needs no `interpolate_pos_encoding`.
 
     Example:
     >>> model = keras_tfm.gpt_shakespeare_char(vocabulary_size=65)
@@ -258,6 +265,8 @@ def save_huggingface(model, directory: str, tokenizer_from=None, labels=None) ->
     >>> keras_tfm.save_huggingface(model, "shakespeare-gpt")
     >>> transformers.GPT2LMHeadModel.from_pretrained("shakespeare-gpt")   # the same logits
     >>> keras_tfm.save_huggingface(tuned_gpt2, "gpt2-tuned", tokenizer_from="gpt2")
+    >>> keras_tfm.save_huggingface(vit, "digits-vit", image_preprocessing=(28, [keras.layers.Rescaling(1 / 255)]))
+    >>> transformers.pipeline("image-classification", "digits-vit")(image)
     """
     import shutil
 
@@ -278,8 +287,11 @@ def save_huggingface(model, directory: str, tokenizer_from=None, labels=None) ->
                               "which transformers could load instead of these; write into an empty directory.")
     source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     model._build_on_demand()
+    options = {} if image_preprocessing is None else {"image_preprocessing": image_preprocessing}
+    if options and "image_preprocessing" not in inspect.signature(export).parameters:
+        raise ValueError(f"save_huggingface: image_preprocessing is for ViT models; received a {type(model).__name__}.")
     w = WeightWriter()
-    config = export(model, w)
+    config = export(model, w, **options)
     num_labels = config.pop("num_labels", None)
     if labels is not None and (num_labels is None or len(labels) != num_labels):
         expected = f"{num_labels} class names" if num_labels else "no labels: not a classifier"
@@ -291,8 +303,9 @@ def save_huggingface(model, directory: str, tokenizer_from=None, labels=None) ->
     for name in sorted(os.listdir(source)) if source else []:
         if _PROCESSOR_FILES.fullmatch(name):
             shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
+    for name, content in {**w.files, "config.json": config}.items():
+        with open(os.path.join(directory, name), "w") as f:
+            json.dump(content, f, indent=2, sort_keys=True)
     save_file(w.weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -307,10 +320,12 @@ def hugging_face_activation(model_type: str, activation: str, activations: dict[
 
 
 class WeightWriter:
-    """Collects a model's arrays under checkpoint names: what a converter's `WeightReader` reads."""
+    """Collects a model's arrays under checkpoint names (what a converter's `WeightReader` reads) and
+    the checkpoint's other files."""
 
     def __init__(self):
         self.weights: dict[str, np.ndarray] = {}
+        self.files: dict[str, dict] = {}  # other JSON files of the checkpoint, by name (a ViT's image processor)
 
     def __setitem__(self, name: str, value) -> None:
         self.weights[name] = np.ascontiguousarray(keras.ops.convert_to_numpy(value), dtype="float32")

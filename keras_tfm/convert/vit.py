@@ -94,13 +94,22 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
 
 
 @exporter(ViT)
-def export_vit(model: ViT, w: WeightWriter) -> dict:
+def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = None) -> dict:
     if model.positions != "learned" or (model.include_top and model.pooling != "token"):
         raise ValueError(f"save_huggingface: Hugging Face ViTs have learned positions and classify from the class "
                          f"token; received positions={model.positions!r}, pooling={model.pooling!r}.")
+    image_size = model.image_size
+    if image_preprocessing is not None:
+        w.files["preprocessor_config.json"], image_size = image_processor_config(*image_preprocessing,
+                                                                                 num_channels=model.num_channels)
+        if image_size % model.patch_size:
+            raise ValueError(f"save_huggingface: image_preprocessing gives the model {image_size}x{image_size} images, "
+                             f"which its {model.patch_size}-pixel patches do not divide.")
     p = "vit." if model.include_top else ""  # ViTForImageClassification's names, or ViTModel's
     w[p + "embeddings.cls_token"] = model.class_token
-    w[p + "embeddings.position_embeddings"] = model.position_embedding.embeddings[None]
+    grid = image_size // model.patch_size  # a model fine-tuned at another size: the table it used there
+    table = model.position_embedding.embeddings if grid == model.grid_size else model.position_table(grid, grid)
+    w[p + "embeddings.position_embeddings"] = table[None]
     projection = model.patch_embedding.projection
     w[p + "embeddings.patch_embeddings.projection.weight"] = keras.ops.convert_to_numpy(projection.kernel).transpose(3, 2, 0, 1)
     w[p + "embeddings.patch_embeddings.projection.bias"] = projection.bias
@@ -118,7 +127,7 @@ def export_vit(model: ViT, w: WeightWriter) -> dict:
         w.linear(b + "output.dense", block.feed_forward.output_dense)
     w.layer_norm(p + "layernorm", model.final_norm)
     config = dict(
-        model_type="vit", image_size=model.image_size, patch_size=model.patch_size,
+        model_type="vit", image_size=image_size, patch_size=model.patch_size,
         num_channels=model.num_channels, num_hidden_layers=model.num_layers,
         num_attention_heads=model.num_heads, hidden_size=model.hidden_dim,
         intermediate_size=model.intermediate_dim, hidden_dropout_prob=model.dropout,
@@ -172,3 +181,66 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
         std = np.asarray(processor.get("image_std", [0.5, 0.5, 0.5]), "float32")
         layers.append(keras.layers.Normalization(mean=mean, variance=std**2, name="normalization"))
     return size, layers
+
+
+def image_processor_config(side: int, layers: list, num_channels: int = 3) -> tuple[dict, int]:
+    """transformers' image processor (`preprocessor_config.json`) for raw 0-255 pixels resized to `side`
+    and then given to `layers`: `image_preprocessing`'s inverse, which `save_huggingface(model, directory,
+    image_preprocessing=(side, layers))` writes beside a ViT. `layers` are, in this order and each
+    optional, a square `CenterCrop` (then a `DeiTImageProcessor`, else a `ViTImageProcessor`), a
+    `Rescaling` (its offset becomes part of the normalisation) and a per-channel `Normalization`.
+    Returns the config and the side of the images the model then sees (the crop's, or `side`).
+    Images are resized bilinearly, as `keras.layers.Resizing`; grayscale images become RGB for a
+    3-channel model, as the ViT recipe makes them for a checkpoint."""
+    def refuse(what: str):
+        raise ValueError(f"save_huggingface: image_preprocessing: {what}")
+
+    if not isinstance(side, int) or isinstance(side, bool) or side < 1:
+        refuse(f"expected a positive image side; received {side!r}.")
+    config = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": side, "width": side},
+              "resample": 2, "do_convert_rgb": num_channels == 3, "do_center_crop": False, "do_rescale": False,
+              "rescale_factor": 1 / 255, "do_normalize": False, "image_mean": [0.0] * num_channels,
+              "image_std": [1.0] * num_channels}
+    model_side, offset, steps = side, 0.0, (keras.layers.CenterCrop, keras.layers.Rescaling, keras.layers.Normalization)
+    done = -1
+
+    def per_channel(values, name: str) -> list:
+        values = np.asarray(keras.ops.convert_to_numpy(values), "float64").reshape(-1)
+        if values.size == 1:
+            values = np.repeat(values, num_channels)
+        if values.size != num_channels:
+            refuse(f"{name} has {values.size} values; the model takes {num_channels}-channel images.")
+        return values
+
+    for layer in layers:
+        step = next((i for i, kind in enumerate(steps) if isinstance(layer, kind)), None)
+        if step is None or step <= done:
+            refuse(f"expected a CenterCrop, a Rescaling and a Normalization, each at most once and in that order; "
+                   f"received {[type(layer).__name__ for layer in layers]}.")
+        done = step
+        if step == 0:
+            if layer.height != layer.width or layer.height > side:
+                refuse(f"the center crop must be square and at most {side} pixels; received "
+                       f"{layer.height}x{layer.width}.")
+            model_side = layer.height
+            config.update(image_processor_type="DeiTImageProcessor", do_center_crop=True,
+                          crop_size={"height": layer.height, "width": layer.width})
+        elif step == 1:
+            scale, offset = (np.asarray(keras.ops.convert_to_numpy(value), "float64") for value in (layer.scale, layer.offset))
+            if scale.size != 1 or offset.size != 1:
+                refuse(f"a Rescaling with one scale and one offset; received scale={layer.scale}, offset={layer.offset}.")
+            config.update(do_rescale=True, rescale_factor=float(scale.reshape(())))
+            offset = float(offset.reshape(()))
+            if offset:  # x * scale + offset = (x * scale - (-offset)) / 1
+                config.update(do_normalize=True, image_mean=[-offset] * num_channels)
+        else:
+            if layer.invert or tuple(layer.axis) not in ((-1,), (3,)):
+                refuse("a Normalization over the channels (axis -1), not inverted.")
+            mean = layer.input_mean if layer.input_mean is not None else getattr(layer, "mean", None)
+            variance = layer.input_variance if layer.input_variance is not None else getattr(layer, "variance", None)
+            if mean is None or variance is None:
+                refuse("the Normalization has no mean and variance yet (adapt it first).")
+            # ((x * scale + offset) - mean) / std = (x * scale - (mean - offset)) / std
+            config.update(do_normalize=True, image_mean=[float(m) - offset for m in per_channel(mean, "the mean")],
+                          image_std=[float(np.sqrt(v)) for v in per_channel(variance, "the variance")])
+    return config, model_side

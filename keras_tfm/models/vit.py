@@ -138,13 +138,20 @@ class ViT(Model):
             return ops.concatenate([ops.zeros_like(tokens[:, :1]), patch_positions], axis=1)
         if isinstance(rows, int) and isinstance(cols, int) and rows == cols == self.grid_size:
             return self.position_embedding(tokens)  # else interpolate (the identity at the same size)
-        table = ops.cast(self.position_embedding.embeddings, self.compute_dtype)
+        return ops.broadcast_to(self.position_table(rows, cols, self.compute_dtype)[None], ops.shape(tokens))
+
+    def position_table(self, rows: int, cols: int, dtype: str = "float32"):
+        """The learned positions for a grid of `rows` x `cols` patches, `(1 + rows * cols, hidden_dim)`
+        with the class token's first: the table resized bicubically, as for images of that size
+        (`save_huggingface` writes it for a model fine-tuned at another size)."""
+        if self.positions != "learned":
+            raise ValueError(f"ViT.position_table: the model has {self.positions} positions, not a learned table.")
+        table = ops.cast(self.position_embedding.embeddings, dtype)
         grid = ops.reshape(table[1:], (self.grid_size, self.grid_size, self.hidden_dim))
-        row_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, rows), self.compute_dtype)
-        col_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, cols), self.compute_dtype)
+        row_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, rows), dtype)
+        col_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, cols), dtype)
         grid = ops.einsum("rR,cC,RCd->rcd", row_matrix, col_matrix, grid)
-        table = ops.concatenate([table[:1], ops.reshape(grid, (rows * cols, self.hidden_dim))], axis=0)
-        return ops.broadcast_to(table[None], ops.shape(tokens))
+        return ops.concatenate([table[:1], ops.reshape(grid, (rows * cols, self.hidden_dim))], axis=0)
 
     def call(self, images, return_attention_weights: bool = False, training=None):
         self._check_images(images)

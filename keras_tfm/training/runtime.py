@@ -121,14 +121,15 @@ def train(
     pretrained: bool = False,
     tokenizer=None,
     labels: list | None = None,
+    image_preprocessing: tuple | None = None,
 ) -> TrainResult:
     """Builds, trains (resuming if `--output-dir` holds a checkpoint), evaluates and records a model.
     `pretrained`: `build_model` returns trained weights (a checkpoint, an earlier stage), which
     `--lora-rank` may fine-tune. The trained model is also written for transformers users
     (`OUTPUT_DIR/huggingface`) where they can use it: fine-tuned from `--from-huggingface` (with that
-    checkpoint's tokenizer files), or read by a `tokenizer` that writes itself for transformers
-    (byte-pair, WordPiece), with a classifier's class names `labels`. A LoRA run on a checkpoint
-    writes its peft adapter instead."""
+    checkpoint's tokenizer files), read by a `tokenizer` that writes itself for transformers
+    (byte-pair, WordPiece), or a ViT given its `image_preprocessing` (`save_huggingface`'s), with a
+    classifier's class names `labels`. A LoRA run on a checkpoint writes its peft adapter instead."""
     lora_rank = getattr(args, "lora_rank", None)
     if lora_rank and not pretrained:
         raise DataError("--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; "
@@ -241,16 +242,18 @@ def train(
                 f"{getattr(args, 'base_model_name', hugging_face_checkpoint)!r}: {path}")
         except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No peft adapter written: {error}")
-    elif hugging_face_checkpoint or hasattr(tokenizer, "save_huggingface"):
+    elif hugging_face_checkpoint or hasattr(tokenizer, "save_huggingface") or image_preprocessing:
         from keras_tfm.convert import save_huggingface
 
         path = os.path.join(args.output_dir, "huggingface")
         try:
-            save_huggingface(_zoo_model(model), path, tokenizer_from=hugging_face_checkpoint, labels=labels)
-            if not hugging_face_checkpoint:
+            save_huggingface(_zoo_model(model), path, tokenizer_from=hugging_face_checkpoint, labels=labels,
+                             image_preprocessing=image_preprocessing)
+            if hasattr(tokenizer, "save_huggingface") and not hugging_face_checkpoint:
                 tokenizer.save_huggingface(path)
             record["huggingface_checkpoint"] = path
-            log(f"Trained model and its tokenizer written as a Hugging Face checkpoint: {path}")
+            log(f"Trained model and its {'image processor' if image_preprocessing else 'tokenizer'} written as a "
+                f"Hugging Face checkpoint: {path}")
         except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No Hugging Face checkpoint written: {error}")
     with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as file:

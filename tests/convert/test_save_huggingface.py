@@ -153,3 +153,66 @@ def test_quantized_models_and_other_models_are_refused(tmp_path):
         save_huggingface(model, tmp_path)
     with pytest.raises(TypeError, match="save_huggingface: expected a keras_tfm model .*; received a Sequential"):
         save_huggingface(keras.Sequential([keras.layers.Dense(2)]), tmp_path)
+
+
+def _normalization(mean, std):
+    return keras.layers.Normalization(mean=mean, variance=np.square(std))
+
+
+# (model, resized side, layers after resizing) as the ViT recipe trains them: the model sees images
+# at `image_size`, or at the crop's or the resized side (fine-tuned at another size)
+IMAGE_PREPROCESSING = {
+    "grayscale": (dict(image_size=12, num_channels=1), 12, lambda: [keras.layers.Rescaling(1 / 255)]),
+    "offset-and-normalization": (dict(image_size=12), 12, lambda: [
+        keras.layers.Rescaling(1 / 127.5, offset=-1.0), _normalization([0.1, -0.2, 0.3], [0.5, 0.8, 1.5])]),
+    "center-crop": (dict(image_size=12), 16, lambda: [
+        keras.layers.CenterCrop(12, 12), keras.layers.Rescaling(1 / 255), _normalization([0.4, 0.5, 0.6], [0.2, 0.25, 0.3])]),
+    "fine-tuned-at-another-size": (dict(image_size=8), 16, lambda: [keras.layers.Rescaling(1 / 255), _normalization([0.5], [0.5])]),
+}
+
+
+@pytest.mark.parametrize("case", IMAGE_PREPROCESSING)
+def test_a_vits_image_preprocessing_becomes_its_image_processor(tmp_path, rng, case):
+    """transformers' processor and model on raw pixels give the logits of our preprocessing and model,
+    without `interpolate_pos_encoding` for a model used at another size than its position table's."""
+    options, side, make_layers = IMAGE_PREPROCESSING[case]
+    model = keras_tfm.ViT(patch_size=4, num_layers=1, num_heads=2, hidden_dim=16, num_classes=3, **options)
+    model.build()
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32"))
+    save_huggingface(model, tmp_path, image_preprocessing=(side, make_layers()), labels=["a", "b", "c"])
+
+    images = rng.integers(0, 256, (3, side, side, model.num_channels)).astype("uint8")  # no resampling needed
+    ours = images.astype("float32")
+    for layer in make_layers():
+        ours = layer(ours)
+    expected = to_numpy(model(ours))
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)
+    hf = transformers.AutoModelForImageClassification.from_pretrained(tmp_path).eval()
+    pixels = processor(list(images), return_tensors="pt")["pixel_values"]
+    np.testing.assert_allclose(pixels.numpy().transpose(0, 2, 3, 1), to_numpy(ours), atol=1e-5, rtol=0)
+    assert hf.config.image_size == ours.shape[1] and hf.config.id2label[2] == "c"
+    np.testing.assert_allclose(hf_output(hf, dict(pixel_values=pixels)), expected, atol=1e-4, rtol=0)
+
+    resized_to, layers = keras_tfm.convert.image_preprocessing(str(tmp_path))  # and back
+    back = images.astype("float32")
+    for layer in layers:
+        back = layer(back)
+    assert resized_to == side
+    np.testing.assert_allclose(to_numpy(back), to_numpy(ours), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model, side, layers, message", [
+    (MODELS["gpt"], 16, lambda: [], "image_preprocessing is for ViT models; received a GPT"),
+    (MODELS["vit"], 16, lambda: [keras.layers.Resizing(8, 8)],
+     "image_preprocessing: expected a CenterCrop, a Rescaling and a Normalization, each at most once and in that order; received \\['Resizing'\\]"),
+    (MODELS["vit"], 16, lambda: [_normalization([0.5], [0.5]), keras.layers.Rescaling(1 / 255)], "image_preprocessing: expected .* in that order"),
+    (MODELS["vit"], 16, lambda: [_normalization([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])],
+     "image_preprocessing: the mean has 3 values; the model takes 2-channel images"),
+    (MODELS["vit"], 16, lambda: [keras.layers.CenterCrop(8, 12)], "image_preprocessing: the center crop must be square and at most 16 pixels; received 8x12"),
+    (MODELS["vit"], 18, lambda: [], "image_preprocessing gives the model 18x18 images, which its 4-pixel patches do not divide"),
+])
+def test_image_preprocessing_transformers_cannot_do_is_refused(tmp_path, model, side, layers, message):
+    with pytest.raises(ValueError, match=f"save_huggingface: {message}"):
+        save_huggingface(model(), tmp_path, image_preprocessing=(side, layers()))
+    assert not (tmp_path / "model.safetensors").exists()

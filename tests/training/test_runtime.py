@@ -413,6 +413,30 @@ def test_vit_recipe_short_run_on_the_offline_digits(tmp_path):
     for name in ("learning_curves.png", "attention_maps.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "checkpoint" / "state.json").read_text())["epoch"] == 2
+    _check_vit_written_for_transformers(out, metrics)
+
+
+def _check_vit_written_for_transformers(out, metrics):
+    """The recipe's trained ViT as a transformers checkpoint: its weights, the digits' class names, and an
+    image processor that prepares raw pixels as the recipe does (scaled to [0, 1])."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import keras_tfm
+    from keras_tfm.data import load_images
+
+    assert metrics["huggingface_checkpoint"] == str(out / "huggingface")
+    hf, loading = transformers.AutoModelForImageClassification.from_pretrained(out / "huggingface",
+                                                                               output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"]
+    assert hf.config.id2label == {i: str(i) for i in range(10)}
+    patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
+    np.testing.assert_allclose(saved_weight(out / "checkpoint", patch_kernel.shape), patch_kernel, atol=1e-6, rtol=0)
+    images = load_images(None, None).test[0][:8]
+    processor = transformers.AutoImageProcessor.from_pretrained(out / "huggingface")
+    with torch.no_grad():
+        logits = hf(**processor(list(images), return_tensors="pt")).logits.numpy()
+    ours = keras_tfm.from_huggingface(str(out / "huggingface"))(images.astype("float32") / 255)
+    np.testing.assert_allclose(logits, keras.ops.convert_to_numpy(ours), atol=1e-4, rtol=0)
 
 
 def test_translator_recipe_short_run_reports_bleu(tmp_path):
@@ -542,6 +566,15 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     assert metrics["model"] == f"from_huggingface {checkpoint}" and 0.0 <= metrics["validation_accuracy"] <= 1.0
     patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
     np.testing.assert_allclose(saved_weight(out / "checkpoint", patch_kernel.shape), patch_kernel, atol=1e-6, rtol=0)
+    # written back for transformers with the checkpoint's processor, grayscale made RGB, and the data's classes
+    processor = json.loads((out / "huggingface" / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "DeiTImageProcessor" and processor["do_convert_rgb"]
+    assert processor["size"] == {"height": 20, "width": 20} and processor["crop_size"] == {"height": 16, "width": 16}
+    tuned = transformers.AutoModelForImageClassification.from_pretrained(out / "huggingface")
+    assert tuned.config.image_size == 16 and tuned.config.id2label == {i: str(i) for i in range(10)}
+    gray = np.arange(64, dtype="uint8").reshape(8, 8, 1) * 4
+    assert transformers.AutoImageProcessor.from_pretrained(out / "huggingface")(
+        gray, return_tensors="np")["pixel_values"].shape == (1, 3, 16, 16)
 
 
 
