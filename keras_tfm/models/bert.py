@@ -112,6 +112,9 @@ class Bert(Model):
             x = block(x, padding_mask=padding_mask, training=training)
         return self.blocks[-1](x, padding_mask=padding_mask, output_positions=output_positions, training=training)
 
+    def _id_inputs(self) -> dict:
+        return {"token_ids": (self.vocabulary_size, "vocabulary_size"), "segment_ids": (self.num_segments, "num_segments")}
+
     def get_config(self) -> dict:
         config = super().get_config()
         config.update({name: getattr(self, name) for name in _ENCODER_ARGUMENTS})
@@ -126,6 +129,9 @@ class _BertWithHead(Model):
         kwargs.setdefault("name", default_name)
         super().__init__(**kwargs)
         self.encoder = Bert(**encoder_arguments, dtype=self.dtype_policy, name="encoder")
+
+    def _id_inputs(self) -> dict:
+        return self.encoder._id_inputs()
 
     def get_config(self) -> dict:
         config = super().get_config()

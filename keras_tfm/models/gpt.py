@@ -110,6 +110,9 @@ class GPT(Model):
         self.call(ops.zeros((1, min(2, self.max_length)), "int32"))  # builds every sub-layer
         self.built = True
 
+    def _id_inputs(self) -> dict:
+        return {"token_ids": (self.vocabulary_size, "vocabulary_size")}
+
     def _embed(self, token_ids, start_index=0, training=None):
         x = self.token_embedding(token_ids)
         x = x + self.position_embedding(x, start_index=start_index)

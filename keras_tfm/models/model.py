@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import keras
+import numpy as np
 
 from keras_tfm.layers import lora
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
@@ -99,6 +100,68 @@ class Model(QuantizationConfigMixin, keras.Model):
         the file's rank and layers first if it is not enabled yet."""
         self._build_on_demand()
         lora.load_lora_weights(self, filepath)
+
+    def _id_inputs(self) -> dict[str, tuple[int, str]]:
+        """The inputs that hold ids, in the order of `call`'s arguments: name -> (how many ids its
+        table has, that setting's name)."""
+        return {}
+
+    def _check_ids(self, args: tuple, kwargs: dict) -> None:
+        """Refuses NumPy (or list) inputs that hold an id outside its table. Compiled code cannot:
+        an XLA gather reads such an id silently (NaN on JAX, the nearest row on TensorFlow), and PyTorch
+        raises an IndexError that names nothing. Backend tensors are left alone (checking them
+        would wait for the device)."""
+        names = list(self._id_inputs())
+        if not names:
+            return
+        given = dict(kwargs)
+        if args and isinstance(args[0], dict):  # `fit` and `predict` pass one structure
+            given.update(args[0])
+        elif len(args) == 1 and isinstance(args[0], (tuple, list)) and len(args[0]) > 1 \
+                and all(isinstance(value, np.ndarray) for value in args[0]):
+            given.update(zip(names, args[0]))  # a (source_ids, target_ids) pair
+        else:
+            given.update(zip(names, args))
+        for name, (limit, setting) in self._id_inputs().items():
+            value = given.get(name)
+            if not isinstance(value, (np.ndarray, list)):
+                continue
+            try:
+                ids = np.asarray(value)
+            except ValueError:  # ragged lists: Keras refuses them itself
+                continue
+            if ids.size and ids.dtype.kind in "iu" and (ids.min() < 0 or ids.max() >= limit):
+                wrong = ids.min() if ids.min() < 0 else ids.max()
+                raise ValueError(f"{type(self).__name__}: `{name}` must hold ids in [0, {setting}={limit}); "
+                                 f"received {wrong}.")
+
+    def __call__(self, *args, **kwargs):
+        self._check_ids(args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        self._check_ids((x,), {})
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        self._check_ids((x,), {})
+        return super().evaluate(x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_ids((x,), {})
+        return super().predict(x, *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        self._check_ids((x,), {})
+        return super().train_on_batch(x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        self._check_ids((x,), {})
+        return super().test_on_batch(x, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        self._check_ids((x,), {})
+        return super().predict_on_batch(x)
 
     def _build_on_demand(self) -> None:
         if not self.built:

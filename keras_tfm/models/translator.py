@@ -160,6 +160,10 @@ class Translator(Model):
         self.call({"source_ids": ids, "target_ids": ids})
         self.built = True
 
+    def _id_inputs(self) -> dict:
+        return {"source_ids": (self.source_vocabulary_size, "source_vocabulary_size"),
+                "target_ids": (self.target_vocabulary_size, "target_vocabulary_size")}
+
     def _embed(self, ids, embedding, positions, start_index=0, training=None):
         x = embedding(ids)
         if self.scale_embeddings:

@@ -142,3 +142,38 @@ def test_a_quantized_mixed_precision_model_computes_in_bfloat16(rng, name):
     # in float32 on JAX and PyTorch, and TensorFlow refused to add float32 and bfloat16 vectors
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
     assert np.abs(to_numpy(out).astype("float32") - expected).max() <= 0.1 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("name, bad, argument, message", [
+    ("gpt", lambda ids, _: ids.__setitem__((1, 2), 30), "token_ids", "vocabulary_size=30\\); received 30"),
+    ("gpt", lambda ids, _: ids.__setitem__((0, 0), -1), "token_ids", "vocabulary_size=30\\); received -1"),
+    ("bert_mlm", lambda ids, _: ids.__setitem__((0, 3), 31), "token_ids", "vocabulary_size=30\\); received 31"),
+    ("bert_classifier", lambda _, segments: segments.__setitem__((1, 1), 2), "segment_ids", "num_segments=2\\); received 2"),
+    ("bert", lambda ids, _: ids.__setitem__((0, 0), 99), "token_ids", "vocabulary_size=30\\); received 99"),
+    ("translator", lambda _, target: target.__setitem__((1, 4), 20), "target_ids",
+     "target_vocabulary_size=20\\); received 20"),
+])
+def test_ids_outside_their_table_are_refused_at_every_entry_point(rng, name, bad, argument, message):
+    """An XLA gather reads an id outside its table silently (NaN on JAX, the nearest row on TensorFlow's
+    XLA): NumPy inputs are checked before Keras runs the model, by argument name."""
+    make, make_inputs = MODELS[name]
+    model = make()
+    first, second = (*make_inputs(rng), None)[:2]
+    if name.startswith("bert"):
+        second = rng.integers(0, 2, first.shape)
+        inputs = {"token_ids": first, "segment_ids": second}
+    else:
+        inputs = {"source_ids": first, "target_ids": second} if name == "translator" else first
+    model.predict(inputs, verbose=0)  # in range: computed
+    bad(first, second)
+    model.compile(optimizer="adam", loss="mse")
+    error = f"{type(model).__name__}: `{argument}` must hold ids in \\[0, {message}"
+    entry_points = [model, model.predict, model.predict_on_batch, model.fit, model.evaluate, model.train_on_batch,
+                    model.test_on_batch]
+    for entry_point in entry_points:
+        with pytest.raises(ValueError, match=error):
+            entry_point(inputs)
+    if name == "translator":  # a (source, target) pair, or the target as the second argument
+        for call in (lambda: model((first, second)), lambda: model(first, second), lambda: model(first, target_ids=second)):
+            with pytest.raises(ValueError, match=error):
+                call()
