@@ -111,7 +111,8 @@ class Model(QuantizationConfigMixin, keras.Model):
         an XLA gather reads such an id silently (NaN on JAX, the nearest row on TensorFlow), and PyTorch
         raises an IndexError that names nothing. Backend tensors are left alone (checking them
         would wait for the device)."""
-        names = list(self._id_inputs())
+        id_inputs = self._id_inputs()
+        names = list(id_inputs)
         if not names:
             return
         given = dict(kwargs)
@@ -122,7 +123,7 @@ class Model(QuantizationConfigMixin, keras.Model):
             given.update(zip(names, args[0]))  # a (source_ids, target_ids) pair
         else:
             given.update(zip(names, args))
-        for name, (limit, setting) in self._id_inputs().items():
+        for name, (limit, setting) in id_inputs.items():
             value = given.get(name)
             if not isinstance(value, (np.ndarray, list)):
                 continue
