@@ -131,8 +131,11 @@ class Model(QuantizationConfigMixin, keras.Model):
                 ids = np.asarray(value)
             except ValueError:  # ragged lists: Keras refuses them itself
                 continue
-            if ids.size and ids.dtype.kind in "iu" and (ids.min() < 0 or ids.max() >= limit):
-                wrong = ids.min() if ids.min() < 0 else ids.max()
+            if not ids.size or ids.dtype.kind not in "iu":
+                continue
+            lowest, highest = ids.min(), ids.max()  # one pass each over what may be a whole dataset
+            if lowest < 0 or highest >= limit:
+                wrong = lowest if lowest < 0 else highest
                 raise ValueError(f"{type(self).__name__}: `{name}` must hold ids in [0, {setting}={limit}); "
                                  f"received {wrong}.")
 
