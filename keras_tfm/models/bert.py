@@ -172,6 +172,9 @@ class BertMLM(_BertWithHead):
         epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
         self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
 
+    def _label_range(self) -> tuple[int, str]:
+        return self.encoder.vocabulary_size, "vocabulary_size"
+
     def build(self, token_ids_shape=None):
         self.encoder.build()
         self.output_bias = self.add_weight(name="output_bias", shape=(self.encoder.vocabulary_size,),
@@ -218,6 +221,9 @@ class BertClassifier(_BertWithHead):
                                          dtype=policy, name="pooler")
         self.pooled_dropout = keras.layers.Dropout(self.classifier_dropout, dtype=policy, name="pooled_dropout")
         self.classifier = keras.layers.Dense(num_classes, kernel_initializer=init, dtype=policy, name="classifier")
+
+    def _label_range(self) -> tuple[int, str]:
+        return self.num_classes, "num_classes"
 
     def build(self, token_ids_shape=None):
         self.encoder.build()

@@ -113,6 +113,9 @@ class GPT(Model):
     def _id_inputs(self) -> dict:
         return {"token_ids": (self.vocabulary_size, "vocabulary_size")}
 
+    def _label_range(self) -> tuple[int, str]:
+        return self.vocabulary_size, "vocabulary_size"
+
     def _embed(self, token_ids, start_index=0, training=None):
         x = self.token_embedding(token_ids)
         x = x + self.position_embedding(x, start_index=start_index)

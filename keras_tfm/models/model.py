@@ -124,14 +124,8 @@ class Model(QuantizationConfigMixin, keras.Model):
         else:
             given.update(zip(names, args))
         for name, (limit, setting) in id_inputs.items():
-            value = given.get(name)
-            if not isinstance(value, (np.ndarray, list)):
-                continue
-            try:
-                ids = np.asarray(value)
-            except ValueError:  # ragged lists: Keras refuses them itself
-                continue
-            if not ids.size or ids.dtype.kind not in "iu":
+            ids = _numbers(given.get(name), "iu")
+            if ids is None:
                 continue
             lowest, highest = ids.min(), ids.max()  # one pass each over what may be a whole dataset
             if lowest < 0 or highest >= limit:
@@ -139,16 +133,60 @@ class Model(QuantizationConfigMixin, keras.Model):
                 raise ValueError(f"{type(self).__name__}: `{name}` must hold ids in [0, {setting}={limit}); "
                                  f"received {wrong}.")
 
+    def _label_range(self) -> tuple[int, str] | None:
+        """How many classes the model's logits score, and that setting's name: the bound of the
+        integer labels a sparse cross-entropy reads. None where the model outputs no logits."""
+        return None
+
+    def _check_labels(self, y) -> None:
+        """Refuses NumPy (or list) labels outside the logits' classes when the compiled loss is a
+        sparse cross-entropy. Compiled code cannot: XLA reads such a label silently (a finite, wrong
+        loss on JAX, NaN on TensorFlow), and PyTorch raises an IndexError that names nothing.
+        A label equal to the loss's `ignore_class` is allowed."""
+        label_range = self._label_range()
+        labels = _numbers(y, "iuf")
+        if label_range is None or labels is None:
+            return
+        loss = getattr(self, "loss", None)
+        if isinstance(loss, str):
+            try:
+                loss = keras.losses.get(loss)
+            except ValueError:
+                return
+        if isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+            ignored = loss.ignore_class
+        elif loss is keras.losses.sparse_categorical_crossentropy:
+            ignored = None
+        else:  # other losses read their targets otherwise
+            return
+        limit, setting = label_range
+        if labels.min() >= 0 and labels.max() < limit:
+            return
+        outside = labels[(labels < 0) | (labels >= limit)]
+        if ignored is not None:
+            outside = outside[outside != ignored]
+        if outside.size:
+            allowed = "" if ignored is None else f" (or ignore_class={ignored})"
+            raise ValueError(f"{type(self).__name__}: labels (`y`) must be ids in [0, {setting}={limit}){allowed} "
+                             f"for a sparse cross-entropy loss; received {outside.flat[0]}.")
+
+    def _check_data(self, x, y, validation_data=None) -> None:
+        self._check_ids((x,), {})
+        self._check_labels(y)
+        if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
+            self._check_ids((validation_data[0],), {})
+            self._check_labels(validation_data[1])
+
     def __call__(self, *args, **kwargs):
         self._check_ids(args, kwargs)
         return super().__call__(*args, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
-        self._check_ids((x,), {})
+        self._check_data(x, args[0] if args else kwargs.get("y"), kwargs.get("validation_data"))
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        self._check_ids((x,), {})
+        self._check_data(x, args[0] if args else kwargs.get("y"))
         return super().evaluate(x, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
@@ -156,11 +194,11 @@ class Model(QuantizationConfigMixin, keras.Model):
         return super().predict(x, *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
-        self._check_ids((x,), {})
+        self._check_data(x, args[0] if args else kwargs.get("y"))
         return super().train_on_batch(x, *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):
-        self._check_ids((x,), {})
+        self._check_data(x, args[0] if args else kwargs.get("y"))
         return super().test_on_batch(x, *args, **kwargs)
 
     def predict_on_batch(self, x):
@@ -195,3 +233,15 @@ class Model(QuantizationConfigMixin, keras.Model):
         self._build_on_demand()
         return super().export(filepath, *args, **kwargs)
 
+
+def _numbers(value, kinds: str) -> np.ndarray | None:
+    """`value` as a non-empty NumPy array of one of these dtype kinds, if it is a NumPy array or a
+    list of such numbers; else None. Backend tensors and datasets are not read (that would wait for
+    the device or consume the data); Keras refuses ragged lists itself."""
+    if not isinstance(value, (np.ndarray, list)):
+        return None
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        return None
+    return array if array.size and array.dtype.kind in kinds else None

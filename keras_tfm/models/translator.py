@@ -164,6 +164,9 @@ class Translator(Model):
         return {"source_ids": (self.source_vocabulary_size, "source_vocabulary_size"),
                 "target_ids": (self.target_vocabulary_size, "target_vocabulary_size")}
 
+    def _label_range(self) -> tuple[int, str]:
+        return self.target_vocabulary_size, "target_vocabulary_size"
+
     def _embed(self, ids, embedding, positions, start_index=0, training=None):
         x = embedding(ids)
         if self.scale_embeddings:

@@ -116,6 +116,9 @@ class ViT(Model):
         self.final_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="final_norm")
         self.head = keras.layers.Dense(num_classes, dtype=policy, name="head") if include_top else None
 
+    def _label_range(self) -> tuple[int, str] | None:
+        return (self.num_classes, "num_classes") if self.include_top else None
+
     def build(self, images_shape=None):
         self.class_token = self.add_weight(
             name="class_token", shape=(1, 1, self.hidden_dim),

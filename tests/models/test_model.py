@@ -177,3 +177,59 @@ def test_ids_outside_their_table_are_refused_at_every_entry_point(rng, name, bad
         for call in (lambda: model((first, second)), lambda: model(first, second), lambda: model(first, target_ids=second)):
             with pytest.raises(ValueError, match=error):
                 call()
+
+
+LABELS = {  # name -> (labels in range, where one goes out of it, the setting named in the error, loss)
+    "gpt": (lambda rng: rng.integers(0, 30, (2, 6)), (1, 2), "vocabulary_size=30", "token_cross_entropy"),
+    "bert_mlm": (lambda rng: rng.integers(0, 30, (2, 6)), (0, 5), "vocabulary_size=30", "keras_ignoring_7"),
+    "bert_classifier": (lambda rng: rng.integers(0, 2, (2,)), (1,), "num_classes=2", "sparse_categorical_crossentropy"),
+    "translator": (lambda rng: rng.integers(0, 20, (2, 5)), (1, 4), "target_vocabulary_size=20", "keras_ignoring_7"),
+    "vit": (lambda rng: rng.integers(0, 3, (2,)), (0,), "num_classes=3", "sparse_categorical_crossentropy"),
+}
+
+
+@pytest.mark.parametrize("name", LABELS)
+def test_labels_outside_the_logits_are_refused_by_sparse_losses(rng, name):
+    """An XLA gather reads a label outside the logits silently (a finite, wrong loss on JAX, NaN on
+    TensorFlow) and PyTorch names nothing: NumPy labels are checked against the model's classes."""
+    make, make_inputs = MODELS[name]
+    model = make()
+    inputs = make_inputs(rng)
+    x = {"source_ids": inputs[0], "target_ids": inputs[1]} if name == "translator" else inputs[0]
+    make_labels, where, setting, loss = LABELS[name]
+    ignored = None
+    if loss == "token_cross_entropy":
+        model.compile(optimizer="adam", loss=keras_tfm.TokenCrossEntropy())
+    elif loss == "sparse_categorical_crossentropy":
+        model.compile(optimizer="adam", loss=loss)
+    else:
+        ignored = 7
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=7))
+    labels = make_labels(rng)
+    model.train_on_batch(x, labels)  # in range: trained
+    if ignored is not None:
+        with_ignored = labels.copy()
+        with_ignored[where] = ignored
+        assert np.isfinite(model.test_on_batch(x, with_ignored))
+
+    for wrong in (int(setting.split("=")[1]), -1):
+        bad = labels.copy()
+        bad[where] = wrong
+        allowed = "" if ignored is None else " \\(or ignore_class=7\\)"
+        error = (f"{type(model).__name__}: labels \\(`y`\\) must be ids in \\[0, {setting}\\){allowed} for a sparse "
+                 f"cross-entropy loss; received {wrong}\\.")
+        for call in (lambda: model.fit(x, bad, epochs=1, verbose=0), lambda: model.fit(x, y=bad, verbose=0),
+                     lambda: model.fit(x, labels, validation_data=(x, bad), verbose=0),
+                     lambda: model.evaluate(x, bad, verbose=0), lambda: model.train_on_batch(x, bad),
+                     lambda: model.test_on_batch(x, y=bad)):
+            with pytest.raises(ValueError, match=error):
+                call()
+
+
+def test_labels_are_left_to_other_losses(rng):
+    """Only a sparse cross-entropy reads labels as class ids: a ViT regressing to numbers trains on."""
+    make, make_inputs = MODELS["vit"]
+    model = make()
+    model.compile(optimizer="adam", loss="mse")
+    targets = np.full((2, 3), 5.0, "float32")  # above num_classes=3, as values
+    assert np.isfinite(model.train_on_batch(*make_inputs(rng), targets))
