@@ -111,6 +111,25 @@ def test_wordpiece_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path
         WordPieceTokenizer.from_huggingface(str(tmp_path))
 
 
+def test_character_tokenizer_is_written_for_transformers(tmp_path):
+    """transformers' fast tokenizer reads what we write: the same ids (characters outside the
+    vocabulary dropped, as ours drops them) and the same text back, regex metacharacters included."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    with open(os.path.join(SHARED, "tinyshakespeare", "input.txt"), encoding="utf-8") as file:
+        text = file.read()
+    tokenizer = CharacterTokenizer.fit(text[:100_000] + "[]^\\-$.*?+(){}|\t")
+    tokenizer.save_huggingface(str(tmp_path))
+    written = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(written) == tokenizer.vocabulary_size
+    for sample in (text[-5000:], "  two spaces,\n\nblank lines  ", "naïve café 😀 [x]^y\\z-w", "\t$.*?+(){}|"):
+        ours = tokenizer.encode(sample).tolist()
+        assert written(sample, add_special_tokens=False)["input_ids"] == ours
+        assert written.decode(ours) == tokenizer.decode(ours)
+    assert "ï" not in tokenizer.vocabulary and "é" not in tokenizer.vocabulary
+    assert written.decode(written("naïve café")["input_ids"]) == "nave caf"
+
+
 def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
     pytest.importorskip("keras_hub")
     with open(os.path.join(SHARED, "tinyshakespeare", "input.txt"), encoding="utf-8") as file:

@@ -85,6 +85,26 @@ class CharacterTokenizer:
         with open(path, "w", encoding="utf-8") as file:
             json.dump({"kind": self.kind, "vocabulary": self.vocabulary}, file)
 
+    def save_huggingface(self, directory: str) -> None:
+        """Writes the tokenizer as transformers' `PreTrainedTokenizerFast` reads it (`tokenizer.json`,
+        built with Hugging Face `tokenizers`), giving the same ids and text: characters outside the
+        vocabulary are dropped, every other one is a token, and decoding joins them unchanged. Beside
+        `keras_tfm.save_huggingface(model, directory)`, `transformers.pipeline("text-generation",
+        directory)` works on a character-level GPT."""
+        from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+        known = "".join(f"\\x{{{ord(character):x}}}" for character in self.vocabulary)  # Oniguruma's code points
+        # WordLevel needs an unknown token's name; none is reached, since the normalizer drops such characters
+        tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(self.vocabulary)}, unk_token="\x00unknown"))
+        tokenizer.normalizer = normalizers.Replace(Regex(f"[^{known}]"), "")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(f"[{known}]"), behavior="isolated")
+        tokenizer.decoder = decoders.Fuse()
+        os.makedirs(directory, exist_ok=True)
+        tokenizer.save(os.path.join(directory, "tokenizer.json"))
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}, file,
+                      indent=2)
+
 
 class WordPieceTokenizer(_KerasHubTokenizer):
     """keras-hub's `WordPieceTokenizer` over a vocabulary from `compute_word_piece_vocabulary`."""

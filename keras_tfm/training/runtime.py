@@ -128,7 +128,7 @@ def train(
     `--lora-rank` may fine-tune. The trained model is also written for transformers users
     (`OUTPUT_DIR/huggingface`) where they can use it: fine-tuned from `--from-huggingface` (with that
     checkpoint's tokenizer files), read by a `tokenizer` that writes itself for transformers
-    (byte-pair, WordPiece), or a ViT given its `image_preprocessing` (`save_huggingface`'s), with a
+    (characters, byte-pair, WordPiece), or a ViT given its `image_preprocessing` (`save_huggingface`'s), with a
     classifier's class names `labels`. A LoRA run on a checkpoint writes its peft adapter instead."""
     lora_rank = getattr(args, "lora_rank", None)
     if lora_rank and not pretrained:

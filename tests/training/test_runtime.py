@@ -95,6 +95,30 @@ def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
     assert (out / "samples.txt").read_text()
 
 
+def test_character_level_gpt_recipe_is_written_for_transformers(tmp_path):
+    """The default, character-level GPT run leaves a checkpoint that transformers' text-generation
+    pipeline uses as is: its tokenizer's ids and its greedy text are the run's own."""
+    transformers = pytest.importorskip("transformers")
+    import keras_tfm
+    from keras_tfm.data import load_tokenizer
+
+    out = tmp_path / "run"
+    done = recipe("gpt_lm.py", "--data", SHAKESPEARE, "--steps", "2", "--steps-per-epoch", "2", "--sample-every", "0",
+                  "--output-dir", str(out), *TINY_GPT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((out / "metrics.json").read_text())["huggingface_checkpoint"] == str(out / "huggingface")
+    hf, loading = transformers.AutoModelForCausalLM.from_pretrained(out / "huggingface", output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"]
+    embeddings = hf.state_dict()["transformer.wte.weight"].numpy()
+    np.testing.assert_array_equal(embeddings, saved_weight(out / "checkpoint", embeddings.shape))
+    ours = load_tokenizer(str(out / "tokenizer.json"))
+    prompt = "ROMEO:\nWhat say'st thou?"
+    generated = transformers.pipeline("text-generation", str(out / "huggingface"))(
+        prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    ids = keras_tfm.from_huggingface(str(out / "huggingface")).generate(ours.encode(prompt)[None], max_new_tokens=8)
+    assert generated == ours.decode(np.asarray(ids)[0]) and len(generated) == len(prompt) + 8
+
+
 @pytest.mark.slow
 def test_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
     flags = ["--data", SHAKESPEARE, "--steps", "24", "--steps-per-epoch", "4", "--sample-every", "0", *TINY_GPT]
