@@ -144,8 +144,8 @@ class Model(QuantizationConfigMixin, keras.Model):
         loss on JAX, NaN on TensorFlow), and PyTorch raises an IndexError that names nothing.
         A label equal to the loss's `ignore_class` is allowed."""
         label_range = self._label_range()
-        labels = _numbers(y, "iuf")
-        if label_range is None or labels is None:
+        labels = _numbers(y, "iuf") if label_range is not None else None
+        if labels is None:
             return
         loss = getattr(self, "loss", None)
         if isinstance(loss, str):
