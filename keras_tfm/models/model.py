@@ -170,9 +170,12 @@ class Model(QuantizationConfigMixin, keras.Model):
             raise ValueError(f"{type(self).__name__}: labels (`y`) must be ids in [0, {setting}={limit}){allowed} "
                              f"for a sparse cross-entropy loss; received {outside.flat[0]}.")
 
-    def _check_data(self, x, y, validation_data=None) -> None:
+    def _check_data(self, x, args: tuple, kwargs: dict) -> None:
+        """The inputs `x`, the labels `y` (the first of `args`, or a keyword) and the
+        `validation_data` of a call to `fit`, `evaluate` or `*_on_batch`."""
         self._check_ids((x,), {})
-        self._check_labels(y)
+        self._check_labels(args[0] if args else kwargs.get("y"))
+        validation_data = kwargs.get("validation_data")
         if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
             self._check_ids((validation_data[0],), {})
             self._check_labels(validation_data[1])
@@ -182,11 +185,11 @@ class Model(QuantizationConfigMixin, keras.Model):
         return super().__call__(*args, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
-        self._check_data(x, args[0] if args else kwargs.get("y"), kwargs.get("validation_data"))
+        self._check_data(x, args, kwargs)
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        self._check_data(x, args[0] if args else kwargs.get("y"))
+        self._check_data(x, args, kwargs)
         return super().evaluate(x, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
@@ -194,11 +197,11 @@ class Model(QuantizationConfigMixin, keras.Model):
         return super().predict(x, *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
-        self._check_data(x, args[0] if args else kwargs.get("y"))
+        self._check_data(x, args, kwargs)
         return super().train_on_batch(x, *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):
-        self._check_data(x, args[0] if args else kwargs.get("y"))
+        self._check_data(x, args, kwargs)
         return super().test_on_batch(x, *args, **kwargs)
 
     def predict_on_batch(self, x):
