@@ -31,13 +31,29 @@ def data():
     return source, target[:, :-1], target[:, 1:]
 
 
+def keras_tfm_model():
+    import keras_tfm
+
+    return keras_tfm.Translator(source_vocabulary_size=VOCABULARY, share_embeddings=True, dropout=0.0,
+                                max_length=64, end_token_id=-1, **CONFIG)
+
+
+def hugging_face_model():
+    import transformers
+
+    config = transformers.MarianConfig(
+        vocab_size=VOCABULARY, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
+        decoder_attention_heads=8, encoder_ffn_dim=512, decoder_ffn_dim=512, max_position_embeddings=64,
+        pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, forced_eos_token_id=None, dropout=0.0)
+    return transformers.MarianMTModel(config)
+
+
 def worker(contender: str, task: str) -> dict:
     source, target_in, target_out = data()
     if contender == "keras_tfm":
         import keras_tfm
 
-        model = keras_tfm.Translator(source_vocabulary_size=VOCABULARY, share_embeddings=True, dropout=0.0,
-                                     max_length=64, end_token_id=-1, **CONFIG)
+        model = keras_tfm_model()
         if task == "train":
             inputs = {"source_ids": source, "target_ids": target_in}
             return keras_train_throughput(model, inputs, target_out, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH,
@@ -48,13 +64,8 @@ def worker(contender: str, task: str) -> dict:
                 model.translate(source[:SENTENCES], max_length=LENGTH, beam_size=BEAMS)
         return {"value": REPEATS * SENTENCES / timer.seconds}
     import torch
-    import transformers
 
-    config = transformers.MarianConfig(
-        vocab_size=VOCABULARY, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
-        decoder_attention_heads=8, encoder_ffn_dim=512, decoder_ffn_dim=512, max_position_embeddings=64,
-        pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, forced_eos_token_id=None, dropout=0.0)
-    model = transformers.MarianMTModel(config)
+    model = hugging_face_model()
     src, tin, tout = (torch.tensor(a, dtype=torch.long) for a in (source, target_in, target_out))
     if task == "train":
         batches = [((src[i * BATCH:(i + 1) * BATCH], tin[i * BATCH:(i + 1) * BATCH]), tout[i * BATCH:(i + 1) * BATCH])
