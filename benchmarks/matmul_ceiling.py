@@ -121,9 +121,9 @@ def torch_matmul_gflop() -> dict:
     and of Hugging Face's `MarianMTModel`."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
+    from translator import BATCH, VOCABULARY, data, hugging_face_model, keras_tfm_model
 
     import keras_tfm
-    from translator import BATCH, VOCABULARY, data, hugging_face_model, keras_tfm_model
 
     source, target_in, target_out = (torch.from_numpy(a[:BATCH]).long() for a in data())
     counts = {}

@@ -4,8 +4,15 @@ decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, converter, exporter, hugging_face_activation,
-                                          require_options, set_layer_norm)
+from keras_tfm.convert.huggingface import (
+    WeightReader,
+    WeightWriter,
+    converter,
+    exporter,
+    hugging_face_activation,
+    require_options,
+    set_layer_norm,
+)
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}

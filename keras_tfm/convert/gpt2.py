@@ -6,8 +6,15 @@ GPT-2 stores its projections as `Conv1D` with kernels laid out (in, out), as Ker
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, converter, exporter, hugging_face_activation,
-                                          no_classifier, require_options)
+from keras_tfm.convert.huggingface import (
+    WeightReader,
+    WeightWriter,
+    converter,
+    exporter,
+    hugging_face_activation,
+    no_classifier,
+    require_options,
+)
 from keras_tfm.models.gpt import GPT
 
 _ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu", "relu": "relu"}

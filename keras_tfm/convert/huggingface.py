@@ -14,7 +14,7 @@ import inspect
 import json
 import os
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import numpy as np

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import keras
 
-from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, converter, exporter, hugging_face_activation,
-                                          no_classifier)
+from keras_tfm.convert.huggingface import (
+    WeightReader,
+    WeightWriter,
+    converter,
+    exporter,
+    hugging_face_activation,
+    no_classifier,
+)
 from keras_tfm.models.translator import Translator
 
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "swish": "silu", "silu": "silu", "gelu_new": "gelu_approximate"}

@@ -16,8 +16,17 @@ import re
 import keras
 import numpy as np
 
-from keras_tfm.convert.huggingface import (WeightReader, WeightWriter, checkpoint_directory, converter, exporter,
-                                          hugging_face_activation, read_json, require_options, set_layer_norm)
+from keras_tfm.convert.huggingface import (
+    WeightReader,
+    WeightWriter,
+    checkpoint_directory,
+    converter,
+    exporter,
+    hugging_face_activation,
+    read_json,
+    require_options,
+    set_layer_norm,
+)
 from keras_tfm.models.vit import ViT
 
 _OLD_NAMES = [

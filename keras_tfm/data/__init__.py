@@ -1,9 +1,15 @@
 """Data for the recipes: datasets (TFDS, local files, offline defaults) and tokenizers (keras-hub)."""
 
-from keras_tfm.data.errors import DataError
-from keras_tfm.data.text import TextSplits, load_labelled_text, load_text, offline_text, read_text
-from keras_tfm.data.tokenizers import (BytePairTokenizer, CharacterTokenizer, SentencePieceTokenizer, WordPieceTokenizer,
-                                       load_or_fit_tokenizer, load_tokenizer)
-from keras_tfm.data.images import ImageSplits, load_images, read_idx
 from keras_tfm.data.augmentation import augment, augmentation_layers, flip_averaged_probabilities
+from keras_tfm.data.errors import DataError
+from keras_tfm.data.images import ImageSplits, load_images, read_idx
 from keras_tfm.data.parallel import ParallelSplits, load_parallel
+from keras_tfm.data.text import TextSplits, load_labelled_text, load_text, offline_text, read_text
+from keras_tfm.data.tokenizers import (
+                                       BytePairTokenizer,
+                                       CharacterTokenizer,
+                                       SentencePieceTokenizer,
+                                       WordPieceTokenizer,
+                                       load_or_fit_tokenizer,
+                                       load_tokenizer,
+)

@@ -9,7 +9,7 @@ token is finished: it may only continue with padding at no cost, so its score st
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from keras import ops, tree
 

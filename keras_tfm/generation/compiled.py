@@ -3,7 +3,7 @@ compiled on JAX, TensorFlow and PyTorch. Everything else in `generation/` is `ke
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 from keras import ops, tree

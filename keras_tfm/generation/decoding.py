@@ -8,7 +8,7 @@ so no padding mask is needed while decoding.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import numpy as np

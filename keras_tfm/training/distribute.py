@@ -39,7 +39,7 @@ def use_cpu_devices(count: int) -> None:
         raise DataError(f"--cpu-devices: virtual devices need the jax or tensorflow backend, not {backend}.")
 
 
-def layout_map(device_mesh) -> "keras.distribution.LayoutMap":
+def layout_map(device_mesh) -> keras.distribution.LayoutMap:
     """Shards keras_tfm transformers over the mesh's "model" axis, Megatron style: query/key/value and the
     first feed-forward projection by output columns (whole heads, as `num_heads` is a multiple of the axis),
     the attention output and second feed-forward projection by input rows, embeddings by width."""

@@ -12,10 +12,12 @@ import pytest
 
 import keras_tfm
 from tests.checks import to_numpy
-from tests.convert.test_bert import hf_bert, inputs, run_hf as run_hf_bert
+from tests.convert.test_bert import hf_bert, inputs
+from tests.convert.test_bert import run_hf as run_hf_bert
 from tests.convert.test_gpt2 import hf_gpt2, hf_logits
 from tests.convert.test_marian import hf_marian
-from tests.convert.test_vit import hf_vit, run_hf as run_hf_vit
+from tests.convert.test_vit import hf_vit
+from tests.convert.test_vit import run_hf as run_hf_vit
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -153,8 +153,9 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 
 
 def test_top_k_samples_only_among_the_k_best():
-    from keras_tfm.generation import Sampler
     import keras
+
+    from keras_tfm.generation import Sampler
 
     logits = np.log(np.array([[0.05, 0.4, 0.3, 0.05, 0.2]] * 500, "float32"))
     tokens = to_numpy(Sampler(temperature=1.0, top_k=2)(logits, keras.random.SeedGenerator(0)))
