@@ -42,31 +42,54 @@ def worker(contender: str, task: str = "train") -> dict:
     if contender == "keras_tfm":
         import keras_tfm
 
-        model = keras_tfm.BertMLM(vocabulary_size=VOCABULARY, max_length=LENGTH, num_layers=LAYERS, num_heads=HEADS,
-                                  hidden_dim=WIDTH, intermediate_dim=FFN)
+        model = keras_tfm.BertMLM(
+            vocabulary_size=VOCABULARY,
+            max_length=LENGTH,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            hidden_dim=WIDTH,
+            intermediate_dim=FFN,
+        )
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask, "mask_positions": positions}
-        return keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH,
-                                      loss=keras_tfm.TokenCrossEntropy())
+        return keras_train_throughput(
+            model, inputs, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH, loss=keras_tfm.TokenCrossEntropy()
+        )
     if contender == "keras_hub":
         import keras_hub
 
-        backbone = keras_hub.models.BertBackbone(vocabulary_size=VOCABULARY, num_layers=LAYERS, num_heads=HEADS,
-                                                 hidden_dim=WIDTH, intermediate_dim=FFN, max_sequence_length=LENGTH)
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=VOCABULARY,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            hidden_dim=WIDTH,
+            intermediate_dim=FFN,
+            max_sequence_length=LENGTH,
+        )
         model = keras_hub.models.BertMaskedLM(backbone=backbone, preprocessor=None)
-        inputs = {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": padding_mask,
-                  "mask_positions": positions}
+        inputs = {
+            "token_ids": token_ids,
+            "segment_ids": np.zeros_like(token_ids),
+            "padding_mask": padding_mask,
+            "mask_positions": positions,
+        }
         return keras_train_throughput(model, inputs, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
     if contender == "hugging_face":
         import torch
         import transformers
 
-        config = transformers.BertConfig(vocab_size=VOCABULARY, hidden_size=WIDTH, num_hidden_layers=LAYERS,
-                                         num_attention_heads=HEADS, intermediate_size=FFN, max_position_embeddings=LENGTH)
+        config = transformers.BertConfig(
+            vocab_size=VOCABULARY,
+            hidden_size=WIDTH,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=FFN,
+            max_position_embeddings=LENGTH,
+        )
         model = transformers.BertForMaskedLM(config)
         full_labels = np.full_like(token_ids, -100)
         np.put_along_axis(full_labels, positions, labels, 1)
         ids, y = torch.tensor(token_ids, dtype=torch.long), torch.tensor(full_labels, dtype=torch.long)
-        batches = [(ids[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]) for i in range(len(ids) // BATCH)]
+        batches = [(ids[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(len(ids) // BATCH)]
 
         def loss_fn(model, inputs, targets):
             return model(input_ids=inputs, attention_mask=torch.ones_like(inputs), labels=targets).loss
@@ -76,6 +99,15 @@ def worker(contender: str, task: str = "train") -> dict:
 
 
 if __name__ == "__main__":
-    main(__doc__, __file__, worker, {"train": (
-        f"BERT masked-LM training, {LAYERS} layers / {HEADS} heads / {WIDTH} wide, FFN {FFN}, sequence {LENGTH}, "
-        f"batch {BATCH}, vocabulary {VOCABULARY}, {MASKED} masked positions", "train tokens/s")})
+    main(
+        __doc__,
+        __file__,
+        worker,
+        {
+            "train": (
+                f"BERT masked-LM training, {LAYERS} layers / {HEADS} heads / {WIDTH} wide, FFN {FFN}, sequence {LENGTH}, "
+                f"batch {BATCH}, vocabulary {VOCABULARY}, {MASKED} masked positions",
+                "train tokens/s",
+            )
+        },
+    )

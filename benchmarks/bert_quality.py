@@ -52,11 +52,15 @@ def worker(contender: str, options: dict) -> dict:
 
     def batches():
         """Every step's masked batch, concatenated in order (fit then reads them with shuffle=False)."""
-        parts = [masker(train[np.random.default_rng([seed, step]).choice(len(train), batch, replace=False)],
-                        [seed, step])
-                 for step in range(steps)]
-        return ({k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]},
-                np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
+        parts = [
+            masker(train[np.random.default_rng([seed, step]).choice(len(train), batch, replace=False)], [seed, step])
+            for step in range(steps)
+        ]
+        return (
+            {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]},
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
+        )
 
     if contender == "keras_tfm":
         import keras_tfm
@@ -66,28 +70,42 @@ def worker(contender: str, options: dict) -> dict:
     else:
         import keras_hub
 
-        backbone = keras_hub.models.BertBackbone(vocabulary_size=tokenizer.vocabulary_size, max_sequence_length=LENGTH,
-                                                 num_layers=CONFIG["num_layers"], num_heads=CONFIG["num_heads"],
-                                                 hidden_dim=CONFIG["hidden_dim"], intermediate_dim=CONFIG["intermediate_dim"])
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=tokenizer.vocabulary_size,
+            max_sequence_length=LENGTH,
+            num_layers=CONFIG["num_layers"],
+            num_heads=CONFIG["num_heads"],
+            hidden_dim=CONFIG["hidden_dim"],
+            intermediate_dim=CONFIG["intermediate_dim"],
+        )
         model = keras_hub.models.BertMaskedLM(backbone=backbone, preprocessor=None)
 
         def adapt(inputs):
             return {**inputs, "segment_ids": np.zeros_like(inputs["token_ids"])}
 
-    schedule = argparse.Namespace(learning_rate=options["learning_rate"], warmup_steps=steps // 20, weight_decay=0.01,
-                                  clip_norm=1.0, ema=None)
-    model.compile(optimizer=make_optimizer(schedule, steps),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
-                  weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
-                  jit_compile=keras.backend.backend() != "torch")
+    schedule = argparse.Namespace(
+        learning_rate=options["learning_rate"], warmup_steps=steps // 20, weight_decay=0.01, clip_norm=1.0, ema=None
+    )
+    model.compile(
+        optimizer=make_optimizer(schedule, steps),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
+        jit_compile=keras.backend.backend() != "torch",
+    )
     x, y, w = batches()  # arrays, not a generator: keras-hub's Task.fit does not take generators
     with Timer() as timer:
         model.fit(adapt(x), y, sample_weight=w, batch_size=batch, epochs=1, shuffle=False, verbose=2)
     x, y, w = masker(test, [1, 0])
     result = model.evaluate(adapt(x), y, sample_weight=w, batch_size=batch, return_dict=True, verbose=0)
-    record = {"value": result["masked_accuracy"], "test_loss": result["loss"], "parameters": model.count_params(),
-              "train_seconds": round(timer.seconds, 1), "masked_test_tokens": int(w.sum()),
-              "vocabulary_size": tokenizer.vocabulary_size, "train_sequences": len(train)}
+    record = {
+        "value": result["masked_accuracy"],
+        "test_loss": result["loss"],
+        "parameters": model.count_params(),
+        "train_seconds": round(timer.seconds, 1),
+        "masked_test_tokens": int(w.sum()),
+        "vocabulary_size": tokenizer.vocabulary_size,
+        "train_sequences": len(train),
+    }
     if contender == "keras_tfm":
         record.update(finetune(model, tokenizer, (pad, cls, sep), batch))
     return record
@@ -106,23 +124,33 @@ def finetune(pretrained, tokenizer, special, batch: int) -> dict:
     packer = keras_hub.layers.StartEndPacker(LENGTH, start_value=cls, end_value=sep, pad_value=pad)
     ids = np.asarray(packer(tokenizer.encode_lines([" ".join(t.split()) for t in texts])), "int32")
     order = np.random.default_rng(0).permutation(len(texts))
-    train, test = order[: int(0.9 * len(texts))], order[int(0.9 * len(texts)):]
-    classifier = keras_tfm.BertClassifier(num_classes=2, vocabulary_size=tokenizer.vocabulary_size, max_length=LENGTH,
-                                          **CONFIG)
+    train, test = order[: int(0.9 * len(texts))], order[int(0.9 * len(texts)) :]
+    classifier = keras_tfm.BertClassifier(
+        num_classes=2, vocabulary_size=tokenizer.vocabulary_size, max_length=LENGTH, **CONFIG
+    )
     classifier.build()
     classifier.encoder.set_weights(pretrained.encoder.get_weights())
-    classifier.compile(optimizer=keras.optimizers.AdamW(1e-4), metrics=["accuracy"],
-                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                       jit_compile=keras.backend.backend() != "torch")
+    classifier.compile(
+        optimizer=keras.optimizers.AdamW(1e-4),
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=keras.backend.backend() != "torch",
+    )
 
     def inputs(rows):
         return {"token_ids": ids[rows], "padding_mask": ids[rows] != pad}
 
     with Timer() as timer:
         classifier.fit(inputs(train), labels[train], batch_size=batch, epochs=4, verbose=2)
-    accuracy = classifier.evaluate(inputs(test), labels[test], batch_size=batch, return_dict=True, verbose=0)["accuracy"]
-    return {"finetune_accuracy": accuracy, "finetune_epochs": 4, "finetune_seconds": round(timer.seconds, 1),
-            "finetune_test_reviews": len(test)}
+    accuracy = classifier.evaluate(inputs(test), labels[test], batch_size=batch, return_dict=True, verbose=0)[
+        "accuracy"
+    ]
+    return {
+        "finetune_accuracy": accuracy,
+        "finetune_epochs": 4,
+        "finetune_seconds": round(timer.seconds, 1),
+        "finetune_test_reviews": len(test),
+    }
 
 
 def main() -> None:
@@ -143,26 +171,40 @@ def main() -> None:
     directory = tempfile.mkdtemp()
     tokenizer = WordPieceTokenizer.fit(read_text(TRAIN_TEXT), args.vocabulary_size)
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
-    options = json.dumps({"tokenizer": os.path.join(directory, "tokenizer.json"), "steps": args.steps,
-                          "batch_size": args.batch_size, "learning_rate": args.learning_rate, "seed": args.seed})
-    results = {name: run_worker(__file__, args.backend, [name, options], timeout=3600)
-               for name in ("keras_tfm", "keras_hub")}
-    print(f"\n### BERT masked LM, {CONFIG['num_layers']} layers / {CONFIG['num_heads']} heads / {CONFIG['hidden_dim']} wide, "
-          f"FFN {CONFIG['intermediate_dim']}, sequence {LENGTH}, {args.steps} steps of batch {args.batch_size}, "
-          f"{args.backend} backend, seed {args.seed}\n")
+    options = json.dumps(
+        {
+            "tokenizer": os.path.join(directory, "tokenizer.json"),
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "learning_rate": args.learning_rate,
+            "seed": args.seed,
+        }
+    )
+    results = {
+        name: run_worker(__file__, args.backend, [name, options], timeout=3600) for name in ("keras_tfm", "keras_hub")
+    }
+    print(
+        f"\n### BERT masked LM, {CONFIG['num_layers']} layers / {CONFIG['num_heads']} heads / {CONFIG['hidden_dim']} wide, "
+        f"FFN {CONFIG['intermediate_dim']}, sequence {LENGTH}, {args.steps} steps of batch {args.batch_size}, "
+        f"{args.backend} backend, seed {args.seed}\n"
+    )
     print("| model | parameters | WikiText-2 test masked-token accuracy | test loss | train time |")
     print("|---|---:|---:|---:|---:|")
     for name, result in results.items():
         if "error" in result:
             print(f"| {name} | failed: {result['error'][0][:100]} | | | |")
             continue
-        print(f"| {name} | {result['parameters']:,} | {result['value']:.4f} | {result['test_loss']:.3f} | "
-              f"{result['train_seconds']:.0f} s |")
+        print(
+            f"| {name} | {result['parameters']:,} | {result['value']:.4f} | {result['test_loss']:.3f} | "
+            f"{result['train_seconds']:.0f} s |"
+        )
     ours = results["keras_tfm"]
     if "finetune_accuracy" in ours:
-        print(f"\nFine-tuning keras_tfm's encoder on movie reviews ({ours['finetune_epochs']} epochs, "
-              f"{ours['finetune_seconds']:.0f} s): accuracy {ours['finetune_accuracy']:.4f} on "
-              f"{ours['finetune_test_reviews']} held-out reviews")
+        print(
+            f"\nFine-tuning keras_tfm's encoder on movie reviews ({ours['finetune_epochs']} epochs, "
+            f"{ours['finetune_seconds']:.0f} s): accuracy {ours['finetune_accuracy']:.4f} on "
+            f"{ours['finetune_test_reviews']} held-out reviews"
+        )
     print(json.dumps(results))
 
 

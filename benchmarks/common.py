@@ -15,8 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_worker(script: str, backend: str, args: list[str], timeout: int = 900) -> dict:
     env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, script, "--worker", *args], env=env, capture_output=True,
-                            text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, script, "--worker", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         return {"error": (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]}
@@ -41,8 +42,12 @@ def print_table(title: str, unit: str, rows: list[tuple[str, dict]], baselines: 
     column title -> name of the row to divide by. Ratios are of the 'value's."""
     print(f"\n### {title}\n")
     several = any(len(result.get("rounds", [])) > 1 for _, result in rows)
-    header = (f"| contender | {unit} | slowest window | timed | " + ("each round | " if several else "")
-              + " | ".join(f"vs {b}" for b in baselines) + " |")
+    header = (
+        f"| contender | {unit} | slowest window | timed | "
+        + ("each round | " if several else "")
+        + " | ".join(f"vs {b}" for b in baselines)
+        + " |"
+    )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     values = {name: r.get("value") for name, r in rows}
@@ -64,16 +69,22 @@ def _number(value: float) -> str:
 
 
 BACKENDS = ("jax", "tensorflow", "torch")
-BASELINES = {"keras-hub jax": "keras_hub (jax)", "keras-hub torch": "keras_hub (torch)", "Hugging Face": "hugging_face (torch)"}
+BASELINES = {
+    "keras-hub jax": "keras_hub (jax)",
+    "keras-hub torch": "keras_hub (torch)",
+    "Hugging Face": "hugging_face (torch)",
+}
 
 
-DEFAULT_CONTENDERS = [(f"{contender} ({backend})", contender, backend)
-                      for contender in ("keras_tfm", "keras_hub") for backend in BACKENDS]
+DEFAULT_CONTENDERS = [
+    (f"{contender} ({backend})", contender, backend) for contender in ("keras_tfm", "keras_hub") for backend in BACKENDS
+]
 DEFAULT_CONTENDERS.append(("hugging_face (torch)", "hugging_face", "torch"))
 
 
-def side_by_side(script: str, title: str, unit: str, task: str, contenders=DEFAULT_CONTENDERS,
-                 baselines=BASELINES, rounds: int = 1) -> None:
+def side_by_side(
+    script: str, title: str, unit: str, task: str, contenders=DEFAULT_CONTENDERS, baselines=BASELINES, rounds: int = 1
+) -> None:
     """Runs `script --worker CONTENDER BACKEND TASK` for each (row name, contender, backend) in its own
     process, `rounds` times over in turn, then prints the table of each contender's best round.
 
@@ -93,16 +104,27 @@ def _best_round(results: list[dict]) -> dict:
     return dict(max(done, key=lambda result: result["value"]), rounds=[r.get("value") for r in results])
 
 
-def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], contenders=DEFAULT_CONTENDERS,
-         baselines=BASELINES, task_contenders: dict[str, tuple[list, dict]] | None = None) -> None:
+def main(
+    doc: str,
+    script: str,
+    worker,
+    tasks: dict[str, tuple[str, str]],
+    contenders=DEFAULT_CONTENDERS,
+    baselines=BASELINES,
+    task_contenders: dict[str, tuple[list, dict]] | None = None,
+) -> None:
     """The command line of every speed benchmark: `script [--only TASK]` prints one side-by-side table
     per task (`tasks`: name -> (title, unit)); `script --worker CONTENDER BACKEND TASK`, which the
     driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON.
     `task_contenders`: task -> (contenders, baselines) for a task that compares others."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(tasks), help="run one task's table")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run every contender this many times, in turn, and keep each one's best (default: 1)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every contender this many times, in turn, and keep each one's best (default: 1)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("CONTENDER", "BACKEND", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -111,12 +133,17 @@ def main(doc: str, script: str, worker, tasks: dict[str, tuple[str, str]], conte
         return
     for task, (title, unit) in tasks.items():
         if args.only in (None, task):
-            side_by_side(script, title, unit, task, *(task_contenders or {}).get(task, (contenders, baselines)),
-                         rounds=args.rounds)
+            side_by_side(
+                script,
+                title,
+                unit,
+                task,
+                *(task_contenders or {}).get(task, (contenders, baselines)),
+                rounds=args.rounds,
+            )
 
 
-def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per_step: int,
-                 per_example: float) -> dict:
+def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per_step: int, per_example: float) -> dict:
     """Runs `step(i)` `warmup_steps` times, then `windows` timed windows of `steps` calls each.
     'value' is the fastest window's rate (per_example x examples/s): on this shared 2-core machine
     the noise only ever slows a window down, so the fastest one is the closest to the code's speed;
@@ -132,8 +159,17 @@ def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per
     return {"value": max(rates), "windows": [round(r, 1) for r in rates]}
 
 
-def keras_train_throughput(model, inputs, targets, batch_size: int, warmup_steps: int, steps: int,
-                           windows: int = 3, per_example: float = 1.0, loss=None) -> dict:
+def keras_train_throughput(
+    model,
+    inputs,
+    targets,
+    batch_size: int,
+    warmup_steps: int,
+    steps: int,
+    windows: int = 3,
+    per_example: float = 1.0,
+    loss=None,
+) -> dict:
     """Training speed of a Keras model with AdamW and `loss` (default: Keras' sparse categorical
     cross-entropy on logits; keras_tfm's token models get `keras_tfm.TokenCrossEntropy`, as in its
     recipes), the faster of Keras' two ways to train (see `_best_window`; both are kept in the result):
@@ -149,30 +185,35 @@ def keras_train_throughput(model, inputs, targets, batch_size: int, warmup_steps
     import keras
     import numpy as np
 
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3),
-                  loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=keras.backend.backend() != "torch")
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3),
+        loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=keras.backend.backend() != "torch",
+    )
     count = len(targets) // batch_size
 
     def batch(array, i):
-        return keras.ops.convert_to_tensor(np.asarray(array[i * batch_size:(i + 1) * batch_size]))
+        return keras.ops.convert_to_tensor(np.asarray(array[i * batch_size : (i + 1) * batch_size]))
 
     batches = [(keras.tree.map_structure(lambda a: batch(a, i), inputs), batch(targets, i)) for i in range(count)]
-    on_batches = _best_window(lambda i: model.train_on_batch(*batches[i % count]), warmup_steps, steps, windows,
-                              batch_size, per_example)
+    on_batches = _best_window(
+        lambda i: model.train_on_batch(*batches[i % count]), warmup_steps, steps, windows, batch_size, per_example
+    )
 
     def fit(i):  # one call of `steps` steps
         model.fit(inputs, targets, batch_size=batch_size, steps_per_epoch=steps, epochs=1, verbose=0)
 
     # Each window is one `fit` call; the warmup call builds fit's own compiled step.
-    fitted = _best_window(fit, warmup_steps=1, steps=1, windows=windows, examples_per_step=steps * batch_size,
-                          per_example=per_example)
+    fitted = _best_window(
+        fit, warmup_steps=1, steps=1, windows=windows, examples_per_step=steps * batch_size, per_example=per_example
+    )
     best = max((on_batches, "train_on_batch"), (fitted, "fit"), key=lambda r: r[0]["value"])
     return {**best[0], "method": best[1], "train_on_batch": on_batches, "fit": fitted}
 
 
-def torch_train_throughput(model, loss_fn, batches, warmup_steps: int, steps: int, windows: int = 3,
-                           per_example: float = 1.0) -> dict:
+def torch_train_throughput(
+    model, loss_fn, batches, warmup_steps: int, steps: int, windows: int = 3, per_example: float = 1.0
+) -> dict:
     """Training speed of a plain PyTorch AdamW loop; `batches[i]` is `(inputs, targets)`, reused
     cyclically. See `_best_window`."""
     import torch

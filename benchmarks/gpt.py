@@ -23,8 +23,17 @@ GENERATE = dict(context=256, prompt=16, new_tokens=200, repeats=10)
 
 
 def keras_train(model, inputs, targets, loss=None) -> dict:
-    return keras_train_throughput(model, inputs, targets, TRAIN["batch"], TRAIN["warmup_steps"], TRAIN["steps"],
-                                  TRAIN["windows"], TRAIN["context"], loss)
+    return keras_train_throughput(
+        model,
+        inputs,
+        targets,
+        TRAIN["batch"],
+        TRAIN["warmup_steps"],
+        TRAIN["steps"],
+        TRAIN["windows"],
+        TRAIN["context"],
+        loss,
+    )
 
 
 def random_tokens(n, length):
@@ -58,9 +67,13 @@ def worker(contender: str, task: str) -> dict:
 
         context = TRAIN["context"] if task == "train" else GENERATE["context"]
         backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=CONFIG["vocabulary_size"], num_layers=CONFIG["num_layers"],
-            num_heads=CONFIG["num_heads"], hidden_dim=CONFIG["hidden_dim"],
-            intermediate_dim=4 * CONFIG["hidden_dim"], dropout=0.0, max_sequence_length=context,
+            vocabulary_size=CONFIG["vocabulary_size"],
+            num_layers=CONFIG["num_layers"],
+            num_heads=CONFIG["num_heads"],
+            hidden_dim=CONFIG["hidden_dim"],
+            intermediate_dim=4 * CONFIG["hidden_dim"],
+            dropout=0.0,
+            max_sequence_length=context,
         )
         model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
         if task == "train":
@@ -85,26 +98,39 @@ def worker(contender: str, task: str) -> dict:
 
         context = TRAIN["context"] if task == "train" else GENERATE["context"]
         config = transformers.GPT2Config(
-            vocab_size=CONFIG["vocabulary_size"], n_layer=CONFIG["num_layers"], n_head=CONFIG["num_heads"],
-            n_embd=CONFIG["hidden_dim"], n_positions=context, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            bos_token_id=0, eos_token_id=0,
+            vocab_size=CONFIG["vocabulary_size"],
+            n_layer=CONFIG["num_layers"],
+            n_head=CONFIG["num_heads"],
+            n_embd=CONFIG["hidden_dim"],
+            n_positions=context,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
         )
         model = transformers.GPT2LMHeadModel(config)
         if task == "train":
             data = torch.tensor(random_tokens(n, context), dtype=torch.long)
             b = TRAIN["batch"]
-            batches = [(data[i * b:(i + 1) * b, :-1], data[i * b:(i + 1) * b, 1:]) for i in range(len(data) // b)]
+            batches = [(data[i * b : (i + 1) * b, :-1], data[i * b : (i + 1) * b, 1:]) for i in range(len(data) // b)]
 
             def loss_fn(model, inputs, targets):
                 logits = model(inputs).logits
                 return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-            return torch_train_throughput(model, loss_fn, batches, TRAIN["warmup_steps"], TRAIN["steps"],
-                                          TRAIN["windows"], TRAIN["context"])
+            return torch_train_throughput(
+                model, loss_fn, batches, TRAIN["warmup_steps"], TRAIN["steps"], TRAIN["windows"], TRAIN["context"]
+            )
         model.eval()
         prompt = torch.tensor(random_tokens(1, GENERATE["prompt"] - 1), dtype=torch.long)
-        kwargs = dict(max_new_tokens=GENERATE["new_tokens"], min_new_tokens=GENERATE["new_tokens"],
-                      do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt))
+        kwargs = dict(
+            max_new_tokens=GENERATE["new_tokens"],
+            min_new_tokens=GENERATE["new_tokens"],
+            do_sample=False,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(prompt),
+        )
         with torch.no_grad():
             model.generate(prompt, **kwargs)
             with Timer() as timer:
@@ -115,7 +141,12 @@ def worker(contender: str, task: str) -> dict:
 
 
 if __name__ == "__main__":
-    main(__doc__, __file__, worker, {
-        "train": ("Training, 4 layers / 4 heads / 128 wide, context 64, batch 12", "train tokens/s"),
-        "generate": ("Greedy generation, batch 1, 200 new tokens, context 256", "new tokens/s"),
-    })
+    main(
+        __doc__,
+        __file__,
+        worker,
+        {
+            "train": ("Training, 4 layers / 4 heads / 128 wide, context 64, batch 12", "train tokens/s"),
+            "generate": ("Greedy generation, batch 1, 200 new tokens, context 256", "new tokens/s"),
+        },
+    )

@@ -19,8 +19,9 @@ import time
 
 import numpy as np
 
-DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
-                            "tinyshakespeare", "input.txt")
+DEFAULT_DATA = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "tinyshakespeare", "input.txt"
+)
 
 
 def main() -> None:
@@ -53,12 +54,15 @@ def main() -> None:
 
     def windows(data, count):
         starts = rng.integers(0, len(data) - context - 1, size=count)
-        batch = np.stack([data[s:s + context + 1] for s in starts])
+        batch = np.stack([data[s : s + context + 1] for s in starts])
         return batch[:, :-1], batch[:, 1:]
 
     x, y = windows(train, args.iterations * args.batch_size)
     schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=args.iterations - args.warmup, alpha=0.1, warmup_target=args.learning_rate,
+        0.0,
+        decay_steps=args.iterations - args.warmup,
+        alpha=0.1,
+        warmup_target=args.learning_rate,
         warmup_steps=args.warmup,
     )
     model.compile(
@@ -79,7 +83,9 @@ def main() -> None:
         quantized.quantize(mode)
         loss = quantized.evaluate(vx, vy, batch_size=args.batch_size, verbose=0)
         quantized_losses[f"validation_loss_{mode}"] = round(float(loss), 4)
-    sample = model.generate([[vocabulary.index("\n")]], max_new_tokens=model.max_length - 1, temperature=0.8, top_k=20, seed=0)[0]
+    sample = model.generate(
+        [[vocabulary.index("\n")]], max_new_tokens=model.max_length - 1, temperature=0.8, top_k=20, seed=0
+    )[0]
     result = {
         "backend": keras.backend.backend(),
         "parameters": model.count_params(),

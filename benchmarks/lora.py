@@ -28,12 +28,23 @@ def random_tokens():
     import numpy as np
 
     n = TRAIN["batch"] * (TRAIN["warmup_steps"] + TRAIN["steps"])
-    return np.random.default_rng(0).integers(0, CONFIG["vocabulary_size"], size=(n, TRAIN["context"] + 1)).astype("int32")
+    return (
+        np.random.default_rng(0).integers(0, CONFIG["vocabulary_size"], size=(n, TRAIN["context"] + 1)).astype("int32")
+    )
 
 
 def keras_train(model, inputs, targets, loss=None) -> dict:
-    return keras_train_throughput(model, inputs, targets, TRAIN["batch"], TRAIN["warmup_steps"], TRAIN["steps"],
-                                  TRAIN["windows"], TRAIN["context"], loss)
+    return keras_train_throughput(
+        model,
+        inputs,
+        targets,
+        TRAIN["batch"],
+        TRAIN["warmup_steps"],
+        TRAIN["steps"],
+        TRAIN["windows"],
+        TRAIN["context"],
+        loss,
+    )
 
 
 def worker(contender: str, task: str) -> dict:
@@ -53,8 +64,12 @@ def worker(contender: str, task: str) -> dict:
         import keras_hub
 
         backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=CONFIG["vocabulary_size"], num_layers=CONFIG["num_layers"], num_heads=CONFIG["num_heads"],
-            hidden_dim=CONFIG["hidden_dim"], intermediate_dim=4 * CONFIG["hidden_dim"], dropout=0.0,
+            vocabulary_size=CONFIG["vocabulary_size"],
+            num_layers=CONFIG["num_layers"],
+            num_heads=CONFIG["num_heads"],
+            hidden_dim=CONFIG["hidden_dim"],
+            intermediate_dim=4 * CONFIG["hidden_dim"],
+            dropout=0.0,
             max_sequence_length=TRAIN["context"],
         )
         if mode == "lora":
@@ -68,8 +83,13 @@ def worker(contender: str, task: str) -> dict:
         import transformers
 
         config = transformers.GPT2Config(
-            vocab_size=CONFIG["vocabulary_size"], n_layer=CONFIG["num_layers"], n_head=CONFIG["num_heads"],
-            n_embd=CONFIG["hidden_dim"], n_positions=TRAIN["context"], resid_pdrop=0.0, embd_pdrop=0.0,
+            vocab_size=CONFIG["vocabulary_size"],
+            n_layer=CONFIG["num_layers"],
+            n_head=CONFIG["num_heads"],
+            n_embd=CONFIG["hidden_dim"],
+            n_positions=TRAIN["context"],
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
             attn_pdrop=0.0,
         )
         model = transformers.GPT2LMHeadModel(config)
@@ -78,29 +98,48 @@ def worker(contender: str, task: str) -> dict:
 
             # GPT-2 keeps query, key and value in one projection (c_attn), peft's usual target for it: rank 8
             # there trains as many weights as ours on query and value, 8 x (768 + 2,304) = 2 x 8 x (768 + 768).
-            model = peft.get_peft_model(model, peft.LoraConfig(r=RANK, lora_alpha=RANK, target_modules=["c_attn"],
-                                                               fan_in_fan_out=True))
+            model = peft.get_peft_model(
+                model, peft.LoraConfig(r=RANK, lora_alpha=RANK, target_modules=["c_attn"], fan_in_fan_out=True)
+            )
         tokens = torch.tensor(data, dtype=torch.long)
         b = TRAIN["batch"]
-        batches = [(tokens[i * b:(i + 1) * b, :-1], tokens[i * b:(i + 1) * b, 1:]) for i in range(len(tokens) // b)]
+        batches = [(tokens[i * b : (i + 1) * b, :-1], tokens[i * b : (i + 1) * b, 1:]) for i in range(len(tokens) // b)]
 
         def loss_fn(model, inputs, targets):
             logits = model(input_ids=inputs).logits
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-        return torch_train_throughput(model, loss_fn, batches, TRAIN["warmup_steps"], TRAIN["steps"],
-                                      TRAIN["windows"], TRAIN["context"])
+        return torch_train_throughput(
+            model, loss_fn, batches, TRAIN["warmup_steps"], TRAIN["steps"], TRAIN["windows"], TRAIN["context"]
+        )
     raise ValueError(contender)
 
 
-CONTENDERS = [(f"{library} {mode} ({backend})", f"{library}:{mode}", backend)
-              for library in ("keras_tfm", "keras_hub") for backend in BACKENDS for mode in ("full", "lora")]
+CONTENDERS = [
+    (f"{library} {mode} ({backend})", f"{library}:{mode}", backend)
+    for library in ("keras_tfm", "keras_hub")
+    for backend in BACKENDS
+    for mode in ("full", "lora")
+]
 CONTENDERS += [(f"hugging_face {mode} (torch)", f"hugging_face:{mode}", "torch") for mode in ("full", "lora")]
 
 if __name__ == "__main__":
-    main(__doc__, os.path.abspath(__file__), worker,
-         {"train": (f"LoRA fine-tuning, GPT-2 width, 4 layers, context {TRAIN['context']}, batch {TRAIN['batch']}, "
-                    f"rank {RANK}", "train tokens/s")},
-         contenders=CONTENDERS,
-         baselines={"Hugging Face full": "hugging_face full (torch)", "Hugging Face + peft": "hugging_face lora (torch)",
-                    "keras-hub lora (jax)": "keras_hub lora (jax)", "keras-hub lora (torch)": "keras_hub lora (torch)"})
+    main(
+        __doc__,
+        os.path.abspath(__file__),
+        worker,
+        {
+            "train": (
+                f"LoRA fine-tuning, GPT-2 width, 4 layers, context {TRAIN['context']}, batch {TRAIN['batch']}, "
+                f"rank {RANK}",
+                "train tokens/s",
+            )
+        },
+        contenders=CONTENDERS,
+        baselines={
+            "Hugging Face full": "hugging_face full (torch)",
+            "Hugging Face + peft": "hugging_face lora (torch)",
+            "keras-hub lora (jax)": "keras_hub lora (jax)",
+            "keras-hub lora (torch)": "keras_hub lora (torch)",
+        },
+    )

@@ -34,8 +34,11 @@ def shapes(model: str) -> list[tuple[int, int, int]]:
     if model == "vit":
         from vit import BATCH, CONFIG
 
-        tokens, width, hidden = BATCH * ((CONFIG["image_size"] // CONFIG["patch_size"]) ** 2 + 1), \
-            CONFIG["hidden_dim"], CONFIG["intermediate_dim"]
+        tokens, width, hidden = (
+            BATCH * ((CONFIG["image_size"] // CONFIG["patch_size"]) ** 2 + 1),
+            CONFIG["hidden_dim"],
+            CONFIG["intermediate_dim"],
+        )
         return [(tokens, width, hidden), (tokens, hidden, width), (tokens, width, width)]
     from translator import BATCH, CONFIG, LENGTH, VOCABULARY
 
@@ -152,21 +155,29 @@ def main() -> None:
             print(json.dumps({"rates": products(backend, model)}), flush=True)
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["vit", "translator"], default="vit",
-                        help="the training benchmark whose products to time (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        choices=["vit", "translator"],
+        default="vit",
+        help="the training benchmark whose products to time (default: %(default)s)",
+    )
     model = parser.parse_args().model
     counted = run_worker(__file__, "jax", ["-", "jax", "count", model])
     if "error" in counted:
         sys.exit(f"counting failed: {counted['error']}")
     per_example, unit = counted["gflop"] / counted["examples"], counted["unit"]
-    print(f"\nOne keras_tfm {model} training step ({counted['examples']} {unit}, forward and backward): "
-          f"{counted['gflop']:.2f} GFLOP (XLA's cost analysis), {per_example:.3g} GFLOP per {unit[:-1]}.\n")
+    print(
+        f"\nOne keras_tfm {model} training step ({counted['examples']} {unit}, forward and backward): "
+        f"{counted['gflop']:.2f} GFLOP (XLA's cost analysis), {per_example:.3g} GFLOP per {unit[:-1]}.\n"
+    )
     if model == "translator":
         matmuls = run_worker(__file__, "torch", ["-", "torch", "torch-count", model])
         if "error" in matmuls:
             sys.exit(f"counting failed: {matmuls['error']}")
-        print(f"Its matrix products, counted by PyTorch's FlopCounterMode: keras_tfm {matmuls['keras_tfm']:.2f} GFLOP, "
-              f"Hugging Face's MarianMTModel {matmuls['hugging_face']:.2f} GFLOP.\n")
+        print(
+            f"Its matrix products, counted by PyTorch's FlopCounterMode: keras_tfm {matmuls['keras_tfm']:.2f} GFLOP, "
+            f"Hugging Face's MarianMTModel {matmuls['hugging_face']:.2f} GFLOP.\n"
+        )
     header = " | ".join(f"{m}x{k} @ {k}x{n}" for m, k, n in shapes(model))
     print(f"| backend | {header} (GFLOP/s) | {unit}/s at the fastest product |")
     print("|---|" + "---|" * (len(shapes(model)) + 1))

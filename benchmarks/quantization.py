@@ -52,11 +52,21 @@ def worker(mode: str, task: str) -> dict:
 
 
 if __name__ == "__main__":
-    main(__doc__, os.path.abspath(__file__), worker,
-         {"size": ("GPT-2 small .keras file", "MB"), "generate": ("GPT-2 small greedy generation", "new tokens/s"),
-          "quantize": ("GPT-2 small int8 quantization", "M parameters/s")},
-         contenders=[(f"{mode} ({backend})", mode, backend) for backend in BACKENDS for mode in MODES],
-         baselines={f"float32 ({backend})": f"float32 ({backend})" for backend in BACKENDS},
-         task_contenders={"quantize": (
-             [(f"{how} ({backend})", how, backend) for backend in BACKENDS for how in ("keras_tfm", "keras")],
-             {f"Keras ({backend})": f"keras ({backend})" for backend in BACKENDS})})
+    main(
+        __doc__,
+        os.path.abspath(__file__),
+        worker,
+        {
+            "size": ("GPT-2 small .keras file", "MB"),
+            "generate": ("GPT-2 small greedy generation", "new tokens/s"),
+            "quantize": ("GPT-2 small int8 quantization", "M parameters/s"),
+        },
+        contenders=[(f"{mode} ({backend})", mode, backend) for backend in BACKENDS for mode in MODES],
+        baselines={f"float32 ({backend})": f"float32 ({backend})" for backend in BACKENDS},
+        task_contenders={
+            "quantize": (
+                [(f"{how} ({backend})", how, backend) for backend in BACKENDS for how in ("keras_tfm", "keras")],
+                {f"Keras ({backend})": f"keras ({backend})" for backend in BACKENDS},
+            )
+        },
+    )

@@ -74,9 +74,16 @@ def worker(mode: str, task: str) -> dict:
     rates = [BATCH * CONFIG["max_length"] / s for s in seconds[1:]]
     return {"value": max(rates), "windows": rates, "method": "train_on_batch"}
 
+
 if __name__ == "__main__":
-    main(__doc__, os.path.abspath(__file__), worker,
-         {"memory": ("GPT 6 x 384, context 1024, batch 8: peak memory of three training steps", "MB"),
-          "speed": ("GPT 6 x 384, context 1024, batch 8: training speed", "tokens/s")},
-         contenders=[(f"{mode} ({backend})", mode, backend) for backend in BACKENDS for mode in ("stored", "remat")],
-         baselines={f"stored ({backend})": f"stored ({backend})" for backend in BACKENDS})
+    main(
+        __doc__,
+        os.path.abspath(__file__),
+        worker,
+        {
+            "memory": ("GPT 6 x 384, context 1024, batch 8: peak memory of three training steps", "MB"),
+            "speed": ("GPT 6 x 384, context 1024, batch 8: training speed", "tokens/s"),
+        },
+        contenders=[(f"{mode} ({backend})", mode, backend) for backend in BACKENDS for mode in ("stored", "remat")],
+        baselines={f"stored ({backend})": f"stored ({backend})" for backend in BACKENDS},
+    )

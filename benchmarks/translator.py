@@ -34,17 +34,30 @@ def data():
 def keras_tfm_model():
     import keras_tfm
 
-    return keras_tfm.Translator(source_vocabulary_size=VOCABULARY, share_embeddings=True, dropout=0.0,
-                                max_length=64, end_token_id=-1, **CONFIG)
+    return keras_tfm.Translator(
+        source_vocabulary_size=VOCABULARY, share_embeddings=True, dropout=0.0, max_length=64, end_token_id=-1, **CONFIG
+    )
 
 
 def hugging_face_model():
     import transformers
 
     config = transformers.MarianConfig(
-        vocab_size=VOCABULARY, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=8,
-        decoder_attention_heads=8, encoder_ffn_dim=512, decoder_ffn_dim=512, max_position_embeddings=64,
-        pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, forced_eos_token_id=None, dropout=0.0)
+        vocab_size=VOCABULARY,
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=512,
+        decoder_ffn_dim=512,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=0,
+        forced_eos_token_id=None,
+        dropout=0.0,
+    )
     return transformers.MarianMTModel(config)
 
 
@@ -56,8 +69,17 @@ def worker(contender: str, task: str) -> dict:
         model = keras_tfm_model()
         if task == "train":
             inputs = {"source_ids": source, "target_ids": target_in}
-            return keras_train_throughput(model, inputs, target_out, BATCH, WARMUP_STEPS, STEPS, WINDOWS, LENGTH,
-                                          loss=keras_tfm.TokenCrossEntropy())
+            return keras_train_throughput(
+                model,
+                inputs,
+                target_out,
+                BATCH,
+                WARMUP_STEPS,
+                STEPS,
+                WINDOWS,
+                LENGTH,
+                loss=keras_tfm.TokenCrossEntropy(),
+            )
         model.translate(source[:SENTENCES], max_length=LENGTH, beam_size=BEAMS)
         with Timer() as timer:
             for _ in range(REPEATS):
@@ -68,8 +90,10 @@ def worker(contender: str, task: str) -> dict:
     model = hugging_face_model()
     src, tin, tout = (torch.tensor(a, dtype=torch.long) for a in (source, target_in, target_out))
     if task == "train":
-        batches = [((src[i * BATCH:(i + 1) * BATCH], tin[i * BATCH:(i + 1) * BATCH]), tout[i * BATCH:(i + 1) * BATCH])
-                   for i in range(len(src) // BATCH)]
+        batches = [
+            ((src[i * BATCH : (i + 1) * BATCH], tin[i * BATCH : (i + 1) * BATCH]), tout[i * BATCH : (i + 1) * BATCH])
+            for i in range(len(src) // BATCH)
+        ]
 
         def loss_fn(model, inputs, targets):
             logits = model(input_ids=inputs[0], decoder_input_ids=inputs[1]).logits
@@ -77,8 +101,13 @@ def worker(contender: str, task: str) -> dict:
 
         return torch_train_throughput(model, loss_fn, batches, WARMUP_STEPS, STEPS, WINDOWS, LENGTH)
     model.eval()
-    kwargs = dict(num_beams=BEAMS, max_new_tokens=LENGTH, min_new_tokens=LENGTH, do_sample=False,
-                  attention_mask=torch.ones_like(src[:SENTENCES]))
+    kwargs = dict(
+        num_beams=BEAMS,
+        max_new_tokens=LENGTH,
+        min_new_tokens=LENGTH,
+        do_sample=False,
+        attention_mask=torch.ones_like(src[:SENTENCES]),
+    )
     with torch.no_grad():
         model.generate(src[:SENTENCES], **kwargs)
         with Timer() as timer:
@@ -90,8 +119,17 @@ def worker(contender: str, task: str) -> dict:
 if __name__ == "__main__":
     contenders = [(f"keras_tfm ({backend})", "keras_tfm", backend) for backend in BACKENDS]
     contenders.append(("hugging_face marian (torch)", "hugging_face", "torch"))
-    main(__doc__, __file__, worker, {
-        "train": ("Translator training, 3 + 3 layers / 8 heads / 256 wide, FFN 512, 24 + 24 tokens, batch 64",
-                  "train target tokens/s"),
-        "translate": ("Beam search (4 beams), 32 sentences of 24 tokens, 24 new tokens each", "sentences/s"),
-    }, contenders, {"Hugging Face": "hugging_face marian (torch)"})
+    main(
+        __doc__,
+        __file__,
+        worker,
+        {
+            "train": (
+                "Translator training, 3 + 3 layers / 8 heads / 256 wide, FFN 512, 24 + 24 tokens, batch 64",
+                "train target tokens/s",
+            ),
+            "translate": ("Beam search (4 beams), 32 sentences of 24 tokens, 24 new tokens each", "sentences/s"),
+        },
+        contenders,
+        {"Hugging Face": "hugging_face marian (torch)"},
+    )

@@ -15,7 +15,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import keras_train_throughput, main, torch_train_throughput  # noqa: E402
 
-CONFIG = dict(image_size=32, patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, intermediate_dim=768, num_classes=10)
+CONFIG = dict(
+    image_size=32, patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, intermediate_dim=768, num_classes=10
+)
 BATCH, WARMUP_STEPS, STEPS, WINDOWS = 32, 5, 15, 4  # STEPS: per timed window
 
 
@@ -38,7 +40,12 @@ def worker(contender: str, task: str = "train") -> dict:
         import keras_hub
 
         backbone = keras_hub.models.ViTBackbone(
-            image_shape=(32, 32, 3), patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, mlp_dim=768,
+            image_shape=(32, 32, 3),
+            patch_size=4,
+            num_layers=6,
+            num_heads=3,
+            hidden_dim=192,
+            mlp_dim=768,
         )
         model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=10, preprocessor=None)
         return keras_train_throughput(model, images, labels, BATCH, WARMUP_STEPS, STEPS, WINDOWS)
@@ -46,12 +53,19 @@ def worker(contender: str, task: str = "train") -> dict:
         import torch
         import transformers
 
-        config = transformers.ViTConfig(image_size=32, patch_size=4, num_hidden_layers=6, num_attention_heads=3,
-                                        hidden_size=192, intermediate_size=768, num_labels=10)
+        config = transformers.ViTConfig(
+            image_size=32,
+            patch_size=4,
+            num_hidden_layers=6,
+            num_attention_heads=3,
+            hidden_size=192,
+            intermediate_size=768,
+            num_labels=10,
+        )
         model = transformers.ViTForImageClassification(config)
         x = torch.tensor(images).permute(0, 3, 1, 2).contiguous()
         y = torch.tensor(labels, dtype=torch.long)
-        batches = [(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]) for i in range(len(x) // BATCH)]
+        batches = [(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(len(x) // BATCH)]
 
         def loss_fn(model, inputs, targets):
             return torch.nn.functional.cross_entropy(model(inputs).logits, targets)
@@ -61,5 +75,14 @@ def worker(contender: str, task: str = "train") -> dict:
 
 
 if __name__ == "__main__":
-    main(__doc__, __file__, worker, {"train": (
-        "ViT training, 32x32x3, patch 4, 6 layers / 3 heads / 192 wide, MLP 768, batch 32", "train images/s")})
+    main(
+        __doc__,
+        __file__,
+        worker,
+        {
+            "train": (
+                "ViT training, 32x32x3, patch 4, 6 layers / 3 heads / 192 wide, MLP 768, batch 32",
+                "train images/s",
+            )
+        },
+    )

@@ -67,7 +67,8 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
         if len(labels_shape) == len(y_pred.shape) and labels_shape[-1] == 1:
             labels_shape = labels_shape[:-1]
         if len(labels_shape) != len(y_pred.shape) - 1 or any(
-                a is not None and b is not None and a != b for a, b in zip(labels_shape, y_pred.shape)):
+            a is not None and b is not None and a != b for a, b in zip(labels_shape, y_pred.shape)
+        ):
             raise ValueError(
                 f"TokenCrossEntropy: `y_true` must have the shape of `y_pred` without its vocabulary "
                 f"axis, {tuple(y_pred.shape[:-1])}; received y_true of shape {tuple(y_true.shape)} "
@@ -93,7 +94,9 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
                 probabilities = scores / ops.sum(scores, axis=-1, keepdims=True)
                 log_probabilities = ops.log(ops.clip(probabilities, epsilon, 1.0 - epsilon))
             picked = ops.take_along_axis(log_probabilities, labels[:, None], axis=-1)[:, 0]
-            losses = -(1.0 - self.label_smoothing) * picked - self.label_smoothing * ops.mean(log_probabilities, axis=-1)
+            losses = -(1.0 - self.label_smoothing) * picked - self.label_smoothing * ops.mean(
+                log_probabilities, axis=-1
+            )
         else:
             losses = keras.losses.sparse_categorical_crossentropy(labels, scores, from_logits=self.from_logits)
         losses = ops.reshape(losses, positions_shape)

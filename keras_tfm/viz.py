@@ -57,8 +57,10 @@ def plot_attention_maps(image, attention_weights, path: str, layer: int = -1, cl
     rows = max(1, int(round((patches * height / width) ** 0.5)))  # the grid has the image's aspect ratio
     cols = patches // rows
     if rows * cols != patches:
-        raise ValueError(f"plot_attention_maps: {patches} patch tokens do not tile a {height}x{width} image "
-                         f"as a grid of its aspect ratio.")
+        raise ValueError(
+            f"plot_attention_maps: {patches} patch tokens do not tile a {height}x{width} image "
+            f"as a grid of its aspect ratio."
+        )
     source = 0 if class_token else slice(None)
     offset = 1 if class_token else 0
 
@@ -68,7 +70,9 @@ def plot_attention_maps(image, attention_weights, path: str, layer: int = -1, cl
 
     rollout = attention_rollout([w[:1] for w in attention_weights])[0]
     layer_number = layer % len(attention_weights)
-    panels = [("image", None)] + [(f"layer {layer_number} head {h}", to_grid(weights[h, source])) for h in range(num_heads)]
+    panels = [("image", None)] + [
+        (f"layer {layer_number} head {h}", to_grid(weights[h, source])) for h in range(num_heads)
+    ]
     panels.append(("rollout", to_grid(rollout[source])))
     figure, axes = plt.subplots(1, len(panels), figsize=(2.2 * len(panels), 2.4))
     for axis, (title, heat) in zip(np.atleast_1d(axes), panels):
@@ -101,8 +105,9 @@ def plot_learning_curves(history, path: str, title: str = "") -> str:
     history = getattr(history, "history", history)  # a keras.callbacks.History
     metrics = [name for name in history if not name.startswith("val_")]
     if not metrics:
-        raise ValueError(f"plot_learning_curves: `history` holds no training metric to plot; received the keys "
-                         f"{sorted(history)}.")
+        raise ValueError(
+            f"plot_learning_curves: `history` holds no training metric to plot; received the keys {sorted(history)}."
+        )
     figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3), squeeze=False)
     for axis, name in zip(axes[0], metrics):
         axis.plot(history[name], label="train")

@@ -44,21 +44,47 @@ def main() -> None:
     from keras_tfm import training
     from keras_tfm.models import bert
 
-    sizes = {name: getattr(bert, name) for name in
-             ("bert_tiny", "bert_mini", "bert_small", "bert_medium", "bert_base", "bert_large")}
+    sizes = {
+        name: getattr(bert, name)
+        for name in ("bert_tiny", "bert_mini", "bert_small", "bert_medium", "bert_base", "bert_large")
+    }
     parser = training.recipe_parser(__doc__, sizes, "bert_mini", "runs/bert_mlm")
     parser.set_defaults(batch_size=16, learning_rate=5e-4, weight_decay=0.01, epochs=5)
     recipe = parser.add_argument_group("masked language model")
     recipe.add_argument("--validation-data", metavar="PATH", help="held-out text (default: the last 10%% of --data)")
-    recipe.add_argument("--vocabulary-size", type=training.POSITIVE, default=8192, help="WordPiece vocabulary size (default: %(default)s)")
-    recipe.add_argument("--sequence-length", type=training.integer(3), default=128, help="tokens per sequence (default: %(default)s)")
-    recipe.add_argument("--mask-rate", type=training.number(0.0, 1.0, above_minimum=True), default=0.15, help="share of tokens selected (default: %(default)s)")
-    recipe.add_argument("--mask-positions", type=training.POSITIVE, default=20, help="most masked positions per sequence (default: %(default)s)")
-    recipe.add_argument("--finetune", metavar="PATH", help="labelled texts to fine-tune a classifier on after pretraining")
+    recipe.add_argument(
+        "--vocabulary-size",
+        type=training.POSITIVE,
+        default=8192,
+        help="WordPiece vocabulary size (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--sequence-length", type=training.integer(3), default=128, help="tokens per sequence (default: %(default)s)"
+    )
+    recipe.add_argument(
+        "--mask-rate",
+        type=training.number(0.0, 1.0, above_minimum=True),
+        default=0.15,
+        help="share of tokens selected (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--mask-positions",
+        type=training.POSITIVE,
+        default=20,
+        help="most masked positions per sequence (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--finetune", metavar="PATH", help="labelled texts to fine-tune a classifier on after pretraining"
+    )
     recipe.add_argument("--finetune-epochs", type=training.POSITIVE, default=3, help="(default: %(default)s)")
-    recipe.add_argument("--finetune-learning-rate", type=training.number(0.0), default=1e-4, help="(default: %(default)s)")
-    recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)")
+    recipe.add_argument(
+        "--finetune-learning-rate", type=training.number(0.0), default=1e-4, help="(default: %(default)s)"
+    )
+    recipe.add_argument(
+        "--from-huggingface",
+        metavar="DIR",
+        help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
+    )
     args = parser.parse_args()
     training.setup(args)
     if args.from_huggingface:
@@ -67,8 +93,10 @@ def main() -> None:
     if args.lora_rank and not args.finetune:
         from keras_tfm.data import DataError
 
-        raise DataError("--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH (the classifier "
-                        "stage after pretraining) or --from-huggingface DIR; pretraining trains every weight.")
+        raise DataError(
+            "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH (the classifier "
+            "stage after pretraining) or --from-huggingface DIR; pretraining trains every weight."
+        )
 
     import keras
 
@@ -80,15 +108,18 @@ def main() -> None:
     labelled = load_labelled_text(args.finetune) if args.finetune else None  # refused now, not after pretraining
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     validation_text = read_text(args.validation_data, "--validation-data") if args.validation_data else text.validation
-    tokenizer = load_or_fit_tokenizer("wordpiece", text.train, args.output_dir, args.vocabulary_size,
-                                      log=training.runtime.log)
+    tokenizer = load_or_fit_tokenizer(
+        "wordpiece", text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log
+    )
     pad, cls, sep, mask = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
     length = args.sequence_length
 
     train_sequences = pack_sequences(tokenizer.encode(text.train), length, cls, sep)
     validation_sequences = pack_sequences(tokenizer.encode(validation_text), length, cls, sep, "validation")
-    training.runtime.log(f"Sequences: {len(train_sequences):,} for training, {len(validation_sequences):,} held out, "
-                         f"{length} tokens each.")
+    training.runtime.log(
+        f"Sequences: {len(train_sequences):,} for training, {len(validation_sequences):,} held out, "
+        f"{length} tokens each."
+    )
     masked = DynamicMasker(tokenizer.vocabulary_size, mask, [pad, cls, sep], pad, args.mask_rate, args.mask_positions)
 
     @functools.lru_cache(maxsize=2)
@@ -96,7 +127,7 @@ def main() -> None:
         return np.random.default_rng([args.seed, epoch]).permutation(len(train_sequences))
 
     def train_batch(epoch: int, step: int):
-        chosen = order(epoch)[(step * args.batch_size) % len(train_sequences):][: args.batch_size]
+        chosen = order(epoch)[(step * args.batch_size) % len(train_sequences) :][: args.batch_size]
         if len(chosen) < args.batch_size:
             chosen = np.concatenate([chosen, order(epoch)[: args.batch_size - len(chosen)]])
         return masked(train_sequences[chosen], [args.seed, epoch, step])
@@ -104,10 +135,20 @@ def main() -> None:
     validation = masked(validation_sequences, [args.seed, 1 << 20])
 
     def evaluate(model) -> dict:
-        loss = model.evaluate(validation[0], validation[1], sample_weight=validation[2], batch_size=args.batch_size,
-                              verbose=0, return_dict=True)["loss"]
-        return {"validation_perplexity": math.exp(loss), "vocabulary_size": tokenizer.vocabulary_size,
-                "masked_tokens_evaluated": int(validation[2].sum()), "data": text.source}
+        loss = model.evaluate(
+            validation[0],
+            validation[1],
+            sample_weight=validation[2],
+            batch_size=args.batch_size,
+            verbose=0,
+            return_dict=True,
+        )["loss"]
+        return {
+            "validation_perplexity": math.exp(loss),
+            "vocabulary_size": tokenizer.vocabulary_size,
+            "masked_tokens_evaluated": int(validation[2].sum()),
+            "data": text.source,
+        }
 
     encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=length)
     pretraining = copy.copy(args)  # --lora-rank is for the --finetune stage
@@ -123,9 +164,12 @@ def main() -> None:
         evaluate=evaluate,
         tokenizer=tokenizer,
     )
-    print(f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
-          f"perplexity {result.metrics['validation_perplexity']:.2f}")
+    print(
+        f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
+        f"perplexity {result.metrics['validation_perplexity']:.2f}"
+    )
     if args.finetune:
+
         def pretrained_classifier(num_classes: int):
             classifier = training.build_model(sizes, args, head="classifier", num_classes=num_classes, **encoder_config)
             classifier.build()
@@ -143,15 +187,24 @@ def finetune_checkpoint(args) -> None:
     if not args.finetune:
         raise DataError("--from-huggingface: give --finetune PATH, the labelled texts to fine-tune the checkpoint on.")
     config = training.checkpoint_config(
-        args, "bert", {"model": "bert_mini", "data": None, "dataset": None, "validation_data": None},
-        "fine-tunes the checkpoint without pretraining")
+        args,
+        "bert",
+        {"model": "bert_mini", "data": None, "dataset": None, "validation_data": None},
+        "fine-tunes the checkpoint without pretraining",
+    )
     if args.sequence_length > config["max_position_embeddings"]:
-        raise DataError(f"--sequence-length: the checkpoint has {config['max_position_embeddings']} positions; "
-                        f"got {args.sequence_length}.")
+        raise DataError(
+            f"--sequence-length: the checkpoint has {config['max_position_embeddings']} positions; "
+            f"got {args.sequence_length}."
+        )
     tokenizer = WordPieceTokenizer.from_huggingface(args.from_huggingface)
     special = tuple(tokenizer.token_id(token) for token in ("[PAD]", "[CLS]", "[SEP]"))
-    finetune(args, tokenizer, special, lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes,
-                                                                                   adapter=args.adapter))
+    finetune(
+        args,
+        tokenizer,
+        special,
+        lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes, adapter=args.adapter),
+    )
 
 
 def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
@@ -173,8 +226,10 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
     order = np.random.default_rng(args.seed).permutation(len(texts))
     cut = int(0.9 * len(texts))
     train_rows, test_rows = order[:cut], order[cut:]
-    training.runtime.log(f"Fine-tuning data: {args.finetune!r}: {len(train_rows)} training and {len(test_rows)} "
-                         f"test texts, classes {class_names}.")
+    training.runtime.log(
+        f"Fine-tuning data: {args.finetune!r}: {len(train_rows)} training and {len(test_rows)} "
+        f"test texts, classes {class_names}."
+    )
 
     def inputs(rows):
         return {"token_ids": ids[rows], "padding_mask": ids[rows] != pad}
@@ -190,7 +245,7 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
         return np.random.default_rng([args.seed, 7, epoch]).permutation(train_rows)
 
     def train_batch(epoch: int, step: int):
-        rows = epoch_order(epoch)[(step * args.batch_size) % len(train_rows):][: args.batch_size]
+        rows = epoch_order(epoch)[(step * args.batch_size) % len(train_rows) :][: args.batch_size]
         if len(rows) < args.batch_size:
             rows = np.concatenate([rows, epoch_order(epoch)[: args.batch_size - len(rows)]])
         return inputs(rows), labels[rows]
@@ -207,7 +262,9 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
         tokenizer=tokenizer,
         labels=class_names,
     )
-    print(f"fine-tuned classification accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_rows)} held-out texts")
+    print(
+        f"fine-tuned classification accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_rows)} held-out texts"
+    )
 
 
 if __name__ == "__main__":

@@ -36,21 +36,53 @@ def main() -> None:
     from keras_tfm import training
     from keras_tfm.models import gpt
 
-    sizes = {name: getattr(gpt, name) for name in
-             ("gpt_shakespeare_char_cpu", "gpt_shakespeare_char", "gpt2_small", "gpt2_medium", "gpt2_large", "gpt2_xl")}
+    sizes = {
+        name: getattr(gpt, name)
+        for name in (
+            "gpt_shakespeare_char_cpu",
+            "gpt_shakespeare_char",
+            "gpt2_small",
+            "gpt2_medium",
+            "gpt2_large",
+            "gpt2_xl",
+        )
+    }
     parser = training.recipe_parser(__doc__, sizes, "gpt_shakespeare_char_cpu", "runs/gpt_lm")
     parser.set_defaults(batch_size=12, learning_rate=3e-3, weight_decay=0.1, epochs=5)
     recipe = parser.add_argument_group("language model")
-    recipe.add_argument("--tokenizer", default="char", choices=["char", "bpe", "wordpiece"], help="(default: %(default)s)")
-    recipe.add_argument("--vocabulary-size", type=training.POSITIVE, default=8192, help="subword vocabulary size (default: %(default)s)")
-    recipe.add_argument("--eval-batches", type=training.POSITIVE, default=50, help="validation batches of random windows (default: %(default)s)")
+    recipe.add_argument(
+        "--tokenizer", default="char", choices=["char", "bpe", "wordpiece"], help="(default: %(default)s)"
+    )
+    recipe.add_argument(
+        "--vocabulary-size", type=training.POSITIVE, default=8192, help="subword vocabulary size (default: %(default)s)"
+    )
+    recipe.add_argument(
+        "--eval-batches",
+        type=training.POSITIVE,
+        default=50,
+        help="validation batches of random windows (default: %(default)s)",
+    )
     recipe.add_argument("--prompt", default="\n", help="text the samples start from (default: a newline)")
-    recipe.add_argument("--sample-tokens", type=training.POSITIVE, default=200, help="tokens per sample (default: %(default)s)")
-    recipe.add_argument("--sample-every", type=training.integer(0), default=1, help="print a sample every N epochs; 0 = only at the end")
-    recipe.add_argument("--temperature", type=training.number(0.0), default=0.8, help="sampling temperature (default: %(default)s)")
-    recipe.add_argument("--top-k", type=training.integer(0), default=20, help="sample among the k likeliest tokens (default: %(default)s)")
-    recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="fine-tune this Hugging Face GPT-2 checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)")
+    recipe.add_argument(
+        "--sample-tokens", type=training.POSITIVE, default=200, help="tokens per sample (default: %(default)s)"
+    )
+    recipe.add_argument(
+        "--sample-every", type=training.integer(0), default=1, help="print a sample every N epochs; 0 = only at the end"
+    )
+    recipe.add_argument(
+        "--temperature", type=training.number(0.0), default=0.8, help="sampling temperature (default: %(default)s)"
+    )
+    recipe.add_argument(
+        "--top-k",
+        type=training.integer(0),
+        default=20,
+        help="sample among the k likeliest tokens (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--from-huggingface",
+        metavar="DIR",
+        help="fine-tune this Hugging Face GPT-2 checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
+    )
     args = parser.parse_args()
     training.setup(args)
 
@@ -62,34 +94,42 @@ def main() -> None:
     checkpoint, tokenizer = checkpoint_settings(args) if args.from_huggingface else (None, None)
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     if not checkpoint:
-        tokenizer = load_or_fit_tokenizer(args.tokenizer, text.train, args.output_dir, args.vocabulary_size,
-                                          log=training.runtime.log)
+        tokenizer = load_or_fit_tokenizer(
+            args.tokenizer, text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log
+        )
     train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
     if checkpoint:
         context = args.max_length or checkpoint["n_positions"]
     else:  # constructing a size is cheap (weights are made at build time); it tells the default context
-        context = args.max_length or training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size).max_length
+        context = (
+            args.max_length or training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size).max_length
+        )
     for name, ids in (("training", train_ids), ("validation", validation_ids)):
         if len(ids) <= context + 1:
-            raise DataError(f"--data: the {name} text has {len(ids)} tokens, fewer than one window of "
-                            f"{context + 1}; give more text or a smaller --max-length.")
+            raise DataError(
+                f"--data: the {name} text has {len(ids)} tokens, fewer than one window of "
+                f"{context + 1}; give more text or a smaller --max-length."
+            )
 
     def windows(ids, count, rng):
         starts = rng.integers(0, len(ids) - context - 1, size=count)
-        batch = np.stack([ids[s:s + context + 1] for s in starts])
+        batch = np.stack([ids[s : s + context + 1] for s in starts])
         return batch[:, :-1], batch[:, 1:]
 
     def train_batch(epoch: int, step: int):
         return windows(train_ids, args.batch_size, np.random.default_rng([args.seed, epoch, step]))
 
-    validation = windows(validation_ids, args.eval_batches * args.batch_size, np.random.default_rng([args.seed, 1 << 30]))
+    validation = windows(
+        validation_ids, args.eval_batches * args.batch_size, np.random.default_rng([args.seed, 1 << 30])
+    )
     prompt = tokenizer.encode(args.prompt)
     prompt = prompt if len(prompt) else np.zeros((1,), "int32")
 
     def sample(model) -> str:
         new_tokens = max(1, min(args.sample_tokens, context - len(prompt)))
-        ids = model.generate([list(prompt)], max_new_tokens=new_tokens, temperature=args.temperature,
-                             top_k=args.top_k, seed=args.seed)[0]
+        ids = model.generate(
+            [list(prompt)], max_new_tokens=new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed
+        )[0]
         return tokenizer.decode(ids)
 
     class PrintSample(keras.callbacks.Callback):
@@ -99,13 +139,18 @@ def main() -> None:
 
     def evaluate(model) -> dict:
         loss = model.evaluate(*validation, batch_size=args.batch_size, verbose=0, return_dict=True)["loss"]
-        return {"validation_perplexity": math.exp(loss), "tokenizer": tokenizer.kind,
-                "vocabulary_size": tokenizer.vocabulary_size, "data": text.source}
+        return {
+            "validation_perplexity": math.exp(loss),
+            "tokenizer": tokenizer.kind,
+            "vocabulary_size": tokenizer.vocabulary_size,
+            "data": text.source,
+        }
 
     result = training.train(
         args,
-        build_model=(lambda: convert.from_huggingface(args.from_huggingface, adapter=args.adapter)) if args.from_huggingface else (
-            lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size, max_length=context)),
+        build_model=(lambda: convert.from_huggingface(args.from_huggingface, adapter=args.adapter))
+        if args.from_huggingface
+        else (lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size, max_length=context)),
         train_batch=train_batch,
         steps_per_pass=len(train_ids) // (args.batch_size * context),
         validation_data=validation,
@@ -119,8 +164,10 @@ def main() -> None:
     with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:
         file.write(text_out)
     print(f"--- final sample ---\n{text_out}\n---")
-    print(f"validation loss {result.metrics['validation_loss']:.4f}, "
-          f"perplexity {result.metrics['validation_perplexity']:.2f}")
+    print(
+        f"validation loss {result.metrics['validation_loss']:.4f}, "
+        f"perplexity {result.metrics['validation_perplexity']:.2f}"
+    )
 
 
 def checkpoint_settings(args):
@@ -129,14 +176,20 @@ def checkpoint_settings(args):
     from keras_tfm.data import BytePairTokenizer, DataError
 
     config = training.checkpoint_config(
-        args, "gpt2", {"model": "gpt_shakespeare_char_cpu", "tokenizer": "char", "vocabulary_size": 8192},
-        "takes the model and its tokenizer from the checkpoint", keep=("max_length",))
+        args,
+        "gpt2",
+        {"model": "gpt_shakespeare_char_cpu", "tokenizer": "char", "vocabulary_size": 8192},
+        "takes the model and its tokenizer from the checkpoint",
+        keep=("max_length",),
+    )
     if args.max_length and args.max_length > config["n_positions"]:
         raise DataError(f"--max-length: the checkpoint has {config['n_positions']} positions; got {args.max_length}.")
     tokenizer = BytePairTokenizer.from_huggingface(args.from_huggingface)
     if tokenizer.vocabulary_size > config["vocab_size"]:
-        raise DataError(f"--from-huggingface: the tokenizer has {tokenizer.vocabulary_size} tokens, more than the "
-                        f"checkpoint's {config['vocab_size']} embeddings.")
+        raise DataError(
+            f"--from-huggingface: the tokenizer has {tokenizer.vocabulary_size} tokens, more than the "
+            f"checkpoint's {config['vocab_size']} embeddings."
+        )
     return config, tokenizer
 
 

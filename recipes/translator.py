@@ -43,15 +43,35 @@ def main() -> None:
     recipe.add_argument("--source-language", default="de", help="source file suffix / TFDS key (default: %(default)s)")
     recipe.add_argument("--target-language", default="en", help="target file suffix / TFDS key (default: %(default)s)")
     recipe.add_argument("--swap", action="store_true", help="a tab-separated file holds target<TAB>source")
-    recipe.add_argument("--tokenizer", choices=["wordpiece", "sentencepiece"], default="wordpiece",
-                        help="subword tokenizer of each language (default: %(default)s)")
-    recipe.add_argument("--vocabulary-size", type=training.POSITIVE, default=8000,
-                        help="most subwords per language (default: %(default)s)")
-    recipe.add_argument("--sequence-length", type=training.integer(3), default=48, help="tokens per sentence (default: %(default)s)")
-    recipe.add_argument("--beam-size", type=training.POSITIVE, default=4, help="beam width for the test translations (default: %(default)s)")
-    recipe.add_argument("--bleu-sentences", type=training.POSITIVE, default=None, help="translate only the first N test sentences")
-    recipe.add_argument("--tokenized-references", metavar="FILE",
-                        help="lowercased, Moses-tokenized test references, one per line, for the comparable BLEU")
+    recipe.add_argument(
+        "--tokenizer",
+        choices=["wordpiece", "sentencepiece"],
+        default="wordpiece",
+        help="subword tokenizer of each language (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--vocabulary-size",
+        type=training.POSITIVE,
+        default=8000,
+        help="most subwords per language (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--sequence-length", type=training.integer(3), default=48, help="tokens per sentence (default: %(default)s)"
+    )
+    recipe.add_argument(
+        "--beam-size",
+        type=training.POSITIVE,
+        default=4,
+        help="beam width for the test translations (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--bleu-sentences", type=training.POSITIVE, default=None, help="translate only the first N test sentences"
+    )
+    recipe.add_argument(
+        "--tokenized-references",
+        metavar="FILE",
+        help="lowercased, Moses-tokenized test references, one per line, for the comparable BLEU",
+    )
     recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
     args = parser.parse_args()
     layers, args.num_layers = args.num_layers, None  # --num-layers sets both stacks
@@ -65,21 +85,38 @@ def main() -> None:
     from keras_tfm.data.text import read_text
     from keras_tfm.training import bleu
 
-    data = load_parallel(args.data, args.dataset, args.data_dir, args.source_language, args.target_language,
-                         args.swap, log=training.runtime.log)
+    data = load_parallel(
+        args.data,
+        args.dataset,
+        args.data_dir,
+        args.source_language,
+        args.target_language,
+        args.swap,
+        log=training.runtime.log,
+    )
     if not data.train or not data.test:
         raise DataError("--data: the training or test split is empty.")
-    tokenizers = [load_or_fit_tokenizer(args.tokenizer, "\n".join(p[side] for p in data.train), args.output_dir,
-                                        args.vocabulary_size, log=training.runtime.log, name=f"tokenizer_{name}",
-                                        lowercase=lowercase)
-                  for side, name, lowercase in ((0, "source", True), (1, "target", False))]
+    tokenizers = [
+        load_or_fit_tokenizer(
+            args.tokenizer,
+            "\n".join(p[side] for p in data.train),
+            args.output_dir,
+            args.vocabulary_size,
+            log=training.runtime.log,
+            name=f"tokenizer_{name}",
+            lowercase=lowercase,
+        )
+        for side, name, lowercase in ((0, "source", True), (1, "target", False))
+    ]
     source_tokenizer, target_tokenizer = tokenizers
     tokenized_references = None
     if args.tokenized_references:
         tokenized_references = read_text(args.tokenized_references, "--tokenized-references").splitlines()
         if len(tokenized_references) != len(data.test):
-            raise DataError(f"--tokenized-references: expected {len(data.test)} lines (one per test sentence), "
-                            f"{args.tokenized_references!r} has {len(tokenized_references)}.")
+            raise DataError(
+                f"--tokenized-references: expected {len(data.test)} lines (one per test sentence), "
+                f"{args.tokenized_references!r} has {len(tokenized_references)}."
+            )
     pad, start, end = (target_tokenizer.token_id(t) for t in ("[PAD]", "[START]", "[END]"))
     assert source_tokenizer.token_id("[PAD]") == pad  # one padding id for both sides (0 for either kind)
     length = args.sequence_length
@@ -108,11 +145,15 @@ def main() -> None:
         sentences of similar length and need little padding."""
         shuffled = np.random.default_rng([args.seed, epoch]).permutation(len(train_y))
         chunk = 50 * args.batch_size
-        return np.concatenate([part[np.argsort(lengths[part], kind="stable")]
-                               for part in np.split(shuffled, range(chunk, len(shuffled), chunk))])
+        return np.concatenate(
+            [
+                part[np.argsort(lengths[part], kind="stable")]
+                for part in np.split(shuffled, range(chunk, len(shuffled), chunk))
+            ]
+        )
 
     def train_batch(epoch: int, step: int):
-        chosen = order(epoch)[(step * args.batch_size) % len(train_y):][: args.batch_size]
+        chosen = order(epoch)[(step * args.batch_size) % len(train_y) :][: args.batch_size]
         if len(chosen) < args.batch_size:  # keep one batch size
             chosen = np.concatenate([chosen, order(epoch)[: args.batch_size - len(chosen)]])
         # pad to the longest sentence, rounded up to a multiple of 8: a few shapes, a few XLA programs
@@ -131,38 +172,50 @@ def main() -> None:
         hypotheses = [""] * len(sources)
         rows = [i for i, source in enumerate(sources) if len(source)]
         for start_row in range(0, len(rows), 64):
-            chosen = rows[start_row: start_row + 64]
+            chosen = rows[start_row : start_row + 64]
             batch = [sources[i] for i in chosen]
             batch = batch + [batch[-1]] * (64 - len(batch))  # one shape, one compiled program
             translations = model.translate(batch, max_length=length, beam_size=args.beam_size)
             for i, row in zip(chosen, translations):
                 hypotheses[i] = decode(row)
         hypotheses = bleu.detokenize(hypotheses, args.target_language)
-        scores = bleu.bleu_scores(hypotheses, [p[1] for p in test], args.target_language,
-                                  tokenized_references[: len(test)] if tokenized_references else None)
+        scores = bleu.bleu_scores(
+            hypotheses,
+            [p[1] for p in test],
+            args.target_language,
+            tokenized_references[: len(test)] if tokenized_references else None,
+        )
         with open(os.path.join(args.output_dir, "translations.txt"), "w", encoding="utf-8") as file:
             for (source, reference), hypothesis in zip(test, hypotheses):
                 file.write(f"{source}\t{reference}\t{hypothesis}\n")
         for (source, reference), hypothesis in list(zip(test, hypotheses))[:3]:
             print(f"  source:     {source}\n  reference:  {reference}\n  translated: {hypothesis}")
-        return {**scores, "test_sentences": len(test),
-                "beam_size": args.beam_size, "data": data.source}
+        return {**scores, "test_sentences": len(test), "beam_size": args.beam_size, "data": data.source}
 
     # label smoothing over real target positions only (the mean skips padding)
     loss = TokenCrossEntropy(ignore_class=pad, label_smoothing=args.label_smoothing)
 
     def token_accuracy(y_true, y_pred):  # over real target positions, not padding
         mask = keras.ops.cast(keras.ops.not_equal(y_true, pad), "float32")
-        hits = keras.ops.cast(keras.ops.equal(keras.ops.argmax(y_pred, axis=-1), keras.ops.cast(y_true, "int32")), "float32")
+        hits = keras.ops.cast(
+            keras.ops.equal(keras.ops.argmax(y_pred, axis=-1), keras.ops.cast(y_true, "int32")), "float32"
+        )
         return keras.ops.sum(hits * mask) / keras.ops.maximum(keras.ops.sum(mask), 1.0)
 
     result = training.train(
         args,
         build_model=lambda: training.build_model(
-            sizes, args, source_vocabulary_size=source_tokenizer.vocabulary_size,
-            target_vocabulary_size=target_tokenizer.vocabulary_size, share_embeddings=False,
-            max_length=max(length + 1, args.max_length or 0), pad_token_id=pad, start_token_id=start,
-            end_token_id=end, **depth),
+            sizes,
+            args,
+            source_vocabulary_size=source_tokenizer.vocabulary_size,
+            target_vocabulary_size=target_tokenizer.vocabulary_size,
+            share_embeddings=False,
+            max_length=max(length + 1, args.max_length or 0),
+            pad_token_id=pad,
+            start_token_id=start,
+            end_token_id=end,
+            **depth,
+        ),
         train_batch=train_batch,
         steps_per_pass=len(train_y) // args.batch_size,
         validation_data=validation,
@@ -171,10 +224,15 @@ def main() -> None:
         evaluate=evaluate,
     )
     metrics = result.metrics
-    print(f"test BLEU on {metrics['test_sentences']} sentences: sacreBLEU {metrics['test_bleu']:.2f} "
-          f"(lowercased {metrics['test_bleu_lowercase']:.2f})"
-          + (f", tokenized lowercase {metrics['test_bleu_tokenized_lowercase']:.2f}"
-             if "test_bleu_tokenized_lowercase" in metrics else ""))
+    print(
+        f"test BLEU on {metrics['test_sentences']} sentences: sacreBLEU {metrics['test_bleu']:.2f} "
+        f"(lowercased {metrics['test_bleu_lowercase']:.2f})"
+        + (
+            f", tokenized lowercase {metrics['test_bleu_tokenized_lowercase']:.2f}"
+            if "test_bleu_tokenized_lowercase" in metrics
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,27 +41,53 @@ def main() -> None:
     from keras_tfm import training
     from keras_tfm.models import vit
 
-    sizes = {name: getattr(vit, name) for name in
-             ("vit_small_images", "vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge")}
+    sizes = {
+        name: getattr(vit, name)
+        for name in ("vit_small_images", "vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge")
+    }
     parser = training.recipe_parser(__doc__, sizes, "vit_small_images", "runs/vit")
     parser.set_defaults(batch_size=128, learning_rate=1e-3, weight_decay=0.05, epochs=10)
     recipe = parser.add_argument_group("image classifier")
-    recipe.add_argument("--from-huggingface", metavar="DIR",
-                        help="fine-tune this Hugging Face ViT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)")
-    recipe.add_argument("--image-size", type=training.POSITIVE,
-                        help="side the images are resized to (default: theirs, or the checkpoint's); needed for "
-                             "an image folder of mixed sizes, which are resized as they are read")
-    recipe.add_argument("--patch-size", type=training.POSITIVE, help="patch side (default: 4, or 2 for images under 16 pixels)")
+    recipe.add_argument(
+        "--from-huggingface",
+        metavar="DIR",
+        help="fine-tune this Hugging Face ViT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
+    )
+    recipe.add_argument(
+        "--image-size",
+        type=training.POSITIVE,
+        help="side the images are resized to (default: theirs, or the checkpoint's); needed for "
+        "an image folder of mixed sizes, which are resized as they are read",
+    )
+    recipe.add_argument(
+        "--patch-size", type=training.POSITIVE, help="patch side (default: 4, or 2 for images under 16 pixels)"
+    )
     recipe.add_argument("--pooling", choices=["token", "mean"], default="token", help="(default: %(default)s)")
     recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
-    recipe.add_argument("--shift", type=training.number(0.0, 1.0), default=0.1, help="random shift, as a fraction of the side (default: %(default)s)")
-    recipe.add_argument("--flip", action="store_true",
-                        help="random horizontal flips (not for digits or text); test images are then also scored "
-                             "averaged with their mirror images")
-    recipe.add_argument("--erasing", type=training.number(0.0, 1.0), default=0.0,
-                        help="random erasing: each image's chance is drawn from [0, this] (default: off)")
-    recipe.add_argument("--mixup", type=training.number(0.0), default=0.0, help="MixUp with this Beta alpha (default: off)")
-    recipe.add_argument("--cutmix", type=training.number(0.0), default=0.0, help="CutMix with this Beta factor (default: off)")
+    recipe.add_argument(
+        "--shift",
+        type=training.number(0.0, 1.0),
+        default=0.1,
+        help="random shift, as a fraction of the side (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--flip",
+        action="store_true",
+        help="random horizontal flips (not for digits or text); test images are then also scored "
+        "averaged with their mirror images",
+    )
+    recipe.add_argument(
+        "--erasing",
+        type=training.number(0.0, 1.0),
+        default=0.0,
+        help="random erasing: each image's chance is drawn from [0, this] (default: off)",
+    )
+    recipe.add_argument(
+        "--mixup", type=training.number(0.0), default=0.0, help="MixUp with this Beta alpha (default: off)"
+    )
+    recipe.add_argument(
+        "--cutmix", type=training.number(0.0), default=0.0, help="CutMix with this Beta factor (default: off)"
+    )
     args = parser.parse_args()
     training.setup(args)
 
@@ -90,18 +116,29 @@ def main() -> None:
         raise DataError(f"--patch-size: must divide --image-size {model_size}; got {patch_size}.")
     resizing = [keras.layers.Resizing(image_size, image_size)] if (height, width) != (image_size, image_size) else []
     preprocess = [*resizing, *scaling]
-    training.runtime.log(f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through "
-                         + ", ".join(layer.name for layer in preprocess))
+    training.runtime.log(
+        f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through "
+        + ", ".join(layer.name for layer in preprocess)
+    )
 
     def build_model():
         if args.from_huggingface:
             backbone = convert.from_huggingface(args.from_huggingface, num_classes=num_classes, adapter=args.adapter)
             if backbone.num_channels != channels:
-                raise DataError(f"--from-huggingface: the checkpoint takes {backbone.num_channels}-channel images; "
-                                f"the data has {channels} channels.")
+                raise DataError(
+                    f"--from-huggingface: the checkpoint takes {backbone.num_channels}-channel images; "
+                    f"the data has {channels} channels."
+                )
         else:
-            backbone = training.build_model(sizes, args, image_size=image_size, patch_size=patch_size,
-                                            num_classes=num_classes, num_channels=channels, pooling=args.pooling)
+            backbone = training.build_model(
+                sizes,
+                args,
+                image_size=image_size,
+                patch_size=patch_size,
+                num_classes=num_classes,
+                num_channels=channels,
+                pooling=args.pooling,
+            )
         inputs = keras.Input((height, width, channels), name="pixels")
         x = inputs
         for layer in preprocess:
@@ -118,7 +155,7 @@ def main() -> None:
         return np.random.default_rng([args.seed, epoch]).permutation(len(train_x))
 
     def train_batch(epoch: int, step: int):
-        chosen = order(epoch)[(step * args.batch_size) % len(train_x):][: args.batch_size]
+        chosen = order(epoch)[(step * args.batch_size) % len(train_x) :][: args.batch_size]
         images, labels = train_x[chosen].astype("float32"), one_hot(train_y[chosen])
         return augment(images, labels, augmentations, [args.seed, epoch, step])
 
@@ -127,7 +164,9 @@ def main() -> None:
         x = seen = test_x[:1].astype("float32")
         for layer in preprocess:
             x = layer(x)
-        geometry = [layer for layer in preprocess if isinstance(layer, (keras.layers.Resizing, keras.layers.CenterCrop))]
+        geometry = [
+            layer for layer in preprocess if isinstance(layer, (keras.layers.Resizing, keras.layers.CenterCrop))
+        ]
         if any(isinstance(layer, keras.layers.CenterCrop) for layer in geometry):  # draw the part the model saw
             for layer in geometry:
                 seen = layer(seen)
@@ -156,9 +195,14 @@ def main() -> None:
         labels=data.class_names,
         image_preprocessing=(image_size, scaling),  # as a transformers image processor beside the weights
     )
-    print(f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
-          + (f"; averaged with their mirror images {result.metrics['validation_accuracy_flip_averaged']:.4f}"
-             if args.flip else ""))
+    print(
+        f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
+        + (
+            f"; averaged with their mirror images {result.metrics['validation_accuracy_flip_averaged']:.4f}"
+            if args.flip
+            else ""
+        )
+    )
 
 
 def checkpoint_settings(args) -> dict:
@@ -167,15 +211,23 @@ def checkpoint_settings(args) -> dict:
     from keras_tfm import convert, training
     from keras_tfm.data import DataError
 
-    config = training.checkpoint_config(args, "vit", {"model": "vit_small_images", "patch_size": None, "pooling": "token"},
-                                        "takes the architecture from the checkpoint")
+    config = training.checkpoint_config(
+        args,
+        "vit",
+        {"model": "vit_small_images", "patch_size": None, "pooling": "token"},
+        "takes the architecture from the checkpoint",
+    )
     try:
         image_size, scaling = convert.image_preprocessing(args.from_huggingface)
     except (OSError, ValueError) as failure:
         raise DataError(f"--from-huggingface: {failure}") from None
     patch_size = config.get("patch_size", 16)
-    return {"patch_size": patch_size if isinstance(patch_size, int) else patch_size[0],
-            "num_channels": config.get("num_channels", 3), "image_size": image_size, "scaling": scaling}
+    return {
+        "patch_size": patch_size if isinstance(patch_size, int) else patch_size[0],
+        "num_channels": config.get("num_channels", 3),
+        "image_size": image_size,
+        "scaling": scaling,
+    }
 
 
 if __name__ == "__main__":

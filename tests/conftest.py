@@ -28,4 +28,3 @@ def _seed_and_policy():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
-

@@ -80,8 +80,9 @@ def test_flip_averaged_probabilities_average_the_image_and_its_mirror():
     rng = np.random.default_rng(0)
     height, width, channels, classes = 3, 5, 2, 4
     images = rng.random((7, height, width, channels)).astype("float32")
-    model = keras.Sequential([keras.Input((height, width, channels)), keras.layers.Flatten(),
-                              keras.layers.Dense(classes, use_bias=False)])
+    model = keras.Sequential(
+        [keras.Input((height, width, channels)), keras.layers.Flatten(), keras.layers.Dense(classes, use_bias=False)]
+    )
     kernel = rng.normal(size=(height * width * channels, classes)).astype("float32")
     model.set_weights([kernel])
     # A linear model sees a mirrored image as the image seen through a mirrored kernel.

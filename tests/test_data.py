@@ -93,7 +93,9 @@ def test_wordpiece_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path
     transformers = pytest.importorskip("transformers")
     from keras_tfm.data import WordPieceTokenizer
 
-    lines = [line for line in read_text(os.path.join(SHARED, "wikitext-2", "valid.txt")).splitlines() if line.strip()][:200]
+    lines = [line for line in read_text(os.path.join(SHARED, "wikitext-2", "valid.txt")).splitlines() if line.strip()][
+        :200
+    ]
     lines += ["Café Déjà-vu, naïve ÉCOLE!", "Tokens 3.5 x2 (brackets) [and] {braces} -- dashes", "ABC def GHI"]
     (tmp_path / "vocab.txt").write_text("\n".join(bert_vocabulary(" ".join(lines))) + "\n")
     hf = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=do_lower_case)
@@ -155,8 +157,9 @@ def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_anothe
     pytest.importorskip("sentencepiece")
     with gzip.open(os.path.join(SHARED, "multi30k", "task1", "raw", "train.de.gz"), "rt", encoding="utf-8") as file:
         lines = [next(file).strip() for _ in range(2000)]
-    tokenizer = load_or_fit_tokenizer("sentencepiece", "\n".join(lines[:1900]), str(tmp_path), vocabulary_size=500,
-                                      log=lambda m: None)
+    tokenizer = load_or_fit_tokenizer(
+        "sentencepiece", "\n".join(lines[:1900]), str(tmp_path), vocabulary_size=500, log=lambda m: None
+    )
     assert tokenizer.kind == "sentencepiece" and tokenizer.vocabulary_size == 500
     assert [tokenizer.token_id(t) for t in ("[PAD]", "[UNK]", "[START]", "[END]")] == [0, 1, 2, 3]
     seen = set("".join(lines[:1900]))
@@ -175,12 +178,19 @@ def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_anothe
     with pytest.raises(DataError, match="holds the sentencepiece tokenizer of an earlier run .*not wordpiece"):
         load_or_fit_tokenizer("wordpiece", "other text", str(tmp_path), log=lambda m: None)
     (tmp_path / "lower").mkdir()
-    lowercased = load_or_fit_tokenizer("sentencepiece", "\n".join(lines), str(tmp_path / "lower"), vocabulary_size=500,
-                                       log=lambda m: None, lowercase=True)
+    lowercased = load_or_fit_tokenizer(
+        "sentencepiece",
+        "\n".join(lines),
+        str(tmp_path / "lower"),
+        vocabulary_size=500,
+        log=lambda m: None,
+        lowercase=True,
+    )
     assert lowercased.decode(lowercased.encode("Ein Hund läuft.")) == "ein hund läuft."
     with pytest.raises(DataError, match="--vocabulary-size: SentencePiece cannot train on this text with 5 pieces"):
-        load_or_fit_tokenizer("sentencepiece", "\n".join(lines), str(tmp_path / "lower" / "small"), vocabulary_size=5,
-                              log=lambda m: None)
+        load_or_fit_tokenizer(
+            "sentencepiece", "\n".join(lines), str(tmp_path / "lower" / "small"), vocabulary_size=5, log=lambda m: None
+        )
 
 
 def test_byte_pair_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path):
@@ -198,8 +208,11 @@ def test_byte_pair_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path
     (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(learned.merges) + "\n")
     hf = transformers.GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
     ours = BytePairTokenizer.from_huggingface(str(tmp_path))
-    lines = text[-60_000:].splitlines(keepends=True) + ["naïve café 😀 it's 1,234 words -- don't\n",
-                                                        "  two  spaces,\ta tab and   three   \n", "SHOUT'S 12345\n"]
+    lines = text[-60_000:].splitlines(keepends=True) + [
+        "naïve café 😀 it's 1,234 words -- don't\n",
+        "  two  spaces,\ta tab and   three   \n",
+        "SHOUT'S 12345\n",
+    ]
     expected = hf(lines)["input_ids"]
     assert [row.tolist() for row in ours.encode_lines(lines)] == expected
     assert sum(map(len, expected)) > 10_000
@@ -223,15 +236,22 @@ def test_npz_and_image_folder(tmp_path):
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "d.npz", x_train=rng.integers(0, 255, (6, 4, 4), dtype=np.uint8), y_train=np.arange(6) % 2,
-             x_test=rng.integers(0, 255, (2, 4, 4), dtype=np.uint8), y_test=np.array([0, 1]))
+    np.savez(
+        tmp_path / "d.npz",
+        x_train=rng.integers(0, 255, (6, 4, 4), dtype=np.uint8),
+        y_train=np.arange(6) % 2,
+        x_test=rng.integers(0, 255, (2, 4, 4), dtype=np.uint8),
+        y_test=np.array([0, 1]),
+    )
     splits = load_images(str(tmp_path / "d.npz"), log=lambda m: None)
     assert splits.train[0].shape == (6, 4, 4, 1) and splits.test[1].tolist() == [0, 1]
     for split in ("train", "test"):
         for label in ("cat", "dog"):
             (tmp_path / "folder" / split / label).mkdir(parents=True)
             for i in range(3):
-                Image.fromarray(rng.integers(0, 255, (5, 5, 3), dtype=np.uint8)).save(tmp_path / "folder" / split / label / f"{i}.png")
+                Image.fromarray(rng.integers(0, 255, (5, 5, 3), dtype=np.uint8)).save(
+                    tmp_path / "folder" / split / label / f"{i}.png"
+                )
     splits = load_images(str(tmp_path / "folder"), log=lambda m: None)
     assert splits.class_names == ["cat", "dog"] and splits.train[0].shape == (6, 5, 5, 3)
     assert splits.train[1].tolist() == [0, 0, 0, 1, 1, 1]
@@ -262,22 +282,26 @@ def test_corrupt_idx_missing_labels_and_a_file_that_is_not_npz(tmp_path):
     with pytest.raises(DataError, match="has no train-labels-idx1-ubyte"):
         load_images(str(tmp_path), log=lambda m: None)
     (tmp_path / "images.txt").write_bytes(b"\x00\x01")  # was a NotADirectoryError from os.listdir
-    with pytest.raises(DataError, match="expected an IDX directory, an .npz file or an image folder; .*images.txt' is a "
-                                        "file without the .npz suffix"):
+    with pytest.raises(
+        DataError,
+        match="expected an IDX directory, an .npz file or an image folder; .*images.txt' is a "
+        "file without the .npz suffix",
+    ):
         load_images(str(tmp_path / "images.txt"), log=lambda m: None)
-
-
 
 
 def test_multi30k_directory_and_tab_separated_pairs(tmp_path):
     from keras_tfm.data import load_parallel
 
-    splits = load_parallel(os.path.join(SHARED, "multi30k", "task1", "raw"), source_language="de",
-                           target_language="en", log=lambda m: None)
+    splits = load_parallel(
+        os.path.join(SHARED, "multi30k", "task1", "raw"), source_language="de", target_language="en", log=lambda m: None
+    )
     assert (len(splits.train), len(splits.validation), len(splits.test)) == (29000, 1014, 1000)
     assert splits.train[0][1].startswith("Two young, White males")  # English side, cased and raw
     tokenized = load_parallel(os.path.join(SHARED, "multi30k", "task1", "tok"), log=lambda m: None)
-    assert tokenized.test[0][1] == splits.test[0][1].lower().replace(".", " .").strip() or tokenized.test[0][1].islower()
+    assert (
+        tokenized.test[0][1] == splits.test[0][1].lower().replace(".", " .").strip() or tokenized.test[0][1].islower()
+    )
     assert len(tokenized.test) == 1000
     tsv = tmp_path / "pairs.txt"
     tsv.write_text("".join(f"go {i}\tve {i}\tCC-BY\n" for i in range(100)))

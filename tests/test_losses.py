@@ -73,12 +73,15 @@ def test_label_smoothing_with_ignore_class_averages_over_the_kept_positions_only
     labels[:, -2:] = 0  # padding
     one_hot = np.eye(logits.shape[-1], dtype="float32")[labels]
     per_position = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.3, reduction="none")(
-        one_hot, logits)
+        one_hot, logits
+    )
     expected = np.asarray(per_position)[labels != 0].mean()
     assert_close(keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.3)(labels, logits), expected)
     per_token = keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.3, reduction="none")(labels, logits)
     assert np.all(np.asarray(per_token)[labels == 0] == 0)
-    direct = keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.3).call(labels, logits)  # no Keras mask applied
+    direct = keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.3).call(
+        labels, logits
+    )  # no Keras mask applied
     assert np.all(keras.ops.convert_to_numpy(direct)[labels == 0] == 0)
 
 
@@ -99,8 +102,9 @@ def test_ignore_class_gradients_equal_keras_and_skip_the_ignored_positions(rng):
     labels[:, -2:] = 0  # padding
     before, ours = _one_sgd_step(keras_tfm.TokenCrossEntropy(ignore_class=0), features, labels, vocabulary)
     assert np.abs(ours - before).max() > 1e-3
-    _, keras_ = _one_sgd_step(keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
-                              features, labels, vocabulary)
+    _, keras_ = _one_sgd_step(
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0), features, labels, vocabulary
+    )
     assert_close(ours, keras_)
     # the padded positions' features do not move the kernel: changing them changes nothing
     features[:, -2:] = rng.normal(size=(3, 2, 4)) * 10

@@ -42,8 +42,11 @@ def test_patch_values_cover_the_whole_image():
 
 def test_learning_curves_png(tmp_path):
     pytest.importorskip("matplotlib")
-    path = viz.plot_learning_curves({"loss": [3, 2, 1], "val_loss": [3, 2.5, 2], "accuracy": [0.1, 0.5, 0.7]},
-                                    str(tmp_path / "curves.png"), title="test")
+    path = viz.plot_learning_curves(
+        {"loss": [3, 2, 1], "val_loss": [3, 2.5, 2], "accuracy": [0.1, 0.5, 0.7]},
+        str(tmp_path / "curves.png"),
+        title="test",
+    )
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

@@ -5,5 +5,11 @@ from keras_tfm.convert.huggingface import checkpoint_directory, from_huggingface
 from keras_tfm.convert.keras_hub import from_keras_hub
 from keras_tfm.convert.vit import image_preprocessing
 
-__all__ = ["checkpoint_directory", "from_huggingface", "from_keras_hub", "image_preprocessing", "save_huggingface",
-           "save_peft_adapter"]
+__all__ = [
+    "checkpoint_directory",
+    "from_huggingface",
+    "from_keras_hub",
+    "image_preprocessing",
+    "save_huggingface",
+    "save_peft_adapter",
+]

@@ -45,25 +45,31 @@ def base_model_name(directory: str) -> str:
     config = read_json(os.path.join(directory, "adapter_config.json"), "from_huggingface")
     name = config.get("base_model_name_or_path")
     if not name:
-        raise ValueError(f"from_huggingface: the adapter in {directory!r} names no base checkpoint "
-                         "(base_model_name_or_path is empty); pass the base checkpoint as model_or_directory and "
-                         "the adapter as adapter=.")
+        raise ValueError(
+            f"from_huggingface: the adapter in {directory!r} names no base checkpoint "
+            "(base_model_name_or_path is empty); pass the base checkpoint as model_or_directory and "
+            "the adapter as adapter=."
+        )
     return name
 
 
 def read_adapter(directory: str) -> tuple[dict, dict]:
     """(adapter config, adapter weights named as in the base model) of an adapter directory."""
     if not is_adapter_directory(directory):
-        raise FileNotFoundError(f"from_huggingface: adapter: no adapter_config.json in {directory!r} (a peft "
-                                "adapter directory, saved by PeftModel.save_pretrained).")
+        raise FileNotFoundError(
+            f"from_huggingface: adapter: no adapter_config.json in {directory!r} (a peft "
+            "adapter directory, saved by PeftModel.save_pretrained)."
+        )
     config = read_json(os.path.join(directory, "adapter_config.json"), "from_huggingface")
     for name in ("adapter_model.safetensors", "adapter_model.bin"):
         if os.path.isfile(os.path.join(directory, name)):
             weights = read_weight_file(os.path.join(directory, name))
             break
     else:
-        raise FileNotFoundError(f"from_huggingface: adapter directory {directory!r} has neither "
-                                "adapter_model.safetensors nor adapter_model.bin.")
+        raise FileNotFoundError(
+            f"from_huggingface: adapter directory {directory!r} has neither "
+            "adapter_model.safetensors nor adapter_model.bin."
+        )
     _check_config(config, directory)
     return config, {name.removeprefix(PREFIX): value for name, value in weights.items()}
 
@@ -73,8 +79,9 @@ def peft_model_parts(peft_model) -> tuple[dict, dict, dict, dict]:
     (its active adapter), named as in a base checkpoint and an adapter directory."""
     name = peft_model.active_adapter
     if not isinstance(name, str):  # several adapters active at once: their sum is not one LoRA
-        raise ValueError(f"from_huggingface: the PeftModel has several active adapters {name!r}; activate one "
-                         "(set_adapter).")
+        raise ValueError(
+            f"from_huggingface: the PeftModel has several active adapters {name!r}; activate one (set_adapter)."
+        )
     config = {key: getattr(value, "value", value) for key, value in peft_model.peft_config[name].to_dict().items()}
     _check_config(config, "the PeftModel")
     base, adapter = {}, {}
@@ -94,16 +101,28 @@ def peft_model_parts(peft_model) -> tuple[dict, dict, dict, dict]:
 def _check_config(config: dict, source: str) -> None:
     """Refuses, by name, adapters whose update is not `(lora_alpha / r) * B @ A` on linear modules."""
     if config.get("peft_type") != "LORA":
-        raise ValueError(f"from_huggingface: {source!r} is a {config.get('peft_type')!r} adapter; keras_tfm loads "
-                         "LoRA adapters (peft_type 'LORA').")
-    unsupported = {"use_dora": False, "bias": "none", "lora_bias": False, "rank_pattern": {}, "alpha_pattern": {},
-                   "layer_replication": None, "trainable_token_indices": None, "target_parameters": None,
-                   "enable_lora": None}  # (peft < 0.3's merged query/key/value layout)
+        raise ValueError(
+            f"from_huggingface: {source!r} is a {config.get('peft_type')!r} adapter; keras_tfm loads "
+            "LoRA adapters (peft_type 'LORA')."
+        )
+    unsupported = {
+        "use_dora": False,
+        "bias": "none",
+        "lora_bias": False,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "layer_replication": None,
+        "trainable_token_indices": None,
+        "target_parameters": None,
+        "enable_lora": None,
+    }  # (peft < 0.3's merged query/key/value layout)
     for field, value in unsupported.items():
         received = config.get(field, value)
         if received != value and (received or value):  # None, {} and False alike mean "not used"
-            raise ValueError(f"from_huggingface: LoRA adapters with {field}={received!r} are not supported; "
-                             f"keras_tfm loads those with {field}={value!r}.")
+            raise ValueError(
+                f"from_huggingface: LoRA adapters with {field}={received!r} are not supported; "
+                f"keras_tfm loads those with {field}={value!r}."
+            )
 
 
 def check_weights(adapter_weights: dict, num_classes: int | None) -> int | None:
@@ -112,16 +131,20 @@ def check_weights(adapter_weights: dict, num_classes: int | None) -> int | None:
     head, where it has one of that size)."""
     embeddings = sorted(name for name in adapter_weights if ".lora_embedding_" in name)
     if embeddings:
-        raise ValueError(f"from_huggingface: the adapter adapts embeddings ({embeddings[:2]}); keras_tfm's LoRA "
-                         "adapts linear layers only.")
+        raise ValueError(
+            f"from_huggingface: the adapter adapts embeddings ({embeddings[:2]}); keras_tfm's LoRA "
+            "adapts linear layers only."
+        )
     heads = sorted(name for name in adapter_weights if ".lora_" not in name)
     if num_classes is None or not heads:
         return num_classes
     classes = adapter_weights["classifier.weight"].shape[0] if "classifier.weight" in adapter_weights else None
     if classes != num_classes:
-        raise ValueError(f"from_huggingface: the adapter brings its own trained head ({heads[:2]}"
-                         f"{f', {classes} classes' if classes else ''}); num_classes={num_classes} would replace it. "
-                         "Leave num_classes None.")
+        raise ValueError(
+            f"from_huggingface: the adapter brings its own trained head ({heads[:2]}"
+            f"{f', {classes} classes' if classes else ''}); num_classes={num_classes} would replace it. "
+            "Leave num_classes None."
+        )
     return None
 
 
@@ -135,14 +158,19 @@ def enable_adapter(model, w: WeightReader, config: dict) -> None:
     alpha = config["lora_alpha"] * (math.sqrt(rank) if config.get("use_rslora") else 1.0)
     paths = {id(layer): path for path, layer in _named_sublayers(model)}
     saved = config.get("modules_to_save") or []
-    trainable = [paths[id(dense)] for name, layers in w.linear_layers.items() for dense in layers
-                 if any(name == module or name.endswith("." + module) for module in saved)]
+    trainable = [
+        paths[id(dense)]
+        for name, layers in w.linear_layers.items()
+        for dense in layers
+        if any(name == module or name.endswith("." + module) for module in saved)
+    ]
     targets = [paths[id(dense)] for name in w.lora_pairs for dense in w.linear_layers[name]]
     lora.enable_lora(model, rank, targets, alpha, trainable)
     for name, (a, b) in w.lora_pairs.items():
         if a.shape[0] != rank:
-            raise ValueError(f"from_huggingface: the adapter's {name}.lora_A has rank {a.shape[0]}; its config says "
-                             f"r={rank}.")
+            raise ValueError(
+                f"from_huggingface: the adapter's {name}.lora_A has rank {a.shape[0]}; its config says r={rank}."
+            )
         layers = w.linear_layers[name]
         for dense, b_part in zip(layers, np.split(b, len(layers), axis=0)):
             dense.lora_kernel_a.assign(a.T)
@@ -153,8 +181,13 @@ def enable_adapter(model, w: WeightReader, config: dict) -> None:
 
 # What peft names the model under `base_model.model.` for each keras_tfm model: the transformers
 # class whose weights the model has, and its peft task type.
-_TASKS = {"GPT": ("transformer.", "CAUSAL_LM"), "Translator": ("model.", "SEQ_2_SEQ_LM"),
-          "BertClassifier": ("bert.", "SEQ_CLS"), "BertMLM": ("bert.", None), "Bert": ("", None)}
+_TASKS = {
+    "GPT": ("transformer.", "CAUSAL_LM"),
+    "Translator": ("model.", "SEQ_2_SEQ_LM"),
+    "BertClassifier": ("bert.", "SEQ_CLS"),
+    "BertMLM": ("bert.", None),
+    "Bert": ("", None),
+}
 _ROOT_MODULES = ("lm_head", "classifier", "cls.")  # modules of the task class, not of its base model
 _HEADS = {"head": "classifier", "classifier": "classifier"}  # a ViT's or BertClassifier's head
 
@@ -197,11 +230,16 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     fresh, w = convert_checkpoint(config, weights, classifier or None)  # to see which module each layer came from
     if type(fresh) is not type(model):
         described = repr(os.fspath(base)) if isinstance(base, (str, os.PathLike)) else f"(a {type(base).__name__})"
-        raise ValueError(f"save_peft_adapter: {model.name!r} is a {type(model).__name__}; the checkpoint base="
-                         f"{described} converts to a {type(fresh).__name__}.")
+        raise ValueError(
+            f"save_peft_adapter: {model.name!r} is a {type(model).__name__}; the checkpoint base="
+            f"{described} converts to a {type(fresh).__name__}."
+        )
     fresh_paths = {id(layer): path for path, layer in _named_sublayers(fresh)}
-    module_of = {fresh_paths[id(dense)]: (module, index) for module, parts in w.linear_layers.items()
-                 for index, dense in enumerate(parts)}
+    module_of = {
+        fresh_paths[id(dense)]: (module, index)
+        for module, parts in w.linear_layers.items()
+        for index, dense in enumerate(parts)
+    }
     prefix, task_type = _TASKS.get(type(model).__name__, ("vit." if getattr(model, "include_top", False) else "", None))
 
     def peft_name(module: str) -> str:
@@ -210,15 +248,18 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     adapted = {}  # module -> its parts' LoRA layers (None: a part without LoRA)
     for path, dense in layers.items():
         if path not in module_of:
-            raise ValueError(f"save_peft_adapter: the LoRA layer {path!r} has no counterpart in the checkpoint's "
-                             f"linear modules.")
+            raise ValueError(
+                f"save_peft_adapter: the LoRA layer {path!r} has no counterpart in the checkpoint's linear modules."
+            )
         module, index = module_of[path]
         adapted.setdefault(module, [None] * len(w.linear_layers[module]))[index] = dense
     counts = {sum(dense is not None for dense in parts) for parts in adapted.values()}
     if len(counts) > 1:  # peft's one rank would need a rank_pattern
-        raise ValueError("save_peft_adapter: LoRA on some parts of fused modules and not on others (GPT-2's "
-                         "query/key/value) makes ranks that differ between modules; enable it on the same parts in "
-                         "every block.")
+        raise ValueError(
+            "save_peft_adapter: LoRA on some parts of fused modules and not on others (GPT-2's "
+            "query/key/value) makes ranks that differ between modules; enable it on the same parts in "
+            "every block."
+        )
     parts_adapted = counts.pop()
     first = next(iter(layers.values()))
     rank, alpha = first.lora_rank, first.lora_alpha
@@ -231,36 +272,54 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
         row, column = 0, 0
         for dense, width in zip(parts, widths):
             if dense is not None:
-                b[row:row + width, column:column + rank] = keras_numpy(dense.lora_kernel_b).T
+                b[row : row + width, column : column + rank] = keras_numpy(dense.lora_kernel_b).T
                 column += rank
             row += width
         tensors[f"{PREFIX}{peft_name(module)}.lora_A.weight"] = a
         tensors[f"{PREFIX}{peft_name(module)}.lora_B.weight"] = b
-    heads = {path: layer for path, layer in _named_sublayers(model)
-             if path in _HEADS and any(variable.trainable for variable in layer.weights)}
+    heads = {
+        path: layer
+        for path, layer in _named_sublayers(model)
+        if path in _HEADS and any(variable.trainable for variable in layer.weights)
+    }
     exported = {id(variable) for layer in [*layers.values(), *heads.values()] for variable in layer.weights}
     others = [variable.path for variable in model.trainable_weights if id(variable) not in exported]
     if others:
-        raise ValueError(f"save_peft_adapter: {others[:3]} are trained beside the LoRA pairs; an adapter holds the "
-                         f"pairs and a classification head ({sorted(_HEADS)}), not those.")
+        raise ValueError(
+            f"save_peft_adapter: {others[:3]} are trained beside the LoRA pairs; an adapter holds the "
+            f"pairs and a classification head ({sorted(_HEADS)}), not those."
+        )
     for path, head in heads.items():
         tensors[f"{PREFIX}{_HEADS[path]}.weight"] = keras_numpy(head.kernel).T
         tensors[f"{PREFIX}{_HEADS[path]}.bias"] = keras_numpy(head.bias)
     modules_to_save = sorted({_HEADS[path] for path in heads})
-    base_name = base_model_name_or_path or (os.fspath(base) if isinstance(base, (str, os.PathLike))
-                                            else config.get("_name_or_path") or None)
+    base_name = base_model_name_or_path or (
+        os.fspath(base) if isinstance(base, (str, os.PathLike)) else config.get("_name_or_path") or None
+    )
     adapter_config = {
-        "peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_name,
-        "r": parts_adapted * rank, "lora_alpha": parts_adapted * alpha, "lora_dropout": 0.0, "bias": "none",
-        "target_modules": sorted(peft_name(module) for module in adapted), "modules_to_save": modules_to_save or None,
+        "peft_type": "LORA",
+        "task_type": task_type,
+        "base_model_name_or_path": base_name,
+        "r": parts_adapted * rank,
+        "lora_alpha": parts_adapted * alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": sorted(peft_name(module) for module in adapted),
+        "modules_to_save": modules_to_save or None,
         "fan_in_fan_out": config["model_type"] == "gpt2",  # GPT-2's Conv1D stores (in, out)
-        "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
     }
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "adapter_config.json"), "w") as file:
         json.dump(adapter_config, file, indent=2)
-    save_file({name: np.ascontiguousarray(value, "float32") for name, value in tensors.items()},
-              os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {name: np.ascontiguousarray(value, "float32") for name, value in tensors.items()},
+        os.path.join(directory, "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 def keras_numpy(variable) -> np.ndarray:

@@ -23,11 +23,14 @@ def _blocks(encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> 
     for i, block in enumerate(encoder.blocks):
         p = f"{prefix}encoder.layer.{i}."
         attention = block.self_attention
-        for dense, name in ((attention.query_dense, "attention.self.query"), (attention.key_dense, "attention.self.key"),
-                            (attention.value_dense, "attention.self.value"),
-                            (attention.output_dense, "attention.output.dense"),
-                            (block.feed_forward.intermediate_dense, "intermediate.dense"),
-                            (block.feed_forward.output_dense, "output.dense")):
+        for dense, name in (
+            (attention.query_dense, "attention.self.query"),
+            (attention.key_dense, "attention.self.key"),
+            (attention.value_dense, "attention.self.value"),
+            (attention.output_dense, "attention.output.dense"),
+            (block.feed_forward.intermediate_dense, "intermediate.dense"),
+            (block.feed_forward.output_dense, "output.dense"),
+        ):
             w.linear(p + name, dense)
         w.layer_norm(p + "attention.output.LayerNorm", block.self_attention_norm)
         w.layer_norm(p + "output.LayerNorm", block.feed_forward_norm)
@@ -58,8 +61,9 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     if num_classes is not None:
         model = BertClassifier(num_classes=num_classes, classifier_dropout=classifier_dropout, **arguments)
     elif "classifier.weight" in w:
-        model = BertClassifier(num_classes=w.weights["classifier.weight"].shape[0],
-                               classifier_dropout=classifier_dropout, **arguments)
+        model = BertClassifier(
+            num_classes=w.weights["classifier.weight"].shape[0], classifier_dropout=classifier_dropout, **arguments
+        )
     elif "cls.predictions.transform.dense.weight" in w:
         model = BertMLM(**arguments)
     else:
@@ -76,8 +80,11 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     ignored = ("cls.predictions.decoder.", "cls.seq_relationship.")
     if isinstance(model, BertMLM):
         w.linear("cls.predictions.transform.dense", model.transform)
-        set_layer_norm(model.transform_norm, w("cls.predictions.transform.LayerNorm.weight"),
-                       w("cls.predictions.transform.LayerNorm.bias"))
+        set_layer_norm(
+            model.transform_norm,
+            w("cls.predictions.transform.LayerNorm.weight"),
+            w("cls.predictions.transform.LayerNorm.bias"),
+        )
         model.output_bias.assign(w("cls.predictions.bias"))
         ignored += ("pooler.", "bert.pooler.")  # a BertMLM has no pooler
     elif isinstance(model, BertClassifier):
@@ -109,21 +116,30 @@ def export_bert(model, w: WeightWriter) -> dict:
     _blocks(encoder, w, p)
     activation = hugging_face_activation("BERT", encoder.activation, _ACTIVATIONS)
     config = dict(
-        model_type="bert", vocab_size=encoder.vocabulary_size, max_position_embeddings=encoder.max_length,
-        type_vocab_size=encoder.num_segments, num_hidden_layers=encoder.num_layers,
-        num_attention_heads=encoder.num_heads, hidden_size=encoder.hidden_dim,
-        intermediate_size=encoder.intermediate_dim, hidden_dropout_prob=encoder.dropout,
-        attention_probs_dropout_prob=encoder.attention_dropout, layer_norm_eps=encoder.layer_norm_epsilon,
+        model_type="bert",
+        vocab_size=encoder.vocabulary_size,
+        max_position_embeddings=encoder.max_length,
+        type_vocab_size=encoder.num_segments,
+        num_hidden_layers=encoder.num_layers,
+        num_attention_heads=encoder.num_heads,
+        hidden_size=encoder.hidden_dim,
+        intermediate_size=encoder.intermediate_dim,
+        hidden_dropout_prob=encoder.dropout,
+        attention_probs_dropout_prob=encoder.attention_dropout,
+        layer_norm_eps=encoder.layer_norm_epsilon,
         hidden_act=activation,
     )
     if isinstance(model, BertMLM):
         # transformers' head uses the encoder's activation and epsilon
-        for field, value, encoders in (("head_activation", model.head_activation, encoder.activation),
-                                       ("head_layer_norm_epsilon", model.head_layer_norm_epsilon,
-                                        encoder.layer_norm_epsilon)):
+        for field, value, encoders in (
+            ("head_activation", model.head_activation, encoder.activation),
+            ("head_layer_norm_epsilon", model.head_layer_norm_epsilon, encoder.layer_norm_epsilon),
+        ):
             if value not in (None, encoders):
-                raise ValueError(f"save_huggingface: BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
-                                 f"({encoders!r}); received {field}={value!r}.")
+                raise ValueError(
+                    f"save_huggingface: BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
+                    f"({encoders!r}); received {field}={value!r}."
+                )
         w.linear("cls.predictions.transform.dense", model.transform)
         w.layer_norm("cls.predictions.transform.LayerNorm", model.transform_norm)
         w["cls.predictions.bias"] = model.output_bias
@@ -131,6 +147,10 @@ def export_bert(model, w: WeightWriter) -> dict:
     if isinstance(model, BertClassifier):
         w.linear(p + "pooler.dense", model.pooler)
         w.linear("classifier", model.classifier)
-        return dict(config, architectures=["BertForSequenceClassification"], classifier_dropout=model.classifier_dropout,
-                    num_labels=model.num_classes)
+        return dict(
+            config,
+            architectures=["BertForSequenceClassification"],
+            classifier_dropout=model.classifier_dropout,
+            num_labels=model.num_classes,
+        )
     return dict(config, architectures=["BertModel"])

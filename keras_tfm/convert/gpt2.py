@@ -37,8 +37,9 @@ def _blocks(model: GPT, w: WeightReader | WeightWriter, prefix: str = "") -> Non
 def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) -> GPT:
     no_classifier("GPT-2", num_classes)
     # (reorder_and_upcast_attn only changes the precision of the attention logits: allowed)
-    require_options("GPT-2", config, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-                    add_cross_attention=False)
+    require_options(
+        "GPT-2", config, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False
+    )
     if config.get("activation_function", "gelu_new") not in _ACTIVATIONS:
         raise ValueError(f"from_huggingface: GPT-2 activation {config['activation_function']!r} is not supported.")
     hidden_dim = config["n_embd"]
@@ -64,7 +65,9 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
     w.layer_norm("ln_f", model.final_norm)
     if not model.tie_embeddings:
         w.linear("lm_head", model.lm_head)
-    leftover = w.unused(ignore=lambda name: name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")))
+    leftover = w.unused(
+        ignore=lambda name: name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias"))
+    )
     if leftover:
         raise ValueError(f"from_huggingface: GPT-2 weights not converted: {leftover[:5]}")
     return model
@@ -79,10 +82,18 @@ def export_gpt2(model: GPT, w: WeightWriter) -> dict:
     if not model.tie_embeddings:
         w.linear("lm_head", model.lm_head)
     return dict(
-        model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=model.vocabulary_size,
-        n_positions=model.max_length, n_layer=model.num_layers, n_head=model.num_heads, n_embd=model.hidden_dim,
-        n_inner=model.intermediate_dim, resid_pdrop=model.dropout, embd_pdrop=model.dropout,
-        attn_pdrop=model.attention_dropout, layer_norm_epsilon=model.layer_norm_epsilon,
+        model_type="gpt2",
+        architectures=["GPT2LMHeadModel"],
+        vocab_size=model.vocabulary_size,
+        n_positions=model.max_length,
+        n_layer=model.num_layers,
+        n_head=model.num_heads,
+        n_embd=model.hidden_dim,
+        n_inner=model.intermediate_dim,
+        resid_pdrop=model.dropout,
+        embd_pdrop=model.dropout,
+        attn_pdrop=model.attention_dropout,
+        layer_norm_epsilon=model.layer_norm_epsilon,
         tie_word_embeddings=model.tie_embeddings,
         activation_function=hugging_face_activation("GPT-2", model.activation, _ACTIVATIONS),
         # GPT-2's <|endoftext|>, where the vocabulary is GPT-2's (transformers' defaults); none otherwise

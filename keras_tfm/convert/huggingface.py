@@ -27,10 +27,12 @@ def converter(*model_types: str, prefixes: tuple[str, ...] = (), rename: Callabl
     """Registers a function `(config: dict, w: WeightReader, num_classes: int | None) -> keras model`.
     `prefixes`: what task models put before the base model's weight names ("bert." in
     `BertForMaskedLM`); `rename`: maps every weight name first (older checkpoints' names)."""
+
     def register(fn):
         for model_type in model_types:
             _CONVERTERS[model_type] = (fn, prefixes, rename)
         return fn
+
     return register
 
 
@@ -38,9 +40,11 @@ def exporter(model_class: type):
     """Registers a function `(model, w: WeightWriter) -> config dict` that writes a `model_class`
     model as a checkpoint: its converter's inverse. A classifier's config gives `num_labels`, which
     `save_huggingface` turns into transformers' class names."""
+
     def register(fn):
         _EXPORTERS[model_class] = fn
         return fn
+
     return register
 
 
@@ -74,15 +78,18 @@ def checkpoint_directory(name_or_path, caller: str = "from_huggingface") -> str:
     if os.path.isdir(path):
         return path
     if os.path.exists(path):
-        raise NotADirectoryError(f"{caller}: {path!r} is a file; expected a checkpoint directory or a Hugging Face "
-                                 f"Hub model id.")
+        raise NotADirectoryError(
+            f"{caller}: {path!r} is a file; expected a checkpoint directory or a Hugging Face Hub model id."
+        )
     if not _HUB_MODEL_ID.fullmatch(path):
         raise FileNotFoundError(f"{caller}: there is no directory {path!r} (nor is it a Hugging Face Hub model id).")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise FileNotFoundError(f"{caller}: there is no directory {path!r}; to read it as a Hugging Face Hub model "
-                                f"id, install huggingface_hub.") from None
+        raise FileNotFoundError(
+            f"{caller}: there is no directory {path!r}; to read it as a Hugging Face Hub model "
+            f"id, install huggingface_hub."
+        ) from None
     try:
         directory = snapshot_download(path, allow_patterns=_HUB_FILES)
         if not any(name.endswith(".safetensors") for name in os.listdir(directory)):
@@ -129,7 +136,9 @@ def _read_weights(path: str) -> dict:
         if os.path.isfile(index_path):
             weight_map = read_json(index_path, "from_huggingface").get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
-                raise ValueError(f"from_huggingface: {index_path!r} has no 'weight_map' of weight names to shard files.")
+                raise ValueError(
+                    f"from_huggingface: {index_path!r} has no 'weight_map' of weight names to shard files."
+                )
             weights = {}
             for shard in sorted(set(weight_map.values())):
                 shard_path = os.path.join(path, shard)
@@ -146,8 +155,7 @@ def _read_weights(path: str) -> dict:
 def _check_model_type(config: dict) -> None:
     if config.get("model_type") not in _CONVERTERS:
         raise ValueError(
-            f"from_huggingface: unsupported model_type {config.get('model_type')!r}; supported: "
-            f"{sorted(_CONVERTERS)}."
+            f"from_huggingface: unsupported model_type {config.get('model_type')!r}; supported: {sorted(_CONVERTERS)}."
         )
 
 
@@ -186,14 +194,17 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
     """
     from keras_tfm.convert import adapters
 
-    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
-                                    or num_classes < 1):
+    if num_classes is not None and (
+        isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
+    ):
         raise ValueError(f"from_huggingface: num_classes must be a positive integer or None; received {num_classes!r}.")
     adapter_config = None
     if adapters.is_peft_model(model_or_directory):
         if adapter is not None:
-            raise ValueError("from_huggingface: received a PeftModel, which holds its adapter, and adapter="
-                             f"{adapter!r}; pass one of them.")
+            raise ValueError(
+                "from_huggingface: received a PeftModel, which holds its adapter, and adapter="
+                f"{adapter!r}; pass one of them."
+            )
         config, weights, adapter_config, adapter_weights = adapters.peft_model_parts(model_or_directory)
     else:
         base = model_or_directory
@@ -224,17 +235,22 @@ def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = No
 
 
 # what a checkpoint's tokenizer and image processor read, beside its config and weights
-_PROCESSOR_FILES = re.compile(r"(tokenizer.*\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
-                              r"merges\.txt|.*\.spm|.*\.model|preprocessor_config\.json|generation_config\.json)")
+_PROCESSOR_FILES = re.compile(
+    r"(tokenizer.*\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
+    r"merges\.txt|.*\.spm|.*\.model|preprocessor_config\.json|generation_config\.json)"
+)
 
 
 # weight files `from_pretrained` could read instead of the model.safetensors written here
-_OTHER_WEIGHTS = re.compile(r"(pytorch_model.*\.bin|model-.*\.safetensors|.*\.index\.json|tf_model\.h5|"
-                            r"flax_model\.msgpack|adapter_model\..*)")
+_OTHER_WEIGHTS = re.compile(
+    r"(pytorch_model.*\.bin|model-.*\.safetensors|.*\.index\.json|tf_model\.h5|"
+    r"flax_model\.msgpack|adapter_model\..*)"
+)
 
 
-def save_huggingface(model, directory: str, tokenizer_from=None, labels=None,
-                     image_preprocessing: tuple | None = None) -> None:
+def save_huggingface(
+    model, directory: str, tokenizer_from=None, labels=None, image_preprocessing: tuple | None = None
+) -> None:
     """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
     `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
     `GPT` as `GPT2LMHeadModel`, `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
@@ -274,17 +290,26 @@ def save_huggingface(model, directory: str, tokenizer_from=None, labels=None,
 
     export = next((fn for model_class, fn in _EXPORTERS.items() if type(model) is model_class), None)
     if export is None:
-        raise TypeError(f"save_huggingface: expected a keras_tfm model ({', '.join(c.__name__ for c in _EXPORTERS)}); "
-                        f"received a {type(model).__name__}.")
+        raise TypeError(
+            f"save_huggingface: expected a keras_tfm model ({', '.join(c.__name__ for c in _EXPORTERS)}); "
+            f"received a {type(model).__name__}."
+        )
     quantized = sorted({layer.quantization_mode for layer in model._flatten_layers() if layer.quantization_mode})
     if quantized:
-        raise ValueError(f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
-                         "checkpoints hold float weights. Save the model before quantize(), or its .keras file.")
-    stale = sorted(name for name in os.listdir(directory) if _OTHER_WEIGHTS.fullmatch(name)) \
-        if os.path.isdir(directory) else []
+        raise ValueError(
+            f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
+            "checkpoints hold float weights. Save the model before quantize(), or its .keras file."
+        )
+    stale = (
+        sorted(name for name in os.listdir(directory) if _OTHER_WEIGHTS.fullmatch(name))
+        if os.path.isdir(directory)
+        else []
+    )
     if stale:
-        raise FileExistsError(f"save_huggingface: {os.fspath(directory)!r} already holds other weights ({', '.join(stale)}), "
-                              "which transformers could load instead of these; write into an empty directory.")
+        raise FileExistsError(
+            f"save_huggingface: {os.fspath(directory)!r} already holds other weights ({', '.join(stale)}), "
+            "which transformers could load instead of these; write into an empty directory."
+        )
     source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     model._build_on_demand()
     options = {} if image_preprocessing is None else {"image_preprocessing": image_preprocessing}
@@ -315,8 +340,10 @@ def hugging_face_activation(model_type: str, activation: str, activations: dict[
     for name, keras_name in activations.items():
         if keras_name == activation:
             return name
-    raise ValueError(f"save_huggingface: {model_type} has no activation for {activation!r}; supported: "
-                     f"{sorted(set(activations.values()))}.")
+    raise ValueError(
+        f"save_huggingface: {model_type} has no activation for {activation!r}; supported: "
+        f"{sorted(set(activations.values()))}."
+    )
 
 
 class WeightWriter:
@@ -387,8 +414,11 @@ class WeightReader:
         kernel = kernel.T if transpose else kernel
         bias = self(name + ".bias") if name + ".bias" in self else None
         splits = len(dense_layers)
-        for dense, part, part_bias in zip(dense_layers, np.split(kernel, splits, axis=1),
-                                          np.split(bias, splits) if bias is not None else [None] * splits):
+        for dense, part, part_bias in zip(
+            dense_layers,
+            np.split(kernel, splits, axis=1),
+            np.split(bias, splits) if bias is not None else [None] * splits,
+        ):
             set_dense(dense, part, part_bias)
         self.linear_layers[name] = list(dense_layers)
         if name + ".lora_A.weight" in self:

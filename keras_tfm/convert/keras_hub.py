@@ -49,8 +49,10 @@ def from_keras_hub(model_or_preset):
     task = model_or_preset
     quantized = sorted({layer.quantization_mode for layer in task._flatten_layers() if layer.quantization_mode})
     if quantized:  # its weights are integers and scales; converting them as floats would be wrong
-        raise ValueError(f"from_keras_hub: the {kind} is quantized ({', '.join(quantized)}); convert the float model, "
-                         f"then quantize the keras_tfm model: `from_keras_hub(...).quantize({quantized[0]!r})`.")
+        raise ValueError(
+            f"from_keras_hub: the {kind} is quantized ({', '.join(quantized)}); convert the float model, "
+            f"then quantize the keras_tfm model: `from_keras_hub(...).quantize({quantized[0]!r})`."
+        )
     backbone = getattr(task, "backbone", task)
     weights = {w.path: ops.convert_to_numpy(w) for w in task.weights}  # paths name layers: "token_embedding/..."
     return _CONVERTERS[kind](task, backbone, WeightReader(weights))
@@ -65,16 +67,20 @@ def _load_preset(path: str):
     if os.path.isfile(task_path):  # a task's preset: its backbone (config.json) and its own layers
         name = read_json(task_path, "from_keras_hub").get("class_name")
         if name not in _CONVERTERS:
-            raise ValueError(f"from_keras_hub: unsupported model {name} in {task_path!r}; supported: "
-                             f"{sorted(_CONVERTERS)}.")
+            raise ValueError(
+                f"from_keras_hub: unsupported model {name} in {task_path!r}; supported: {sorted(_CONVERTERS)}."
+            )
         return getattr(keras_hub.models, name).from_preset(path, preprocessor=None)
     return keras_hub.models.Backbone.from_preset(path)
 
 
 def _set_attention(attention, w: WeightReader, prefix: str) -> None:
     """keras-hub `EinsumDense` projections (per-head axes) into our `Dense` ones."""
-    for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"),
-                        (attention.value_dense, "value")):
+    for dense, name in (
+        (attention.query_dense, "query"),
+        (attention.key_dense, "key"),
+        (attention.value_dense, "value"),
+    ):
         kernel = w(f"{prefix}/{name}/kernel")
         set_dense(dense, kernel.reshape(kernel.shape[0], -1), w(f"{prefix}/{name}/bias").reshape(-1))
     kernel = w(f"{prefix}/attention_output/kernel")
@@ -102,18 +108,30 @@ def _check_all_used(kind: str, w: WeightReader, ignore: tuple = ()) -> None:
 
 def _text_arguments(backbone) -> dict:
     """What keras-hub's GPT-2 and BERT backbones share, under keras_tfm's names (both use tanh GELU)."""
-    return dict(vocabulary_size=backbone.vocabulary_size, max_length=backbone.max_sequence_length,
-                num_layers=backbone.num_layers, num_heads=backbone.num_heads, hidden_dim=backbone.hidden_dim,
-                intermediate_dim=backbone.intermediate_dim, dropout=backbone.dropout, activation="gelu_approximate")
+    return dict(
+        vocabulary_size=backbone.vocabulary_size,
+        max_length=backbone.max_sequence_length,
+        num_layers=backbone.num_layers,
+        num_heads=backbone.num_heads,
+        hidden_dim=backbone.hidden_dim,
+        intermediate_dim=backbone.intermediate_dim,
+        dropout=backbone.dropout,
+        activation="gelu_approximate",
+    )
 
 
 def _set_transformer_layer(block, w: WeightReader, prefix: str, attention: str) -> None:
     """A keras-hub `TransformerDecoder` (GPT-2) or `TransformerEncoder` (BERT) into our block."""
     _set_attention(block.self_attention, w, f"{prefix}/{attention}")
-    _set_layers([(block.self_attention_norm, f"{prefix}/self_attention_layer_norm"),
-                 (block.feed_forward_norm, f"{prefix}/feedforward_layer_norm"),
-                 (block.feed_forward.intermediate_dense, f"{prefix}/feedforward_intermediate_dense"),
-                 (block.feed_forward.output_dense, f"{prefix}/feedforward_output_dense")], w)
+    _set_layers(
+        [
+            (block.self_attention_norm, f"{prefix}/self_attention_layer_norm"),
+            (block.feed_forward_norm, f"{prefix}/feedforward_layer_norm"),
+            (block.feed_forward.intermediate_dense, f"{prefix}/feedforward_intermediate_dense"),
+            (block.feed_forward.output_dense, f"{prefix}/feedforward_output_dense"),
+        ],
+        w,
+    )
 
 
 def _gpt2(task, backbone, w: WeightReader) -> GPT:
@@ -133,12 +151,17 @@ def _bert(task, backbone, w: WeightReader):
     masked_lm = type(task).__name__ == "BertMaskedLM"
     classifier = task is not backbone and not masked_lm
     if classifier and not _outputs_logits(task):
-        raise ValueError(f"from_keras_hub: BertTextClassifier with activation={task.get_config()['activation']!r} is "
-                         "not supported; keras_tfm's BertClassifier outputs logits.")
+        raise ValueError(
+            f"from_keras_hub: BertTextClassifier with activation={task.get_config()['activation']!r} is "
+            "not supported; keras_tfm's BertClassifier outputs logits."
+        )
     if masked_lm:  # keras-hub's head: exact GELU and epsilon 1e-5 (its MaskedLMHead's defaults)
         head = task.masked_lm_head
-        model = BertMLM(**arguments, head_activation=keras.activations.serialize(head.intermediate_activation),
-                        head_layer_norm_epsilon=head.layer_norm_epsilon)
+        model = BertMLM(
+            **arguments,
+            head_activation=keras.activations.serialize(head.intermediate_activation),
+            head_layer_norm_epsilon=head.layer_norm_epsilon,
+        )
     else:
         model = BertClassifier(num_classes=task.num_classes, **arguments) if classifier else Bert(**arguments)
     model.build()
@@ -152,8 +175,13 @@ def _bert(task, backbone, w: WeightReader):
     if classifier:
         _set_layers([(model.pooler, "pooled_dense"), (model.classifier, "logits")], w)
     if masked_lm:
-        _set_layers([(model.transform, "mlm_head/intermediate_dense"),
-                     (model.transform_norm, "mlm_head/intermediate_layer_norm")], w)
+        _set_layers(
+            [
+                (model.transform, "mlm_head/intermediate_dense"),
+                (model.transform_norm, "mlm_head/intermediate_layer_norm"),
+            ],
+            w,
+        )
         model.output_bias.assign(w("mlm_head/output_bias"))
     _check_all_used("BERT", w, ignore=() if classifier else ("pooled_dense/",))  # no pooler in Bert or BertMLM
     return model
@@ -161,19 +189,29 @@ def _bert(task, backbone, w: WeightReader):
 
 def _vit(task, backbone, w: WeightReader) -> ViT:
     config = backbone.get_config()
-    require_options("ViTBackbone", config, caller="from_keras_hub", use_class_token=True, use_mha_bias=True,
-                    use_mlp_bias=True, use_patch_bias=True)
+    require_options(
+        "ViTBackbone",
+        config,
+        caller="from_keras_hub",
+        use_class_token=True,
+        use_mha_bias=True,
+        use_mlp_bias=True,
+        use_patch_bias=True,
+    )
     image_shape, patch_size = config["image_shape"], config["patch_size"]
     patch_size = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     if image_shape[0] != image_shape[1] or patch_size[0] != patch_size[1]:
-        raise ValueError(f"from_keras_hub: ViTBackbone with non-square image_shape={tuple(image_shape)} or "
-                         f"patch_size={patch_size} is not supported.")
+        raise ValueError(
+            f"from_keras_hub: ViTBackbone with non-square image_shape={tuple(image_shape)} or "
+            f"patch_size={patch_size} is not supported."
+        )
     include_top = task is not backbone
     if include_top and (task.pooling != "token" or task.intermediate_dim is not None or not _outputs_logits(task)):
         raise ValueError(
             f"from_keras_hub: ViTImageClassifier with pooling={task.pooling!r}, intermediate_dim="
             f"{task.intermediate_dim!r}, activation={task.get_config()['activation']!r} is not supported; keras_tfm's "
-            "ViT classifies the class token into logits (keras-hub's 'gap' also averages the class token in).")
+            "ViT classifies the class token into logits (keras-hub's 'gap' also averages the class token in)."
+        )
     model = ViT(
         image_size=image_shape[0],
         patch_size=patch_size[0],
@@ -193,21 +231,32 @@ def _vit(task, backbone, w: WeightReader) -> ViT:
     embedding = "vit_patching_and_embedding"
     model.class_token.assign(w(f"{embedding}/class_token"))
     model.position_embedding.set_weights([w(f"{embedding}/position_embedding/embeddings")])
-    model.patch_embedding.projection.set_weights([w(f"{embedding}/patch_embedding/kernel"),
-                                                  w(f"{embedding}/patch_embedding/bias")])
+    model.patch_embedding.projection.set_weights(
+        [w(f"{embedding}/patch_embedding/kernel"), w(f"{embedding}/patch_embedding/bias")]
+    )
     for i, block in enumerate(model.blocks):
         p = f"vit_encoder/transformer_block_{i + 1}"
         _set_attention(block.self_attention, w, f"{p}/mha")
-        _set_layers([(block.self_attention_norm, f"{p}/ln_1"), (block.feed_forward_norm, f"{p}/ln_2"),
-                     (block.feed_forward.intermediate_dense, f"{p}/mlp/dense_1"),
-                     (block.feed_forward.output_dense, f"{p}/mlp/dense_2")], w)
+        _set_layers(
+            [
+                (block.self_attention_norm, f"{p}/ln_1"),
+                (block.feed_forward_norm, f"{p}/ln_2"),
+                (block.feed_forward.intermediate_dense, f"{p}/mlp/dense_1"),
+                (block.feed_forward.output_dense, f"{p}/mlp/dense_2"),
+            ],
+            w,
+        )
     _set_layers([(model.final_norm, "vit_encoder/ln")] + ([(model.head, "predictions")] if include_top else []), w)
     _check_all_used("ViT", w)
     return model
 
 
 _CONVERTERS = {
-    "GPT2Backbone": _gpt2, "GPT2CausalLM": _gpt2,
-    "BertBackbone": _bert, "BertTextClassifier": _bert, "BertMaskedLM": _bert,
-    "ViTBackbone": _vit, "ViTImageClassifier": _vit,
+    "GPT2Backbone": _gpt2,
+    "GPT2CausalLM": _gpt2,
+    "BertBackbone": _bert,
+    "BertTextClassifier": _bert,
+    "BertMaskedLM": _bert,
+    "ViTBackbone": _vit,
+    "ViTImageClassifier": _vit,
 }

@@ -28,8 +28,12 @@ def _blocks(model: Translator, w: WeightReader | WeightWriter, prefix: str = "")
     """Reads (`WeightReader`) or writes (`WeightWriter`) both stacks' blocks under their checkpoint names."""
 
     def attention(layer, name):
-        for dense, projection in ((layer.query_dense, "q_proj"), (layer.key_dense, "k_proj"),
-                                  (layer.value_dense, "v_proj"), (layer.output_dense, "out_proj")):
+        for dense, projection in (
+            (layer.query_dense, "q_proj"),
+            (layer.key_dense, "k_proj"),
+            (layer.value_dense, "v_proj"),
+            (layer.output_dense, "out_proj"),
+        ):
             w.linear(f"{name}.{projection}", dense)
 
     for stack, blocks in (("encoder", model.encoder_blocks), ("decoder", model.decoder_blocks)):
@@ -53,11 +57,14 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
         raise ValueError(f"from_huggingface: Marian activation {activation!r} is not supported.")
     shared = config.get("share_encoder_decoder_embeddings", True)
     if config.get("encoder_attention_heads") != config.get("decoder_attention_heads") or config.get(
-            "encoder_ffn_dim") != config.get("decoder_ffn_dim"):
+        "encoder_ffn_dim"
+    ) != config.get("decoder_ffn_dim"):
         raise ValueError("from_huggingface: Marian encoder and decoder must share heads and feed-forward width.")
     model = Translator(
         source_vocabulary_size=config["vocab_size"],
-        target_vocabulary_size=config["vocab_size"] if shared else config.get("decoder_vocab_size") or config["vocab_size"],
+        target_vocabulary_size=config["vocab_size"]
+        if shared
+        else config.get("decoder_vocab_size") or config["vocab_size"],
         num_encoder_layers=config["encoder_layers"],
         num_decoder_layers=config["decoder_layers"],
         num_heads=config["encoder_attention_heads"],
@@ -91,8 +98,9 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
     # with a shared vocabulary the per-stack token tables are copies of `shared`; the position
     # tables are the fixed sinusoids; a tied `lm_head` is a copy of the target table
     copies = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") if shared else ()
-    leftover = w.unused(ignore=lambda name: name == "lm_head.weight" or name.endswith(
-        (*copies, "embed_positions.weight")))
+    leftover = w.unused(
+        ignore=lambda name: name == "lm_head.weight" or name.endswith((*copies, "embed_positions.weight"))
+    )
     if leftover:
         raise ValueError(f"from_huggingface: Marian weights not converted: {leftover[:5]}")
     return model
@@ -102,9 +110,11 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
 def export_marian(model: Translator, w: WeightWriter) -> dict:
     # Marian's LayerNorms use PyTorch's default epsilon, which its config cannot change
     if model.norm_first or model.positions != "sinusoidal" or model.layer_norm_epsilon != 1e-5:
-        raise ValueError(f"save_huggingface: Marian is the post-norm Transformer with sinusoidal positions and "
-                         f"layer_norm_epsilon 1e-5; received norm_first={model.norm_first}, positions={model.positions!r}, "
-                         f"layer_norm_epsilon={model.layer_norm_epsilon}.")
+        raise ValueError(
+            f"save_huggingface: Marian is the post-norm Transformer with sinusoidal positions and "
+            f"layer_norm_epsilon 1e-5; received norm_first={model.norm_first}, positions={model.positions!r}, "
+            f"layer_norm_epsilon={model.layer_norm_epsilon}."
+        )
     if model.share_embeddings:  # with the stacks' copies, which transformers 5 does not tie when the output is untied
         for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
             w[name] = model.source_embedding.embeddings
@@ -112,20 +122,34 @@ def export_marian(model: Translator, w: WeightWriter) -> dict:
         w["model.encoder.embed_tokens.weight"] = model.source_embedding.embeddings
         w["model.decoder.embed_tokens.weight"] = model.target_embedding.embeddings
     # a fixed buffer in Marian, zero in the opus-mt checkpoints
-    w["final_logits_bias"] = (model.output_bias if model.use_output_bias else
-                              keras.ops.zeros((model.target_vocabulary_size,)))[None]
+    w["final_logits_bias"] = (
+        model.output_bias if model.use_output_bias else keras.ops.zeros((model.target_vocabulary_size,))
+    )[None]
     _blocks(model, w, "model.")
     if not model.tie_embeddings:
         w.linear("lm_head", model.lm_head)
     return dict(
-        model_type="marian", architectures=["MarianMTModel"], vocab_size=model.source_vocabulary_size,
-        decoder_vocab_size=model.target_vocabulary_size, share_encoder_decoder_embeddings=model.share_embeddings,
-        tie_word_embeddings=model.tie_embeddings, d_model=model.hidden_dim, encoder_layers=model.num_encoder_layers,
-        decoder_layers=model.num_decoder_layers, encoder_attention_heads=model.num_heads,
-        decoder_attention_heads=model.num_heads, encoder_ffn_dim=model.intermediate_dim,
-        decoder_ffn_dim=model.intermediate_dim, max_position_embeddings=model.max_length,
-        scale_embedding=model.scale_embeddings, dropout=model.dropout, attention_dropout=model.attention_dropout,
-        activation_dropout=0.0, activation_function=hugging_face_activation("Marian", model.activation, _ACTIVATIONS),
-        pad_token_id=model.pad_token_id, decoder_start_token_id=model.start_token_id,
-        eos_token_id=model.end_token_id, forced_eos_token_id=model.end_token_id,
+        model_type="marian",
+        architectures=["MarianMTModel"],
+        vocab_size=model.source_vocabulary_size,
+        decoder_vocab_size=model.target_vocabulary_size,
+        share_encoder_decoder_embeddings=model.share_embeddings,
+        tie_word_embeddings=model.tie_embeddings,
+        d_model=model.hidden_dim,
+        encoder_layers=model.num_encoder_layers,
+        decoder_layers=model.num_decoder_layers,
+        encoder_attention_heads=model.num_heads,
+        decoder_attention_heads=model.num_heads,
+        encoder_ffn_dim=model.intermediate_dim,
+        decoder_ffn_dim=model.intermediate_dim,
+        max_position_embeddings=model.max_length,
+        scale_embedding=model.scale_embeddings,
+        dropout=model.dropout,
+        attention_dropout=model.attention_dropout,
+        activation_dropout=0.0,
+        activation_function=hugging_face_activation("Marian", model.activation, _ACTIVATIONS),
+        pad_token_id=model.pad_token_id,
+        decoder_start_token_id=model.start_token_id,
+        eos_token_id=model.end_token_id,
+        forced_eos_token_id=model.end_token_id,
     )

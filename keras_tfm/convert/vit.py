@@ -59,7 +59,9 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
     image_size, patch_size = config["image_size"], config["patch_size"]
     for field, value in (("image_size", image_size), ("patch_size", patch_size)):
         if not isinstance(value, int) and len(set(value)) != 1:
-            raise ValueError(f"from_huggingface: ViT checkpoints with a non-square {field}={value!r} are not supported.")
+            raise ValueError(
+                f"from_huggingface: ViT checkpoints with a non-square {field}={value!r} are not supported."
+            )
     model = ViT(
         image_size=image_size if isinstance(image_size, int) else image_size[0],
         patch_size=patch_size if isinstance(patch_size, int) else patch_size[0],
@@ -78,16 +80,22 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
     model.build()
     model.class_token.assign(w("embeddings.cls_token"))
     model.position_embedding.set_weights([w("embeddings.position_embeddings")[0]])
-    model.patch_embedding.projection.set_weights([
-        w("embeddings.patch_embeddings.projection.weight").transpose(2, 3, 1, 0),
-        w("embeddings.patch_embeddings.projection.bias"),
-    ])
+    model.patch_embedding.projection.set_weights(
+        [
+            w("embeddings.patch_embeddings.projection.weight").transpose(2, 3, 1, 0),
+            w("embeddings.patch_embeddings.projection.bias"),
+        ]
+    )
     for i, block in enumerate(model.blocks):
         p = f"layers.{i}."
         attention = block.self_attention
         set_layer_norm(block.self_attention_norm, w(p + "layernorm_before.weight"), w(p + "layernorm_before.bias"))
-        for dense, name in ((attention.query_dense, "q_proj"), (attention.key_dense, "k_proj"),
-                            (attention.value_dense, "v_proj"), (attention.output_dense, "o_proj")):
+        for dense, name in (
+            (attention.query_dense, "q_proj"),
+            (attention.key_dense, "k_proj"),
+            (attention.value_dense, "v_proj"),
+            (attention.output_dense, "o_proj"),
+        ):
             w.linear(p + "attention." + name, dense)
         set_layer_norm(block.feed_forward_norm, w(p + "layernorm_after.weight"), w(p + "layernorm_after.bias"))
         w.linear(p + "mlp.fc1", block.feed_forward.intermediate_dense)
@@ -105,43 +113,59 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
 @exporter(ViT)
 def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = None) -> dict:
     if model.positions != "learned" or (model.include_top and model.pooling != "token"):
-        raise ValueError(f"save_huggingface: Hugging Face ViTs have learned positions and classify from the class "
-                         f"token; received positions={model.positions!r}, pooling={model.pooling!r}.")
+        raise ValueError(
+            f"save_huggingface: Hugging Face ViTs have learned positions and classify from the class "
+            f"token; received positions={model.positions!r}, pooling={model.pooling!r}."
+        )
     image_size = model.image_size
     if image_preprocessing is not None:
-        w.files["preprocessor_config.json"], image_size = image_processor_config(*image_preprocessing,
-                                                                                 num_channels=model.num_channels)
+        w.files["preprocessor_config.json"], image_size = image_processor_config(
+            *image_preprocessing, num_channels=model.num_channels
+        )
         if image_size % model.patch_size:
-            raise ValueError(f"save_huggingface: image_preprocessing gives the model {image_size}x{image_size} images, "
-                             f"which its {model.patch_size}-pixel patches do not divide.")
+            raise ValueError(
+                f"save_huggingface: image_preprocessing gives the model {image_size}x{image_size} images, "
+                f"which its {model.patch_size}-pixel patches do not divide."
+            )
     p = "vit." if model.include_top else ""  # ViTForImageClassification's names, or ViTModel's
     w[p + "embeddings.cls_token"] = model.class_token
     grid = image_size // model.patch_size  # a model fine-tuned at another size: the table it used there
     table = model.position_embedding.embeddings if grid == model.grid_size else model.position_table(grid, grid)
     w[p + "embeddings.position_embeddings"] = table[None]
     projection = model.patch_embedding.projection
-    w[p + "embeddings.patch_embeddings.projection.weight"] = keras.ops.convert_to_numpy(projection.kernel).transpose(3, 2, 0, 1)
+    w[p + "embeddings.patch_embeddings.projection.weight"] = keras.ops.convert_to_numpy(projection.kernel).transpose(
+        3, 2, 0, 1
+    )
     w[p + "embeddings.patch_embeddings.projection.bias"] = projection.bias
     for i, block in enumerate(model.blocks):
         b = f"{p}encoder.layer.{i}."
         attention = block.self_attention
         w.layer_norm(b + "layernorm_before", block.self_attention_norm)
-        for dense, name in ((attention.query_dense, "attention.attention.query"),
-                            (attention.key_dense, "attention.attention.key"),
-                            (attention.value_dense, "attention.attention.value"),
-                            (attention.output_dense, "attention.output.dense")):
+        for dense, name in (
+            (attention.query_dense, "attention.attention.query"),
+            (attention.key_dense, "attention.attention.key"),
+            (attention.value_dense, "attention.attention.value"),
+            (attention.output_dense, "attention.output.dense"),
+        ):
             w.linear(b + name, dense)
         w.layer_norm(b + "layernorm_after", block.feed_forward_norm)
         w.linear(b + "intermediate.dense", block.feed_forward.intermediate_dense)
         w.linear(b + "output.dense", block.feed_forward.output_dense)
     w.layer_norm(p + "layernorm", model.final_norm)
     config = dict(
-        model_type="vit", image_size=image_size, patch_size=model.patch_size,
-        num_channels=model.num_channels, num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_heads, hidden_size=model.hidden_dim,
-        intermediate_size=model.intermediate_dim, hidden_dropout_prob=model.dropout,
-        attention_probs_dropout_prob=model.attention_dropout, layer_norm_eps=model.layer_norm_epsilon,
-        hidden_act=hugging_face_activation("ViT", model.activation, _ACTIVATIONS), qkv_bias=True,
+        model_type="vit",
+        image_size=image_size,
+        patch_size=model.patch_size,
+        num_channels=model.num_channels,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        hidden_size=model.hidden_dim,
+        intermediate_size=model.intermediate_dim,
+        hidden_dropout_prob=model.dropout,
+        attention_probs_dropout_prob=model.attention_dropout,
+        layer_norm_eps=model.layer_norm_epsilon,
+        hidden_act=hugging_face_activation("ViT", model.activation, _ACTIVATIONS),
+        qkv_bias=True,
     )
     if not model.include_top:
         return dict(config, architectures=["ViTModel"])
@@ -171,8 +195,9 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
         if isinstance(value, dict):
             value = value.get("height", value.get("shortest_edge"))
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"image_preprocessing: {path!r}: expected an image size in {key!r}; "
-                             f"found {processor.get(key)!r}.")
+            raise ValueError(
+                f"image_preprocessing: {path!r}: expected an image size in {key!r}; found {processor.get(key)!r}."
+            )
         return value
 
     size = side_of("size", 224)
@@ -180,8 +205,9 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
     if processor.get("do_center_crop"):
         crop = side_of("crop_size", size)
         if crop > size:
-            raise ValueError(f"image_preprocessing: {path!r}: 'crop_size' {crop} is larger than the resized "
-                             f"images ('size' {size}).")
+            raise ValueError(
+                f"image_preprocessing: {path!r}: 'crop_size' {crop} is larger than the resized images ('size' {size})."
+            )
         layers.append(keras.layers.CenterCrop(crop, crop, name="center_crop"))
     if processor.get("do_rescale", True):
         layers.append(keras.layers.Rescaling(processor.get("rescale_factor", 1 / 255), name="rescaling"))
@@ -201,15 +227,25 @@ def image_processor_config(side: int, layers: list, num_channels: int = 3) -> tu
     Returns the config and the side of the images the model then sees (the crop's, or `side`).
     Images are resized bilinearly, as `keras.layers.Resizing`; grayscale images become RGB for a
     3-channel model, as the ViT recipe makes them for a checkpoint."""
+
     def refuse(what: str):
         raise ValueError(f"save_huggingface: image_preprocessing: {what}")
 
     if not isinstance(side, int) or isinstance(side, bool) or side < 1:
         refuse(f"expected a positive image side; received {side!r}.")
-    config = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": side, "width": side},
-              "resample": 2, "do_convert_rgb": num_channels == 3, "do_center_crop": False, "do_rescale": False,
-              "rescale_factor": 1 / 255, "do_normalize": False, "image_mean": [0.0] * num_channels,
-              "image_std": [1.0] * num_channels}
+    config = {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": side, "width": side},
+        "resample": 2,
+        "do_convert_rgb": num_channels == 3,
+        "do_center_crop": False,
+        "do_rescale": False,
+        "rescale_factor": 1 / 255,
+        "do_normalize": False,
+        "image_mean": [0.0] * num_channels,
+        "image_std": [1.0] * num_channels,
+    }
     model_side, offset, steps = side, 0.0, (keras.layers.CenterCrop, keras.layers.Rescaling, keras.layers.Normalization)
     done = -1
 
@@ -224,20 +260,30 @@ def image_processor_config(side: int, layers: list, num_channels: int = 3) -> tu
     for layer in layers:
         step = next((i for i, kind in enumerate(steps) if isinstance(layer, kind)), None)
         if step is None or step <= done:
-            refuse(f"expected a CenterCrop, a Rescaling and a Normalization, each at most once and in that order; "
-                   f"received {[type(layer).__name__ for layer in layers]}.")
+            refuse(
+                f"expected a CenterCrop, a Rescaling and a Normalization, each at most once and in that order; "
+                f"received {[type(layer).__name__ for layer in layers]}."
+            )
         done = step
         if step == 0:
             if layer.height != layer.width or layer.height > side:
-                refuse(f"the center crop must be square and at most {side} pixels; received "
-                       f"{layer.height}x{layer.width}.")
+                refuse(
+                    f"the center crop must be square and at most {side} pixels; received {layer.height}x{layer.width}."
+                )
             model_side = layer.height
-            config.update(image_processor_type="DeiTImageProcessor", do_center_crop=True,
-                          crop_size={"height": layer.height, "width": layer.width})
+            config.update(
+                image_processor_type="DeiTImageProcessor",
+                do_center_crop=True,
+                crop_size={"height": layer.height, "width": layer.width},
+            )
         elif step == 1:
-            scale, offset = (np.asarray(keras.ops.convert_to_numpy(value), "float64") for value in (layer.scale, layer.offset))
+            scale, offset = (
+                np.asarray(keras.ops.convert_to_numpy(value), "float64") for value in (layer.scale, layer.offset)
+            )
             if scale.size != 1 or offset.size != 1:
-                refuse(f"a Rescaling with one scale and one offset; received scale={layer.scale}, offset={layer.offset}.")
+                refuse(
+                    f"a Rescaling with one scale and one offset; received scale={layer.scale}, offset={layer.offset}."
+                )
             config.update(do_rescale=True, rescale_factor=float(scale.reshape(())))
             offset = float(offset.reshape(()))
             if offset:  # x * scale + offset = (x * scale - (-offset)) / 1
@@ -250,6 +296,9 @@ def image_processor_config(side: int, layers: list, num_channels: int = 3) -> tu
             if mean is None or variance is None:
                 refuse("the Normalization has no mean and variance yet (adapt it first).")
             # ((x * scale + offset) - mean) / std = (x * scale - (mean - offset)) / std
-            config.update(do_normalize=True, image_mean=[float(m) - offset for m in per_channel(mean, "the mean")],
-                          image_std=[float(np.sqrt(v)) for v in per_channel(variance, "the variance")])
+            config.update(
+                do_normalize=True,
+                image_mean=[float(m) - offset for m in per_channel(mean, "the mean")],
+                image_std=[float(np.sqrt(v)) for v in per_channel(variance, "the variance")],
+            )
     return config, model_side

@@ -6,10 +6,10 @@ from keras_tfm.data.images import ImageSplits, load_images, read_idx
 from keras_tfm.data.parallel import ParallelSplits, load_parallel
 from keras_tfm.data.text import TextSplits, load_labelled_text, load_text, offline_text, read_text
 from keras_tfm.data.tokenizers import (
-                                       BytePairTokenizer,
-                                       CharacterTokenizer,
-                                       SentencePieceTokenizer,
-                                       WordPieceTokenizer,
-                                       load_or_fit_tokenizer,
-                                       load_tokenizer,
+    BytePairTokenizer,
+    CharacterTokenizer,
+    SentencePieceTokenizer,
+    WordPieceTokenizer,
+    load_or_fit_tokenizer,
+    load_tokenizer,
 )

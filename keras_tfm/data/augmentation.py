@@ -67,5 +67,7 @@ def flip_averaged_probabilities(model: keras.Model, images: np.ndarray, batch_si
         >>> accuracy = np.mean(probabilities.argmax(-1) == test_labels)
     """
     views = (images, images[:, :, ::-1])
-    return sum(keras.ops.convert_to_numpy(keras.ops.softmax(model.predict(view, batch_size=batch_size, verbose=0)))
-               for view in views) / len(views)
+    return sum(
+        keras.ops.convert_to_numpy(keras.ops.softmax(model.predict(view, batch_size=batch_size, verbose=0)))
+        for view in views
+    ) / len(views)

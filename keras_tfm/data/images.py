@@ -43,7 +43,7 @@ def read_idx(path: str) -> np.ndarray:
         if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
             raise ValueError("not an IDX file of unsigned bytes")
         rank = raw[3]
-        shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(rank))
+        shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(rank))
         data = np.frombuffer(raw, np.uint8, offset=4 + 4 * rank)
         if data.size != int(np.prod(shape)):
             raise ValueError(f"header says {shape}, but {data.size} values follow")
@@ -75,7 +75,9 @@ def _load_npz(path: str):
         with np.load(path) as arrays:
             missing = {"x_train", "y_train", "x_test", "y_test"} - set(arrays.files)
             if missing:
-                raise DataError(f"--data: {path!r} lacks the arrays {sorted(missing)}; expected x_train, y_train, x_test, y_test.")
+                raise DataError(
+                    f"--data: {path!r} lacks the arrays {sorted(missing)}; expected x_train, y_train, x_test, y_test."
+                )
             splits = [(arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])]
     except (OSError, ValueError) as error:
         raise DataError(f"--data: {path!r} is not a readable .npz file ({error}).") from None
@@ -97,7 +99,9 @@ def _read_folder(path: str, class_names: list[str] | None = None):
                 try:
                     images.append(np.asarray(Image.open(os.path.join(folder, file)).convert("RGB")))
                 except OSError as error:
-                    raise DataError(f"--data: cannot read the image {os.path.join(folder, file)!r} ({error}).") from None
+                    raise DataError(
+                        f"--data: cannot read the image {os.path.join(folder, file)!r} ({error})."
+                    ) from None
                 labels.append(label)
     if not images:
         raise DataError(f"--data: no images ({', '.join(_IMAGE_SUFFIXES)}) under {path!r}.")
@@ -112,10 +116,14 @@ def _stacked(groups: list[list[np.ndarray]], path: str, image_size: int | None) 
     shapes = sorted({image.shape for group in groups for image in group})
     if len(shapes) > 1:
         if not image_size:
-            raise DataError(f"--data: images under {path!r} differ in size ({shapes[:3]}...); give --image-size N to "
-                            f"resize them to N x N.")
+            raise DataError(
+                f"--data: images under {path!r} differ in size ({shapes[:3]}...); give --image-size N to "
+                f"resize them to N x N."
+            )
         side = (image_size, image_size)
-        groups = [[np.asarray(Image.fromarray(image).resize(side, Image.BILINEAR)) for image in group] for group in groups]
+        groups = [
+            [np.asarray(Image.fromarray(image).resize(side, Image.BILINEAR)) for image in group] for group in groups
+        ]
     return [np.stack(group) for group in groups]
 
 
@@ -137,12 +145,16 @@ def load_images(
     class_names = None
     if data:
         if not os.path.exists(data):
-            raise DataError(f"--data: expected an IDX directory, an .npz file or an image folder; nothing is at {data!r}.")
+            raise DataError(
+                f"--data: expected an IDX directory, an .npz file or an image folder; nothing is at {data!r}."
+            )
         if data.endswith(".npz"):
             train, test = _load_npz(data)
         elif not os.path.isdir(data):
-            raise DataError(f"--data: expected an IDX directory, an .npz file or an image folder; {data!r} is a file "
-                            f"without the .npz suffix.")
+            raise DataError(
+                f"--data: expected an IDX directory, an .npz file or an image folder; {data!r} is a file "
+                f"without the .npz suffix."
+            )
         elif any(name.startswith("train-images-idx3") for name in os.listdir(data)):
             train, test = _load_idx_directory(data)
         elif os.path.isdir(os.path.join(data, "train")):
@@ -167,8 +179,10 @@ def load_images(
         train, test = _split(x, digits.target.astype("int32"), 0.2)
         source = OFFLINE_IMAGES_SOURCE
     class_names = class_names or [str(i) for i in range(int(max(train[1].max(), test[1].max())) + 1)]
-    log(f"Data: {source}: {len(train[0]):,} training and {len(test[0]):,} test images of shape "
-        f"{train[0].shape[1:]}, {len(class_names)} classes.")
+    log(
+        f"Data: {source}: {len(train[0]):,} training and {len(test[0]):,} test images of shape "
+        f"{train[0].shape[1:]}, {len(class_names)} classes."
+    )
     return ImageSplits(train, test, class_names, source)
 
 

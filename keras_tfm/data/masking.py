@@ -32,9 +32,17 @@ class DynamicMasker:
     (the labels) and `mask_weights` is 0 where fewer than `mask_positions` tokens were selected.
     """
 
-    def __init__(self, vocabulary_size: int, mask_id: int, special_ids: list[int], pad_id: int = 0,
-                 mask_rate: float = 0.15, mask_positions: int = 20, mask_token_rate: float = 0.8,
-                 random_token_rate: float = 0.1):
+    def __init__(
+        self,
+        vocabulary_size: int,
+        mask_id: int,
+        special_ids: list[int],
+        pad_id: int = 0,
+        mask_rate: float = 0.15,
+        mask_positions: int = 20,
+        mask_token_rate: float = 0.8,
+        random_token_rate: float = 0.1,
+    ):
         self.vocabulary_size = vocabulary_size
         self.mask_id = mask_id
         self.special_ids = np.asarray(list(special_ids))
@@ -58,11 +66,21 @@ class DynamicMasker:
         positions = np.where(valid, picked, 0).astype("int32")
         labels = np.where(valid, np.take_along_axis(rows, positions, axis=1), 0).astype("int32")
         action = rng.random(positions.shape)
-        replacement = np.where(action < self.mask_token_rate, self.mask_id,
-                               np.where(action < self.mask_token_rate + self.random_token_rate,
-                                        rng.integers(0, self.vocabulary_size, positions.shape), labels))
+        replacement = np.where(
+            action < self.mask_token_rate,
+            self.mask_id,
+            np.where(
+                action < self.mask_token_rate + self.random_token_rate,
+                rng.integers(0, self.vocabulary_size, positions.shape),
+                labels,
+            ),
+        )
         token_ids = rows.copy()
         row_index = np.nonzero(valid)[0]
         token_ids[row_index, positions[valid]] = replacement[valid]
-        inputs = {"token_ids": token_ids.astype("int32"), "padding_mask": rows != self.pad_id, "mask_positions": positions}
+        inputs = {
+            "token_ids": token_ids.astype("int32"),
+            "padding_mask": rows != self.pad_id,
+            "mask_positions": positions,
+        }
         return inputs, labels, valid.astype("float32")

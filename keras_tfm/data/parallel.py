@@ -61,12 +61,16 @@ def _load_directory(path: str, source_language: str, target_language: str) -> tu
         files = [_split_file(path, names, language) for language in (source_language, target_language)]
         if None in files:
             missing = f"{names[0]}.{source_language if files[0] is None else target_language}[.gz]"
-            raise DataError(f"--data: the directory {path!r} has no {missing}; expected line-aligned files "
-                            f"{{train,val,test}}.{{{source_language},{target_language}}}[.gz].")
+            raise DataError(
+                f"--data: the directory {path!r} has no {missing}; expected line-aligned files "
+                f"{{train,val,test}}.{{{source_language},{target_language}}}[.gz]."
+            )
         source, target = (_read_lines(f) for f in files)
         if len(source) != len(target):
-            raise DataError(f"--data: {files[0]!r} has {len(source)} lines but {files[1]!r} has {len(target)}; "
-                            "parallel files must be line-aligned.")
+            raise DataError(
+                f"--data: {files[0]!r} has {len(source)} lines but {files[1]!r} has {len(target)}; "
+                "parallel files must be line-aligned."
+            )
         splits.append([(s, t) for s, t in zip(source, target) if s.strip() and t.strip()])
     return splits[0], splits[1], splits[2]
 
@@ -78,8 +82,10 @@ def _split_pairs(pairs: Pairs, seed: int = 0) -> tuple[Pairs, Pairs, Pairs]:
     return shuffled[:a], shuffled[a:b], shuffled[b:]
 
 
-_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
-        "seventeen eighteen nineteen".split()
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen".split()
+)
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 
 
@@ -124,14 +130,18 @@ def load_parallel(
                 pairs.append((fields[1], fields[0]) if swap else (fields[0], fields[1]))
             train, validation, test = _split_pairs(pairs)
         else:
-            raise DataError(f"--data: expected a tab-separated file or a directory of parallel files; nothing is at {data!r}.")
+            raise DataError(
+                f"--data: expected a tab-separated file or a directory of parallel files; nothing is at {data!r}."
+            )
         source = f"local parallel text {data!r}"
     elif dataset:
         instead = "--data PATH (a tab-separated file or a directory of line-aligned files)"
         splits = []
         for split in ("train", "validation", "test"):
             rows = load_tfds(dataset, split, data_dir, instead=instead)
-            splits.append([(row[source_language].decode("utf-8"), row[target_language].decode("utf-8")) for row in rows])
+            splits.append(
+                [(row[source_language].decode("utf-8"), row[target_language].decode("utf-8")) for row in rows]
+            )
         train, validation, test = splits
         source = f"tensorflow-datasets {dataset!r}"
     else:

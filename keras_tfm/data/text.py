@@ -91,11 +91,17 @@ def load_labelled_text(path: str, flag: str = "--finetune") -> tuple[list[str], 
     if path.endswith(".zip") and os.path.isfile(path):
         items = read_zip_texts(path, flag)
     elif os.path.isdir(path):
-        items = [(os.path.join(root, n), read_text(os.path.join(root, n), flag))
-                 for root, _, names in sorted(os.walk(path)) for n in sorted(names) if n.endswith(".txt")]
+        items = [
+            (os.path.join(root, n), read_text(os.path.join(root, n), flag))
+            for root, _, names in sorted(os.walk(path))
+            for n in sorted(names)
+            if n.endswith(".txt")
+        ]
     else:
         raise DataError(f"{flag}: expected a zip archive or a directory of <label>/<file>.txt; nothing is at {path!r}.")
-    labels_by_name = [name.replace("\\", "/").split("/")[-2] if "/" in name.replace("\\", "/") else "" for name, _ in items]
+    labels_by_name = [
+        name.replace("\\", "/").split("/")[-2] if "/" in name.replace("\\", "/") else "" for name, _ in items
+    ]
     class_names = sorted(set(labels_by_name))
     if len(class_names) < 2:
         raise DataError(f"{flag}: {path!r} needs at least two label folders (<label>/<file>.txt); found {class_names}.")

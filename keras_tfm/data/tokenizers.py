@@ -102,8 +102,9 @@ class CharacterTokenizer:
         os.makedirs(directory, exist_ok=True)
         tokenizer.save(os.path.join(directory, "tokenizer.json"))
         with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}, file,
-                      indent=2)
+            json.dump(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}, file, indent=2
+            )
 
 
 class WordPieceTokenizer(_KerasHubTokenizer):
@@ -118,7 +119,10 @@ class WordPieceTokenizer(_KerasHubTokenizer):
         self.lowercase = lowercase
         self.strip_accents = strip_accents
         self._tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
-            vocabulary=self.vocabulary, lowercase=lowercase, strip_accents=strip_accents, oov_token="[UNK]",
+            vocabulary=self.vocabulary,
+            lowercase=lowercase,
+            strip_accents=strip_accents,
+            oov_token="[UNK]",
             dtype="int32",
         )
 
@@ -156,7 +160,10 @@ class WordPieceTokenizer(_KerasHubTokenizer):
 
         lines = [line for line in text.splitlines() if line.strip()]
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
-            tf.data.Dataset.from_tensor_slices(lines).batch(1024), vocabulary_size or 8192, lowercase=lowercase, reserved_tokens=WORDPIECE_RESERVED
+            tf.data.Dataset.from_tensor_slices(lines).batch(1024),
+            vocabulary_size or 8192,
+            lowercase=lowercase,
+            reserved_tokens=WORDPIECE_RESERVED,
         )
         return cls(vocabulary, lowercase)
 
@@ -169,8 +176,15 @@ class WordPieceTokenizer(_KerasHubTokenizer):
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
-            json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "lowercase": self.lowercase,
-                       "strip_accents": self.strip_accents}, file)
+            json.dump(
+                {
+                    "kind": self.kind,
+                    "vocabulary": self.vocabulary,
+                    "lowercase": self.lowercase,
+                    "strip_accents": self.strip_accents,
+                },
+                file,
+            )
 
     def save_huggingface(self, directory: str) -> None:
         """Writes the tokenizer as Hugging Face's `BertTokenizer` reads it (`vocab.txt`,
@@ -180,8 +194,15 @@ class WordPieceTokenizer(_KerasHubTokenizer):
         with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as file:
             file.write("".join(token + "\n" for token in self.vocabulary))
         with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
-            json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
-                       "strip_accents": self.strip_accents}, file, indent=2)
+            json.dump(
+                {
+                    "tokenizer_class": "BertTokenizer",
+                    "do_lower_case": self.lowercase,
+                    "strip_accents": self.strip_accents,
+                },
+                file,
+                indent=2,
+            )
 
 
 class BytePairTokenizer(_KerasHubTokenizer):
@@ -209,8 +230,9 @@ class BytePairTokenizer(_KerasHubTokenizer):
         from tokenizers import ByteLevelBPETokenizer
 
         learner = ByteLevelBPETokenizer()
-        learner.train_from_iterator(text.splitlines(keepends=True), vocab_size=vocabulary_size or 8192,
-                                    show_progress=False)
+        learner.train_from_iterator(
+            text.splitlines(keepends=True), vocab_size=vocabulary_size or 8192, show_progress=False
+        )
         state = json.loads(learner.to_str())["model"]
         merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
         return cls(state["vocab"], merges)
@@ -223,7 +245,9 @@ class BytePairTokenizer(_KerasHubTokenizer):
         paths = [os.path.join(directory, name) for name in ("vocab.json", "merges.txt")]
         missing = [os.path.basename(path) for path in paths if not os.path.isfile(path)]
         if missing:
-            raise DataError(f"--from-huggingface: no {' or '.join(missing)} (GPT-2's byte-pair tokenizer) in {directory!r}.")
+            raise DataError(
+                f"--from-huggingface: no {' or '.join(missing)} (GPT-2's byte-pair tokenizer) in {directory!r}."
+            )
         try:
             with open(paths[0], encoding="utf-8") as file:
                 vocabulary = json.load(file)
@@ -289,13 +313,24 @@ class SentencePieceTokenizer(_KerasHubTokenizer):
         model = io.BytesIO()
         try:
             sentencepiece.SentencePieceTrainer.train(
-                sentence_iterator=iter(lines), model_writer=model, vocab_size=vocabulary_size or 8000,
-                model_type="unigram", normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-                hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+                sentence_iterator=iter(lines),
+                model_writer=model,
+                vocab_size=vocabulary_size or 8000,
+                model_type="unigram",
+                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+                hard_vocab_limit=False,
+                character_coverage=1.0,
+                minloglevel=2,
+                pad_id=0,
+                unk_id=1,
+                bos_id=2,
+                eos_id=3,
             )
         except RuntimeError as error:  # e.g. fewer pieces allowed than the text has characters
-            raise DataError(f"--vocabulary-size: SentencePiece cannot train on this text with {vocabulary_size} pieces "
-                            f"({str(error).strip().splitlines()[-1]}).") from None
+            raise DataError(
+                f"--vocabulary-size: SentencePiece cannot train on this text with {vocabulary_size} pieces "
+                f"({str(error).strip().splitlines()[-1]})."
+            ) from None
         return cls(model.getvalue())
 
     @property
@@ -310,8 +345,12 @@ class SentencePieceTokenizer(_KerasHubTokenizer):
             json.dump({"kind": self.kind, "proto": base64.b64encode(self.proto).decode("ascii")}, file)
 
 
-TOKENIZERS = {"char": CharacterTokenizer, "wordpiece": WordPieceTokenizer, "bpe": BytePairTokenizer,
-              "sentencepiece": SentencePieceTokenizer}
+TOKENIZERS = {
+    "char": CharacterTokenizer,
+    "wordpiece": WordPieceTokenizer,
+    "bpe": BytePairTokenizer,
+    "sentencepiece": SentencePieceTokenizer,
+}
 
 
 def load_tokenizer(path: str):
@@ -324,16 +363,25 @@ def load_tokenizer(path: str):
         raise DataError(f"--tokenizer: {path!r} is not a saved keras_tfm tokenizer ({error}).") from None
 
 
-def load_or_fit_tokenizer(kind: str, text: str, output_dir: str, vocabulary_size: int | None = None, log=print,
-                          name: str = "tokenizer", **fit_options):
+def load_or_fit_tokenizer(
+    kind: str,
+    text: str,
+    output_dir: str,
+    vocabulary_size: int | None = None,
+    log=print,
+    name: str = "tokenizer",
+    **fit_options,
+):
     """Loads `output_dir/{name}.json` if an earlier run saved one, else fits `kind` on `text` (passing
     `fit_options`, e.g. `lowercase=False` for WordPiece) and saves it."""
     path = os.path.join(output_dir, f"{name}.json")
     if os.path.exists(path):
         tokenizer = load_tokenizer(path)
         if tokenizer.kind != kind:  # the run's ids would silently change meaning
-            raise DataError(f"--tokenizer: {path!r} holds the {tokenizer.kind} tokenizer of an earlier run in this "
-                            f"--output-dir, not {kind}; give --tokenizer {tokenizer.kind}, or another --output-dir.")
+            raise DataError(
+                f"--tokenizer: {path!r} holds the {tokenizer.kind} tokenizer of an earlier run in this "
+                f"--output-dir, not {kind}; give --tokenizer {tokenizer.kind}, or another --output-dir."
+            )
         log(f"Tokenizer: reusing {path} ({tokenizer.kind}, {tokenizer.vocabulary_size} tokens).")
         return tokenizer
     if kind not in TOKENIZERS:

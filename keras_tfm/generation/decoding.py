@@ -55,11 +55,11 @@ def prepare_prompts(token_ids, padding_mask, max_new_tokens: int, pad_token_id: 
             ids = ids[None]
         if ids.ndim != 2:
             raise ValueError(f"`token_ids` must be (batch, length) or a list of lists; received shape {ids.shape}.")
-        mask = np.ones(ids.shape, bool) if padding_mask is None else np.asarray(ops.convert_to_numpy(padding_mask), bool)
+        mask = (
+            np.ones(ids.shape, bool) if padding_mask is None else np.asarray(ops.convert_to_numpy(padding_mask), bool)
+        )
         if mask.shape != ids.shape:
-            raise ValueError(
-                f"`padding_mask` must have the shape of `token_ids` {ids.shape}; received {mask.shape}."
-            )
+            raise ValueError(f"`padding_mask` must have the shape of `token_ids` {ids.shape}; received {mask.shape}.")
         ids = as_token_ids(ids, "token_ids", vocabulary_size, mask)
         lengths = mask.sum(axis=1)
         if not np.array_equal(mask, np.arange(ids.shape[1])[None] < lengths[:, None]):

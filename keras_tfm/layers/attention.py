@@ -144,8 +144,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         self._check_cacheable()
         key = value if key is None else key
         return ops.stack(
-            [_to_cache_layout(self._split_heads(self.key_dense(key), self.key_dim)),
-             _to_cache_layout(self._split_heads(self.value_dense(value), self.value_dim))],
+            [
+                _to_cache_layout(self._split_heads(self.key_dense(key), self.key_dim)),
+                _to_cache_layout(self._split_heads(self.value_dense(value), self.value_dim)),
+            ],
             axis=1,
         )
 
@@ -164,16 +166,26 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 f"MultiHeadAttention: a key/value cache needs value_dim == key_dim; received "
                 f"key_dim={self.key_dim}, value_dim={self.value_dim}."
             )
-        if cache is not None and (len(cache.shape) != 5 or _static_dims_differ(
-                cache.shape, (None, 2, self.num_heads, None, self.key_dim))):
+        if cache is not None and (
+            len(cache.shape) != 5 or _static_dims_differ(cache.shape, (None, 2, self.num_heads, None, self.key_dim))
+        ):
             raise ValueError(
                 f"MultiHeadAttention: `cache` must have shape (batch, 2, num_heads, cache_length, "
                 f"key_dim) = (batch, 2, {self.num_heads}, cache_length, {self.key_dim}); received "
                 f"shape {tuple(cache.shape)}."
             )
 
-    def _combined_mask(self, batch, query_length, key_length, value_mask, attention_mask,
-                       use_causal_mask, cache_update_index, has_cache):
+    def _combined_mask(
+        self,
+        batch,
+        query_length,
+        key_length,
+        value_mask,
+        attention_mask,
+        use_causal_mask,
+        cache_update_index,
+        has_cache,
+    ):
         """One boolean mask broadcastable to (batch, heads, query_length, key_length), or None.
         Sizes are ints, or scalar tensors where a traced function leaves them unknown."""
         masks = []
@@ -187,8 +199,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         if attention_mask is not None:
             rank = len(attention_mask.shape)
             expected = (batch, query_length, key_length) if rank == 3 else (batch, None, query_length, key_length)
-            if rank not in (3, 4) or _static_dims_differ(attention_mask.shape, expected) or (
-                rank == 4 and attention_mask.shape[1] not in (None, 1, self.num_heads)
+            if (
+                rank not in (3, 4)
+                or _static_dims_differ(attention_mask.shape, expected)
+                or (rank == 4 and attention_mask.shape[1] not in (None, 1, self.num_heads))
             ):
                 raise ValueError(
                     f"MultiHeadAttention: `attention_mask` must have shape (batch, query_length, "
@@ -204,9 +218,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             if use_causal_mask:
                 visible = key_positions[None, :] <= query_positions[:, None]
             else:  # a cache is only filled up to the current step
-                visible = ops.broadcast_to(
-                    key_positions[None, :] < offset + query_length, (query_length, key_length)
-                )
+                visible = ops.broadcast_to(key_positions[None, :] < offset + query_length, (query_length, key_length))
             masks.append(visible[None, None])
         if not masks:
             return None
@@ -250,14 +262,18 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         # `predict` retrace with unknown batch and length once shapes vary)
         batch, query_length = ops.shape(query)[0], ops.shape(query)[1]
         key_length = ops.shape(key_heads)[1]
-        self_attention_only_causal = (
-            use_causal_mask and cache is None and value_mask is None and attention_mask is None
-        )
+        self_attention_only_causal = use_causal_mask and cache is None and value_mask is None and attention_mask is None
         mask = None
         if not self_attention_only_causal:
             mask = self._combined_mask(
-                batch, query_length, key_length, value_mask, attention_mask,
-                use_causal_mask, cache_update_index, cache is not None and cache_update_index is not None,
+                batch,
+                query_length,
+                key_length,
+                value_mask,
+                attention_mask,
+                use_causal_mask,
+                cache_update_index,
+                cache is not None and cache_update_index is not None,
             )
 
         scale = 1.0 / float(self.key_dim) ** 0.5

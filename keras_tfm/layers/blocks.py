@@ -117,9 +117,7 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         )
 
     def _norm(self, name: str) -> keras.layers.LayerNormalization:
-        return keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
-        )
+        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
 
     def _feed_forward(self) -> FeedForward:
         return FeedForward(
@@ -204,8 +202,15 @@ class EncoderBlock(_Block):
         self.built = True
 
     @rematerializable
-    def call(self, inputs, padding_mask=None, attention_mask=None,
-             return_attention_weights: bool = False, output_positions=None, training=None):
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_weights: bool = False,
+        output_positions=None,
+        training=None,
+    ):
         keras_mask = get_keras_mask(inputs)
         if padding_mask is None:
             padding_mask = keras_mask
@@ -222,14 +227,31 @@ class EncoderBlock(_Block):
 
         def attend(h):
             return self.self_attention(
-                h, context, value_mask=padding_mask, attention_mask=attention_mask,
-                return_attention_weights=return_attention_weights, training=training,
+                h,
+                context,
+                value_mask=padding_mask,
+                attention_mask=attention_mask,
+                return_attention_weights=return_attention_weights,
+                training=training,
             )
 
-        x, extras = _residual(x, attend, self.self_attention_norm, self.residual_dropout, self.norm_first, training,
-                              normalized=normalized_queries)
-        x, _ = _residual(x, lambda h: self.feed_forward(h, training=training),
-                         self.feed_forward_norm, self.residual_dropout, self.norm_first, training)
+        x, extras = _residual(
+            x,
+            attend,
+            self.self_attention_norm,
+            self.residual_dropout,
+            self.norm_first,
+            training,
+            normalized=normalized_queries,
+        )
+        x, _ = _residual(
+            x,
+            lambda h: self.feed_forward(h, training=training),
+            self.feed_forward_norm,
+            self.residual_dropout,
+            self.norm_first,
+            training,
+        )
         if output_positions is not None and keras_mask is not None:
             # Keras would attach the input's (batch, length) mask to the shorter output.
             set_keras_mask(x, _gather(keras_mask, output_positions))
@@ -339,26 +361,42 @@ class DecoderBlock(_Block):
 
         def self_attend(x):
             return self.self_attention(
-                x, value_mask=decoder_padding_mask, use_causal_mask=use_causal_mask,
-                cache=self_attention_cache, cache_update_index=cache_update_index,
-                return_attention_weights=return_attention_weights, training=training,
+                x,
+                value_mask=decoder_padding_mask,
+                use_causal_mask=use_causal_mask,
+                cache=self_attention_cache,
+                cache_update_index=cache_update_index,
+                return_attention_weights=return_attention_weights,
+                training=training,
             )
 
-        x, self_extras = _residual(decoder_sequence, self_attend, self.self_attention_norm,
-                                   self.residual_dropout, self.norm_first, training)
+        x, self_extras = _residual(
+            decoder_sequence, self_attend, self.self_attention_norm, self.residual_dropout, self.norm_first, training
+        )
         cross_extras = ()
         if self.use_cross_attention:
+
             def cross_attend(h):
                 return self.cross_attention(
-                    h, encoder_sequence, value_mask=encoder_padding_mask,
+                    h,
+                    encoder_sequence,
+                    value_mask=encoder_padding_mask,
                     cache=cross_attention_cache,
-                    return_attention_weights=return_attention_weights, training=training,
+                    return_attention_weights=return_attention_weights,
+                    training=training,
                 )
 
-            x, cross_extras = _residual(x, cross_attend, self.cross_attention_norm,
-                                        self.residual_dropout, self.norm_first, training)
-        x, _ = _residual(x, lambda h: self.feed_forward(h, training=training),
-                         self.feed_forward_norm, self.residual_dropout, self.norm_first, training)
+            x, cross_extras = _residual(
+                x, cross_attend, self.cross_attention_norm, self.residual_dropout, self.norm_first, training
+            )
+        x, _ = _residual(
+            x,
+            lambda h: self.feed_forward(h, training=training),
+            self.feed_forward_norm,
+            self.residual_dropout,
+            self.norm_first,
+            training,
+        )
 
         weights, caches = [], []
         for extras in (self_extras, cross_extras):

@@ -40,8 +40,10 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         **kwargs,
     ):
         if not kwargs.pop("tie_weights", True) or kwargs.pop("logit_soft_cap", None) is not None:
-            raise ValueError("TokenEmbedding: the reverse projection is always tied and uncapped; use "
-                             "keras.layers.ReversibleEmbedding for tie_weights=False or logit_soft_cap.")
+            raise ValueError(
+                "TokenEmbedding: the reverse projection is always tied and uncapped; use "
+                "keras.layers.ReversibleEmbedding for tie_weights=False or logit_soft_cap."
+            )
         super().__init__(
             input_dim=vocabulary_size,
             output_dim=hidden_dim,

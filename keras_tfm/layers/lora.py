@@ -27,12 +27,20 @@ DEFAULT_TARGETS = ("query", "value")
 
 def lora_layers(model: keras.layers.Layer) -> dict:
     """{path below `model`: Dense layer} of every `Dense` with LoRA enabled."""
-    return {path: layer for path, layer in _named_sublayers(model)
-            if isinstance(layer, keras.layers.Dense) and layer.lora_enabled}
+    return {
+        path: layer
+        for path, layer in _named_sublayers(model)
+        if isinstance(layer, keras.layers.Dense) and layer.lora_enabled
+    }
 
 
-def enable_lora(model: keras.layers.Layer, rank: int, target_layer_names=DEFAULT_TARGETS,
-                lora_alpha: float | None = None, trainable_layer_names=()) -> list[str]:
+def enable_lora(
+    model: keras.layers.Layer,
+    rank: int,
+    target_layer_names=DEFAULT_TARGETS,
+    lora_alpha: float | None = None,
+    trainable_layer_names=(),
+) -> list[str]:
     """Freezes every weight of the built `model`, then gives each `Dense` named in
     `target_layer_names` (by its name, or by the end of its path: "cross_attention/query") a
     trained rank-`rank` update, scaled by `lora_alpha / rank` (`lora_alpha` defaults to `rank`).
@@ -45,29 +53,38 @@ def enable_lora(model: keras.layers.Layer, rank: int, target_layer_names=DEFAULT
     >>> enable_lora(model, rank=4)           # every attention's query and value projections
     """
     if not model.built:  # its Dense layers are made when it builds: none to choose from yet
-        raise ValueError(f"enable_lora: {model.name!r} is not built yet; build it first (call it on a batch, or "
-                         "`build()`), or use a keras_tfm model's own `enable_lora`, which does.")
+        raise ValueError(
+            f"enable_lora: {model.name!r} is not built yet; build it first (call it on a batch, or "
+            "`build()`), or use a keras_tfm model's own `enable_lora`, which does."
+        )
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"enable_lora: rank must be a positive integer; received rank={rank!r}.")
     if lora_alpha is not None and not lora_alpha > 0:
         raise ValueError(f"enable_lora: lora_alpha must be positive (or None for the rank); received {lora_alpha!r}.")
     if isinstance(target_layer_names, str) or isinstance(trainable_layer_names, str):
-        raise ValueError("enable_lora: target_layer_names and trainable_layer_names are lists of layer names; "
-                         f"received a string ({target_layer_names!r}, {trainable_layer_names!r}).")
+        raise ValueError(
+            "enable_lora: target_layer_names and trainable_layer_names are lists of layer names; "
+            f"received a string ({target_layer_names!r}, {trainable_layer_names!r})."
+        )
     if lora_layers(model):
-        raise ValueError(f"enable_lora: LoRA is already enabled on {model.name!r} (rank "
-                         f"{next(iter(lora_layers(model).values())).lora_rank}); it can be enabled once.")
+        raise ValueError(
+            f"enable_lora: LoRA is already enabled on {model.name!r} (rank "
+            f"{next(iter(lora_layers(model).values())).lora_rank}); it can be enabled once."
+        )
     sublayers = dict(_named_sublayers(model))
     dense = {path: layer for path, layer in sublayers.items() if isinstance(layer, keras.layers.Dense)}
-    for argument, names, candidates in (("target_layer_names", target_layer_names, dense),
-                                        ("trainable_layer_names", trainable_layer_names, sublayers)):
+    for argument, names, candidates in (
+        ("target_layer_names", target_layer_names, dense),
+        ("trainable_layer_names", trainable_layer_names, sublayers),
+    ):
         unknown = [name for name in names if not _matching(candidates, [name])]
         if unknown or (argument == "target_layer_names" and not names):
             raise ValueError(
                 f"enable_lora: {argument} names no {'Dense ' if candidates is dense else ''}layer of {model.name!r}: "
                 f"{unknown or list(names)}; its Dense layers are named "
                 f"{sorted({layer.name for layer in dense.values()})} (or by the end of their path, such as "
-                f"'self_attention/output').")
+                f"'self_attention/output')."
+            )
     for variable in model.weights:
         variable.trainable = False
     for layer in _matching(sublayers, trainable_layer_names).values():
@@ -82,8 +99,11 @@ def enable_lora(model: keras.layers.Layer, rank: int, target_layer_names=DEFAULT
 def _matching(layers: dict, names) -> dict:
     """The layers whose path below the model ends in one of `names`: a layer name ("query") or the
     end of a path ("self_attention/output", not the feed-forward's "output")."""
-    return {path: layer for path, layer in layers.items()
-            if any(path == name or path.endswith("/" + name) for name in names)}
+    return {
+        path: layer
+        for path, layer in layers.items()
+        if any(path == name or path.endswith("/" + name) for name in names)
+    }
 
 
 def save_lora_weights(model: keras.layers.Layer, filepath: str) -> None:
@@ -94,8 +114,11 @@ def save_lora_weights(model: keras.layers.Layer, filepath: str) -> None:
     if not str(filepath).endswith(".npz"):
         raise ValueError(f"save_lora_weights: filepath must end in '.npz'; received {filepath!r}.")
     first = next(iter(layers.values()))
-    arrays = {"config": np.array(json.dumps({"rank": first.lora_rank, "lora_alpha": first.lora_alpha,
-                                             "target_layer_names": sorted(layers)}))}
+    arrays = {
+        "config": np.array(
+            json.dumps({"rank": first.lora_rank, "lora_alpha": first.lora_alpha, "target_layer_names": sorted(layers)})
+        )
+    }
     for path, layer in layers.items():
         arrays[f"{path}:a"] = keras.ops.convert_to_numpy(layer.lora_kernel_a)
         arrays[f"{path}:b"] = keras.ops.convert_to_numpy(layer.lora_kernel_b)
@@ -114,8 +137,10 @@ def load_lora_weights(model: keras.layers.Layer, filepath: str) -> None:
             arrays = {key: file[key] for key in file.files}
         config = json.loads(str(arrays.pop("config")))
     except (OSError, ValueError, KeyError) as error:
-        raise ValueError(f"load_lora_weights: {filepath!r} is not a LoRA file written by save_lora_weights "
-                         f"({type(error).__name__}: {error}).") from None
+        raise ValueError(
+            f"load_lora_weights: {filepath!r} is not a LoRA file written by save_lora_weights "
+            f"({type(error).__name__}: {error})."
+        ) from None
     if not lora_layers(model):
         enable_lora(model, config["rank"], config["target_layer_names"], config["lora_alpha"])
     layers = lora_layers(model)
@@ -125,13 +150,16 @@ def load_lora_weights(model: keras.layers.Layer, filepath: str) -> None:
             f"load_lora_weights: {filepath!r} holds rank-{config['rank']} LoRA pairs for {len(arrays) // 2} layers; "
             f"{model.name!r} has rank-"
             f"{next(iter(layers.values())).lora_rank} LoRA on {len(layers)} layers "
-            f"({sorted(set(arrays) ^ expected)[:4]} differ).")
+            f"({sorted(set(arrays) ^ expected)[:4]} differ)."
+        )
     for path, layer in layers.items():
         for part, variable in (("a", layer.lora_kernel_a), ("b", layer.lora_kernel_b)):
             value = arrays[f"{path}:{part}"]
             if tuple(value.shape) != tuple(variable.shape):
-                raise ValueError(f"load_lora_weights: {path}:{part} in {filepath!r} has shape {value.shape}; "
-                                 f"the model's has {tuple(variable.shape)}.")
+                raise ValueError(
+                    f"load_lora_weights: {path}:{part} in {filepath!r} has shape {value.shape}; "
+                    f"the model's has {tuple(variable.shape)}."
+                )
             variable.assign(value)
 
 

@@ -16,9 +16,7 @@ from keras import ops
 def _sinusoids(positions, dim: int, max_wavelength: float, interleave: bool):
     """sin/cos of `positions` (float, shape (n,)) at `dim // 2` geometric frequencies -> (n, dim)."""
     half = dim // 2
-    frequencies = ops.exp(
-        ops.arange(half, dtype="float32") * (-math.log(max_wavelength) * 2.0 / dim)
-    )
+    frequencies = ops.exp(ops.arange(half, dtype="float32") * (-math.log(max_wavelength) * 2.0 / dim))
     angles = ops.expand_dims(positions, -1) * frequencies  # (n, half)
     if interleave:  # "Attention is all you need": dims 2i are sin, 2i+1 are cos
         return ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (-1, 2 * half))
@@ -181,8 +179,7 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
                 )
         else:
             raise ValueError(
-                f"SinusoidalPositionEncoding2D expects rank-3 or rank-4 `inputs`; received shape "
-                f"{tuple(inputs.shape)}."
+                f"SinusoidalPositionEncoding2D expects rank-3 or rank-4 `inputs`; received shape {tuple(inputs.shape)}."
             )
         half = dim // 2
         row_enc = _sinusoids(ops.arange(rows, dtype="float32"), half, self.max_wavelength, False)

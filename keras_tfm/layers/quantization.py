@@ -40,9 +40,11 @@ class QuantizationConfigMixin:
             for layer in quantized.values():
                 policy[layer.path] = layer.dtype_policy
         config["dtype"] = keras.dtype_policies.serialize(policy)
-        quantization_configs = {path: keras.saving.serialize_keras_object(layer.quantization_config)
-                                for path, layer in quantized.items()
-                                if getattr(layer, "quantization_config", None) is not None}
+        quantization_configs = {
+            path: keras.saving.serialize_keras_object(layer.quantization_config)
+            for path, layer in quantized.items()
+            if getattr(layer, "quantization_config", None) is not None
+        }
         if quantization_configs:
             config["quantization_configs"] = quantization_configs
         return config

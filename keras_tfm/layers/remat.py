@@ -58,24 +58,31 @@ def rematerialized_call(layer: keras.layers.Layer, call, args: tuple, kwargs: di
     seeds = [keras.ops.copy(v.value) for v in seed_states]
     # In a stateless training step (JAX), the layer's weights are values of the enclosing scope.
     outer_scope = get_stateless_scope()
-    outer_values = [] if outer_scope is None else [
-        (v, outer_scope.get_current_value(v)) for v in layer.variables
-        if v.name != _SEED_STATE and outer_scope.get_current_value(v) is not None
-    ]
+    outer_values = (
+        []
+        if outer_scope is None
+        else [
+            (v, outer_scope.get_current_value(v))
+            for v in layer.variables
+            if v.name != _SEED_STATE and outer_scope.get_current_value(v) is not None
+        ]
+    )
     num_tensors, num_seeds = len(tensors), len(seeds)
     traced = {}  # what the forward pass returned: its structure, and the positions of masked outputs
 
     def forward(*inputs):
         inputs = [_from_transport(x, dtype) for x, dtype in zip(inputs, input_dtypes)]
         inner_tensors = list(inputs[:num_tensors])
-        for i, mask in zip(masked, inputs[num_tensors + num_seeds:]):
+        for i, mask in zip(masked, inputs[num_tensors + num_seeds :]):
             set_keras_mask(inner_tensors[i], mask)
         inner = iter(inner_tensors)
-        a, k = keras.tree.pack_sequence_as((args, kwargs), [next(inner) if tensor else leaf
-                                                            for leaf, tensor in zip(leaves, is_input)])
+        a, k = keras.tree.pack_sequence_as(
+            (args, kwargs), [next(inner) if tensor else leaf for leaf, tensor in zip(leaves, is_input)]
+        )
         # The seed updates stay in this scope; the caller applies them once, after the call.
-        with keras.StatelessScope(outer_values + list(zip(seed_states, inputs[num_tensors:num_tensors + num_seeds]))) \
-                as scope:
+        with keras.StatelessScope(
+            outer_values + list(zip(seed_states, inputs[num_tensors : num_tensors + num_seeds]))
+        ) as scope:
             outputs = call(*a, **k)
         flat_outputs = keras.tree.flatten(outputs)
         traced["structure"] = outputs

@@ -1,10 +1,10 @@
 """BERT: a bidirectional encoder, pretrained as a masked language model, fine-tuned as a classifier.
 
-    tokens -> token + learned position + segment embeddings -> LayerNorm -> dropout
-           -> num_layers x post-norm EncoderBlock (padding-masked self-attention, GELU MLP)
-    BertMLM:        masked positions only (from the last block on) -> Dense + GELU + LayerNorm
-                    -> logits tied to the token embedding + bias
-    BertClassifier: [CLS] -> pooler (Dense + tanh) -> dropout -> Dense(num_classes)
+tokens -> token + learned position + segment embeddings -> LayerNorm -> dropout
+       -> num_layers x post-norm EncoderBlock (padding-masked self-attention, GELU MLP)
+BertMLM:        masked positions only (from the last block on) -> Dense + GELU + LayerNorm
+                -> logits tied to the token embedding + bias
+BertClassifier: [CLS] -> pooler (Dense + tanh) -> dropout -> Dense(num_classes)
 """
 
 from __future__ import annotations
@@ -15,8 +15,20 @@ from keras import ops
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.models.model import Model
 
-_ENCODER_ARGUMENTS = ("vocabulary_size", "max_length", "num_segments", "num_layers", "num_heads", "hidden_dim",
-                      "intermediate_dim", "dropout", "attention_dropout", "layer_norm_epsilon", "activation", "remat")
+_ENCODER_ARGUMENTS = (
+    "vocabulary_size",
+    "max_length",
+    "num_segments",
+    "num_layers",
+    "num_heads",
+    "hidden_dim",
+    "intermediate_dim",
+    "dropout",
+    "attention_dropout",
+    "layer_norm_epsilon",
+    "activation",
+    "remat",
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -80,19 +92,33 @@ class Bert(Model):
 
         init = keras.initializers.TruncatedNormal(stddev=0.02)
         policy = self.dtype_policy
-        self.token_embedding = TokenEmbedding(vocabulary_size, hidden_dim, embeddings_initializer=init,
-                                              dtype=policy, name="token_embedding")
-        self.position_embedding = LearnedPositionEmbedding(max_length, initializer=init, dtype=policy,
-                                                           name="position_embedding")
-        self.segment_embedding = TokenEmbedding(num_segments, hidden_dim, embeddings_initializer=init, dtype=policy,
-                                                name="segment_embedding")
-        self.embedding_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy,
-                                                              name="embedding_norm")
+        self.token_embedding = TokenEmbedding(
+            vocabulary_size, hidden_dim, embeddings_initializer=init, dtype=policy, name="token_embedding"
+        )
+        self.position_embedding = LearnedPositionEmbedding(
+            max_length, initializer=init, dtype=policy, name="position_embedding"
+        )
+        self.segment_embedding = TokenEmbedding(
+            num_segments, hidden_dim, embeddings_initializer=init, dtype=policy, name="segment_embedding"
+        )
+        self.embedding_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=policy, name="embedding_norm"
+        )
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
         self.blocks = [
-            EncoderBlock(num_heads, self.intermediate_dim, dropout=dropout, attention_dropout=self.attention_dropout,
-                         activation=activation, norm_first=False, layer_norm_epsilon=layer_norm_epsilon,
-                         kernel_initializer=init, remat=remat, dtype=policy, name=f"block_{i}")
+            EncoderBlock(
+                num_heads,
+                self.intermediate_dim,
+                dropout=dropout,
+                attention_dropout=self.attention_dropout,
+                activation=activation,
+                norm_first=False,
+                layer_norm_epsilon=layer_norm_epsilon,
+                kernel_initializer=init,
+                remat=remat,
+                dtype=policy,
+                name=f"block_{i}",
+            )
             for i in range(num_layers)
         ]
 
@@ -113,7 +139,10 @@ class Bert(Model):
         return self.blocks[-1](x, padding_mask=padding_mask, output_positions=output_positions, training=training)
 
     def _id_inputs(self) -> dict:
-        return {"token_ids": (self.vocabulary_size, "vocabulary_size"), "segment_ids": (self.num_segments, "num_segments")}
+        return {
+            "token_ids": (self.vocabulary_size, "vocabulary_size"),
+            "segment_ids": (self.num_segments, "num_segments"),
+        }
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -166,9 +195,13 @@ class BertMLM(_BertWithHead):
         self.head_layer_norm_epsilon = head_layer_norm_epsilon
         policy = self.dtype_policy
         init = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.transform = keras.layers.Dense(self.encoder.hidden_dim,
-                                            activation=head_activation or self.encoder.activation,
-                                            kernel_initializer=init, dtype=policy, name="transform")
+        self.transform = keras.layers.Dense(
+            self.encoder.hidden_dim,
+            activation=head_activation or self.encoder.activation,
+            kernel_initializer=init,
+            dtype=policy,
+            name="transform",
+        )
         epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
         self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
 
@@ -177,8 +210,9 @@ class BertMLM(_BertWithHead):
 
     def build(self, token_ids_shape=None):
         self.encoder.build()
-        self.output_bias = self.add_weight(name="output_bias", shape=(self.encoder.vocabulary_size,),
-                                           initializer="zeros")
+        self.output_bias = self.add_weight(
+            name="output_bias", shape=(self.encoder.vocabulary_size,), initializer="zeros"
+        )
         self.transform.build((None, self.encoder.hidden_dim))
         self.transform_norm.build((None, self.encoder.hidden_dim))
         self.built = True
@@ -186,8 +220,13 @@ class BertMLM(_BertWithHead):
     def call(self, token_ids, segment_ids=None, padding_mask=None, mask_positions=None, training=None):
         if isinstance(token_ids, dict):  # as `Bert`
             return self.call(**token_ids, training=training)
-        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask,
-                         output_positions=mask_positions, training=training)
+        x = self.encoder(
+            token_ids,
+            segment_ids=segment_ids,
+            padding_mask=padding_mask,
+            output_positions=mask_positions,
+            training=training,
+        )
         x = self.transform_norm(self.transform(x))
         return self.encoder.token_embedding(x, reverse=True) + ops.cast(self.output_bias, x.dtype)
 
@@ -217,8 +256,9 @@ class BertClassifier(_BertWithHead):
         self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout
         policy = self.dtype_policy
         init = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.pooler = keras.layers.Dense(self.encoder.hidden_dim, activation="tanh", kernel_initializer=init,
-                                         dtype=policy, name="pooler")
+        self.pooler = keras.layers.Dense(
+            self.encoder.hidden_dim, activation="tanh", kernel_initializer=init, dtype=policy, name="pooler"
+        )
         self.pooled_dropout = keras.layers.Dropout(self.classifier_dropout, dtype=policy, name="pooled_dropout")
         self.classifier = keras.layers.Dense(num_classes, kernel_initializer=init, dtype=policy, name="classifier")
 
@@ -236,8 +276,9 @@ class BertClassifier(_BertWithHead):
             return self.call(**token_ids, training=training)
         # The pooler reads [CLS] only: the last block computes its output there alone.
         first = ops.zeros((ops.shape(token_ids)[0], 1), "int32")
-        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, output_positions=first,
-                         training=training)
+        x = self.encoder(
+            token_ids, segment_ids=segment_ids, padding_mask=padding_mask, output_positions=first, training=training
+        )
         pooled = self.pooled_dropout(self.pooler(x[:, 0]), training=training)
         return self.classifier(pooled)
 

@@ -1,8 +1,8 @@
 """GPT: a decoder-only causal language model (GPT-2 layout), with cached generation.
 
-    tokens -> token embedding + learned positions -> dropout
-           -> num_layers x pre-norm DecoderBlock (causal self-attention, MLP)
-           -> final LayerNorm -> logits (tied to the token embedding by default)
+tokens -> token embedding + learned positions -> dropout
+       -> num_layers x pre-norm DecoderBlock (causal self-attention, MLP)
+       -> final LayerNorm -> logits (tied to the token embedding by default)
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ class GPT(Model):
         self.activation = activation
 
         init = keras.initializers.RandomNormal(stddev=0.02)
-        self.token_embedding = TokenEmbedding(vocabulary_size, hidden_dim, embeddings_initializer=init,
-                                              dtype=self.dtype_policy, name="token_embedding")
-        self.position_embedding = LearnedPositionEmbedding(max_length, initializer=init,
-                                                           dtype=self.dtype_policy, name="position_embedding")
+        self.token_embedding = TokenEmbedding(
+            vocabulary_size, hidden_dim, embeddings_initializer=init, dtype=self.dtype_policy, name="token_embedding"
+        )
+        self.position_embedding = LearnedPositionEmbedding(
+            max_length, initializer=init, dtype=self.dtype_policy, name="position_embedding"
+        )
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="embedding_dropout")
         self.blocks = [
             DecoderBlock(
@@ -99,10 +101,15 @@ class GPT(Model):
             )
             for i in range(num_layers)
         ]
-        self.final_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=self.dtype_policy,
-                                                         name="final_norm")
-        self.lm_head = None if tie_embeddings else keras.layers.Dense(
-            vocabulary_size, use_bias=False, kernel_initializer=init, dtype=self.dtype_policy, name="lm_head"
+        self.final_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
+        )
+        self.lm_head = (
+            None
+            if tie_embeddings
+            else keras.layers.Dense(
+                vocabulary_size, use_bias=False, kernel_initializer=init, dtype=self.dtype_policy, name="lm_head"
+            )
         )
         self._generate_functions: dict = {}
 
@@ -194,8 +201,9 @@ class GPT(Model):
         if num_beams < 1:
             raise ValueError(f"`num_beams` must be >= 1; received {num_beams}.")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
-        buffer, prompt_mask, lengths = decoding.prepare_prompts(token_ids, padding_mask, max_new_tokens, pad_token_id,
-                                                                self.vocabulary_size)
+        buffer, prompt_mask, lengths = decoding.prepare_prompts(
+            token_ids, padding_mask, max_new_tokens, pad_token_id, self.vocabulary_size
+        )
         if isinstance(stop_token_ids, (int, np.integer)):
             stop_token_ids = [stop_token_ids]
         stop_token_ids = decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
@@ -207,17 +215,42 @@ class GPT(Model):
         prompt_width = buffer.shape[1] - max_new_tokens
         key = (sampler, prompt_width, num_beams, length_penalty)
         if key not in self._generate_functions:
-            step, while_loop = compiled.decoding_functions(self.call_with_cache, self,
-                                                           traceable=sampler.greedy or num_beams > 1)
+            step, while_loop = compiled.decoding_functions(
+                self.call_with_cache, self, traceable=sampler.greedy or num_beams > 1
+            )
 
             def run(buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
                 cache = self.empty_cache(buffer.shape[0] * num_beams, buffer.shape[1])
                 if num_beams > 1:
-                    best = beam_decode(step, cache, buffer, prompt_mask, lengths, prompt_width, max_new,
-                                       stops, pad, num_beams, length_penalty, while_loop)
+                    best = beam_decode(
+                        step,
+                        cache,
+                        buffer,
+                        prompt_mask,
+                        lengths,
+                        prompt_width,
+                        max_new,
+                        stops,
+                        pad,
+                        num_beams,
+                        length_penalty,
+                        while_loop,
+                    )
                     return best, seed_state
-                return decoding.decode(step, cache, buffer, prompt_mask, lengths,
-                                       prompt_width, max_new, stops, pad, seed_state, sampler, while_loop)
+                return decoding.decode(
+                    step,
+                    cache,
+                    buffer,
+                    prompt_mask,
+                    lengths,
+                    prompt_width,
+                    max_new,
+                    stops,
+                    pad,
+                    seed_state,
+                    sampler,
+                    while_loop,
+                )
 
             self._generate_functions[key] = compiled.compile_function(run, self)
         output, _ = self._generate_functions[key](
@@ -252,27 +285,40 @@ class GPT(Model):
 
 def gpt2_small(**overrides) -> GPT:
     """GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024, vocabulary 50257."""
-    return GPT(**{**dict(vocabulary_size=50257, max_length=1024, num_layers=12, num_heads=12, hidden_dim=768), **overrides})
+    return GPT(
+        **{**dict(vocabulary_size=50257, max_length=1024, num_layers=12, num_heads=12, hidden_dim=768), **overrides}
+    )
 
 
 def gpt2_medium(**overrides) -> GPT:
     """GPT-2 355M: 24 layers, 16 heads, 1024 wide."""
-    return GPT(**{**dict(vocabulary_size=50257, max_length=1024, num_layers=24, num_heads=16, hidden_dim=1024), **overrides})
+    return GPT(
+        **{**dict(vocabulary_size=50257, max_length=1024, num_layers=24, num_heads=16, hidden_dim=1024), **overrides}
+    )
 
 
 def gpt2_large(**overrides) -> GPT:
     """GPT-2 774M: 36 layers, 20 heads, 1280 wide."""
-    return GPT(**{**dict(vocabulary_size=50257, max_length=1024, num_layers=36, num_heads=20, hidden_dim=1280), **overrides})
+    return GPT(
+        **{**dict(vocabulary_size=50257, max_length=1024, num_layers=36, num_heads=20, hidden_dim=1280), **overrides}
+    )
 
 
 def gpt2_xl(**overrides) -> GPT:
     """GPT-2 1.5B: 48 layers, 25 heads, 1600 wide."""
-    return GPT(**{**dict(vocabulary_size=50257, max_length=1024, num_layers=48, num_heads=25, hidden_dim=1600), **overrides})
+    return GPT(
+        **{**dict(vocabulary_size=50257, max_length=1024, num_layers=48, num_heads=25, hidden_dim=1600), **overrides}
+    )
 
 
 def gpt_shakespeare_char(**overrides) -> GPT:
     """nanoGPT's character-level Shakespeare model: 6 layers, 6 heads, 384 wide, context 256."""
-    return GPT(**{**dict(vocabulary_size=65, max_length=256, num_layers=6, num_heads=6, hidden_dim=384, dropout=0.2), **overrides})
+    return GPT(
+        **{
+            **dict(vocabulary_size=65, max_length=256, num_layers=6, num_heads=6, hidden_dim=384, dropout=0.2),
+            **overrides,
+        }
+    )
 
 
 def gpt_shakespeare_char_cpu(**overrides) -> GPT:

@@ -36,8 +36,10 @@ class Model(QuantizationConfigMixin, keras.Model):
         """Refuses at construction a width the attention heads cannot split, which the blocks would
         only find when the weights are made (at the first call, possibly deep inside `fit`)."""
         if num_heads < 1 or hidden_dim % num_heads:
-            raise ValueError(f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim={hidden_dim}, "
-                             f"num_heads={num_heads}.")
+            raise ValueError(
+                f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim={hidden_dim}, "
+                f"num_heads={num_heads}."
+            )
 
     @property
     def remat(self) -> bool:
@@ -53,8 +55,11 @@ class Model(QuantizationConfigMixin, keras.Model):
             block.remat = bool(value)
 
     def _blocks(self) -> list:
-        return [layer for layer in self._flatten_layers(include_self=False)
-                if isinstance(layer, (EncoderBlock, DecoderBlock))]
+        return [
+            layer
+            for layer in self._flatten_layers(include_self=False)
+            if isinstance(layer, (EncoderBlock, DecoderBlock))
+        ]
 
     def quantize(self, mode=None, **kwargs) -> None:
         # Keras warns once for every layer without a quantized form (each LayerNormalization, Dropout,
@@ -68,8 +73,13 @@ class Model(QuantizationConfigMixin, keras.Model):
         self._build_on_demand()
         super()._check_quantize_args(mode, compute_dtype)
 
-    def enable_lora(self, rank: int, target_layer_names=lora.DEFAULT_TARGETS, lora_alpha: float | None = None,
-                    trainable_layer_names=None) -> None:
+    def enable_lora(
+        self,
+        rank: int,
+        target_layer_names=lora.DEFAULT_TARGETS,
+        lora_alpha: float | None = None,
+        trainable_layer_names=None,
+    ) -> None:
         """Prepares the model for LoRA fine-tuning (call before `compile`): every weight is frozen
         except a rank-`rank` update `(lora_alpha / rank) * A @ B` of each `Dense` named in
         `target_layer_names` (by default every attention's query and value projections, as in the
@@ -118,8 +128,12 @@ class Model(QuantizationConfigMixin, keras.Model):
         given = dict(kwargs)
         if args and isinstance(args[0], dict):  # `fit` and `predict` pass one structure
             given.update(args[0])
-        elif len(args) == 1 and isinstance(args[0], (tuple, list)) and len(args[0]) > 1 \
-                and all(isinstance(value, np.ndarray) for value in args[0]):
+        elif (
+            len(args) == 1
+            and isinstance(args[0], (tuple, list))
+            and len(args[0]) > 1
+            and all(isinstance(value, np.ndarray) for value in args[0])
+        ):
             given.update(zip(names, args[0]))  # a (source_ids, target_ids) pair
         else:
             given.update(zip(names, args))
@@ -130,8 +144,9 @@ class Model(QuantizationConfigMixin, keras.Model):
             lowest, highest = ids.min(), ids.max()  # one pass each over what may be a whole dataset
             if lowest < 0 or highest >= limit:
                 wrong = lowest if lowest < 0 else highest
-                raise ValueError(f"{type(self).__name__}: `{name}` must hold ids in [0, {setting}={limit}); "
-                                 f"received {wrong}.")
+                raise ValueError(
+                    f"{type(self).__name__}: `{name}` must hold ids in [0, {setting}={limit}); received {wrong}."
+                )
 
     def _label_range(self) -> tuple[int, str] | None:
         """How many classes the model's logits score, and that setting's name: the bound of the
@@ -167,8 +182,10 @@ class Model(QuantizationConfigMixin, keras.Model):
             outside = outside[outside != ignored]
         if outside.size:
             allowed = "" if ignored is None else f" (or ignore_class={ignored})"
-            raise ValueError(f"{type(self).__name__}: labels (`y`) must be ids in [0, {setting}={limit}){allowed} "
-                             f"for a sparse cross-entropy loss; received {outside.flat[0]}.")
+            raise ValueError(
+                f"{type(self).__name__}: labels (`y`) must be ids in [0, {setting}={limit}){allowed} "
+                f"for a sparse cross-entropy loss; received {outside.flat[0]}."
+            )
 
     def _check_data(self, x, args: tuple, kwargs: dict) -> None:
         """The inputs `x`, the labels `y` (the first of `args`, or a keyword) and the

@@ -129,9 +129,14 @@ class Translator(Model):
         self.end_token_id = end_token_id
 
         policy = self.dtype_policy
-        self.source_embedding = TokenEmbedding(source_vocabulary_size, hidden_dim, dtype=policy, name="source_embedding")
-        self.target_embedding = self.source_embedding if share_embeddings else TokenEmbedding(
-            target_vocabulary_size, hidden_dim, dtype=policy, name="target_embedding")
+        self.source_embedding = TokenEmbedding(
+            source_vocabulary_size, hidden_dim, dtype=policy, name="source_embedding"
+        )
+        self.target_embedding = (
+            self.source_embedding
+            if share_embeddings
+            else TokenEmbedding(target_vocabulary_size, hidden_dim, dtype=policy, name="target_embedding")
+        )
         if positions == "sinusoidal":
             self.source_positions = SinusoidalPositionEncoding(interleave=False, dtype=policy, name="source_positions")
             self.target_positions = self.source_positions
@@ -139,30 +144,50 @@ class Translator(Model):
             self.source_positions = LearnedPositionEmbedding(max_length, dtype=policy, name="source_positions")
             self.target_positions = LearnedPositionEmbedding(max_length, dtype=policy, name="target_positions")
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
-        block_args = dict(num_heads=num_heads, intermediate_dim=intermediate_dim, dropout=dropout,
-                          attention_dropout=attention_dropout, activation=activation, norm_first=norm_first,
-                          layer_norm_epsilon=layer_norm_epsilon, remat=remat, dtype=policy)
+        block_args = dict(
+            num_heads=num_heads,
+            intermediate_dim=intermediate_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            remat=remat,
+            dtype=policy,
+        )
         self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}") for i in range(num_encoder_layers)]
-        self.decoder_blocks = [DecoderBlock(**block_args, use_cross_attention=True, name=f"decoder_block_{i}")
-                               for i in range(num_decoder_layers)]
+        self.decoder_blocks = [
+            DecoderBlock(**block_args, use_cross_attention=True, name=f"decoder_block_{i}")
+            for i in range(num_decoder_layers)
+        ]
         if norm_first:  # pre-norm stacks end un-normalized; the paper's post-norm blocks end with a LayerNorm
-            self.encoder_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="encoder_norm")
-            self.decoder_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="decoder_norm")
-        self.lm_head = None if tie_embeddings else keras.layers.Dense(
-            target_vocabulary_size, use_bias=False, dtype=policy, name="lm_head")
+            self.encoder_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=policy, name="encoder_norm"
+            )
+            self.decoder_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=policy, name="decoder_norm"
+            )
+        self.lm_head = (
+            None
+            if tie_embeddings
+            else keras.layers.Dense(target_vocabulary_size, use_bias=False, dtype=policy, name="lm_head")
+        )
         self._translate_functions: dict = {}
 
     def build(self, inputs_shape=None):
         if self.use_output_bias:
-            self.output_bias = self.add_weight(shape=(self.target_vocabulary_size,), initializer="zeros",
-                                               name="output_bias")
+            self.output_bias = self.add_weight(
+                shape=(self.target_vocabulary_size,), initializer="zeros", name="output_bias"
+            )
         ids = ops.ones((1, 2), "int32")
         self.call({"source_ids": ids, "target_ids": ids})
         self.built = True
 
     def _id_inputs(self) -> dict:
-        return {"source_ids": (self.source_vocabulary_size, "source_vocabulary_size"),
-                "target_ids": (self.target_vocabulary_size, "target_vocabulary_size")}
+        return {
+            "source_ids": (self.source_vocabulary_size, "source_vocabulary_size"),
+            "target_ids": (self.target_vocabulary_size, "target_vocabulary_size"),
+        }
 
     def _label_range(self) -> tuple[int, str]:
         return self.target_vocabulary_size, "target_vocabulary_size"
@@ -209,8 +234,9 @@ class Translator(Model):
         encoder_output, source_mask = self.encode(source_ids, training=training)
         return self.decode(target_ids, encoder_output, source_mask, training=training)
 
-    def call_with_cache(self, token_ids, cache, cache_update_index, cross_cache, source_mask,
-                        output_logits: bool = True):
+    def call_with_cache(
+        self, token_ids, cache, cache_update_index, cross_cache, source_mask, output_logits: bool = True
+    ):
         """Logits for `token_ids` at positions `cache_update_index, ...` and the updated `cache`.
 
         `cache`: one self-attention key/value tensor `(batch, 2, heads, length, head_dim)` per
@@ -224,32 +250,48 @@ class Translator(Model):
             if not output_logits and i == len(self.decoder_blocks) - 1:  # nothing reads the last block's output
                 updated.append(block.update_cache(x, layer_cache, cache_update_index))
                 return None, tuple(updated)
-            x, layer_cache, _ = block(x, encoder_padding_mask=source_mask, self_attention_cache=layer_cache,
-                                      cache_update_index=cache_update_index, cross_attention_cache=layer_cross_cache)
+            x, layer_cache, _ = block(
+                x,
+                encoder_padding_mask=source_mask,
+                self_attention_cache=layer_cache,
+                cache_update_index=cache_update_index,
+                cross_attention_cache=layer_cross_cache,
+            )
             updated.append(layer_cache)
         return self._logits(x), tuple(updated)
 
     def _prepare_source(self, source_ids):
         vocabulary = self.source_vocabulary_size
-        if isinstance(source_ids, (list, tuple)) and source_ids and isinstance(source_ids[0], (list, tuple, np.ndarray)):
+        if (
+            isinstance(source_ids, (list, tuple))
+            and source_ids
+            and isinstance(source_ids[0], (list, tuple, np.ndarray))
+        ):
             ids = decoding.right_padded(source_ids, "source_ids", vocabulary, self.pad_token_id)
         else:
             ids = decoding.as_token_ids(ops.convert_to_numpy(source_ids), "source_ids", vocabulary)
             if ids.ndim == 1:  # one sentence, as `GPT.generate` takes one prompt
                 ids = ids[None]
             if ids.ndim != 2:
-                raise ValueError(f"Translator.translate: `source_ids` must be (batch, length), one sentence "
-                                 f"(length,) or a list of lists; received shape {ids.shape}.")
+                raise ValueError(
+                    f"Translator.translate: `source_ids` must be (batch, length), one sentence "
+                    f"(length,) or a list of lists; received shape {ids.shape}."
+                )
         if ids.shape[0] == 0:
-            raise ValueError(f"Translator.translate: `source_ids` must hold at least one source; received shape "
-                             f"{ids.shape}.")
+            raise ValueError(
+                f"Translator.translate: `source_ids` must hold at least one source; received shape {ids.shape}."
+            )
         empty = np.flatnonzero(np.all(ids == self.pad_token_id, axis=1))
         if ids.shape[1] == 0 or empty.size:
-            raise ValueError(f"Translator.translate: every source needs at least one token that is not "
-                             f"pad_token_id={self.pad_token_id}; row {empty[0] if empty.size else 0} has none.")
+            raise ValueError(
+                f"Translator.translate: every source needs at least one token that is not "
+                f"pad_token_id={self.pad_token_id}; row {empty[0] if empty.size else 0} has none."
+            )
         return ids
 
-    def translate(self, source_ids, max_length: int = 64, beam_size: int = 1, length_penalty: float = 1.0) -> np.ndarray:
+    def translate(
+        self, source_ids, max_length: int = 64, beam_size: int = 1, length_penalty: float = 1.0
+    ) -> np.ndarray:
         """Translates a batch of sources (lists of ids of any lengths, or `(batch, length)` padded
         with `pad_token_id`), or one source (a list or 1-D array of ids, translated as a batch of one).
 
@@ -268,18 +310,27 @@ class Translator(Model):
         source = self._prepare_source(source_ids)
         for name, length in (("source length", source.shape[1]), ("max_length + 1", max_length + 1)):
             if length > self.max_length:
-                raise ValueError(f"Translator.translate: {name} {length} exceeds the model's max_length={self.max_length}.")
+                raise ValueError(
+                    f"Translator.translate: {name} {length} exceeds the model's max_length={self.max_length}."
+                )
         start = [[self.start_token_id]] * source.shape[0]
-        buffer, prompt_mask, lengths = decoding.prepare_prompts(start, None, max_length, self.pad_token_id,
-                                                                self.target_vocabulary_size)
+        buffer, prompt_mask, lengths = decoding.prepare_prompts(
+            start, None, max_length, self.pad_token_id, self.target_vocabulary_size
+        )
         key = (beam_size, length_penalty)
         if key not in self._translate_functions:
-            self._translate_functions[key] = compiled.compile_function(self._translate_loop(beam_size, length_penalty), self)
+            self._translate_functions[key] = compiled.compile_function(
+                self._translate_loop(beam_size, length_penalty), self
+            )
         output = self._translate_functions[key](
-            ops.convert_to_tensor(source), ops.convert_to_tensor(buffer), ops.convert_to_tensor(prompt_mask),
-            ops.convert_to_tensor(lengths), ops.convert_to_tensor(max_length, "int32"),
+            ops.convert_to_tensor(source),
+            ops.convert_to_tensor(buffer),
+            ops.convert_to_tensor(prompt_mask),
+            ops.convert_to_tensor(lengths),
+            ops.convert_to_tensor(max_length, "int32"),
             ops.convert_to_tensor(np.array([self.end_token_id], "int32")),
-            ops.convert_to_tensor(self.pad_token_id, "int32"), decoding.initial_seed_state(0),
+            ops.convert_to_tensor(self.pad_token_id, "int32"),
+            decoding.initial_seed_state(0),
         )
         return ops.convert_to_numpy(output)[:, 1:]
 
@@ -289,51 +340,140 @@ class Translator(Model):
 
         def run(source, buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
             encoder_output, source_mask = self.encode(source)
-            cross_cache = tuple(block.cross_attention.precompute_key_value(encoder_output)
-                                for block in self.decoder_blocks)
+            cross_cache = tuple(
+                block.cross_attention.precompute_key_value(encoder_output) for block in self.decoder_blocks
+            )
             if beam_size > 1:
                 cross_cache = tuple(ops.repeat(part, beam_size, axis=0) for part in cross_cache)
                 source_mask = ops.repeat(source_mask, beam_size, axis=0)
             rows = buffer.shape[0] * beam_size
-            cache = tuple(ops.zeros((rows, 2, self.num_heads, buffer.shape[1], head_dim), self.compute_dtype)
-                          for _ in self.decoder_blocks)
+            cache = tuple(
+                ops.zeros((rows, 2, self.num_heads, buffer.shape[1], head_dim), self.compute_dtype)
+                for _ in self.decoder_blocks
+            )
             context = (cross_cache, source_mask)
             if beam_size > 1:
-                return beam_decode(step, cache, buffer, prompt_mask, lengths, 1, max_new, stops, pad,
-                                   beam_size, length_penalty, while_loop, context)
-            output, _ = decoding.decode(step, cache, buffer, prompt_mask, lengths, 1, max_new, stops, pad,
-                                        seed_state, Sampler(), while_loop, context)
+                return beam_decode(
+                    step,
+                    cache,
+                    buffer,
+                    prompt_mask,
+                    lengths,
+                    1,
+                    max_new,
+                    stops,
+                    pad,
+                    beam_size,
+                    length_penalty,
+                    while_loop,
+                    context,
+                )
+            output, _ = decoding.decode(
+                step,
+                cache,
+                buffer,
+                prompt_mask,
+                lengths,
+                1,
+                max_new,
+                stops,
+                pad,
+                seed_state,
+                Sampler(),
+                while_loop,
+                context,
+            )
             return output
 
         return run
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update({name: getattr(self, name) for name in (
-            "source_vocabulary_size", "target_vocabulary_size", "num_encoder_layers", "num_decoder_layers",
-            "num_heads", "hidden_dim", "intermediate_dim", "max_length", "positions", "norm_first",
-            "share_embeddings", "tie_embeddings", "scale_embeddings", "use_output_bias", "activation", "dropout",
-            "attention_dropout", "layer_norm_epsilon", "pad_token_id", "start_token_id", "end_token_id", "remat")})
+        config.update(
+            {
+                name: getattr(self, name)
+                for name in (
+                    "source_vocabulary_size",
+                    "target_vocabulary_size",
+                    "num_encoder_layers",
+                    "num_decoder_layers",
+                    "num_heads",
+                    "hidden_dim",
+                    "intermediate_dim",
+                    "max_length",
+                    "positions",
+                    "norm_first",
+                    "share_embeddings",
+                    "tie_embeddings",
+                    "scale_embeddings",
+                    "use_output_bias",
+                    "activation",
+                    "dropout",
+                    "attention_dropout",
+                    "layer_norm_epsilon",
+                    "pad_token_id",
+                    "start_token_id",
+                    "end_token_id",
+                    "remat",
+                )
+            }
+        )
         return config
 
 
 def transformer_small(**overrides) -> Translator:
     """A Multi30k-sized Transformer: 3 + 3 layers, 8 heads, 256 wide, feed-forward 512 (about 9M
     parameters with ~8k-token vocabularies), dropout 0.1."""
-    return Translator(**{**dict(source_vocabulary_size=8000, num_encoder_layers=3, num_decoder_layers=3, num_heads=8,
-                                hidden_dim=256, intermediate_dim=512, dropout=0.1), **overrides})
+    return Translator(
+        **{
+            **dict(
+                source_vocabulary_size=8000,
+                num_encoder_layers=3,
+                num_decoder_layers=3,
+                num_heads=8,
+                hidden_dim=256,
+                intermediate_dim=512,
+                dropout=0.1,
+            ),
+            **overrides,
+        }
+    )
 
 
 def transformer_base(**overrides) -> Translator:
     """Transformer base (Vaswani et al. 2017): 6 + 6 layers, 8 heads, 512 wide, feed-forward 2048,
     dropout 0.1, a shared 37,000-token vocabulary."""
-    return Translator(**{**dict(source_vocabulary_size=37000, share_embeddings=True, num_encoder_layers=6,
-                                num_decoder_layers=6, num_heads=8, hidden_dim=512, intermediate_dim=2048,
-                                dropout=0.1), **overrides})
+    return Translator(
+        **{
+            **dict(
+                source_vocabulary_size=37000,
+                share_embeddings=True,
+                num_encoder_layers=6,
+                num_decoder_layers=6,
+                num_heads=8,
+                hidden_dim=512,
+                intermediate_dim=2048,
+                dropout=0.1,
+            ),
+            **overrides,
+        }
+    )
 
 
 def transformer_big(**overrides) -> Translator:
     """Transformer big: 6 + 6 layers, 16 heads, 1024 wide, feed-forward 4096, dropout 0.3."""
-    return Translator(**{**dict(source_vocabulary_size=37000, share_embeddings=True, num_encoder_layers=6,
-                                num_decoder_layers=6, num_heads=16, hidden_dim=1024, intermediate_dim=4096,
-                                dropout=0.3), **overrides})
+    return Translator(
+        **{
+            **dict(
+                source_vocabulary_size=37000,
+                share_embeddings=True,
+                num_encoder_layers=6,
+                num_decoder_layers=6,
+                num_heads=16,
+                hidden_dim=1024,
+                intermediate_dim=4096,
+                dropout=0.3,
+            ),
+            **overrides,
+        }
+    )

@@ -1,8 +1,8 @@
 """ViT: an image classifier that reads an image as a sequence of patch tokens.
 
-    image -> P x P patches, each projected (PatchEmbedding) -> prepend a learned class token
-          -> + positions (learned, or 2-D sinusoidal) -> num_layers x pre-norm EncoderBlock
-          -> LayerNorm -> class token (or mean of patch tokens) -> linear head
+image -> P x P patches, each projected (PatchEmbedding) -> prepend a learned class token
+      -> + positions (learned, or 2-D sinusoidal) -> num_layers x pre-norm EncoderBlock
+      -> LayerNorm -> class token (or mean of patch tokens) -> linear head
 """
 
 from __future__ import annotations
@@ -99,17 +99,26 @@ class ViT(Model):
         self.patch_embedding = PatchEmbedding(patch_size, hidden_dim, dtype=policy, name="patch_embedding")
         if positions == "learned":
             self.position_embedding = LearnedPositionEmbedding(
-                self.grid_size**2 + 1, initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-                dtype=policy, name="position_embedding",
+                self.grid_size**2 + 1,
+                initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+                dtype=policy,
+                name="position_embedding",
             )
         else:
             self.position_embedding = SinusoidalPositionEncoding2D(dtype=policy, name="position_embedding")
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
         self.blocks = [
             EncoderBlock(
-                num_heads, self.intermediate_dim, dropout=dropout, attention_dropout=attention_dropout,
-                activation=activation, norm_first=True, layer_norm_epsilon=layer_norm_epsilon,
-                remat=remat, dtype=policy, name=f"block_{i}",
+                num_heads,
+                self.intermediate_dim,
+                dropout=dropout,
+                attention_dropout=attention_dropout,
+                activation=activation,
+                norm_first=True,
+                layer_norm_epsilon=layer_norm_epsilon,
+                remat=remat,
+                dtype=policy,
+                name=f"block_{i}",
             )
             for i in range(num_layers)
         ]
@@ -121,7 +130,8 @@ class ViT(Model):
 
     def build(self, images_shape=None):
         self.class_token = self.add_weight(
-            name="class_token", shape=(1, 1, self.hidden_dim),
+            name="class_token",
+            shape=(1, 1, self.hidden_dim),
             initializer=keras.initializers.TruncatedNormal(stddev=0.02),
         )
         self.call(ops.zeros((1, self.image_size, self.image_size, self.num_channels)))  # builds sub-layers
@@ -131,8 +141,7 @@ class ViT(Model):
         shape = tuple(images.shape)
         if len(shape) != 4 or (shape[-1] is not None and shape[-1] != self.num_channels):
             raise ValueError(
-                f"ViT expects `images` of shape (batch, height, width, {self.num_channels}); "
-                f"received shape {shape}."
+                f"ViT expects `images` of shape (batch, height, width, {self.num_channels}); received shape {shape}."
             )
 
     def _positions(self, tokens, rows: int, cols: int):
@@ -162,7 +171,9 @@ class ViT(Model):
         # `predict` retraces so once it has seen a second size)
         rows, cols = ops.shape(images)[1] // self.patch_size, ops.shape(images)[2] // self.patch_size
         patches = self.patch_embedding(images)
-        class_token = ops.broadcast_to(ops.cast(self.class_token, patches.dtype), (ops.shape(patches)[0], 1, self.hidden_dim))
+        class_token = ops.broadcast_to(
+            ops.cast(self.class_token, patches.dtype), (ops.shape(patches)[0], 1, self.hidden_dim)
+        )
         x = ops.concatenate([class_token, patches], axis=1)
         x = self.embedding_dropout(x + self._positions(x, rows, cols), training=training)
         attention_weights = []
@@ -184,11 +195,29 @@ class ViT(Model):
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update({name: getattr(self, name) for name in (
-            "image_size", "patch_size", "num_classes", "num_layers", "num_heads", "hidden_dim",
-            "intermediate_dim", "num_channels", "pooling", "include_top", "positions", "dropout",
-            "attention_dropout", "layer_norm_epsilon", "activation", "remat",
-        )})
+        config.update(
+            {
+                name: getattr(self, name)
+                for name in (
+                    "image_size",
+                    "patch_size",
+                    "num_classes",
+                    "num_layers",
+                    "num_heads",
+                    "hidden_dim",
+                    "intermediate_dim",
+                    "num_channels",
+                    "pooling",
+                    "include_top",
+                    "positions",
+                    "dropout",
+                    "attention_dropout",
+                    "layer_norm_epsilon",
+                    "activation",
+                    "remat",
+                )
+            }
+        )
         return config
 
 
@@ -224,6 +253,9 @@ def vit_huge(**overrides) -> ViT:
 def vit_small_images(**overrides) -> ViT:
     """A ViT for small images (CIFAR, Fashion-MNIST) trained from scratch on one machine: 32x32,
     patch 4, 6 layers, 3 heads, 192 wide, MLP 768, 10 classes."""
-    return _vit(dict(image_size=32, patch_size=4, num_classes=10, num_layers=6, num_heads=3, hidden_dim=192,
-                     intermediate_dim=768), overrides)
-
+    return _vit(
+        dict(
+            image_size=32, patch_size=4, num_classes=10, num_layers=6, num_heads=3, hidden_dim=192, intermediate_dim=768
+        ),
+        overrides,
+    )

@@ -30,15 +30,19 @@ def moses_lowercase_tokenize(lines: list[str], language: str) -> list[str]:
     return [tokenizer.tokenize(normalizer.normalize(line.lower()), return_str=True, escape=True) for line in lines]
 
 
-def bleu_scores(hypotheses: list[str], references: list[str], language: str,
-                tokenized_references: list[str] | None = None) -> dict:
+def bleu_scores(
+    hypotheses: list[str], references: list[str], language: str, tokenized_references: list[str] | None = None
+) -> dict:
     """`hypotheses`: detokenized text. Returns sacreBLEU cased and lowercased scores and signatures, and
     with `tokenized_references` the tokenized-lowercase score."""
     import sacrebleu
 
     if tokenized_references is not None and len(tokenized_references) != len(hypotheses):
-        raise ValueError(f"tokenized_references: expected {len(hypotheses)} lines (one per hypothesis), "
-                         f"received {len(tokenized_references)}.")
+        raise ValueError(
+            f"tokenized_references: expected {len(hypotheses)} lines (one per hypothesis), "
+            f"received {len(tokenized_references)}."
+        )
+
     def score(name: str, lines: list[str], reference_lines: list[str], **options) -> dict:
         metric = sacrebleu.metrics.BLEU(**options)
         result = metric.corpus_score(lines, [reference_lines])
@@ -46,6 +50,12 @@ def bleu_scores(hypotheses: list[str], references: list[str], language: str,
 
     scores = {**score("", hypotheses, references), **score("_lowercase", hypotheses, references, lowercase=True)}
     if tokenized_references is not None:
-        scores.update(score("_tokenized_lowercase", moses_lowercase_tokenize(hypotheses, language),
-                            tokenized_references, tokenize="none"))
+        scores.update(
+            score(
+                "_tokenized_lowercase",
+                moses_lowercase_tokenize(hypotheses, language),
+                tokenized_references,
+                tokenize="none",
+            )
+        )
     return scores

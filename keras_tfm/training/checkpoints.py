@@ -46,9 +46,11 @@ class CheckpointManager:
 
     def _cannot_resume(self, path: str, error: Exception) -> DataError:
         reason = (str(error).strip().splitlines() or [""])[0][:300]
-        return DataError(f"--output-dir: cannot resume from {path!r}, damaged or written by another model "
-                         f"({type(error).__name__}: {reason}); delete {self.directory!r} to start over, or "
-                         f"choose another --output-dir.")
+        return DataError(
+            f"--output-dir: cannot resume from {path!r}, damaged or written by another model "
+            f"({type(error).__name__}: {reason}); delete {self.directory!r} to start over, or "
+            f"choose another --output-dir."
+        )
 
     def save(self, model: keras.Model, epoch: int, extra: dict | None = None) -> str:
         name = f"epoch-{epoch:05d}.weights.h5"
@@ -85,7 +87,8 @@ class CheckpointManager:
             raise DataError(
                 f"--output-dir: the checkpoint in {self.directory!r} holds another model ({state.get('parameters', 0):,} "
                 f"parameters) than this one ({current['parameters']:,}): were other model flags given? Delete it to "
-                f"start over, or choose another --output-dir.")
+                f"start over, or choose another --output-dir."
+            )
         path = os.path.join(self.directory, state["weights"])
         try:
             model.load_weights(path)
@@ -100,8 +103,10 @@ class CheckpointManager:
 def _architecture(model: keras.Model) -> dict:
     """The model's parameter count and a digest of its weights' shapes, in order."""
     shapes = [[int(d) for d in weight.shape] for weight in model.weights]
-    return {"parameters": sum(math.prod(shape) for shape in shapes),
-            "weight_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]}
+    return {
+        "parameters": sum(math.prod(shape) for shape in shapes),
+        "weight_shapes": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
+    }
 
 
 class EpochCheckpoint(keras.callbacks.Callback):

@@ -69,12 +69,16 @@ def distribution_scope(mode: str, model_parallel: int | None = None, log=print):
             if len(devices) % model_axis:
                 raise DataError(f"--model-parallel: must divide the {len(devices)} devices; got {model_axis}.")
             mesh = keras.distribution.DeviceMesh((len(devices) // model_axis, model_axis), ["batch", "model"], devices)
-            keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map(mesh), batch_dim_name="batch"))
+            keras.distribution.set_distribution(
+                keras.distribution.ModelParallel(layout_map=layout_map(mesh), batch_dim_name="batch")
+            )
             log(f"Distribution: JAX ModelParallel, mesh {mesh.shape} (batch, model).")
         return contextlib.nullcontext()
     if backend == "tensorflow":
         if mode == "model":
-            raise DataError("--distribute model: model parallelism is implemented on the jax backend; use --distribute data on tensorflow.")
+            raise DataError(
+                "--distribute model: model parallelism is implemented on the jax backend; use --distribute data on tensorflow."
+            )
         import tensorflow as tf
 
         gpus = tf.config.list_logical_devices("GPU")
@@ -82,5 +86,7 @@ def distribution_scope(mode: str, model_parallel: int | None = None, log=print):
         strategy = tf.distribute.MirroredStrategy(devices)
         log(f"Distribution: TensorFlow MirroredStrategy over {strategy.num_replicas_in_sync} devices.")
         return strategy.scope()
-    raise DataError(f"--distribute {mode}: supported on the jax and tensorflow backends, not {backend}; "
-                    "run with KERAS_BACKEND=jax or tensorflow.")
+    raise DataError(
+        f"--distribute {mode}: supported on the jax and tensorflow backends, not {backend}; "
+        "run with KERAS_BACKEND=jax or tensorflow."
+    )

@@ -73,7 +73,11 @@ def plan_steps(args: argparse.Namespace, steps_per_pass: int) -> tuple[int, int]
         steps_per_epoch = min(steps_per_epoch, args.steps)
         epochs = math.ceil(args.steps / steps_per_epoch)
         steps_per_epoch = math.ceil(args.steps / epochs)
-    for flag, value in (("--epochs", epochs), ("--steps-per-epoch", steps_per_epoch), ("--batch-size", args.batch_size)):
+    for flag, value in (
+        ("--epochs", epochs),
+        ("--steps-per-epoch", steps_per_epoch),
+        ("--batch-size", args.batch_size),
+    ):
         if value < 1:
             raise DataError(f"{flag}: expected a positive number, got {value}.")
     return epochs, steps_per_epoch
@@ -87,12 +91,19 @@ def make_optimizer(args: argparse.Namespace, total_steps: int) -> keras.optimize
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total_steps // 20)
     warmup = min(warmup, max(total_steps - 1, 0))
     schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(1, total_steps - warmup), alpha=0.1,
-        warmup_target=args.learning_rate, warmup_steps=warmup,
+        0.0,
+        decay_steps=max(1, total_steps - warmup),
+        alpha=0.1,
+        warmup_target=args.learning_rate,
+        warmup_steps=warmup,
     )
     optimizer = keras.optimizers.AdamW(
-        schedule, weight_decay=args.weight_decay, beta_2=0.99, global_clipnorm=args.clip_norm or None,
-        use_ema=args.ema is not None, ema_momentum=args.ema if args.ema is not None else 0.99,
+        schedule,
+        weight_decay=args.weight_decay,
+        beta_2=0.99,
+        global_clipnorm=args.clip_norm or None,
+        use_ema=args.ema is not None,
+        ema_momentum=args.ema if args.ema is not None else 0.99,
     )
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
     return optimizer
@@ -102,8 +113,10 @@ def _made_here(metrics: list | None) -> list:
     """Metric objects made again from their configs, under the distribution set up by the caller:
     JAX places the variables of a metric made before (as recipes make them) on one device only, and
     the compiled training step then refuses the mix of devices."""
-    return [type(metric).from_config(metric.get_config()) if isinstance(metric, keras.metrics.Metric) else metric
-            for metric in metrics or []]
+    return [
+        type(metric).from_config(metric.get_config()) if isinstance(metric, keras.metrics.Metric) else metric
+        for metric in metrics or []
+    ]
 
 
 def train(
@@ -132,9 +145,11 @@ def train(
     classifier's class names `labels`. A LoRA run on a checkpoint writes its peft adapter instead."""
     lora_rank = getattr(args, "lora_rank", None)
     if lora_rank and not pretrained:
-        raise DataError("--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; "
-                        "use it with --from-huggingface DIR (gpt_lm.py, vit.py, bert_mlm.py) or bert_mlm.py's "
-                        "--finetune stage.")
+        raise DataError(
+            "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; "
+            "use it with --from-huggingface DIR (gpt_lm.py, vit.py, bert_mlm.py) or bert_mlm.py's "
+            "--finetune stage."
+        )
     if getattr(args, "lora_alpha", None) is not None and not lora_rank:
         raise DataError("--lora-alpha: it scales LoRA's updates; give --lora-rank too.")
     epochs, steps_per_epoch = plan_steps(args, steps_per_pass)
@@ -143,9 +158,11 @@ def train(
         model = build_model()
         adapted = lora.lora_layers(model)  # a peft adapter's, from --from-huggingface
         if lora_rank and adapted:
-            raise DataError(f"--lora-rank: --from-huggingface {getattr(args, 'adapter', '')!r} is a LoRA adapter "
-                            f"of rank {next(iter(adapted.values())).lora_rank}, which goes on training; drop "
-                            "--lora-rank.")
+            raise DataError(
+                f"--lora-rank: --from-huggingface {getattr(args, 'adapter', '')!r} is a LoRA adapter "
+                f"of rank {next(iter(adapted.values())).lora_rank}, which goes on training; drop "
+                "--lora-rank."
+            )
         if lora_rank:
             _zoo_model(model).enable_lora(lora_rank, lora_alpha=getattr(args, "lora_alpha", None))
         lora_rank = lora_rank or (next(iter(adapted.values())).lora_rank if adapted else None)
@@ -153,23 +170,30 @@ def train(
         if remat:
             model.remat = True
         model.compile(
-            optimizer=make_optimizer(args, total_steps), loss=loss, metrics=_made_here(metrics),
-            weighted_metrics=_made_here(weighted_metrics), jit_compile=use_jit(args)
+            optimizer=make_optimizer(args, total_steps),
+            loss=loss,
+            metrics=_made_here(metrics),
+            weighted_metrics=_made_here(weighted_metrics),
+            jit_compile=use_jit(args),
         )
         first_x = train_batch(0, 0)[0]
         model(first_x)
     trainable = sum(math.prod(variable.shape) for variable in model.trainable_variables)
-    log(f"Model: {model.name}, {model.count_params():,} parameters"
+    log(
+        f"Model: {model.name}, {model.count_params():,} parameters"
         f"{f' ({trainable:,} trained: LoRA rank {lora_rank})' if lora_rank else ''}; {epochs} epochs x "
         f"{steps_per_epoch} steps of batch {args.batch_size}; XLA {'on' if use_jit(args) else 'off'}"
-        f"{'; blocks rematerialized' if remat else ''}.")
+        f"{'; blocks rematerialized' if remat else ''}."
+    )
 
     manager = CheckpointManager(os.path.join(args.output_dir, "checkpoint"))
     initial_epoch = manager.restore(model)
     csv_path = os.path.join(args.output_dir, "log.csv")
     if initial_epoch:
-        log(f"Resuming from {manager.state_path}: {initial_epoch} epochs done, optimizer step "
-            f"{int(model.optimizer.iterations.numpy() if hasattr(model.optimizer.iterations, 'numpy') else model.optimizer.iterations)}.")
+        log(
+            f"Resuming from {manager.state_path}: {initial_epoch} epochs done, optimizer step "
+            f"{int(model.optimizer.iterations.numpy() if hasattr(model.optimizer.iterations, 'numpy') else model.optimizer.iterations)}."
+        )
         _truncate_log(csv_path, initial_epoch)
     nan_stop = StopOnNaN()
     run_callbacks = [
@@ -193,9 +217,15 @@ def train(
     start = time.perf_counter()
     if initial_epoch < epochs:
         model.fit(
-            stream(), steps_per_epoch=steps_per_epoch, epochs=epochs, initial_epoch=initial_epoch,
-            validation_data=validation_data, validation_batch_size=args.batch_size, shuffle=False,
-            callbacks=run_callbacks, verbose=args.verbose if args.verbose is not None else (1 if sys.stdout.isatty() else 2),
+            stream(),
+            steps_per_epoch=steps_per_epoch,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            validation_data=validation_data,
+            validation_batch_size=args.batch_size,
+            shuffle=False,
+            callbacks=run_callbacks,
+            verbose=args.verbose if args.verbose is not None else (1 if sys.stdout.isatty() else 2),
         )
     else:
         log("Training already finished in this output directory; evaluating.")
@@ -209,8 +239,14 @@ def train(
             + "Try a lower --learning-rate, a smaller --clip-norm or --precision float32."
         )
 
-    results = model.evaluate(validation_data[0], validation_data[1], batch_size=args.batch_size, return_dict=True,
-                             verbose=0, sample_weight=validation_data[2] if len(validation_data) > 2 else None)
+    results = model.evaluate(
+        validation_data[0],
+        validation_data[1],
+        batch_size=args.batch_size,
+        return_dict=True,
+        verbose=0,
+        sample_weight=validation_data[2] if len(validation_data) > 2 else None,
+    )
     results = {f"validation_{name}": float(value) for name, value in results.items()}
     if evaluate is not None:
         results.update(evaluate(model))
@@ -235,11 +271,17 @@ def train(
 
         path = os.path.join(args.output_dir, "peft_adapter")
         try:
-            save_peft_adapter(_zoo_model(model), path, base=hugging_face_checkpoint,
-                              base_model_name_or_path=getattr(args, "base_model_name", None))
+            save_peft_adapter(
+                _zoo_model(model),
+                path,
+                base=hugging_face_checkpoint,
+                base_model_name_or_path=getattr(args, "base_model_name", None),
+            )
             record["peft_adapter"] = path
-            log(f"LoRA pairs written as a peft adapter for "
-                f"{getattr(args, 'base_model_name', hugging_face_checkpoint)!r}: {path}")
+            log(
+                f"LoRA pairs written as a peft adapter for "
+                f"{getattr(args, 'base_model_name', hugging_face_checkpoint)!r}: {path}"
+            )
         except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No peft adapter written: {error}")
     elif hugging_face_checkpoint or hasattr(tokenizer, "save_huggingface") or image_preprocessing:
@@ -247,13 +289,20 @@ def train(
 
         path = os.path.join(args.output_dir, "huggingface")
         try:
-            save_huggingface(_zoo_model(model), path, tokenizer_from=hugging_face_checkpoint, labels=labels,
-                             image_preprocessing=image_preprocessing)
+            save_huggingface(
+                _zoo_model(model),
+                path,
+                tokenizer_from=hugging_face_checkpoint,
+                labels=labels,
+                image_preprocessing=image_preprocessing,
+            )
             if hasattr(tokenizer, "save_huggingface") and not hugging_face_checkpoint:
                 tokenizer.save_huggingface(path)
             record["huggingface_checkpoint"] = path
-            log(f"Trained model and its {'image processor' if image_preprocessing else 'tokenizer'} written as a "
-                f"Hugging Face checkpoint: {path}")
+            log(
+                f"Trained model and its {'image processor' if image_preprocessing else 'tokenizer'} written as a "
+                f"Hugging Face checkpoint: {path}"
+            )
         except (OSError, ValueError) as error:  # the trained run is recorded all the same
             log(f"No Hugging Face checkpoint written: {error}")
     with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
@@ -278,8 +327,11 @@ def read_log(path: str) -> dict:
         return {}
     with open(path, newline="", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
-    return {name: [float(row[name]) for row in rows if row.get(name) not in (None, "")]
-            for name in (rows[0] if rows else {}) if name != "epoch"}
+    return {
+        name: [float(row[name]) for row in rows if row.get(name) not in (None, "")]
+        for name in (rows[0] if rows else {})
+        if name != "epoch"
+    }
 
 
 def _truncate_log(path: str, epochs_done: int) -> None:

@@ -8,8 +8,15 @@ from tests.checks import to_numpy
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=60,
-              max_position_embeddings=24, num_labels=3)
+CONFIG = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=60,
+    max_position_embeddings=24,
+    num_labels=3,
+)
 
 
 def hf_bert(cls, **config):
@@ -27,7 +34,9 @@ def inputs(rng):
 
 def run_hf(hf, ids, segments, mask):
     with torch.no_grad():
-        out = hf(torch.tensor(ids), token_type_ids=torch.tensor(segments), attention_mask=torch.tensor(mask.astype(int)))
+        out = hf(
+            torch.tensor(ids), token_type_ids=torch.tensor(segments), attention_mask=torch.tensor(mask.astype(int))
+        )
     return (out.logits if hasattr(out, "logits") else out.last_hidden_state).numpy()
 
 
@@ -42,7 +51,9 @@ def test_outputs_and_parameter_counts_match(rng, name):
         np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=0)
     else:  # padded positions are garbage in both; compare the real tokens
         np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
-    hf_count = sum(p.numel() for p in hf.parameters()) - (hf.config.hidden_size ** 2 + hf.config.hidden_size if name == "BertModel" else 0)
+    hf_count = sum(p.numel() for p in hf.parameters()) - (
+        hf.config.hidden_size**2 + hf.config.hidden_size if name == "BertModel" else 0
+    )
     assert model.count_params() == hf_count  # BertModel's pooler is not converted
 
 
@@ -73,8 +84,9 @@ def test_pretraining_checkpoint_loads_as_masked_lm(rng, tmp_path):
     assert isinstance(model, keras_tfm.BertMLM)
     ids, segments, mask = inputs(rng)
     with torch.no_grad():
-        expected = hf(torch.tensor(ids), token_type_ids=torch.tensor(segments),
-                      attention_mask=torch.tensor(mask.astype(int))).prediction_logits.numpy()
+        expected = hf(
+            torch.tensor(ids), token_type_ids=torch.tensor(segments), attention_mask=torch.tensor(mask.astype(int))
+        ).prediction_logits.numpy()
     ours = to_numpy(model(ids, segment_ids=segments, padding_mask=mask))
     np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
     hidden = hf.config.hidden_size
@@ -91,8 +103,9 @@ def test_num_classes_gives_a_classifier_on_the_checkpoints_encoder(rng, name):
     kernel, bias = (to_numpy(w) for w in model.classifier.weights)
     assert kernel.shape == (hf.config.hidden_size, 4) and np.abs(kernel).max() > 0
     with torch.no_grad():
-        hf_out = hf.bert(torch.tensor(ids), token_type_ids=torch.tensor(segments),
-                         attention_mask=torch.tensor(mask.astype(int)))
+        hf_out = hf.bert(
+            torch.tensor(ids), token_type_ids=torch.tensor(segments), attention_mask=torch.tensor(mask.astype(int))
+        )
     if name == "BertForMaskedLM":  # no pooler in the checkpoint (a fresh one): its encoder's
         ours = to_numpy(model.encoder(ids, segment_ids=segments, padding_mask=mask))
         np.testing.assert_allclose(ours[mask], hf_out.last_hidden_state.numpy()[mask], atol=1e-4, rtol=0)
@@ -110,8 +123,12 @@ def test_options_that_change_the_computation_are_refused(option, value):
 
 @pytest.mark.parametrize("num_classes", [None, 5])
 def test_dropout_rates_come_from_the_config(num_classes):
-    hf = hf_bert(transformers.BertForSequenceClassification, hidden_dropout_prob=0.1,
-                 attention_probs_dropout_prob=0.2, classifier_dropout=0.3)
+    hf = hf_bert(
+        transformers.BertForSequenceClassification,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.2,
+        classifier_dropout=0.3,
+    )
     model = keras_tfm.from_huggingface(hf, num_classes=num_classes)
     # the attention and classifier rates were taken as hidden_dropout_prob
     assert (model.encoder.dropout, model.encoder.attention_dropout, model.classifier_dropout) == (0.1, 0.2, 0.3)

@@ -14,8 +14,16 @@ transformers = pytest.importorskip("transformers")
 
 def hf_gpt2(initializer_range=0.02, **config):
     torch.manual_seed(0)
-    defaults = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=97, n_positions=40, bos_token_id=0,
-                    eos_token_id=0, initializer_range=initializer_range)
+    defaults = dict(
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        vocab_size=97,
+        n_positions=40,
+        bos_token_id=0,
+        eos_token_id=0,
+        initializer_range=initializer_range,
+    )
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**defaults, **config})).eval()
 
 
@@ -33,8 +41,10 @@ def test_logits_and_parameter_count_match(rng, config):
     assert model.count_params() == sum(p.numel() for p in hf.parameters())
 
 
-@pytest.mark.parametrize("option, value", [("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
-                                           ("add_cross_attention", True)])
+@pytest.mark.parametrize(
+    "option, value",
+    [("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False), ("add_cross_attention", True)],
+)
 def test_options_that_change_the_computation_are_refused(option, value):
     # each loaded silently before, giving other logits (the cross-attention weights were left over)
     with pytest.raises(ValueError, match=f"GPT-2 checkpoints with {option}={value!r} are not supported"):
@@ -70,7 +80,9 @@ def test_attention_dropout_is_the_checkpoints_own():
 @pytest.mark.parametrize("safe_serialization", [True, False])
 def test_loads_a_saved_directory(rng, tmp_path, safe_serialization, sharded):
     hf = hf_gpt2()
-    hf.save_pretrained(tmp_path, safe_serialization=safe_serialization, **({"max_shard_size": "20KB"} if sharded else {}))
+    hf.save_pretrained(
+        tmp_path, safe_serialization=safe_serialization, **({"max_shard_size": "20KB"} if sharded else {})
+    )
     assert any(name.endswith(".index.json") for name in os.listdir(tmp_path)) == sharded
     model = keras_tfm.from_huggingface(str(tmp_path))
     ids = rng.integers(0, 97, size=(2, 9))
@@ -93,8 +105,14 @@ def test_greedy_generate_matches_hugging_face(rng):
     model = keras_tfm.from_huggingface(hf)
     prompts = rng.integers(1, 97, size=(2, 5))
     with torch.no_grad():
-        expected = hf.generate(torch.tensor(prompts), attention_mask=torch.ones_like(torch.tensor(prompts)),
-                               max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None).numpy()
+        expected = hf.generate(
+            torch.tensor(prompts),
+            attention_mask=torch.ones_like(torch.tensor(prompts)),
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        ).numpy()
     np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=12), expected)
 
 
@@ -103,12 +121,22 @@ def test_directory_errors(tmp_path):
     steps = [  # (files written, or None to delete, before the call), the error, its message
         ({}, FileNotFoundError, "no config.json"),
         ({"config.json": "{not json"}, ValueError, "not valid JSON"),
-        ({"config.json": '{"model_type": "gpt2"}'}, FileNotFoundError, "neither model.safetensors nor pytorch_model.bin"),
+        (
+            {"config.json": '{"model_type": "gpt2"}'},
+            FileNotFoundError,
+            "neither model.safetensors nor pytorch_model.bin",
+        ),
         ({"model.safetensors": "corrupt"}, ValueError, "cannot read"),
-        ({"model.safetensors": None, "model.safetensors.index.json": '{"metadata": {}}'}, ValueError,
-         "has no 'weight_map'"),
-        ({"model.safetensors.index.json": f'{{"weight_map": {{"wte.weight": "{shard}"}}}}'}, FileNotFoundError,
-         f"shard '{shard}', listed in .* is missing"),
+        (
+            {"model.safetensors": None, "model.safetensors.index.json": '{"metadata": {}}'},
+            ValueError,
+            "has no 'weight_map'",
+        ),
+        (
+            {"model.safetensors.index.json": f'{{"weight_map": {{"wte.weight": "{shard}"}}}}'},
+            FileNotFoundError,
+            f"shard '{shard}', listed in .* is missing",
+        ),
         ({"config.json": '{"model_type": "llama"}'}, ValueError, "unsupported model_type 'llama'"),
     ]
     for files, error, message in steps:
@@ -127,7 +155,14 @@ def test_beam_search_matches_hugging_face(rng, num_beams):
     model = keras_tfm.from_huggingface(hf)
     prompts = rng.integers(1, 97, size=(2, 4))
     with torch.no_grad():
-        expected = hf.generate(torch.tensor(prompts), attention_mask=torch.ones_like(torch.tensor(prompts)),
-                               max_new_tokens=8, num_beams=num_beams, do_sample=False, pad_token_id=0,
-                               eos_token_id=None, early_stopping=False).numpy()
+        expected = hf.generate(
+            torch.tensor(prompts),
+            attention_mask=torch.ones_like(torch.tensor(prompts)),
+            max_new_tokens=8,
+            num_beams=num_beams,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+            early_stopping=False,
+        ).numpy()
     np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=8, num_beams=num_beams), expected)

@@ -50,16 +50,30 @@ def test_a_hub_id_loads_from_the_local_cache(rng, hub_cache, safetensors):
 
 
 def test_image_preprocessing_reads_a_hub_id(hub_cache):
-    snapshot = hub_cache("tester/tiny-vit", transformers.ViTModel(transformers.ViTConfig(
-        image_size=32, patch_size=8, num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32)))
+    snapshot = hub_cache(
+        "tester/tiny-vit",
+        transformers.ViTModel(
+            transformers.ViTConfig(
+                image_size=32,
+                patch_size=8,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                hidden_size=16,
+                intermediate_size=32,
+            )
+        ),
+    )
     transformers.ViTImageProcessor(size={"height": 48, "width": 48}).save_pretrained(str(snapshot))
     side, _ = keras_tfm.convert.image_preprocessing("tester/tiny-vit")
     assert side == 48
 
 
 def test_ids_that_are_neither_cached_nor_directories_are_named(hub_cache, tmp_path):
-    with pytest.raises(FileNotFoundError, match="'tester/absent' is neither a local directory nor a Hugging Face "
-                                                "Hub model found in the local cache or on the Hub"):
+    with pytest.raises(
+        FileNotFoundError,
+        match="'tester/absent' is neither a local directory nor a Hugging Face "
+        "Hub model found in the local cache or on the Hub",
+    ):
         keras_tfm.from_huggingface("tester/absent")
     with pytest.raises(FileNotFoundError, match=r"there is no directory .* \(nor is it a Hugging Face Hub model id\)"):
         keras_tfm.from_huggingface(str(tmp_path / "absent"))  # a path, not an id: the Hub is not asked

@@ -18,20 +18,23 @@ def peaked(model):
 
 def gpt2_backbone():
     keras.utils.set_random_seed(0)
-    return keras_hub.models.GPT2Backbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
-                                         intermediate_dim=32, max_sequence_length=24)
+    return keras_hub.models.GPT2Backbone(
+        vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=24
+    )
 
 
 def bert_backbone():
     keras.utils.set_random_seed(0)
-    return keras_hub.models.BertBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
-                                         intermediate_dim=32, max_sequence_length=16)
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
+    )
 
 
 def vit_backbone():
     keras.utils.set_random_seed(0)
-    return keras_hub.models.ViTBackbone(image_shape=(8, 8, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16,
-                                        mlp_dim=32)
+    return keras_hub.models.ViTBackbone(
+        image_shape=(8, 8, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
+    )
 
 
 def bert_inputs(rng):
@@ -51,8 +54,12 @@ def test_gpt2_logits_parameters_and_greedy_generation(rng):
     for source in (causal_lm.backbone, causal_lm):
         model = keras_tfm.from_keras_hub(source)
         assert isinstance(model, keras_tfm.GPT) and model.count_params() == source.count_params()
-        np.testing.assert_allclose(to_numpy(model(ids, padding_mask=mask)),
-                                   to_numpy(causal_lm({"token_ids": ids, "padding_mask": mask})), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(
+            to_numpy(model(ids, padding_mask=mask)),
+            to_numpy(causal_lm({"token_ids": ids, "padding_mask": mask})),
+            atol=1e-4,
+            rtol=0,
+        )
     causal_lm.compile(sampler="greedy")
     expected = causal_lm.generate({"token_ids": ids, "padding_mask": mask}, stop_token_ids=None)["token_ids"]
     got = model.generate(prompts, max_new_tokens=8)
@@ -65,8 +72,9 @@ def test_bert_token_vectors_and_classifier_logits(rng):
     backbone, inputs = bert_backbone(), bert_inputs(rng)
     model = keras_tfm.from_keras_hub(backbone)
     real = inputs["padding_mask"]  # keras-hub's vectors at padding are computed, ours too, but both are noise
-    np.testing.assert_allclose(to_numpy(model(inputs))[real], to_numpy(backbone(inputs)["sequence_output"])[real],
-                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(model(inputs))[real], to_numpy(backbone(inputs)["sequence_output"])[real], atol=1e-4, rtol=0
+    )
     classifier = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None)
     model = keras_tfm.from_keras_hub(classifier)
     assert isinstance(model, keras_tfm.BertClassifier) and model.count_params() == classifier.count_params()
@@ -108,13 +116,17 @@ def test_preset_directories_load_as_their_model(rng, tmp_path):
 
 def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="unsupported model BertTokenizer; supported: "):
-        keras_tfm.from_keras_hub(keras_hub.tokenizers.BertTokenizer(vocabulary=["[PAD]", "[UNK]", "[CLS]", "[SEP]",
-                                                                                "[MASK]", "a"]))
-    pooled = keras_hub.models.ViTImageClassifier(backbone=vit_backbone(), num_classes=4, pooling="gap", preprocessor=None)
+        keras_tfm.from_keras_hub(
+            keras_hub.tokenizers.BertTokenizer(vocabulary=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
+        )
+    pooled = keras_hub.models.ViTImageClassifier(
+        backbone=vit_backbone(), num_classes=4, pooling="gap", preprocessor=None
+    )
     with pytest.raises(ValueError, match="ViTImageClassifier with pooling='gap', .* is not supported"):
         keras_tfm.from_keras_hub(pooled)
-    no_bias = keras_hub.models.ViTBackbone(image_shape=(8, 8, 3), patch_size=4, num_layers=1, num_heads=2,
-                                           hidden_dim=16, mlp_dim=32, use_mha_bias=False)
+    no_bias = keras_hub.models.ViTBackbone(
+        image_shape=(8, 8, 3), patch_size=4, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, use_mha_bias=False
+    )
     with pytest.raises(ValueError, match="from_keras_hub: ViTBackbone checkpoints with use_mha_bias=False are not"):
         keras_tfm.from_keras_hub(no_bias)
     with pytest.raises(FileNotFoundError, match="no config.json in directory .*; expected a keras-hub preset"):

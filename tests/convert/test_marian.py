@@ -18,9 +18,21 @@ SEPARATE = {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": TAR
 
 def hf_marian(init_std=0.02, **config):
     torch.manual_seed(0)
-    defaults = dict(vocab_size=VOCABULARY, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                    decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-                    pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, init_std=init_std)
+    defaults = dict(
+        vocab_size=VOCABULARY,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+        init_std=init_std,
+    )
     return transformers.MarianMTModel(transformers.MarianConfig(**{**defaults, **config})).eval()
 
 
@@ -34,8 +46,15 @@ def ragged_sources(rng, lengths):
     return ids, (ids != PAD).astype("int64")
 
 
-@pytest.mark.parametrize("config", [{}, {"activation_function": "swish", "scale_embedding": True}, SEPARATE,
-                                    {**SEPARATE, "tie_word_embeddings": False}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"activation_function": "swish", "scale_embedding": True},
+        SEPARATE,
+        {**SEPARATE, "tie_word_embeddings": False},
+    ],
+)
 def test_logits_match_with_padded_sources(rng, config):
     hf = hf_marian(**config)
     with torch.no_grad():  # a non-zero final_logits_bias, so the test sees whether it is loaded
@@ -45,8 +64,11 @@ def test_logits_match_with_padded_sources(rng, config):
     target_vocabulary = hf.config.decoder_vocab_size
     target = np.concatenate([np.full((3, 1), PAD), rng.integers(1, target_vocabulary, size=(3, 6))], axis=1)
     with torch.no_grad():
-        expected = hf(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
-                      decoder_input_ids=torch.tensor(target)).logits.numpy()
+        expected = hf(
+            input_ids=torch.tensor(source),
+            attention_mask=torch.tensor(source_mask),
+            decoder_input_ids=torch.tensor(target),
+        ).logits.numpy()
     assert expected.shape[-1] == target_vocabulary
     got = to_numpy(model({"source_ids": source.astype("int32"), "target_ids": target.astype("int32")}))
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
@@ -68,9 +90,16 @@ def test_translations_match_hugging_face_generate(rng, beam_size, config):
     model = keras_tfm.from_huggingface(hf)
     source, source_mask = ragged_sources(rng, [8, 4, 6])
     with torch.no_grad():
-        expected = hf.generate(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
-                               max_new_tokens=12, num_beams=beam_size, do_sample=False, length_penalty=1.0,
-                               early_stopping=True, forced_eos_token_id=None).numpy()[:, 1:]
+        expected = hf.generate(
+            input_ids=torch.tensor(source),
+            attention_mask=torch.tensor(source_mask),
+            max_new_tokens=12,
+            num_beams=beam_size,
+            do_sample=False,
+            length_penalty=1.0,
+            early_stopping=True,
+            forced_eos_token_id=None,
+        ).numpy()[:, 1:]
     got = model.translate(source, max_length=12, beam_size=beam_size)
     for row_expected, row_got in zip(expected, got):
         n = len(row_expected)
@@ -86,6 +115,9 @@ def test_loads_a_saved_directory(rng, tmp_path, config):
     source, source_mask = ragged_sources(rng, [6, 6])
     target = np.concatenate([np.full((2, 1), PAD), rng.integers(1, hf.config.decoder_vocab_size, size=(2, 3))], axis=1)
     with torch.no_grad():
-        expected = hf(input_ids=torch.tensor(source), attention_mask=torch.tensor(source_mask),
-                      decoder_input_ids=torch.tensor(target)).logits.numpy()
+        expected = hf(
+            input_ids=torch.tensor(source),
+            attention_mask=torch.tensor(source_mask),
+            decoder_input_ids=torch.tensor(target),
+        ).logits.numpy()
     np.testing.assert_allclose(to_numpy(model((source.astype("int32"), target.astype("int32")))), expected, atol=1e-4)

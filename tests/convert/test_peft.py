@@ -26,8 +26,9 @@ RANK, ALPHA = 4, 8
 
 
 def peft_model(hf, target_modules, task_type=None, modules_to_save=None):
-    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=target_modules, task_type=task_type,
-                             modules_to_save=modules_to_save)
+    config = peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules=target_modules, task_type=task_type, modules_to_save=modules_to_save
+    )
     tuned = peft.get_peft_model(copy.deepcopy(hf), config).eval()
     with torch.no_grad():  # pairs as after some training (B starts at zero), large enough to move the logits
         for name, parameter in tuned.named_parameters():
@@ -58,22 +59,34 @@ def test_bert_classifier_lora_matches_peft(rng):
     model.enable_lora(RANK, lora_alpha=ALPHA)
     assert trained_count(model) == tuned.get_nb_trainable_parameters()[0]
     assert {w.path.split("/")[-2] for w in model.trainable_weights} == {"query", "value", "classifier"}
-    copy_pairs(tuned, model.encoder.blocks, "base_model.model.bert.encoder.layer.",
-               {"query_dense": "attention.self.query", "value_dense": "attention.self.value"})
+    copy_pairs(
+        tuned,
+        model.encoder.blocks,
+        "base_model.model.bert.encoder.layer.",
+        {"query_dense": "attention.self.query", "value_dense": "attention.self.value"},
+    )
     ids, segments, mask = inputs(rng)
     expected = run_hf_bert(tuned, ids, segments, mask)
-    assert np.abs(expected - run_hf_bert(hf, ids, segments, mask)).max() > 1e-2  # the pairs matter (100 times the tolerance)
-    np.testing.assert_allclose(to_numpy(model(ids, segment_ids=segments, padding_mask=mask)), expected,
-                               atol=1e-4, rtol=0)
+    assert (
+        np.abs(expected - run_hf_bert(hf, ids, segments, mask)).max() > 1e-2
+    )  # the pairs matter (100 times the tolerance)
+    np.testing.assert_allclose(
+        to_numpy(model(ids, segment_ids=segments, padding_mask=mask)), expected, atol=1e-4, rtol=0
+    )
 
 
 def test_vit_lora_matches_peft(rng):
     hf = hf_vit()
     if "vit.layers.0.attention.q_proj" in dict(hf.named_modules()):  # transformers 5 names
-        prefix, names = "base_model.model.vit.layers.", {"query_dense": "attention.q_proj", "value_dense": "attention.v_proj"}
+        prefix, names = (
+            "base_model.model.vit.layers.",
+            {"query_dense": "attention.q_proj", "value_dense": "attention.v_proj"},
+        )
     else:
-        prefix, names = ("base_model.model.vit.encoder.layer.",
-                         {"query_dense": "attention.attention.query", "value_dense": "attention.attention.value"})
+        prefix, names = (
+            "base_model.model.vit.encoder.layer.",
+            {"query_dense": "attention.attention.query", "value_dense": "attention.attention.value"},
+        )
     tuned = peft_model(hf, [name.split(".")[-1] for name in names.values()], modules_to_save=["classifier"])
     model = keras_tfm.from_huggingface(hf)
     model.enable_lora(RANK, lora_alpha=ALPHA)
@@ -95,6 +108,7 @@ def test_translator_lora_trains_as_many_parameters_as_peft():
 
 # Adapters: `from_huggingface` of a PeftModel, or of an adapter directory on its base checkpoint.
 
+
 def trained_paths(model) -> set:
     return {"/".join(weight.path.split("/")[-2:]) for weight in model.trainable_weights}
 
@@ -113,13 +127,15 @@ def test_bert_adapter_on_a_pretraining_checkpoint_loads_with_its_head(rng, tmp_p
     ids, segments, mask = inputs(rng)
     expected = run_hf_bert(tuned, ids, segments, mask)
     assert np.abs(expected - run_hf_bert(classifier, ids, segments, mask)).max() > 1e-2
-    np.testing.assert_allclose(to_numpy(model(ids, segment_ids=segments, padding_mask=mask)), expected,
-                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(model(ids, segment_ids=segments, padding_mask=mask)), expected, atol=1e-4, rtol=0
+    )
     assert trained_count(model) == tuned.get_nb_trainable_parameters()[0]
     assert {path.split("/")[0] for path in trained_paths(model)} == {"query", "value", "classifier"}
     same_classes = keras_tfm.from_huggingface(str(tmp_path / "adapter"), num_classes=3)  # what the recipes pass
-    np.testing.assert_allclose(to_numpy(same_classes(ids, segment_ids=segments, padding_mask=mask)), expected,
-                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(same_classes(ids, segment_ids=segments, padding_mask=mask)), expected, atol=1e-4, rtol=0
+    )
 
 
 @pytest.mark.parametrize("use_rslora", [False, True])
@@ -127,8 +143,9 @@ def test_gpt2_fused_attention_adapter_in_memory_and_from_its_directory(rng, tmp_
     """peft adapts GPT-2's fused query/key/value `c_attn` (a Conv1D, stored (in, out)) with one A and
     one B of three times the width: each of our three projections gets A and its rows of B."""
     hf = hf_gpt2()
-    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["c_attn", "c_fc"], use_rslora=use_rslora,
-                             fan_in_fan_out=True)
+    config = peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules=["c_attn", "c_fc"], use_rslora=use_rslora, fan_in_fan_out=True
+    )
     tuned = peft.get_peft_model(copy.deepcopy(hf), config).eval()
     with torch.no_grad():
         for name, parameter in tuned.named_parameters():
@@ -139,11 +156,14 @@ def test_gpt2_fused_attention_adapter_in_memory_and_from_its_directory(rng, tmp_
     assert np.abs(expected - hf_logits(hf, ids)).max() > 1e-2
     hf.save_pretrained(tmp_path / "base")
     tuned.save_pretrained(tmp_path / "adapter")
-    for model in (keras_tfm.from_huggingface(tuned),
-                  keras_tfm.from_huggingface(str(tmp_path / "base"), adapter=str(tmp_path / "adapter"))):
+    for model in (
+        keras_tfm.from_huggingface(tuned),
+        keras_tfm.from_huggingface(str(tmp_path / "base"), adapter=str(tmp_path / "adapter")),
+    ):
         np.testing.assert_allclose(to_numpy(model(ids)), expected, atol=1e-4, rtol=0)
-        assert trained_paths(model) == {f"{layer}/lora_kernel_{part}" for layer in ("query", "key", "value", "intermediate")
-                                        for part in "ab"}
+        assert trained_paths(model) == {
+            f"{layer}/lora_kernel_{part}" for layer in ("query", "key", "value", "intermediate") for part in "ab"
+        }
         assert model.blocks[0].self_attention.key_dense.lora_rank == RANK
 
 
@@ -182,14 +202,17 @@ def write_adapter(tmp_path, **changes):
     return str(tmp_path / "adapter")
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"peft_type": "IA3"}, "is a 'IA3' adapter; keras_tfm loads LoRA adapters"),
-    ({"use_dora": True}, "LoRA adapters with use_dora=True are not supported"),
-    ({"bias": "all"}, "LoRA adapters with bias='all' are not supported"),
-    ({"rank_pattern": {"c_attn": 8}}, "LoRA adapters with rank_pattern={'c_attn': 8} are not supported"),
-    ({"enable_lora": [True, False, True]}, "LoRA adapters with enable_lora=[True, False, True] are not supported"),
-    ({"base_model_name_or_path": None}, "names no base checkpoint"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"peft_type": "IA3"}, "is a 'IA3' adapter; keras_tfm loads LoRA adapters"),
+        ({"use_dora": True}, "LoRA adapters with use_dora=True are not supported"),
+        ({"bias": "all"}, "LoRA adapters with bias='all' are not supported"),
+        ({"rank_pattern": {"c_attn": 8}}, "LoRA adapters with rank_pattern={'c_attn': 8} are not supported"),
+        ({"enable_lora": [True, False, True]}, "LoRA adapters with enable_lora=[True, False, True] are not supported"),
+        ({"base_model_name_or_path": None}, "names no base checkpoint"),
+    ],
+)
 def test_adapters_it_cannot_compute_are_refused_by_name(tmp_path, changes, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         keras_tfm.from_huggingface(write_adapter(tmp_path, **changes))
@@ -213,6 +236,7 @@ def test_adapter_errors_name_what_is_wrong(tmp_path):
 
 # Export: `save_peft_adapter` writes what peft loads onto the base checkpoint.
 
+
 def as_if_trained(model, rng, head=None) -> None:
     """Random pairs (and head), as after training: large enough to move the outputs."""
     for dense in model_lora_layers(model):
@@ -224,6 +248,7 @@ def as_if_trained(model, rng, head=None) -> None:
 
 def model_lora_layers(model):
     from keras_tfm.layers.lora import lora_layers
+
     return list(lora_layers(model).values())
 
 
@@ -241,7 +266,9 @@ def test_bert_classifier_exports_an_adapter_peft_loads(rng, tmp_path):
     ours = to_numpy(model(ids, segment_ids=segments, padding_mask=mask))
     np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=0)
     reloaded = keras_tfm.from_huggingface(str(tmp_path / "adapter"))  # and back, through its base_model_name_or_path
-    np.testing.assert_allclose(to_numpy(reloaded(ids, segment_ids=segments, padding_mask=mask)), ours, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        to_numpy(reloaded(ids, segment_ids=segments, padding_mask=mask)), ours, atol=1e-5, rtol=0
+    )
     assert trained_count(reloaded) == trained_count(model) == tuned.get_nb_trainable_parameters()[0]
 
 
@@ -267,8 +294,9 @@ def test_vit_with_a_new_head_exports_the_head_as_modules_to_save(rng, tmp_path):
     model.enable_lora(RANK, target_layer_names=["query", "value"], lora_alpha=ALPHA)
     as_if_trained(model, rng, head=model.head)
     keras_tfm.convert.save_peft_adapter(model, str(tmp_path / "adapter"), base=str(tmp_path / "base"))
-    base = transformers.ViTForImageClassification.from_pretrained(tmp_path / "base", num_labels=3,
-                                                                  ignore_mismatched_sizes=True).eval()
+    base = transformers.ViTForImageClassification.from_pretrained(
+        tmp_path / "base", num_labels=3, ignore_mismatched_sizes=True
+    ).eval()
     tuned = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
     images = rng.random((2, 16, 16, 3)).astype("float32")
     np.testing.assert_allclose(to_numpy(model(images)), run_hf_vit(tuned, images), atol=1e-4, rtol=0)

@@ -15,24 +15,49 @@ transformers = pytest.importorskip("transformers")
 
 MODELS = {
     "gpt": lambda: keras_tfm.GPT(vocabulary_size=50, max_length=20, num_layers=2, num_heads=2, hidden_dim=16),
-    "gpt-untied-relu": lambda: keras_tfm.GPT(vocabulary_size=50, max_length=20, num_layers=1, num_heads=2,
-                                             hidden_dim=16, intermediate_dim=24, tie_embeddings=False,
-                                             activation="relu"),
+    "gpt-untied-relu": lambda: keras_tfm.GPT(
+        vocabulary_size=50,
+        max_length=20,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=24,
+        tie_embeddings=False,
+        activation="relu",
+    ),
     "bert_mlm": lambda: keras_tfm.bert_tiny(vocabulary_size=30, max_length=16, num_layers=2),
-    "bert_classifier": lambda: keras_tfm.bert_tiny(head="classifier", num_classes=3, vocabulary_size=30,
-                                                   max_length=16, num_layers=1, num_segments=3),
+    "bert_classifier": lambda: keras_tfm.bert_tiny(
+        head="classifier", num_classes=3, vocabulary_size=30, max_length=16, num_layers=1, num_segments=3
+    ),
     "bert": lambda: keras_tfm.bert_tiny(head=None, vocabulary_size=30, max_length=16, num_layers=1),
-    "vit": lambda: keras_tfm.ViT(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, num_classes=3,
-                                 num_channels=2),
-    "vit-features": lambda: keras_tfm.ViT(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16,
-                                          include_top=False),
-    "translator": lambda: keras_tfm.transformer_small(source_vocabulary_size=30, target_vocabulary_size=20,
-                                                      num_encoder_layers=2, num_decoder_layers=1, hidden_dim=16,
-                                                      num_heads=2, intermediate_dim=32, use_output_bias=True,
-                                                      tie_embeddings=False, activation="gelu"),
+    "vit": lambda: keras_tfm.ViT(
+        image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, num_classes=3, num_channels=2
+    ),
+    "vit-features": lambda: keras_tfm.ViT(
+        image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, include_top=False
+    ),
+    "translator": lambda: keras_tfm.transformer_small(
+        source_vocabulary_size=30,
+        target_vocabulary_size=20,
+        num_encoder_layers=2,
+        num_decoder_layers=1,
+        hidden_dim=16,
+        num_heads=2,
+        intermediate_dim=32,
+        use_output_bias=True,
+        tie_embeddings=False,
+        activation="gelu",
+    ),
     "translator-shared": lambda: keras_tfm.transformer_small(
-        source_vocabulary_size=30, share_embeddings=True, scale_embeddings=False, num_encoder_layers=1,
-        num_decoder_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32),
+        source_vocabulary_size=30,
+        share_embeddings=True,
+        scale_embeddings=False,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        hidden_dim=16,
+        num_heads=2,
+        intermediate_dim=32,
+    ),
 }
 
 
@@ -43,13 +68,16 @@ def inputs(name, model, rng):
         return images, dict(pixel_values=torch.tensor(images.transpose(0, 3, 1, 2)))
     if name.startswith("translator"):
         source, target = rng.integers(3, 20, (2, 7)), rng.integers(3, 20, (2, 5))
-        return ({"source_ids": source, "target_ids": target},
-                dict(input_ids=torch.tensor(source), decoder_input_ids=torch.tensor(target)))
+        return (
+            {"source_ids": source, "target_ids": target},
+            dict(input_ids=torch.tensor(source), decoder_input_ids=torch.tensor(target)),
+        )
     ids = rng.integers(1, 30, (2, 9))
     if name.startswith("bert"):
         segments = rng.integers(0, (model if name == "bert" else model.encoder).num_segments, (2, 9))
-        return {"token_ids": ids, "segment_ids": segments}, dict(input_ids=torch.tensor(ids),
-                                                                  token_type_ids=torch.tensor(segments))
+        return {"token_ids": ids, "segment_ids": segments}, dict(
+            input_ids=torch.tensor(ids), token_type_ids=torch.tensor(segments)
+        )
     return ids, dict(input_ids=torch.tensor(ids))
 
 
@@ -81,7 +109,8 @@ def test_transformers_loads_every_weight_and_computes_the_same_outputs(tmp_path,
     positions = sum(p.numel() for key, p in hf.named_parameters() if "embed_positions" in key)
     output_bias = model.target_vocabulary_size if name == "translator" else 0
     assert model.count_params() - output_bias == sum(p.numel() for p in hf.parameters()) - positions - (
-        model.hidden_dim * (model.hidden_dim + 1) if pooled else 0)
+        model.hidden_dim * (model.hidden_dim + 1) if pooled else 0
+    )
     ours, theirs = inputs(name, model, rng)
     expected = to_numpy(model(ours))
     assert np.abs(expected).max() > 0.1
@@ -103,19 +132,39 @@ def test_a_lora_model_is_written_with_its_pairs_merged(tmp_path, rng):
     np.testing.assert_allclose(hf_output(hf, theirs), to_numpy(model(ours)), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: keras_tfm.transformer_small(source_vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=1,
-                                         hidden_dim=16, num_heads=2, norm_first=True),
-     "Marian is the post-norm Transformer .* received norm_first=True"),
-    (lambda: keras_tfm.ViT(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, pooling="mean"),
-     "Hugging Face ViTs have learned positions and classify from the class token; received "
-     "positions='learned', pooling='mean'"),
-    (lambda: keras_tfm.bert_tiny(vocabulary_size=30, num_layers=1, head_activation="relu"),
-     "BertForMaskedLM's head has the encoder's activation \\('gelu'\\); received head_activation='relu'"),
-    (lambda: keras_tfm.GPT(vocabulary_size=30, max_length=8, num_layers=1, num_heads=2, hidden_dim=8,
-                           activation="tanh"),
-     "GPT-2 has no activation for 'tanh'"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: keras_tfm.transformer_small(
+                source_vocabulary_size=30,
+                num_encoder_layers=1,
+                num_decoder_layers=1,
+                hidden_dim=16,
+                num_heads=2,
+                norm_first=True,
+            ),
+            "Marian is the post-norm Transformer .* received norm_first=True",
+        ),
+        (
+            lambda: keras_tfm.ViT(
+                image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, pooling="mean"
+            ),
+            "Hugging Face ViTs have learned positions and classify from the class token; received "
+            "positions='learned', pooling='mean'",
+        ),
+        (
+            lambda: keras_tfm.bert_tiny(vocabulary_size=30, num_layers=1, head_activation="relu"),
+            "BertForMaskedLM's head has the encoder's activation \\('gelu'\\); received head_activation='relu'",
+        ),
+        (
+            lambda: keras_tfm.GPT(
+                vocabulary_size=30, max_length=8, num_layers=1, num_heads=2, hidden_dim=8, activation="tanh"
+            ),
+            "GPT-2 has no activation for 'tanh'",
+        ),
+    ],
+)
 def test_what_transformers_cannot_compute_is_refused_by_name(tmp_path, make, message):
     with pytest.raises(ValueError, match=f"save_huggingface: {message}"):
         save_huggingface(make(), tmp_path)
@@ -129,8 +178,12 @@ def test_a_directory_with_other_weights_is_refused_and_ours_are_overwritten(tmp_
         variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32"))
     save_huggingface(model, tmp_path)
     ours, theirs = inputs("gpt", model, rng)
-    np.testing.assert_allclose(hf_output(transformers.GPT2LMHeadModel.from_pretrained(tmp_path), theirs),
-                               to_numpy(model(ours)), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        hf_output(transformers.GPT2LMHeadModel.from_pretrained(tmp_path), theirs),
+        to_numpy(model(ours)),
+        atol=1e-4,
+        rtol=0,
+    )
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(FileExistsError, match="already holds other weights \\(pytorch_model.bin\\)"):
         save_huggingface(model, tmp_path)
@@ -163,11 +216,25 @@ def _normalization(mean, std):
 # at `image_size`, or at the crop's or the resized side (fine-tuned at another size)
 IMAGE_PREPROCESSING = {
     "grayscale": (dict(image_size=12, num_channels=1), 12, lambda: [keras.layers.Rescaling(1 / 255)]),
-    "offset-and-normalization": (dict(image_size=12), 12, lambda: [
-        keras.layers.Rescaling(1 / 127.5, offset=-1.0), _normalization([0.1, -0.2, 0.3], [0.5, 0.8, 1.5])]),
-    "center-crop": (dict(image_size=12), 16, lambda: [
-        keras.layers.CenterCrop(12, 12), keras.layers.Rescaling(1 / 255), _normalization([0.4, 0.5, 0.6], [0.2, 0.25, 0.3])]),
-    "fine-tuned-at-another-size": (dict(image_size=8), 16, lambda: [keras.layers.Rescaling(1 / 255), _normalization([0.5], [0.5])]),
+    "offset-and-normalization": (
+        dict(image_size=12),
+        12,
+        lambda: [keras.layers.Rescaling(1 / 127.5, offset=-1.0), _normalization([0.1, -0.2, 0.3], [0.5, 0.8, 1.5])],
+    ),
+    "center-crop": (
+        dict(image_size=12),
+        16,
+        lambda: [
+            keras.layers.CenterCrop(12, 12),
+            keras.layers.Rescaling(1 / 255),
+            _normalization([0.4, 0.5, 0.6], [0.2, 0.25, 0.3]),
+        ],
+    ),
+    "fine-tuned-at-another-size": (
+        dict(image_size=8),
+        16,
+        lambda: [keras.layers.Rescaling(1 / 255), _normalization([0.5], [0.5])],
+    ),
 }
 
 
@@ -202,16 +269,42 @@ def test_a_vits_image_preprocessing_becomes_its_image_processor(tmp_path, rng, c
     np.testing.assert_allclose(to_numpy(back), to_numpy(ours), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("model, side, layers, message", [
-    (MODELS["gpt"], 16, lambda: [], "image_preprocessing is for ViT models; received a GPT"),
-    (MODELS["vit"], 16, lambda: [keras.layers.Resizing(8, 8)],
-     "image_preprocessing: expected a CenterCrop, a Rescaling and a Normalization, each at most once and in that order; received \\['Resizing'\\]"),
-    (MODELS["vit"], 16, lambda: [_normalization([0.5], [0.5]), keras.layers.Rescaling(1 / 255)], "image_preprocessing: expected .* in that order"),
-    (MODELS["vit"], 16, lambda: [_normalization([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])],
-     "image_preprocessing: the mean has 3 values; the model takes 2-channel images"),
-    (MODELS["vit"], 16, lambda: [keras.layers.CenterCrop(8, 12)], "image_preprocessing: the center crop must be square and at most 16 pixels; received 8x12"),
-    (MODELS["vit"], 18, lambda: [], "image_preprocessing gives the model 18x18 images, which its 4-pixel patches do not divide"),
-])
+@pytest.mark.parametrize(
+    "model, side, layers, message",
+    [
+        (MODELS["gpt"], 16, lambda: [], "image_preprocessing is for ViT models; received a GPT"),
+        (
+            MODELS["vit"],
+            16,
+            lambda: [keras.layers.Resizing(8, 8)],
+            "image_preprocessing: expected a CenterCrop, a Rescaling and a Normalization, each at most once and in that order; received \\['Resizing'\\]",
+        ),
+        (
+            MODELS["vit"],
+            16,
+            lambda: [_normalization([0.5], [0.5]), keras.layers.Rescaling(1 / 255)],
+            "image_preprocessing: expected .* in that order",
+        ),
+        (
+            MODELS["vit"],
+            16,
+            lambda: [_normalization([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])],
+            "image_preprocessing: the mean has 3 values; the model takes 2-channel images",
+        ),
+        (
+            MODELS["vit"],
+            16,
+            lambda: [keras.layers.CenterCrop(8, 12)],
+            "image_preprocessing: the center crop must be square and at most 16 pixels; received 8x12",
+        ),
+        (
+            MODELS["vit"],
+            18,
+            lambda: [],
+            "image_preprocessing gives the model 18x18 images, which its 4-pixel patches do not divide",
+        ),
+    ],
+)
 def test_image_preprocessing_transformers_cannot_do_is_refused(tmp_path, model, side, layers, message):
     with pytest.raises(ValueError, match=f"save_huggingface: {message}"):
         save_huggingface(model(), tmp_path, image_preprocessing=(side, layers()))

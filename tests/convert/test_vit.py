@@ -8,8 +8,15 @@ from tests.checks import to_numpy
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
-              patch_size=4, num_labels=5)
+CONFIG = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    image_size=16,
+    patch_size=4,
+    num_labels=5,
+)
 
 
 def hf_vit(head=True, **config):
@@ -54,10 +61,15 @@ def test_checkpoint_with_pre_v5_weight_names(rng, tmp_path):
     from safetensors.numpy import save_file
 
     hf = hf_vit()
-    renames = [("vit.layers.", "vit.encoder.layer."), (".attention.q_proj.", ".attention.attention.query."),
-               (".attention.k_proj.", ".attention.attention.key."), (".attention.v_proj.", ".attention.attention.value."),
-               (".attention.o_proj.", ".attention.output.dense."), (".mlp.fc1.", ".intermediate.dense."),
-               (".mlp.fc2.", ".output.dense.")]
+    renames = [
+        ("vit.layers.", "vit.encoder.layer."),
+        (".attention.q_proj.", ".attention.attention.query."),
+        (".attention.k_proj.", ".attention.attention.key."),
+        (".attention.v_proj.", ".attention.attention.value."),
+        (".attention.o_proj.", ".attention.output.dense."),
+        (".mlp.fc1.", ".intermediate.dense."),
+        (".mlp.fc2.", ".output.dense."),
+    ]
     old = {}
     for name, value in hf.state_dict().items():
         for new, previous in renames:
@@ -107,8 +119,9 @@ def test_checkpoints_it_cannot_compute_are_refused_by_name():
 
 def test_num_classes_is_refused_where_it_means_nothing():
     with pytest.raises(ValueError, match="num_classes applies to ViT and BERT checkpoints; this is a GPT-2"):
-        keras_tfm.from_huggingface(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)),
-                                   num_classes=2)
+        keras_tfm.from_huggingface(
+            transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)), num_classes=2
+        )
     for wrong in (0, 2.5, True):
         with pytest.raises(ValueError, match=f"num_classes must be a positive integer or None; received {wrong!r}"):
             keras_tfm.from_huggingface(hf_vit(), num_classes=wrong)
@@ -120,7 +133,8 @@ def test_image_preprocessing_gives_the_image_processors_pixels(rng, tmp_path, pr
     side = 20 if crop else 16
     options = dict(crop_size={"height": crop, "width": crop}) if crop else {}
     processor = getattr(transformers, processor_class)(
-        size={"height": side, "width": side}, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.25, 0.3], **options)
+        size={"height": side, "width": side}, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.25, 0.3], **options
+    )
     processor.save_pretrained(str(tmp_path))
     resized_to, layers = keras_tfm.convert.image_preprocessing(str(tmp_path))
     assert resized_to == side
@@ -133,7 +147,8 @@ def test_image_preprocessing_gives_the_image_processors_pixels(rng, tmp_path, pr
     np.testing.assert_allclose(to_numpy(ours), expected, atol=1e-5, rtol=0)
     if crop:
         (tmp_path / "preprocessor_config.json").write_text(
-            '{"do_center_crop": true, "size": {"height": 20, "width": 20}, "crop_size": {"height": 24, "width": 24}}')
+            '{"do_center_crop": true, "size": {"height": 20, "width": 20}, "crop_size": {"height": 24, "width": 24}}'
+        )
         with pytest.raises(ValueError, match="'crop_size' 24 is larger than the resized images \\('size' 20\\)"):
             keras_tfm.convert.image_preprocessing(str(tmp_path))
     (tmp_path / "preprocessor_config.json").write_text("{not json")

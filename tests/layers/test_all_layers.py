@@ -80,7 +80,10 @@ def test_keras_file_saved_here_loads_on_the_next_backend(rng, tmp_path):
     env = dict(os.environ, KERAS_BACKEND=other, PYTHONPATH=REPO)
     result = subprocess.run(
         [sys.executable, "-c", LOAD_ON_OTHER_BACKEND, str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout.startswith(other)
@@ -100,6 +103,7 @@ def test_a_quantized_model_of_every_layer_keeps_its_outputs_and_its_keras_file_l
     # each block names its quantized sub-layers in its config: before, they came back as float layers
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras")
-    assert sum(layer.quantization_mode == "int8" for layer in loaded._flatten_layers()) == \
-        sum(layer.quantization_mode == "int8" for layer in model._flatten_layers())
+    assert sum(layer.quantization_mode == "int8" for layer in loaded._flatten_layers()) == sum(
+        layer.quantization_mode == "int8" for layer in model._flatten_layers()
+    )
     np.testing.assert_allclose(to_numpy(loaded(inputs)), out, atol=1e-6)

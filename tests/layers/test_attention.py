@@ -9,6 +9,7 @@ from tests.checks import assert_close, to_numpy
 
 def numpy_attention(layer, query, value, mask=None):
     """softmax(Q K^T / sqrt(d)) V per head, merged by W_o, in plain NumPy from the layer's weights."""
+
     def project(dense, x):
         kernel, bias = [to_numpy(w) for w in dense.weights]
         return x @ kernel + bias
@@ -88,8 +89,9 @@ def test_masks_combine_with_and(rng, x):
     padding = np.array([[1] * 6 + [0], [1] * 4 + [0] * 3], bool)
     custom = rng.random((2, 7, 7)) > 0.3
     custom[:, :, 0] = True  # every query sees at least one key
-    _, weights = layer(x, value_mask=padding, attention_mask=custom, use_causal_mask=True,
-                       return_attention_weights=True)
+    _, weights = layer(
+        x, value_mask=padding, attention_mask=custom, use_causal_mask=True, return_attention_weights=True
+    )
     allowed = padding[:, None, :] & custom & np.tril(np.ones((7, 7), bool))[None]
     out = layer(x, value_mask=padding, attention_mask=custom, use_causal_mask=True)
     expected, expected_weights = numpy_attention(layer, x, x, allowed[:, None])
@@ -125,7 +127,7 @@ def test_kv_cache_equals_full_attention(x):
     out, cache = layer(x[:, :3], use_causal_mask=True, cache=cache, cache_update_index=0)
     steps = [to_numpy(out)]
     for t in range(3, 7):
-        out, cache = layer(x[:, t:t + 1], use_causal_mask=True, cache=cache, cache_update_index=t)
+        out, cache = layer(x[:, t : t + 1], use_causal_mask=True, cache=cache, cache_update_index=t)
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 

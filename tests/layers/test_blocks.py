@@ -93,7 +93,9 @@ def test_decoder_cache_equals_full_pass(rng, x):
     outputs = [to_numpy(out)]
     for t in range(2, 6):
         out, self_cache, cross_cache = block(
-            x[:, t:t + 1], self_attention_cache=self_cache, cache_update_index=t,
+            x[:, t : t + 1],
+            self_attention_cache=self_cache,
+            cache_update_index=t,
             cross_attention_cache=cross_cache,
         )
         outputs.append(to_numpy(out))
@@ -107,8 +109,9 @@ def test_update_cache_gives_the_cache_of_a_full_call(rng, x, norm_first):
     block(x, source)  # builds the weights
     cross_cache = block.cross_attention.precompute_key_value(source)
     cache = rng.normal(size=(2, 2, 4, 8, 4)).astype("float32")  # earlier entries must survive
-    _, expected, _ = block(x[:, :3], self_attention_cache=cache, cache_update_index=2,
-                           cross_attention_cache=cross_cache)
+    _, expected, _ = block(
+        x[:, :3], self_attention_cache=cache, cache_update_index=2, cross_attention_cache=cross_cache
+    )
     updated = block.update_cache(x[:, :3], cache, 2)
     assert tuple(updated.shape) == (2, 2, 4, 8, 4)
     assert_close(updated, expected, atol=1e-6)
@@ -150,8 +153,9 @@ def test_training_without_dropout_gives_the_inference_output(rng, x, norm_first,
     decoder = DecoderBlock(num_heads=4, intermediate_dim=32, norm_first=norm_first, use_cross_attention=True)
     source = rng.normal(size=(2, 5, 16)).astype("float32")
     np.testing.assert_array_equal(to_numpy(encoder(x, training=True)), to_numpy(encoder(x, training=False)))
-    np.testing.assert_array_equal(to_numpy(decoder(x, source, training=True)),
-                                  to_numpy(decoder(x, source, training=False)))
+    np.testing.assert_array_equal(
+        to_numpy(decoder(x, source, training=True)), to_numpy(decoder(x, source, training=False))
+    )
     assert np.isfinite(to_numpy(encoder(x, training=True))[1]).all()
 
 
@@ -164,8 +168,9 @@ def test_output_positions_give_the_full_output_at_those_positions(rng, x, norm_f
     positions = np.array([[3, 0, 1], [5, 2, 2]])
     for training in (False, True):  # no dropout: training differs only by the residual conditional
         full = to_numpy(block(x, padding_mask=padding, attention_mask=attention, training=training))
-        selected = block(x, padding_mask=padding, attention_mask=attention, output_positions=positions,
-                         training=training)
+        selected = block(
+            x, padding_mask=padding, attention_mask=attention, output_positions=positions, training=training
+        )
         assert tuple(selected.shape) == (2, 3, 16)
         assert_close(selected, np.take_along_axis(full, positions[..., None], axis=1), atol=1e-5)
 

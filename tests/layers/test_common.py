@@ -21,15 +21,21 @@ CASES = {
     "cross_attention": (lambda **kw: layers.MultiHeadAttention(4, 8, value_dim=6, **kw), (SEQUENCE, SOURCE), {}),
     "feed_forward": (lambda **kw: layers.FeedForward(64, **kw), (SEQUENCE,), {}),
     "encoder_block_pre_norm": (lambda **kw: layers.EncoderBlock(4, 64, **kw), (SEQUENCE,), {}),
-    "encoder_block_post_norm": (lambda **kw: layers.EncoderBlock(4, 64, norm_first=False, dropout=0.1, **kw), (SEQUENCE,), {}),
+    "encoder_block_post_norm": (
+        lambda **kw: layers.EncoderBlock(4, 64, norm_first=False, dropout=0.1, **kw),
+        (SEQUENCE,),
+        {},
+    ),
     "decoder_block": (lambda **kw: layers.DecoderBlock(4, 64, **kw), (SEQUENCE,), {}),
     "decoder_block_cross": (
         lambda **kw: layers.DecoderBlock(4, 64, use_cross_attention=True, norm_first=False, **kw),
-        (SEQUENCE, SOURCE), {},
+        (SEQUENCE, SOURCE),
+        {},
     ),
     "decoder_block_cross_remat": (
         lambda **kw: layers.DecoderBlock(4, 64, use_cross_attention=True, dropout=0.1, remat=True, **kw),
-        (SEQUENCE, SOURCE), {},
+        (SEQUENCE, SOURCE),
+        {},
     ),
 }
 # Fixed encodings have no weights to train; they get the config and saving checks in test_positions.

@@ -33,8 +33,12 @@ def test_lora_starts_where_the_model_was_and_trains_only_its_pairs(rng):
     frozen = {w.path: to_numpy(w) for w in model.weights}
     model.enable_lora(4)
     np.testing.assert_array_equal(to_numpy(model(ids)), before)  # B starts at zero
-    assert lora_paths(model) == {f"block_{i}/self_attention/{name}/lora_kernel_{part}"
-                                 for i in range(2) for name in ("query", "value") for part in "ab"}
+    assert lora_paths(model) == {
+        f"block_{i}/self_attention/{name}/lora_kernel_{part}"
+        for i in range(2)
+        for name in ("query", "value")
+        for part in "ab"
+    }
     assert sum(int(np.prod(w.shape)) for w in model.trainable_weights) == 2 * 2 * (16 * 4 + 4 * 16)
     model.compile(optimizer=keras.optimizers.AdamW(3e-2), loss=keras_tfm.TokenCrossEntropy())
     history = model.fit(ids[:, :-1], ids[:, 1:], epochs=20, batch_size=4, verbose=0).history["loss"]
@@ -55,10 +59,12 @@ def test_heads_made_for_the_task_stay_trained():
     classifier = keras_tfm.bert_tiny(head="classifier", num_classes=2, num_layers=1, vocabulary_size=40)
     classifier.enable_lora(2, trainable_layer_names=["classifier", "pooler"])
     assert {p.split("/")[0] for p in lora_paths(classifier) if "lora" not in p} == {"classifier", "pooler"}
-    translator = keras_tfm.transformer_small(source_vocabulary_size=30, target_vocabulary_size=30,
-                                             num_encoder_layers=1, num_decoder_layers=1)
-    translator.enable_lora(2, target_layer_names=["query", "key", "value", "self_attention/output",
-                                                        "cross_attention/output"])
+    translator = keras_tfm.transformer_small(
+        source_vocabulary_size=30, target_vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=1
+    )
+    translator.enable_lora(
+        2, target_layer_names=["query", "key", "value", "self_attention/output", "cross_attention/output"]
+    )
     assert {p.split("/")[1] for p in lora_paths(translator)} == {"self_attention", "cross_attention"}
     assert len(lora_paths(translator)) == 3 * 4 * 2  # not the feed-forward's "output"
 
@@ -101,9 +107,12 @@ def test_bad_lora_arguments_are_refused_clearly():
     trained = len(model.trainable_weights)
     with pytest.raises(ValueError, match="rank must be a positive integer; received rank=0"):
         model.enable_lora(0)
-    with pytest.raises(ValueError, match="target_layer_names names no Dense layer of 'gpt': \\['qkv'\\]; "
-                                         "its Dense layers are named \\['intermediate', 'key', 'output', 'query', 'value'\\] "
-                                         "\\(or by the end of their path"):
+    with pytest.raises(
+        ValueError,
+        match="target_layer_names names no Dense layer of 'gpt': \\['qkv'\\]; "
+        "its Dense layers are named \\['intermediate', 'key', 'output', 'query', 'value'\\] "
+        "\\(or by the end of their path",
+    ):
         model.enable_lora(2, target_layer_names=["qkv"])
     with pytest.raises(ValueError, match="trainable_layer_names names no layer of 'gpt': \\['head'\\]"):
         model.enable_lora(2, trainable_layer_names=["head"])

@@ -1,4 +1,3 @@
-
 import keras
 import numpy as np
 import pytest
@@ -78,9 +77,11 @@ def test_odd_hidden_dim_rejected():
 
 @pytest.mark.parametrize(
     "make, kwargs",
-    [(lambda: SinusoidalPositionEncoding(max_wavelength=500.0, interleave=False), {}),
-     (lambda: SinusoidalPositionEncoding2D(max_wavelength=100.0), {"grid_shape": (2, 4)}),
-     (lambda: LearnedPositionEmbedding(max_length=12), {})],
+    [
+        (lambda: SinusoidalPositionEncoding(max_wavelength=500.0, interleave=False), {}),
+        (lambda: SinusoidalPositionEncoding2D(max_wavelength=100.0), {"grid_shape": (2, 4)}),
+        (lambda: LearnedPositionEmbedding(max_length=12), {}),
+    ],
 )
 def test_position_layers_round_trip(make, kwargs, tmp_path, rng):
     x = rng.normal(size=(2, 8, 12)).astype("float32")

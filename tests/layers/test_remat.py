@@ -55,32 +55,55 @@ def test_blocks_with_dropout_and_masks_train_as_without_remat(rng, remat_calls):
         x = TokenEmbedding(40, 16, mask_zero=True)(token_ids)
         x = EncoderBlock(4, 32, dropout=0.3, attention_dropout=0.3, remat=remat)(x)
         x = DecoderBlock(4, 32, dropout=0.3, attention_dropout=0.3, use_cross_attention=True, remat=remat)(
-            x, encoder_output)
+            x, encoder_output
+        )
         return keras.Model([token_ids, encoder_output], keras.layers.Dense(3)(x))
 
     targets = rng.integers(0, 3, size=(2, 9))
-    _assert_same_training(make, [ids, source], targets, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          remat_calls, expected_blocks=2)
+    _assert_same_training(
+        make,
+        [ids, source],
+        targets,
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        remat_calls,
+        expected_blocks=2,
+    )
 
 
 @pytest.mark.parametrize("model_name", ["gpt", "bert", "vit", "translator"])
 def test_models_train_as_without_remat(rng, remat_calls, model_name):
     ids = rng.integers(1, 50, size=(2, 12)).astype("int32")
     if model_name == "gpt":
+
         def make(remat):
             return keras_tfm.GPT(50, 16, num_layers=2, num_heads=2, hidden_dim=32, dropout=0.2, remat=remat)
+
         inputs, targets, loss = ids, ids, keras_tfm.TokenCrossEntropy()
     elif model_name == "bert":
+
         def make(remat):  # the masked LM: its last block computes only the masked positions
-            return keras_tfm.BertMLM(vocabulary_size=50, max_length=16, num_layers=2, num_heads=2, hidden_dim=32,
-                                     remat=remat)
+            return keras_tfm.BertMLM(
+                vocabulary_size=50, max_length=16, num_layers=2, num_heads=2, hidden_dim=32, remat=remat
+            )
+
         positions = np.array([[1, 4, 7], [0, 2, 11]], "int32")
         inputs = {"token_ids": ids, "padding_mask": ids > 5, "mask_positions": positions}
         targets, loss = np.take_along_axis(ids, positions, axis=1), keras_tfm.TokenCrossEntropy()
     elif model_name == "vit":
+
         def make(remat):
-            return keras_tfm.ViT(image_size=16, patch_size=4, num_classes=3, num_layers=2, num_heads=2, hidden_dim=32,
-                                 dropout=0.2, attention_dropout=0.2, remat=remat)
+            return keras_tfm.ViT(
+                image_size=16,
+                patch_size=4,
+                num_classes=3,
+                num_layers=2,
+                num_heads=2,
+                hidden_dim=32,
+                dropout=0.2,
+                attention_dropout=0.2,
+                remat=remat,
+            )
+
         inputs, targets = rng.random((2, 16, 16, 3)).astype("float32"), np.array([0, 2])
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     else:
@@ -88,8 +111,17 @@ def test_models_train_as_without_remat(rng, remat_calls, model_name):
         source[0, 6:] = 0
 
         def make(remat):
-            return keras_tfm.Translator(50, num_encoder_layers=2, num_decoder_layers=2, num_heads=2, hidden_dim=32,
-                                        intermediate_dim=64, max_length=16, remat=remat)
+            return keras_tfm.Translator(
+                50,
+                num_encoder_layers=2,
+                num_decoder_layers=2,
+                num_heads=2,
+                hidden_dim=32,
+                intermediate_dim=64,
+                max_length=16,
+                remat=remat,
+            )
+
         inputs, targets, loss = {"source_ids": source, "target_ids": ids}, ids, keras_tfm.TokenCrossEntropy()
     _assert_same_training(make, inputs, targets, loss, remat_calls, expected_blocks=2)
 
@@ -117,8 +149,9 @@ def test_output_positions_and_masks_through_remat(rng):
     for kwargs in ({}, {"output_positions": positions}):
         expected, got = plain(x, training=True, **kwargs), remat(x, training=True, **kwargs)
         np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=1e-6)
-        np.testing.assert_array_equal(to_numpy(keras.src.backend.get_keras_mask(got)),
-                                      to_numpy(keras.src.backend.get_keras_mask(expected)))
+        np.testing.assert_array_equal(
+            to_numpy(keras.src.backend.get_keras_mask(got)), to_numpy(keras.src.backend.get_keras_mask(expected))
+        )
     assert not to_numpy(keras.src.backend.get_keras_mask(got))[0, 1]  # position 8 of the first row is padding
 
 
@@ -133,5 +166,9 @@ def test_remat_property_config_and_saving(tmp_path):
     path = os.path.join(tmp_path, "gpt.keras")
     model.save(path)
     assert keras.saving.load_model(path).remat
-    assert keras_tfm.BertMLM(vocabulary_size=50, max_length=16, num_layers=1, num_heads=2, hidden_dim=32,
-                             remat=True).get_config()["remat"] is True
+    assert (
+        keras_tfm.BertMLM(
+            vocabulary_size=50, max_length=16, num_layers=1, num_heads=2, hidden_dim=32, remat=True
+        ).get_config()["remat"]
+        is True
+    )

@@ -19,7 +19,9 @@ def test_padding_is_invisible_to_real_tokens(rng):
     mask = np.arange(10)[None] < 6
     changed = ids.copy()
     changed[0, 6:] = (changed[0, 6:] + 3) % 30
-    assert_close(to_numpy(model(ids, padding_mask=mask))[0, :6], to_numpy(model(changed, padding_mask=mask))[0, :6], atol=1e-5)
+    assert_close(
+        to_numpy(model(ids, padding_mask=mask))[0, :6], to_numpy(model(changed, padding_mask=mask))[0, :6], atol=1e-5
+    )
 
 
 def test_heads_and_errors():
@@ -38,8 +40,11 @@ def test_heads_and_errors():
 def test_inputs_as_one_dict_as_fit_and_predict_pass_them(rng, head):
     model = keras_tfm.bert_tiny(head=head, **SMALL, dropout=0.0)
     ids = rng.integers(1, 30, size=(4, 10)).astype("int32")
-    inputs = {"token_ids": ids, "segment_ids": (np.arange(10)[None] >= 5).repeat(4, 0).astype("int32"),
-              "padding_mask": np.arange(10)[None] < np.array([[10], [7], [4], [9]])}
+    inputs = {
+        "token_ids": ids,
+        "segment_ids": (np.arange(10)[None] >= 5).repeat(4, 0).astype("int32"),
+        "padding_mask": np.arange(10)[None] < np.array([[10], [7], [4], [9]]),
+    }
     expected = to_numpy(model(**inputs))
     assert_close(to_numpy(model(inputs)), expected, atol=1e-6)
     assert_close(model.predict(inputs, batch_size=3, verbose=0), expected, atol=1e-5)

@@ -31,8 +31,7 @@ def full_forward_greedy(model, prompt, steps):
 @pytest.mark.parametrize("tie_embeddings", [True, False])
 def test_gpt_passes_common_checks(tmp_path, rng, tie_embeddings):
     ids = rng.integers(0, 40, size=(2, 12)).astype("int32")
-    run_layer_checks(lambda **kw: tiny_gpt(tie_embeddings=tie_embeddings, dropout=0.1, **kw), (ids,),
-                     tmp_path=tmp_path)
+    run_layer_checks(lambda **kw: tiny_gpt(tie_embeddings=tie_embeddings, dropout=0.1, **kw), (ids,), tmp_path=tmp_path)
 
 
 def test_fit_with_dropout_and_predict_at_several_lengths(rng):
@@ -85,8 +84,9 @@ def test_the_prefill_fills_the_cache_without_computing_logits(sampling):
     lengths, logits_of = [], model._logits
     model._logits = lambda hidden: lengths.append(int(hidden.shape[1])) or logits_of(hidden)
     last_feed_forward, feed_forward_of = [], model.blocks[-1].feed_forward.call
-    model.blocks[-1].feed_forward.call = (
-        lambda hidden, **kwargs: last_feed_forward.append(int(hidden.shape[1])) or feed_forward_of(hidden, **kwargs))
+    model.blocks[-1].feed_forward.call = lambda hidden, **kwargs: (
+        last_feed_forward.append(int(hidden.shape[1])) or feed_forward_of(hidden, **kwargs)
+    )
     model.generate([[3, 17, 5, 9, 11, 2], [7, 8]], max_new_tokens=3, **sampling)
     assert lengths and set(lengths) == {1}
     assert last_feed_forward and set(last_feed_forward) == {1}
@@ -128,7 +128,7 @@ def test_stop_tokens_end_a_row_and_pad_the_rest():
     stopped = model.generate([[3, 17, 5]], max_new_tokens=8, stop_token_ids=[stop], pad_token_id=39)[0]
     first = 3 + list(free[3:]).index(stop)
     assert stopped[: first + 1].tolist() == free[: first + 1].tolist()
-    assert np.all(stopped[first + 1:] == 39)
+    assert np.all(stopped[first + 1 :] == 39)
     one_id = model.generate([[3, 17, 5]], max_new_tokens=8, stop_token_ids=stop, pad_token_id=39)[0]
     assert one_id.tolist() == stopped.tolist()
 
@@ -148,8 +148,12 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_without():
 def test_top_k_one_and_tiny_top_p_are_greedy():
     model = peaked(tiny_gpt())
     greedy = model.generate([[1, 2, 3]], max_new_tokens=8)
-    np.testing.assert_array_equal(model.generate([[1, 2, 3]], max_new_tokens=8, temperature=1.0, top_k=1, seed=1), greedy)
-    np.testing.assert_array_equal(model.generate([[1, 2, 3]], max_new_tokens=8, temperature=1.0, top_p=1e-6, seed=1), greedy)
+    np.testing.assert_array_equal(
+        model.generate([[1, 2, 3]], max_new_tokens=8, temperature=1.0, top_k=1, seed=1), greedy
+    )
+    np.testing.assert_array_equal(
+        model.generate([[1, 2, 3]], max_new_tokens=8, temperature=1.0, top_p=1e-6, seed=1), greedy
+    )
 
 
 def test_top_k_samples_only_among_the_k_best():
@@ -250,7 +254,11 @@ def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
 
     def log_likelihood(ids, prompt_length):
         logits = to_numpy(model(np.array([ids], "int32")))[0]
-        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+        log_probs = (
+            logits
+            - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+            - logits.max(-1, keepdims=True)
+        )
         return sum(log_probs[t - 1, ids[t]] for t in range(prompt_length, len(ids)))
 
     prompt = [3, 17, 5]
@@ -272,4 +280,4 @@ def test_beam_search_batches_ragged_prompts_and_stops():
     stopped = model.generate(prompts, max_new_tokens=5, num_beams=3, stop_token_ids=every_id_stops, pad_token_id=39)
     for row, prompt in zip(stopped, prompts):
         n = len(prompt)
-        assert row[:n].tolist() == prompt and row[n] != 39 and np.all(row[n + 1:] == 39)
+        assert row[:n].tolist() == prompt and row[n] != 39 and np.all(row[n + 1 :] == 39)

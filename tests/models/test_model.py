@@ -13,20 +13,38 @@ import keras_tfm
 from tests.checks import assert_close, to_numpy
 
 MODELS = {
-    "gpt": (lambda: keras_tfm.GPT(vocabulary_size=30, max_length=16, num_layers=2, num_heads=2, hidden_dim=16),
-            lambda rng: (rng.integers(0, 30, (2, 6)),)),
-    "bert_mlm": (lambda: keras_tfm.bert_tiny(vocabulary_size=30, max_length=16, num_layers=2),
-                 lambda rng: (rng.integers(1, 30, (2, 6)),)),
-    "bert_classifier": (lambda: keras_tfm.bert_tiny(head="classifier", vocabulary_size=30, max_length=16, num_layers=2),
-                        lambda rng: (rng.integers(1, 30, (2, 6)),)),
-    "bert": (lambda: keras_tfm.bert_tiny(head=None, vocabulary_size=30, max_length=16, num_layers=2),
-             lambda rng: (rng.integers(1, 30, (2, 6)),)),
-    "translator": (lambda: keras_tfm.transformer_small(source_vocabulary_size=30, target_vocabulary_size=20,
-                                                       num_encoder_layers=1, num_decoder_layers=1, hidden_dim=16,
-                                                       num_heads=2, intermediate_dim=32),
-                   lambda rng: (rng.integers(1, 30, (2, 6)), rng.integers(1, 20, (2, 5)))),
-    "vit": (lambda: keras_tfm.ViT(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, num_classes=3),
-            lambda rng: (rng.random((2, 16, 16, 3)).astype("float32"),)),
+    "gpt": (
+        lambda: keras_tfm.GPT(vocabulary_size=30, max_length=16, num_layers=2, num_heads=2, hidden_dim=16),
+        lambda rng: (rng.integers(0, 30, (2, 6)),),
+    ),
+    "bert_mlm": (
+        lambda: keras_tfm.bert_tiny(vocabulary_size=30, max_length=16, num_layers=2),
+        lambda rng: (rng.integers(1, 30, (2, 6)),),
+    ),
+    "bert_classifier": (
+        lambda: keras_tfm.bert_tiny(head="classifier", vocabulary_size=30, max_length=16, num_layers=2),
+        lambda rng: (rng.integers(1, 30, (2, 6)),),
+    ),
+    "bert": (
+        lambda: keras_tfm.bert_tiny(head=None, vocabulary_size=30, max_length=16, num_layers=2),
+        lambda rng: (rng.integers(1, 30, (2, 6)),),
+    ),
+    "translator": (
+        lambda: keras_tfm.transformer_small(
+            source_vocabulary_size=30,
+            target_vocabulary_size=20,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            hidden_dim=16,
+            num_heads=2,
+            intermediate_dim=32,
+        ),
+        lambda rng: (rng.integers(1, 30, (2, 6)), rng.integers(1, 20, (2, 5))),
+    ),
+    "vit": (
+        lambda: keras_tfm.ViT(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, num_classes=3),
+        lambda rng: (rng.random((2, 16, 16, 3)).astype("float32"),),
+    ),
 }
 
 
@@ -62,23 +80,32 @@ EXPORTS = {  # inputs of two batch sizes and (but ViT) two lengths
     "gpt": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
     "bert_mlm": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
     "bert_classifier": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
-    "translator": lambda rng: [{"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
-                               {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))}],
+    "translator": lambda rng: [
+        {"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
+        {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))},
+    ],
     "vit": lambda rng: [rng.random((2, 16, 16, 3)), rng.random((3, 16, 16, 3))],
 }
 
 
-@pytest.mark.skipif(keras.backend.backend() == "torch",
-                    reason="Keras 3.15's SavedModel export fails on PyTorch for every model, a Sequential one too "
-                           "(torch.export: 'mismatch between the structure of inputs and dynamic_shapes')")
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="Keras 3.15's SavedModel export fails on PyTorch for every model, a Sequential one too "
+    "(torch.export: 'mismatch between the structure of inputs and dynamic_shapes')",
+)
 @pytest.mark.parametrize("name", EXPORTS)
 def test_a_new_model_exports_a_saved_model_serving_any_batch_and_length(tmp_path, rng, name):
     tf = pytest.importorskip("tensorflow")
     model = MODELS[name][0]()
-    batches = [keras.tree.map_structure(lambda x: x.astype("float32" if x.dtype.kind == "f" else "int32"), inputs)
-               for inputs in EXPORTS[name](rng)]
-    spec = keras.InputSpec(shape=(None, 16, 16, 3), dtype="float32") if name == "vit" else \
-        keras.InputSpec(shape=(None, None), dtype="int32")
+    batches = [
+        keras.tree.map_structure(lambda x: x.astype("float32" if x.dtype.kind == "f" else "int32"), inputs)
+        for inputs in EXPORTS[name](rng)
+    ]
+    spec = (
+        keras.InputSpec(shape=(None, 16, 16, 3), dtype="float32")
+        if name == "vit"
+        else keras.InputSpec(shape=(None, None), dtype="int32")
+    )
     signature = [{"source_ids": spec, "target_ids": spec}] if name == "translator" else [spec]
     model.export(str(tmp_path / "served"), verbose=False, input_signature=signature)
     served = tf.saved_model.load(str(tmp_path / "served"))
@@ -86,18 +113,27 @@ def test_a_new_model_exports_a_saved_model_serving_any_batch_and_length(tmp_path
         assert_close(np.asarray(served.serve(inputs)), to_numpy(model(inputs)), atol=1e-5)
 
 
-@pytest.mark.parametrize("size, model", [(keras_tfm.gpt2_small, "GPT"), (keras_tfm.bert_tiny, "Bert"),
-                                         (keras_tfm.transformer_small, "Translator"), (keras_tfm.vit_tiny, "ViT")])
+@pytest.mark.parametrize(
+    "size, model",
+    [
+        (keras_tfm.gpt2_small, "GPT"),
+        (keras_tfm.bert_tiny, "Bert"),
+        (keras_tfm.transformer_small, "Translator"),
+        (keras_tfm.vit_tiny, "ViT"),
+    ],
+)
 def test_a_width_the_heads_cannot_split_is_refused_at_construction(size, model):
     # before, the blocks found out when the weights were made: at the first call, or inside `fit`
-    with pytest.raises(ValueError, match=f"{model}: hidden_dim must be a multiple of num_heads; received "
-                                         "hidden_dim=100, num_heads=3"):
+    with pytest.raises(
+        ValueError, match=f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim=100, num_heads=3"
+    ):
         size(hidden_dim=100, num_heads=3, **({"source_vocabulary_size": 50} if model == "Translator" else {}))
 
 
 # the bare BERT encoder and the classifier are BertMLM's encoder and plain Dense layers: left out for time
-@pytest.mark.parametrize("name, mode", [("gpt", "int8"), ("bert_mlm", "int8"), ("translator", "int8"), ("vit", "int8"),
-                                        ("gpt", "int4")])
+@pytest.mark.parametrize(
+    "name, mode", [("gpt", "int8"), ("bert_mlm", "int8"), ("translator", "int8"), ("vit", "int8"), ("gpt", "int4")]
+)
 def test_a_quantized_model_keeps_its_outputs_and_its_keras_file_loads_again(tmp_path, rng, name, mode):
     make, make_inputs = MODELS[name]
     inputs = make_inputs(rng)
@@ -112,7 +148,9 @@ def test_a_quantized_model_keeps_its_outputs_and_its_keras_file_loads_again(tmp_
     gc.callbacks.remove(count_full_collections)
     # Keras' warning for each layer without a quantized form (LayerNorm, Dropout, ...) is kept quiet
     assert not [w for w in warned if "does not have a `quantize` method" in str(w.message)]
-    tables = [layer for layer in model._flatten_layers() if isinstance(layer, (keras.layers.Dense, keras.layers.Embedding))]
+    tables = [
+        layer for layer in model._flatten_layers() if isinstance(layer, (keras.layers.Dense, keras.layers.Embedding))
+    ]
     assert tables and all(layer.quantization_mode == mode for layer in tables)  # TokenEmbedding too
     # Keras collects garbage after each float kernel it deletes (0.15-0.6 s each with a backend loaded)
     assert sum(full_collections) <= 2 < len(tables)
@@ -124,8 +162,11 @@ def test_a_quantized_model_keeps_its_outputs_and_its_keras_file_loads_again(tmp_
     # layers' own quantization configs must come back too: here, no int8 quantizer of their inputs
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras")
-    assert all(layer.quantization_mode == mode for layer in loaded._flatten_layers()
-               if isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)))
+    assert all(
+        layer.quantization_mode == mode
+        for layer in loaded._flatten_layers()
+        if isinstance(layer, (keras.layers.Dense, keras.layers.Embedding))
+    )
     assert_close(to_numpy(loaded(*inputs)), out, atol=1e-6)
 
 
@@ -144,15 +185,27 @@ def test_a_quantized_mixed_precision_model_computes_in_bfloat16(rng, name):
     assert np.abs(to_numpy(out).astype("float32") - expected).max() <= 0.1 * np.abs(expected).max()
 
 
-@pytest.mark.parametrize("name, bad, argument, message", [
-    ("gpt", lambda ids, _: ids.__setitem__((1, 2), 30), "token_ids", "vocabulary_size=30\\); received 30"),
-    ("gpt", lambda ids, _: ids.__setitem__((0, 0), -1), "token_ids", "vocabulary_size=30\\); received -1"),
-    ("bert_mlm", lambda ids, _: ids.__setitem__((0, 3), 31), "token_ids", "vocabulary_size=30\\); received 31"),
-    ("bert_classifier", lambda _, segments: segments.__setitem__((1, 1), 2), "segment_ids", "num_segments=2\\); received 2"),
-    ("bert", lambda ids, _: ids.__setitem__((0, 0), 99), "token_ids", "vocabulary_size=30\\); received 99"),
-    ("translator", lambda _, target: target.__setitem__((1, 4), 20), "target_ids",
-     "target_vocabulary_size=20\\); received 20"),
-])
+@pytest.mark.parametrize(
+    "name, bad, argument, message",
+    [
+        ("gpt", lambda ids, _: ids.__setitem__((1, 2), 30), "token_ids", "vocabulary_size=30\\); received 30"),
+        ("gpt", lambda ids, _: ids.__setitem__((0, 0), -1), "token_ids", "vocabulary_size=30\\); received -1"),
+        ("bert_mlm", lambda ids, _: ids.__setitem__((0, 3), 31), "token_ids", "vocabulary_size=30\\); received 31"),
+        (
+            "bert_classifier",
+            lambda _, segments: segments.__setitem__((1, 1), 2),
+            "segment_ids",
+            "num_segments=2\\); received 2",
+        ),
+        ("bert", lambda ids, _: ids.__setitem__((0, 0), 99), "token_ids", "vocabulary_size=30\\); received 99"),
+        (
+            "translator",
+            lambda _, target: target.__setitem__((1, 4), 20),
+            "target_ids",
+            "target_vocabulary_size=20\\); received 20",
+        ),
+    ],
+)
 def test_ids_outside_their_table_are_refused_at_every_entry_point(rng, name, bad, argument, message):
     """An XLA gather reads an id outside its table silently (NaN on JAX, the nearest row on TensorFlow's
     XLA): NumPy inputs are checked before Keras runs the model, by argument name."""
@@ -168,13 +221,24 @@ def test_ids_outside_their_table_are_refused_at_every_entry_point(rng, name, bad
     bad(first, second)
     model.compile(optimizer="adam", loss="mse")
     error = f"{type(model).__name__}: `{argument}` must hold ids in \\[0, {message}"
-    entry_points = [model, model.predict, model.predict_on_batch, model.fit, model.evaluate, model.train_on_batch,
-                    model.test_on_batch]
+    entry_points = [
+        model,
+        model.predict,
+        model.predict_on_batch,
+        model.fit,
+        model.evaluate,
+        model.train_on_batch,
+        model.test_on_batch,
+    ]
     for entry_point in entry_points:
         with pytest.raises(ValueError, match=error):
             entry_point(inputs)
     if name == "translator":  # a (source, target) pair, or the target as the second argument
-        for call in (lambda: model((first, second)), lambda: model(first, second), lambda: model(first, target_ids=second)):
+        for call in (
+            lambda: model((first, second)),
+            lambda: model(first, second),
+            lambda: model(first, target_ids=second),
+        ):
             with pytest.raises(ValueError, match=error):
                 call()
 
@@ -204,7 +268,9 @@ def test_labels_outside_the_logits_are_refused_by_sparse_losses(rng, name):
         model.compile(optimizer="adam", loss=loss)
     else:
         ignored = 7
-        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=7))
+        model.compile(
+            optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=7)
+        )
     labels = make_labels(rng)
     model.train_on_batch(x, labels)  # in range: trained
     if ignored is not None:
@@ -216,12 +282,18 @@ def test_labels_outside_the_logits_are_refused_by_sparse_losses(rng, name):
         bad = labels.copy()
         bad[where] = wrong
         allowed = "" if ignored is None else " \\(or ignore_class=7\\)"
-        error = (f"{type(model).__name__}: labels \\(`y`\\) must be ids in \\[0, {setting}\\){allowed} for a sparse "
-                 f"cross-entropy loss; received {wrong}\\.")
-        for call in (lambda: model.fit(x, bad, epochs=1, verbose=0), lambda: model.fit(x, y=bad, verbose=0),
-                     lambda: model.fit(x, labels, validation_data=(x, bad), verbose=0),
-                     lambda: model.evaluate(x, bad, verbose=0), lambda: model.train_on_batch(x, bad),
-                     lambda: model.test_on_batch(x, y=bad)):
+        error = (
+            f"{type(model).__name__}: labels \\(`y`\\) must be ids in \\[0, {setting}\\){allowed} for a sparse "
+            f"cross-entropy loss; received {wrong}\\."
+        )
+        for call in (
+            lambda: model.fit(x, bad, epochs=1, verbose=0),
+            lambda: model.fit(x, y=bad, verbose=0),
+            lambda: model.fit(x, labels, validation_data=(x, bad), verbose=0),
+            lambda: model.evaluate(x, bad, verbose=0),
+            lambda: model.train_on_batch(x, bad),
+            lambda: model.test_on_batch(x, y=bad),
+        ):
             with pytest.raises(ValueError, match=error):
                 call()
 

@@ -8,8 +8,17 @@ PAD, START, END = 0, 1, 2
 
 
 def tiny_translator(**overrides):
-    config = dict(source_vocabulary_size=30, target_vocabulary_size=25, num_encoder_layers=2, num_decoder_layers=2,
-                  num_heads=2, hidden_dim=16, intermediate_dim=32, max_length=24, dropout=0.0)
+    config = dict(
+        source_vocabulary_size=30,
+        target_vocabulary_size=25,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_length=24,
+        dropout=0.0,
+    )
     return keras_tfm.Translator(**{**config, **overrides})
 
 
@@ -26,12 +35,26 @@ def sources(rng, lengths):
     return ids
 
 
-@pytest.mark.parametrize("variant", [{}, {"norm_first": True, "positions": "learned", "tie_embeddings": False,
-                                          "share_embeddings": True, "target_vocabulary_size": 30, "use_output_bias": True}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {
+            "norm_first": True,
+            "positions": "learned",
+            "tie_embeddings": False,
+            "share_embeddings": True,
+            "target_vocabulary_size": 30,
+            "use_output_bias": True,
+        },
+    ],
+)
 def test_translator_passes_common_checks(tmp_path, rng, variant):
     source = sources(rng, [7, 4])
     target = rng.integers(3, 25, size=(2, 6)).astype("int32")
-    run_layer_checks(lambda **kw: tiny_translator(**{**variant, "dropout": 0.1, **kw}), (source, target), tmp_path=tmp_path)
+    run_layer_checks(
+        lambda **kw: tiny_translator(**{**variant, "dropout": 0.1, **kw}), (source, target), tmp_path=tmp_path
+    )
 
 
 def test_source_padding_is_ignored_and_target_is_causal(rng):
@@ -63,13 +86,13 @@ def test_cached_greedy_translation_equals_full_forward_greedy(rng):
         assert model.translate(source, max_length=10)[0].tolist() == full_forward_greedy(model, source, 10).tolist()
 
 
-
 def test_a_quantized_model_translates_as_its_full_forward_passes(rng):
     # its reloaded .keras file gives the same logits: tests/models/test_model.py
     model = peaked(tiny_translator())
     model.quantize("int8")
     source = sources(rng, [6])
     assert model.translate(source, max_length=10)[0].tolist() == full_forward_greedy(model, source, 10).tolist()
+
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_ragged_batch_translates_each_sentence_as_if_alone(rng, beam_size):
@@ -98,8 +121,12 @@ def test_beam_search_scores_at_least_greedy(rng):
     def log_probability(translation, row):
         n = next((i + 1 for i, t in enumerate(translation) if t == END), len(translation))
         target = np.concatenate([[START], translation[: n - 1]])[None].astype("int32")
-        logits = to_numpy(model((source[row: row + 1], target)))[0].astype("float64")
-        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+        logits = to_numpy(model((source[row : row + 1], target)))[0].astype("float64")
+        log_probs = (
+            logits
+            - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+            - logits.max(-1, keepdims=True)
+        )
         return log_probs[np.arange(n), translation[:n]].sum(), n
 
     greedy = model.translate(source, max_length=6)
@@ -125,8 +152,11 @@ def test_sizes_and_errors():
         model.translate(np.ones((1, 30), "int32"))
     with pytest.raises(ValueError, match="every source needs at least one token that is not pad_token_id=0; row 1"):
         model.translate([[5, 6], []])
-    with pytest.raises(ValueError, match=r"`source_ids` must be \(batch, length\), one sentence \(length,\) or a list "
-                                         r"of lists; received shape \(1, 1, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"`source_ids` must be \(batch, length\), one sentence \(length,\) or a list "
+        r"of lists; received shape \(1, 1, 3\)",
+    ):
         model.translate(np.ones((1, 1, 3), "int32"))
     with pytest.raises(ValueError, match=r"`source_ids` must hold at least one source; received shape \(0, 3\)"):
         model.translate(np.zeros((0, 3), "int32"))

@@ -25,13 +25,17 @@ def test_features_and_pooling(rng):
     assert tuple(tokens.shape) == (2, 1 + 16, 16)
     mean_model = tiny_vit(pooling="mean")
     mean_model.build()
-    expected = to_numpy(mean_model.head(ops.mean(mean_model.final_norm(_encoded(mean_model, images)[:, 1:]), axis=1)[:, None]))[:, 0]
+    expected = to_numpy(
+        mean_model.head(ops.mean(mean_model.final_norm(_encoded(mean_model, images)[:, 1:]), axis=1)[:, None])
+    )[:, 0]
     assert_close(mean_model(images), expected, atol=1e-5)
     # Token pooling computes the last block at the class token only: the same logits as the full encoder's.
     token_model = tiny_vit(pooling="token")
     token_model.build()
-    head_on = [to_numpy(token_model.head(token_model.final_norm(token)))[:, 0]
-               for token in np.split(_encoded(token_model, images)[:, :2], 2, axis=1)]  # class token, first patch
+    head_on = [
+        to_numpy(token_model.head(token_model.final_norm(token)))[:, 0]
+        for token in np.split(_encoded(token_model, images)[:, :2], 2, axis=1)
+    ]  # class token, first patch
     assert_close(token_model(images), head_on[0], atol=1e-5)
     assert not np.allclose(head_on[0], head_on[1], atol=1e-3)
 
@@ -91,8 +95,13 @@ def test_bad_images_and_configurations_raise():
 def test_size_functions_have_hugging_face_parameter_counts():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cases = [(keras_tfm.vit_base, dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)),
-             (keras_tfm.vit_tiny, dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768))]
+    cases = [
+        (
+            keras_tfm.vit_base,
+            dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+        ),
+        (keras_tfm.vit_tiny, dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768)),
+    ]
     for size, hf_config in cases:
         with torch.device("meta"):
             hf = transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=1000, **hf_config))

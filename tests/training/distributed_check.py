@@ -19,13 +19,18 @@ import keras_tfm  # noqa: E402
 
 def build():
     keras.utils.set_random_seed(1)
-    model = keras_tfm.gpt_shakespeare_char_cpu(vocabulary_size=32, max_length=16, num_layers=2, num_heads=4, hidden_dim=32)
+    model = keras_tfm.gpt_shakespeare_char_cpu(
+        vocabulary_size=32, max_length=16, num_layers=2, num_heads=4, hidden_dim=32
+    )
     return model
 
 
 def step(model, x, y):
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=JIT)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=JIT,
+    )
     history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     return history.history["loss"][-1], [keras.ops.convert_to_numpy(w) for w in model.weights]
 
@@ -50,9 +55,15 @@ else:
     import tensorflow as tf
 
     devices = tf.config.list_logical_devices("CPU")
-print(json.dumps({
-    "devices": len(devices),
-    "loss": [float(single_loss), float(distributed_loss)],
-    "weights_changed": float(max(np.abs(a - b).max() for a, b in zip(initial, single_weights))),
-    "max_weight_difference": float(max(np.abs(a - b).max() for a, b in zip(single_weights, distributed_weights))),
-}))
+print(
+    json.dumps(
+        {
+            "devices": len(devices),
+            "loss": [float(single_loss), float(distributed_loss)],
+            "weights_changed": float(max(np.abs(a - b).max() for a, b in zip(initial, single_weights))),
+            "max_weight_difference": float(
+                max(np.abs(a - b).max() for a, b in zip(single_weights, distributed_weights))
+            ),
+        }
+    )
+)

@@ -5,8 +5,9 @@ import pytest
 
 from keras_tfm.training import bleu
 
-MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data", "multi30k",
-                        "task1")
+MULTI30K = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data", "multi30k", "task1"
+)
 
 
 @pytest.mark.parametrize("language", ["en", "de"])
@@ -21,8 +22,10 @@ def test_moses_pipeline_remakes_multi30k_tokenized_references(language):
 
 
 def test_detokenize_joins_wordpiece_output():
-    assert bleu.detokenize(["A man ' s dog , in \" blue \" .", "We don ' t ."], "en") == [
-        "A man's dog, in \"blue\".", "We don't."]
+    assert bleu.detokenize(['A man \' s dog , in " blue " .', "We don ' t ."], "en") == [
+        'A man\'s dog, in "blue".',
+        "We don't.",
+    ]
 
 
 def test_scores_cased_lowercased_and_tokenized():

@@ -23,8 +23,24 @@ SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "inp
 MOVIE_REVIEWS = os.path.join(ROOT, "..", "shared", "data", "movie_reviews", "movie_reviews.zip")
 MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k", "task1", "raw")
 BACKEND = keras.backend.backend()
-TINY_GPT = ["--num-layers", "1", "--num-heads", "2", "--hidden-dim", "32", "--max-length", "32",
-            "--batch-size", "8", "--eval-batches", "2", "--sample-tokens", "8", "--verbose", "2"]
+TINY_GPT = [
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--hidden-dim",
+    "32",
+    "--max-length",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-batches",
+    "2",
+    "--sample-tokens",
+    "8",
+    "--verbose",
+    "2",
+]
 
 
 def recipe(name: str, *flags: str, wait: bool = True, timeout: int = 600):
@@ -69,19 +85,40 @@ def saved_weight(checkpoint_directory, shape) -> np.ndarray:
     state = json.loads((checkpoint_directory / "state.json").read_text())
     found = []
     with h5py.File(checkpoint_directory / state["weights"]) as saved:
-        saved.visititems(lambda name, item: found.append(item[()]) if not name.startswith("optimizer")
-                         and getattr(item, "shape", None) == shape else None)
+        saved.visititems(
+            lambda name, item: (
+                found.append(item[()])
+                if not name.startswith("optimizer") and getattr(item, "shape", None) == shape
+                else None
+            )
+        )
     assert len(found) == 1, f"{len(found)} weights of shape {shape}"
     return found[0]
 
 
 def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
     out = tmp_path / "run"
-    done = recipe("gpt_lm.py", "--steps", "4", "--steps-per-epoch", "2", "--output-dir", str(out),
-                  "--precision", "mixed_bfloat16", "--tokenizer", "bpe", "--vocabulary-size", "300", "--remat",
-                  *TINY_GPT)
+    done = recipe(
+        "gpt_lm.py",
+        "--steps",
+        "4",
+        "--steps-per-epoch",
+        "2",
+        "--output-dir",
+        str(out),
+        "--precision",
+        "mixed_bfloat16",
+        "--tokenizer",
+        "bpe",
+        "--vocabulary-size",
+        "300",
+        "--remat",
+        *TINY_GPT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "offline default" in done.stdout and "blocks rematerialized" in done.stdout  # no --data: the bundled text, announced
+    assert (
+        "offline default" in done.stdout and "blocks rematerialized" in done.stdout
+    )  # no --data: the bundled text, announced
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["epoch"] == 2 and (out / "checkpoint" / state["weights"]).stat().st_size > 0
     metrics = json.loads((out / "metrics.json").read_text())
@@ -103,8 +140,20 @@ def test_character_level_gpt_recipe_is_written_for_transformers(tmp_path):
     from keras_tfm.data import load_tokenizer
 
     out = tmp_path / "run"
-    done = recipe("gpt_lm.py", "--data", SHAKESPEARE, "--steps", "2", "--steps-per-epoch", "2", "--sample-every", "0",
-                  "--output-dir", str(out), *TINY_GPT)
+    done = recipe(
+        "gpt_lm.py",
+        "--data",
+        SHAKESPEARE,
+        "--steps",
+        "2",
+        "--steps-per-epoch",
+        "2",
+        "--sample-every",
+        "0",
+        "--output-dir",
+        str(out),
+        *TINY_GPT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((out / "metrics.json").read_text())["huggingface_checkpoint"] == str(out / "huggingface")
     hf, loading = transformers.AutoModelForCausalLM.from_pretrained(out / "huggingface", output_loading_info=True)
@@ -114,7 +163,8 @@ def test_character_level_gpt_recipe_is_written_for_transformers(tmp_path):
     ours = load_tokenizer(str(out / "tokenizer.json"))
     prompt = "ROMEO:\nWhat say'st thou?"
     generated = transformers.pipeline("text-generation", str(out / "huggingface"))(
-        prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
+        prompt, max_new_tokens=8, do_sample=False
+    )[0]["generated_text"]
     ids = keras_tfm.from_huggingface(str(out / "huggingface")).generate(ours.encode(prompt)[None], max_new_tokens=8)
     assert generated == ours.decode(np.asarray(ids)[0]) and len(generated) == len(prompt) + 8
 
@@ -210,16 +260,23 @@ def test_a_lora_checkpoint_resumes_exactly(tmp_path, rng):
     manager.save(first, 1)
     first.fit(x, y, epochs=1, batch_size=4, verbose=0)
     manager.save(first, 2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-00002.lora.npz", "epoch-00002.weights.h5", "state.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "epoch-00002.lora.npz",
+        "epoch-00002.weights.h5",
+        "state.json",
+    ]
 
     resumed = compiled()
     resumed(x)
     assert manager.restore(resumed) == 2
     for saved, loaded in zip(first.weights, resumed.weights):
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded), keras.ops.convert_to_numpy(saved), err_msg=saved.path)
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(loaded), keras.ops.convert_to_numpy(saved), err_msg=saved.path
+        )
     resumed.fit(x, y, epochs=1, batch_size=4, verbose=0)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(resumed(x)), keras.ops.convert_to_numpy(straight(x)),
-                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(resumed(x)), keras.ops.convert_to_numpy(straight(x)), atol=1e-5, rtol=0
+    )
     (tmp_path / "epoch-00002.lora.npz").unlink()
     with pytest.raises(DataError, match=r"cannot resume from '.*epoch-00002.lora.npz', damaged"):
         manager.restore(compiled())
@@ -233,8 +290,14 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
         return (x * np.nan if epoch == 1 else x), np.zeros((4, 1), "float32")
 
     with pytest.raises(TrainingDiverged, match=r"NaN at step 0.*last good checkpoint \(epoch 1\).*--learning-rate"):
-        train(args, build_model=lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
-              train_batch=batch, steps_per_pass=2, validation_data=(np.ones((4, 3)), np.zeros((4, 1))), loss="mse")
+        train(
+            args,
+            build_model=lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
+            train_batch=batch,
+            steps_per_pass=2,
+            validation_data=(np.ones((4, 3)), np.zeros((4, 1))),
+            loss="mse",
+        )
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["epoch"] == 1
 
@@ -266,8 +329,15 @@ def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
 
     def run(directory, callbacks=()):
         args = _args(directory, epochs=4, steps_per_epoch=3, batch_size=16, learning_rate=0.05, ema=0.5)
-        return train(args, build_model=build, train_batch=batch, steps_per_pass=3, validation_data=validation,
-                     loss="mse", callbacks=list(callbacks))
+        return train(
+            args,
+            build_model=build,
+            train_batch=batch,
+            steps_per_pass=3,
+            validation_data=validation,
+            loss="mse",
+            callbacks=list(callbacks),
+        )
 
     straight = run(tmp_path / "straight")
     ema_loss = straight.metrics["validation_loss"]
@@ -310,12 +380,23 @@ def test_model_overrides_are_checked_against_the_model_class(tmp_path):
 
 def test_lora_flags_need_pretrained_weights(tmp_path):
     """Refused before anything is built: LoRA of random weights would fine-tune nothing worth keeping."""
-    for flags, message in (({"lora_rank": 4}, "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a "
-                                              "model from scratch; use it with --from-huggingface DIR"),
-                           ({"lora_alpha": 16.0}, "--lora-alpha: it scales LoRA's updates; give --lora-rank too")):
+    for flags, message in (
+        (
+            {"lora_rank": 4},
+            "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a "
+            "model from scratch; use it with --from-huggingface DIR",
+        ),
+        ({"lora_alpha": 16.0}, "--lora-alpha: it scales LoRA's updates; give --lora-rank too"),
+    ):
         with pytest.raises(DataError, match=message):
-            train(_args(tmp_path, **flags), build_model=None, train_batch=None, steps_per_pass=1, validation_data=(),
-                  loss=None)
+            train(
+                _args(tmp_path, **flags),
+                build_model=None,
+                train_batch=None,
+                steps_per_pass=1,
+                validation_data=(),
+                loss=None,
+            )
 
 
 def test_lora_reaches_the_model_inside_a_recipe_wrapper():
@@ -347,11 +428,18 @@ def test_numeric_flags_are_checked_when_read():
     parser.add_argument("--learning-rate", type=number(0.0))  # 0: evaluate a checkpoint unchanged
     parser.add_argument("--mask-rate", type=number(0.0, 1.0, above_minimum=True))
     assert vars(parser.parse_args(["--count", "1", "--rate", "0", "--learning-rate", "0", "--mask-rate", "1"])) == dict(
-        count=1, rate=0.0, learning_rate=0.0, mask_rate=1.0)
-    for flag, value, expected in [("--count", "0", "an integer >= 1"), ("--count", "2.5", "an integer >= 1"),
-                                  ("--rate", "1", r"a number in \[0, 1\)"), ("--rate", "-0.1", r"a number in \[0, 1\)"),
-                                  ("--learning-rate", "-1", "a number >= 0"), ("--learning-rate", "inf", "a number >= 0"),
-                                  ("--learning-rate", "nan", "a number >= 0"), ("--mask-rate", "0", r"a number in \(0, 1\]")]:
+        count=1, rate=0.0, learning_rate=0.0, mask_rate=1.0
+    )
+    for flag, value, expected in [
+        ("--count", "0", "an integer >= 1"),
+        ("--count", "2.5", "an integer >= 1"),
+        ("--rate", "1", r"a number in \[0, 1\)"),
+        ("--rate", "-0.1", r"a number in \[0, 1\)"),
+        ("--learning-rate", "-1", "a number >= 0"),
+        ("--learning-rate", "inf", "a number >= 0"),
+        ("--learning-rate", "nan", "a number >= 0"),
+        ("--mask-rate", "0", r"a number in \(0, 1\]"),
+    ]:
         with pytest.raises(argparse.ArgumentError, match=f"expected {expected}; got '{value}'"):
             parser.parse_args([flag, value])
 
@@ -360,16 +448,22 @@ def test_numeric_flags_are_checked_when_read():
     "script, flags, message",
     [
         ("gpt_lm.py", ["--model", "gpt_huge"], "--model: expected one of gpt_shakespeare_char_cpu, .* got 'gpt_huge'"),
-        ("gpt_lm.py", ["--data", "/nonexistent/input.txt"],
-         "--data: expected a text file .* nothing is at '/nonexistent/input.txt'"),
+        (
+            "gpt_lm.py",
+            ["--data", "/nonexistent/input.txt"],
+            "--data: expected a text file .* nothing is at '/nonexistent/input.txt'",
+        ),
         # before pretraining, not after it
         ("bert_mlm.py", ["--finetune", "/nonexistent.zip"], "--finetune: expected a zip archive .* nothing is at"),
         # each was a traceback (NumPy's "need at least one array to stack"; the block's build), or trained on to NaN
         ("gpt_lm.py", ["--batch-size", "0"], "argument --batch-size: expected an integer >= 1; got '0'"),
         ("vit.py", ["--mixup", "-1"], "argument --mixup: expected a number >= 0; got '-1'"),
-        ("gpt_lm.py", ["--num-heads", "5"],
-         "--model gpt_shakespeare_char_cpu: GPT: hidden_dim must be a multiple of num_heads; received hidden_dim=128, "
-         "num_heads=5"),
+        (
+            "gpt_lm.py",
+            ["--num-heads", "5"],
+            "--model gpt_shakespeare_char_cpu: GPT: hidden_dim must be a multiple of num_heads; received hidden_dim=128, "
+            "num_heads=5",
+        ),
         # LoRA on BERT's pretraining would fine-tune random weights (see also test_lora_flags_need_pretrained_weights)
         ("bert_mlm.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH"),
     ],
@@ -390,8 +484,13 @@ def test_distributed_step_equals_single_device_step(mode):
     if mode == "model" and BACKEND != "jax":
         pytest.skip("model parallelism runs on the jax backend")
     jit = "nojit" if BACKEND == "tensorflow" else "jit"  # see runtime.use_jit
-    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "distributed_check.py"), mode, jit],
-                          env={**os.environ, "KERAS_BACKEND": BACKEND}, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "distributed_check.py"), mode, jit],
+        env={**os.environ, "KERAS_BACKEND": BACKEND},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["devices"] == 4
@@ -405,9 +504,31 @@ def test_recipe_with_metric_objects_and_ema_trains_distributed(tmp_path):
     """The recipes make their metric objects before the runtime sets up the distribution; on JAX their
     variables then sat on one device and the compiled step refused them."""
     out = tmp_path / "run"
-    done = recipe("vit.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
-                  "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out),
-                  "--distribute", "data", "--cpu-devices", "2", "--ema", "0.9")
+    done = recipe(
+        "vit.py",
+        "--steps",
+        "4",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "16",
+        "--num-layers",
+        "1",
+        "--hidden-dim",
+        "48",
+        "--intermediate-dim",
+        "96",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+        "--distribute",
+        "data",
+        "--cpu-devices",
+        "2",
+        "--ema",
+        "0.9",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "over 2 devices" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -425,9 +546,32 @@ def test_torch_refuses_distribute_clearly(tmp_path):
 
 def test_vit_recipe_short_run_on_the_offline_digits(tmp_path):
     out = tmp_path / "run"
-    done = recipe("vit.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
-                  "--hidden-dim", "48", "--intermediate-dim", "96", "--verbose", "2", "--output-dir", str(out),
-                  "--erasing", "0.5", "--mixup", "0.2", "--cutmix", "1.0", "--flip")
+    done = recipe(
+        "vit.py",
+        "--steps",
+        "4",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "16",
+        "--num-layers",
+        "1",
+        "--hidden-dim",
+        "48",
+        "--intermediate-dim",
+        "96",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+        "--erasing",
+        "0.5",
+        "--mixup",
+        "0.2",
+        "--cutmix",
+        "1.0",
+        "--flip",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "scikit-learn's bundled 8x8 handwritten digits" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -449,8 +593,9 @@ def _check_vit_written_for_transformers(out, metrics):
     from keras_tfm.data import load_images
 
     assert metrics["huggingface_checkpoint"] == str(out / "huggingface")
-    hf, loading = transformers.AutoModelForImageClassification.from_pretrained(out / "huggingface",
-                                                                               output_loading_info=True)
+    hf, loading = transformers.AutoModelForImageClassification.from_pretrained(
+        out / "huggingface", output_loading_info=True
+    )
     assert not loading["missing_keys"] and not loading["unexpected_keys"]
     assert hf.config.id2label == {i: str(i) for i in range(10)}
     patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
@@ -465,10 +610,35 @@ def _check_vit_written_for_transformers(out, metrics):
 
 def test_translator_recipe_short_run_reports_bleu(tmp_path):
     out = tmp_path / "run"
-    done = recipe("translator.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "16", "--num-layers", "1",
-                  "--hidden-dim", "32", "--intermediate-dim", "64", "--num-heads", "2", "--sequence-length", "16",
-                  "--vocabulary-size", "100", "--bleu-sentences", "8", "--beam-size", "2", "--verbose", "2",
-                  "--output-dir", str(out))
+    done = recipe(
+        "translator.py",
+        "--steps",
+        "4",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "16",
+        "--num-layers",
+        "1",
+        "--hidden-dim",
+        "32",
+        "--intermediate-dim",
+        "64",
+        "--num-heads",
+        "2",
+        "--sequence-length",
+        "16",
+        "--vocabulary-size",
+        "100",
+        "--bleu-sentences",
+        "8",
+        "--beam-size",
+        "2",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "generated English number words" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -491,10 +661,35 @@ def test_translator_recipe_with_sentencepiece_scores_a_test_source_that_encodes_
                 text.append("\x07\x01\n" if language == "de" else "A dog.\n")
             (data / f"{split}.{language}").write_text("".join(text), encoding="utf-8")
     out = tmp_path / "run"
-    done = recipe("translator.py", "--data", str(data), "--tokenizer", "sentencepiece", "--steps", "1", "--batch-size", "8",
-                  "--num-layers", "1", "--hidden-dim", "16", "--intermediate-dim", "16", "--num-heads", "2",
-                  "--sequence-length", "12", "--vocabulary-size", "200", "--beam-size", "1", "--verbose", "2",
-                  "--output-dir", str(out))
+    done = recipe(
+        "translator.py",
+        "--data",
+        str(data),
+        "--tokenizer",
+        "sentencepiece",
+        "--steps",
+        "1",
+        "--batch-size",
+        "8",
+        "--num-layers",
+        "1",
+        "--hidden-dim",
+        "16",
+        "--intermediate-dim",
+        "16",
+        "--num-heads",
+        "2",
+        "--sequence-length",
+        "12",
+        "--vocabulary-size",
+        "200",
+        "--beam-size",
+        "1",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout + done.stderr  # translate() refused the empty source: a traceback
     rows = [line.split("\t") for line in (out / "translations.txt").read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 4 and rows[-1] == ["\x07\x01", "A dog.", ""]
@@ -504,10 +699,35 @@ def test_translator_recipe_with_sentencepiece_scores_a_test_source_that_encodes_
 
 def test_bert_recipe_pretrains_then_finetunes(tmp_path):
     out = tmp_path / "run"
-    done = recipe("bert_mlm.py", "--steps", "4", "--steps-per-epoch", "2", "--batch-size", "32", "--num-layers", "1",
-                  "--hidden-dim", "32", "--num-heads", "2", "--intermediate-dim", "64", "--sequence-length", "32",
-                  "--vocabulary-size", "500", "--finetune", str(labelled_reviews(tmp_path / "labelled")),
-                  "--finetune-epochs", "1", "--verbose", "2", "--output-dir", str(out))
+    done = recipe(
+        "bert_mlm.py",
+        "--steps",
+        "4",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "32",
+        "--num-layers",
+        "1",
+        "--hidden-dim",
+        "32",
+        "--num-heads",
+        "2",
+        "--intermediate-dim",
+        "64",
+        "--sequence-length",
+        "32",
+        "--vocabulary-size",
+        "500",
+        "--finetune",
+        str(labelled_reviews(tmp_path / "labelled")),
+        "--finetune-epochs",
+        "1",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     pretrained = json.loads((out / "metrics.json").read_text())
     assert pretrained["steps"] == 4 and pretrained["masked_tokens_evaluated"] > 0
@@ -521,7 +741,10 @@ def test_bert_recipe_pretrains_then_finetunes(tmp_path):
     transformers = pytest.importorskip("transformers")
     from keras_tfm.data import load_tokenizer
 
-    for stage, hf_class in ((out, transformers.BertForMaskedLM), (out / "finetune", transformers.BertForSequenceClassification)):
+    for stage, hf_class in (
+        (out, transformers.BertForMaskedLM),
+        (out / "finetune", transformers.BertForSequenceClassification),
+    ):
         assert json.loads((stage / "metrics.json").read_text())["huggingface_checkpoint"] == str(stage / "huggingface")
         hf, loading = hf_class.from_pretrained(stage / "huggingface", output_loading_info=True)
         assert not loading["missing_keys"] and not loading["unexpected_keys"]
@@ -530,7 +753,10 @@ def test_bert_recipe_pretrains_then_finetunes(tmp_path):
     assert hf.config.id2label == {0: "neg", 1: "pos"}  # the fine-tuned classifier's class names
     line = "An unexpectedly moving film, with a plot that twists."
     ours = load_tokenizer(str(out / "tokenizer.json")).encode(line).tolist()
-    assert transformers.AutoTokenizer.from_pretrained(out / "huggingface")(line, add_special_tokens=False)["input_ids"] == ours
+    assert (
+        transformers.AutoTokenizer.from_pretrained(out / "huggingface")(line, add_special_tokens=False)["input_ids"]
+        == ours
+    )
 
 
 def test_dynamic_masks_follow_the_bert_recipe():
@@ -564,26 +790,53 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     checkpoint = tmp_path / "checkpoint"
-    config = transformers.ViTConfig(image_size=16, patch_size=4, num_hidden_layers=1, hidden_size=24,
-                                    num_attention_heads=2, intermediate_size=48, num_labels=7)
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        num_hidden_layers=1,
+        hidden_size=24,
+        num_attention_heads=2,
+        intermediate_size=48,
+        num_labels=7,
+    )
     hf = transformers.ViTForImageClassification(config)
     hf.save_pretrained(str(checkpoint))
     # resizes to 20 and crops the center 16 x 16, the checkpoint's size
-    transformers.DeiTImageProcessor(size={"height": 20, "width": 20},
-                                    crop_size={"height": 16, "width": 16}).save_pretrained(str(checkpoint))
+    transformers.DeiTImageProcessor(
+        size={"height": 20, "width": 20}, crop_size={"height": 16, "width": 16}
+    ).save_pretrained(str(checkpoint))
     checkpoint_settings = recipe_function("vit.py", "checkpoint_settings")
     with pytest.raises(DataError, match="--patch-size: --from-huggingface takes the architecture from the checkpoint"):
-        checkpoint_settings(recipe_args(from_huggingface=str(checkpoint), model="vit_small_images", patch_size=8,
-                                        pooling="token"))
+        checkpoint_settings(
+            recipe_args(from_huggingface=str(checkpoint), model="vit_small_images", patch_size=8, pooling="token")
+        )
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
-    done = recipe("vit.py", "--from-huggingface", str(checkpoint), "--steps", "2", "--steps-per-epoch", "2",
-                  "--batch-size", "16", "--learning-rate", "0", "--verbose", "2", "--output-dir", str(out))
+    done = recipe(
+        "vit.py",
+        "--from-huggingface",
+        str(checkpoint),
+        "--steps",
+        "2",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "16",
+        "--learning-rate",
+        "0",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with torch.device("meta"):
-        ten_classes = transformers.ViTForImageClassification(transformers.ViTConfig(**{
-            **{k: v for k, v in config.to_dict().items() if k not in ("id2label", "label2id")}, "num_labels": 10}))
+        ten_classes = transformers.ViTForImageClassification(
+            transformers.ViTConfig(
+                **{**{k: v for k, v in config.to_dict().items() if k not in ("id2label", "label2id")}, "num_labels": 10}
+            )
+        )
     assert f"{sum(p.numel() for p in ten_classes.parameters()):,} parameters" in done.stdout
     assert "Images: 8x8x3, to the model at 16x16 through resizing, center_crop, rescaling, normalization" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -597,9 +850,9 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     tuned = transformers.AutoModelForImageClassification.from_pretrained(out / "huggingface")
     assert tuned.config.image_size == 16 and tuned.config.id2label == {i: str(i) for i in range(10)}
     gray = np.arange(64, dtype="uint8").reshape(8, 8, 1) * 4
-    assert transformers.AutoImageProcessor.from_pretrained(out / "huggingface")(
-        gray, return_tensors="np")["pixel_values"].shape == (1, 3, 16, 16)
-
+    assert transformers.AutoImageProcessor.from_pretrained(out / "huggingface")(gray, return_tensors="np")[
+        "pixel_values"
+    ].shape == (1, 3, 16, 16)
 
 
 def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
@@ -614,20 +867,43 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     (checkpoint / "vocab.txt").write_text("\n".join(bert_vocabulary(read_text(MOVIE_REVIEWS)[:200_000])) + "\n")
     transformers.BertTokenizer(str(checkpoint / "vocab.txt")).save_pretrained(str(checkpoint))
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len((checkpoint / "vocab.txt").read_text().split()), hidden_size=24,
-                                     num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
-                                     max_position_embeddings=40)
+    config = transformers.BertConfig(
+        vocab_size=len((checkpoint / "vocab.txt").read_text().split()),
+        hidden_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=40,
+    )
     hf = transformers.BertForPreTraining(config)
     hf.save_pretrained(str(checkpoint))
     with pytest.raises(DataError, match="--from-huggingface: give --finetune PATH"):
-        recipe_function("bert_mlm.py", "finetune_checkpoint")(recipe_args(from_huggingface=str(checkpoint), finetune=None))
+        recipe_function("bert_mlm.py", "finetune_checkpoint")(
+            recipe_args(from_huggingface=str(checkpoint), finetune=None)
+        )
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
     labelled = labelled_reviews(tmp_path / "labelled")
-    done = recipe("bert_mlm.py", "--from-huggingface", str(checkpoint), "--finetune", str(labelled),
-                  "--sequence-length", "32", "--batch-size", "32", "--finetune-epochs", "1",
-                  "--finetune-learning-rate", "0", "--verbose", "2", "--output-dir", str(out))
+    done = recipe(
+        "bert_mlm.py",
+        "--from-huggingface",
+        str(checkpoint),
+        "--finetune",
+        str(labelled),
+        "--sequence-length",
+        "32",
+        "--batch-size",
+        "32",
+        "--finetune-epochs",
+        "1",
+        "--finetune-learning-rate",
+        "0",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not (out / "checkpoint").exists()  # no pretraining stage
     metrics = json.loads((out / "finetune" / "metrics.json").read_text())
@@ -636,7 +912,9 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
         two_classes = transformers.BertForSequenceClassification(config)
     assert f"{sum(p.numel() for p in two_classes.parameters()):,} parameters" in done.stdout
     embeddings = hf.state_dict()["bert.embeddings.word_embeddings.weight"].numpy()
-    np.testing.assert_allclose(saved_weight(out / "finetune" / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(
+        saved_weight(out / "finetune" / "checkpoint", embeddings.shape), embeddings, atol=1e-6, rtol=0
+    )
 
 
 def gpt2_checkpoint(tmp_path):
@@ -655,8 +933,9 @@ def gpt2_checkpoint(tmp_path):
     (checkpoint / "vocab.json").write_text(json.dumps(learned.vocabulary))
     (checkpoint / "merges.txt").write_text("#version: 0.2\n" + "\n".join(learned.merges) + "\n")
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=400, n_positions=64, n_embd=32, n_layer=1,
-                                                              n_head=2))
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=400, n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    )
     hf.save_pretrained(str(checkpoint))
     return checkpoint, hf
 
@@ -672,16 +951,41 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     small.mkdir()
     for name in ("vocab.json", "merges.txt"):
         (small / name).write_text((checkpoint / name).read_text())
-    (small / "config.json").write_text(json.dumps({**json.loads((checkpoint / "config.json").read_text()), "vocab_size": 300}))
+    (small / "config.json").write_text(
+        json.dumps({**json.loads((checkpoint / "config.json").read_text()), "vocab_size": 300})
+    )
     with pytest.raises(DataError, match="the tokenizer has 400 tokens, more than the checkpoint's 300 embeddings"):
         checkpoint_settings(recipe_args(from_huggingface=str(small), **flags))
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
-    done = recipe("gpt_lm.py", "--from-huggingface", str(checkpoint), "--data", str(tmp_path / "text.txt"),
-                  "--max-length", "32", "--steps", "2", "--steps-per-epoch", "2", "--batch-size", "8",
-                  "--eval-batches", "2", "--sample-tokens", "8", "--sample-every", "0", "--learning-rate", "0", "--verbose", "2",
-                  "--output-dir", str(out))
+    done = recipe(
+        "gpt_lm.py",
+        "--from-huggingface",
+        str(checkpoint),
+        "--data",
+        str(tmp_path / "text.txt"),
+        "--max-length",
+        "32",
+        "--steps",
+        "2",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "8",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "8",
+        "--sample-every",
+        "0",
+        "--learning-rate",
+        "0",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{sum(p.numel() for p in hf.parameters()):,} parameters" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -696,8 +1000,9 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     assert metrics["huggingface_checkpoint"] == str(out / "huggingface")
     exported = transformers.GPT2LMHeadModel.from_pretrained(out / "huggingface").state_dict()
     assert set(exported) == set(hf.state_dict())
-    np.testing.assert_array_equal(exported["transformer.wte.weight"].numpy(),
-                                  saved_weight(out / "checkpoint", embeddings.shape))
+    np.testing.assert_array_equal(
+        exported["transformer.wte.weight"].numpy(), saved_weight(out / "checkpoint", embeddings.shape)
+    )
     vocabulary = transformers.GPT2Tokenizer.from_pretrained(out / "huggingface").get_vocab()
     vocabulary.pop("<|endoftext|>")  # GPT2Tokenizer adds it
     assert vocabulary == json.loads((checkpoint / "vocab.json").read_text())
@@ -708,14 +1013,39 @@ def test_gpt_recipe_lora_fine_tunes_a_hugging_face_checkpoint_and_resumes(tmp_pa
     steps resumes them."""
     checkpoint, hf = gpt2_checkpoint(tmp_path)
     out = tmp_path / "run"
-    flags = ["--from-huggingface", str(checkpoint), "--data", str(tmp_path / "text.txt"), "--max-length", "32",
-             "--steps-per-epoch", "2", "--batch-size", "8", "--eval-batches", "2", "--sample-tokens", "8",
-             "--sample-every", "0", "--learning-rate", "1e-2", "--lora-rank", "4", "--verbose", "2",
-             "--output-dir", str(out)]
+    flags = [
+        "--from-huggingface",
+        str(checkpoint),
+        "--data",
+        str(tmp_path / "text.txt"),
+        "--max-length",
+        "32",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "8",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "8",
+        "--sample-every",
+        "0",
+        "--learning-rate",
+        "1e-2",
+        "--lora-rank",
+        "4",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    ]
     done = recipe("gpt_lm.py", *flags, "--steps", "2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     trained = 2 * (32 * 4 + 4 * 32)  # query and value of the one block
-    assert f"{sum(p.numel() for p in hf.parameters()) + trained:,} parameters ({trained:,} trained: LoRA rank 4)" in done.stdout
+    assert (
+        f"{sum(p.numel() for p in hf.parameters()) + trained:,} parameters ({trained:,} trained: LoRA rank 4)"
+        in done.stdout
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["lora_rank"] == 4 and metrics["trainable_parameters"] == trained
     resumed = recipe("gpt_lm.py", *flags, "--steps", "2")  # exact resumption: test_a_lora_checkpoint_resumes_exactly
@@ -732,8 +1062,11 @@ def test_gpt_recipe_lora_fine_tunes_a_hugging_face_checkpoint_and_resumes(tmp_pa
     # which a new run takes as --from-huggingface and trains on.
     assert metrics["peft_adapter"] == str(out / "peft_adapter")
     adapter = json.loads((out / "peft_adapter" / "adapter_config.json").read_text())
-    assert (adapter["r"], adapter["base_model_name_or_path"], adapter["target_modules"]) == (8, str(checkpoint),
-                                                                                            ["transformer.h.0.attn.c_attn"])
+    assert (adapter["r"], adapter["base_model_name_or_path"], adapter["target_modules"]) == (
+        8,
+        str(checkpoint),
+        ["transformer.h.0.attn.c_attn"],
+    )
     peft = pytest.importorskip("peft")
     import torch
 
@@ -745,20 +1078,40 @@ def test_gpt_recipe_lora_fine_tunes_a_hugging_face_checkpoint_and_resumes(tmp_pa
         expected = tuned(torch.tensor(ids)).logits.numpy()
     ours = keras_tfm.from_huggingface(str(out / "peft_adapter"))
     np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(ids)), expected, atol=1e-4, rtol=0)
-    again = recipe("gpt_lm.py", *[flag for flag in flags[2:] if flag not in ("--lora-rank", "4")], "--steps", "2",
-                   "--from-huggingface", str(out / "peft_adapter"), "--output-dir", str(tmp_path / "again"))
+    again = recipe(
+        "gpt_lm.py",
+        *[flag for flag in flags[2:] if flag not in ("--lora-rank", "4")],
+        "--steps",
+        "2",
+        "--from-huggingface",
+        str(out / "peft_adapter"),
+        "--output-dir",
+        str(tmp_path / "again"),
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     trained = 3 * (32 * 8 + 8 * 32)  # query, key and value, each with c_attn's A and its third of B
     assert f"({trained:,} trained: LoRA rank 8)" in again.stdout
-    assert json.loads((tmp_path / "again" / "metrics.json").read_text())["model"] == f"from_huggingface {out / 'peft_adapter'}"
+    assert (
+        json.loads((tmp_path / "again" / "metrics.json").read_text())["model"]
+        == f"from_huggingface {out / 'peft_adapter'}"
+    )
 
 
 def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
     from keras_tfm.training import checkpoint_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 64}))
-    args = argparse.Namespace(from_huggingface=str(tmp_path), model="small", num_layers=None, num_heads=None,
-                              hidden_dim=None, intermediate_dim=None, dropout=None, max_length=32, tokenizer="char")
+    args = argparse.Namespace(
+        from_huggingface=str(tmp_path),
+        model="small",
+        num_layers=None,
+        num_heads=None,
+        hidden_dim=None,
+        intermediate_dim=None,
+        dropout=None,
+        max_length=32,
+        tokenizer="char",
+    )
     with pytest.raises(DataError, match="--max-length: --from-huggingface takes the model from the checkpoint; drop"):
         checkpoint_config(args, "gpt2", {"model": "small"}, "takes the model from the checkpoint")
     with pytest.raises(DataError, match="--tokenizer: --from-huggingface reason; drop --tokenizer"):
@@ -766,7 +1119,12 @@ def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
     with pytest.raises(DataError, match="expected a vit checkpoint; .* holds a 'gpt2' model"):
         checkpoint_config(args, "vit", {}, "reason", keep=("max_length",))
     with pytest.raises(DataError, match="--from-huggingface: from_huggingface: there is no directory"):
-        checkpoint_config(argparse.Namespace(**{**vars(args), "from_huggingface": str(tmp_path / "none")}), "gpt2",
-                          {}, "reason", keep=("max_length",))
+        checkpoint_config(
+            argparse.Namespace(**{**vars(args), "from_huggingface": str(tmp_path / "none")}),
+            "gpt2",
+            {},
+            "reason",
+            keep=("max_length",),
+        )
     assert checkpoint_config(args, "gpt2", {"model": "small"}, "reason", keep=("max_length",))["n_positions"] == 64
     assert args.model == f"from_huggingface {tmp_path}"
