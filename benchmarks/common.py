@@ -195,7 +195,7 @@ def keras_train_throughput(
     def batch(array, i):
         return keras.ops.convert_to_tensor(np.asarray(array[i * batch_size : (i + 1) * batch_size]))
 
-    batches = [(keras.tree.map_structure(lambda a: batch(a, i), inputs), batch(targets, i)) for i in range(count)]
+    batches = [(keras.tree.map_structure(lambda a, i=i: batch(a, i), inputs), batch(targets, i)) for i in range(count)]
     on_batches = _best_window(
         lambda i: model.train_on_batch(*batches[i % count]), warmup_steps, steps, windows, batch_size, per_example
     )

@@ -140,7 +140,10 @@ def test_a_quantized_model_keeps_its_outputs_and_its_keras_file_loads_again(tmp_
     model = make()
     expected = to_numpy(model(*inputs))
     full_collections = []
-    count_full_collections = lambda phase, info: full_collections.append(phase == "start" and info["generation"] == 2)
+
+    def count_full_collections(phase, info):
+        full_collections.append(phase == "start" and info["generation"] == 2)
+
     gc.callbacks.append(count_full_collections)
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
@@ -287,15 +290,15 @@ def test_labels_outside_the_logits_are_refused_by_sparse_losses(rng, name):
             f"cross-entropy loss; received {wrong}\\."
         )
         for call in (
-            lambda: model.fit(x, bad, epochs=1, verbose=0),
-            lambda: model.fit(x, y=bad, verbose=0),
-            lambda: model.fit(x, labels, validation_data=(x, bad), verbose=0),
-            lambda: model.evaluate(x, bad, verbose=0),
-            lambda: model.train_on_batch(x, bad),
-            lambda: model.test_on_batch(x, y=bad),
+            lambda bad: model.fit(x, bad, epochs=1, verbose=0),
+            lambda bad: model.fit(x, y=bad, verbose=0),
+            lambda bad: model.fit(x, labels, validation_data=(x, bad), verbose=0),
+            lambda bad: model.evaluate(x, bad, verbose=0),
+            lambda bad: model.train_on_batch(x, bad),
+            lambda bad: model.test_on_batch(x, y=bad),
         ):
             with pytest.raises(ValueError, match=error):
-                call()
+                call(bad)
 
 
 def test_labels_are_left_to_other_losses(rng):
