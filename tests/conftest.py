@@ -17,6 +17,20 @@ def pytest_report_header(config):
     return f"keras {keras.__version__}, backend {keras.backend.backend()}"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `backend_independent` (tokenizers, data readers, flag parsing, BLEU, parameter
+    counts) give the same result on every backend. Where KERAS_TFM_BACKEND_INDEPENDENT_ON names a
+    backend (`.ci/test` sets it, running one process per backend), only that backend's process runs
+    them; a plain `pytest` runs everything."""
+    runs_them = os.environ.get("KERAS_TFM_BACKEND_INDEPENDENT_ON")
+    if not runs_them or runs_them == keras.backend.backend():
+        return
+    deselected = [item for item in items if item.get_closest_marker("backend_independent")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("backend_independent")]
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
     keras.utils.set_random_seed(1234)

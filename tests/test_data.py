@@ -10,6 +10,8 @@ from keras_tfm.data import CharacterTokenizer, DataError, load_images, load_or_f
 from keras_tfm.data import tfds as tfds_module
 from tests.checks import bert_vocabulary
 
+pytestmark = pytest.mark.backend_independent  # text, images and tokenizers: NumPy and Python only
+
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
 
 

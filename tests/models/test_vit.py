@@ -92,6 +92,7 @@ def test_bad_images_and_configurations_raise():
         tiny_vit(pooling="max")
 
 
+@pytest.mark.backend_independent
 def test_size_functions_have_hugging_face_parameter_counts():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -5,6 +5,8 @@ import pytest
 
 from keras_tfm.training import bleu
 
+pytestmark = pytest.mark.backend_independent  # sacreBLEU and sacremoses on strings
+
 MULTI30K = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data", "multi30k", "task1"
 )
