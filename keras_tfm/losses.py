@@ -6,8 +6,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-# As in layers/attention.py: Keras marks ignored labels with a Keras mask; no public accessor yet.
-from keras.src.backend import set_keras_mask
+# Keras marks ignored labels with a Keras mask.
+from keras_tfm.compat import set_keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")

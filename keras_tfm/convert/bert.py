@@ -5,6 +5,7 @@ decoder is tied to the word embeddings, so only its bias is read."""
 from __future__ import annotations
 
 from keras_tfm.convert.huggingface import (
+    ACTIVATIONS,
     WeightReader,
     WeightWriter,
     converter,
@@ -14,8 +15,6 @@ from keras_tfm.convert.huggingface import (
     set_layer_norm,
 )
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
-
-_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
 
 
 def _blocks(encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> None:
@@ -40,7 +39,7 @@ def _blocks(encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> 
 def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     # a BERT decoder (causal, with cross-attention) or relative positions is another model than `Bert`
     require_options("BERT", config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
-    if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
+    if config.get("hidden_act", "gelu") not in ACTIVATIONS:
         raise ValueError(f"from_huggingface: BERT activation {config['hidden_act']!r} is not supported.")
     arguments = dict(
         vocabulary_size=config["vocab_size"],
@@ -53,7 +52,7 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
         dropout=config.get("hidden_dropout_prob", 0.1),
         attention_dropout=config.get("attention_probs_dropout_prob", 0.1),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
-        activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
+        activation=ACTIVATIONS[config.get("hidden_act", "gelu")],
     )
     # BertForSequenceClassification's classifier_dropout: None there means hidden_dropout_prob, as here
     classifier_dropout = config.get("classifier_dropout")
@@ -114,7 +113,7 @@ def export_bert(model, w: WeightWriter) -> dict:
     w[p + "embeddings.token_type_embeddings.weight"] = encoder.segment_embedding.embeddings
     w.layer_norm(p + "embeddings.LayerNorm", encoder.embedding_norm)
     _blocks(encoder, w, p)
-    activation = hugging_face_activation("BERT", encoder.activation, _ACTIVATIONS)
+    activation = hugging_face_activation("BERT", encoder.activation)
     config = dict(
         model_type="bert",
         vocab_size=encoder.vocabulary_size,

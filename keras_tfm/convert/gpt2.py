@@ -7,6 +7,7 @@ GPT-2 stores its projections as `Conv1D` with kernels laid out (in, out), as Ker
 from __future__ import annotations
 
 from keras_tfm.convert.huggingface import (
+    ACTIVATIONS,
     WeightReader,
     WeightWriter,
     converter,
@@ -16,8 +17,6 @@ from keras_tfm.convert.huggingface import (
     require_options,
 )
 from keras_tfm.models.gpt import GPT
-
-_ACTIVATIONS = {"gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu", "relu": "relu"}
 
 
 def _blocks(model: GPT, w: WeightReader | WeightWriter, prefix: str = "") -> None:
@@ -40,7 +39,7 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
     require_options(
         "GPT-2", config, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False
     )
-    if config.get("activation_function", "gelu_new") not in _ACTIVATIONS:
+    if config.get("activation_function", "gelu_new") not in ACTIVATIONS:
         raise ValueError(f"from_huggingface: GPT-2 activation {config['activation_function']!r} is not supported.")
     hidden_dim = config["n_embd"]
     model = GPT(
@@ -56,7 +55,7 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
         attention_dropout=config.get("attn_pdrop", 0.1),
         layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
-        activation=_ACTIVATIONS[config.get("activation_function", "gelu_new")],
+        activation=ACTIVATIONS[config.get("activation_function", "gelu_new")],
     )
     model.build()
     model.token_embedding.set_weights([w("wte.weight")])
@@ -95,7 +94,7 @@ def export_gpt2(model: GPT, w: WeightWriter) -> dict:
         attn_pdrop=model.attention_dropout,
         layer_norm_epsilon=model.layer_norm_epsilon,
         tie_word_embeddings=model.tie_embeddings,
-        activation_function=hugging_face_activation("GPT-2", model.activation, _ACTIVATIONS),
+        activation_function=hugging_face_activation("GPT-2", model.activation),
         # GPT-2's <|endoftext|>, where the vocabulary is GPT-2's (transformers' defaults); none otherwise
         **({} if model.vocabulary_size > 50256 else dict(bos_token_id=None, eos_token_id=None)),
     )

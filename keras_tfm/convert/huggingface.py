@@ -19,6 +19,8 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
+from keras_tfm.compat import sublayers
+
 _CONVERTERS: dict[str, tuple] = {}
 _EXPORTERS: dict[type, Callable] = {}
 
@@ -294,7 +296,7 @@ def save_huggingface(
             f"save_huggingface: expected a keras_tfm model ({', '.join(c.__name__ for c in _EXPORTERS)}); "
             f"received a {type(model).__name__}."
         )
-    quantized = sorted({layer.quantization_mode for layer in model._flatten_layers() if layer.quantization_mode})
+    quantized = sorted({layer.quantization_mode for layer in sublayers(model) if layer.quantization_mode})
     if quantized:
         raise ValueError(
             f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
@@ -334,15 +336,26 @@ def save_huggingface(
     save_file(w.weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
-def hugging_face_activation(model_type: str, activation: str, activations: dict[str, str]) -> str:
-    """The checkpoint's name for a Keras activation: the first key of a converter's table (its
-    name -> Keras name) that gives `activation`."""
-    for name, keras_name in activations.items():
+# Hugging Face's activation names (`ACT2FN`) -> Keras'; the first name of each Keras activation is the
+# one written to a checkpoint.
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_approximate",
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "relu": "relu",
+    "swish": "silu",
+    "silu": "silu",
+}
+
+
+def hugging_face_activation(model_type: str, activation: str) -> str:
+    """The checkpoint's name for a Keras activation: the first name in `ACTIVATIONS` that gives it."""
+    for name, keras_name in ACTIVATIONS.items():
         if keras_name == activation:
             return name
     raise ValueError(
         f"save_huggingface: {model_type} has no activation for {activation!r}; supported: "
-        f"{sorted(set(activations.values()))}."
+        f"{sorted(set(ACTIVATIONS.values()))}."
     )
 
 

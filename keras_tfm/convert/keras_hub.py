@@ -17,6 +17,7 @@ import os
 import keras
 from keras import ops
 
+from keras_tfm.compat import sublayers
 from keras_tfm.convert.huggingface import WeightReader, read_json, require_options, set_dense, set_layer_norm
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.gpt import GPT
@@ -47,7 +48,7 @@ def from_keras_hub(model_or_preset):
     if kind not in _CONVERTERS:
         raise ValueError(f"from_keras_hub: unsupported model {kind}; supported: {sorted(_CONVERTERS)}.")
     task = model_or_preset
-    quantized = sorted({layer.quantization_mode for layer in task._flatten_layers() if layer.quantization_mode})
+    quantized = sorted({layer.quantization_mode for layer in sublayers(task) if layer.quantization_mode})
     if quantized:  # its weights are integers and scales; converting them as floats would be wrong
         raise ValueError(
             f"from_keras_hub: the {kind} is quantized ({', '.join(quantized)}); convert the float model, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 
 from keras_tfm.convert.huggingface import (
+    ACTIVATIONS,
     WeightReader,
     WeightWriter,
     converter,
@@ -20,8 +21,6 @@ from keras_tfm.convert.huggingface import (
     no_classifier,
 )
 from keras_tfm.models.translator import Translator
-
-_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "swish": "silu", "silu": "silu", "gelu_new": "gelu_approximate"}
 
 
 def _blocks(model: Translator, w: WeightReader | WeightWriter, prefix: str = "") -> None:
@@ -53,7 +52,7 @@ def _blocks(model: Translator, w: WeightReader | WeightWriter, prefix: str = "")
 def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None) -> Translator:
     no_classifier("Marian", num_classes)
     activation = config.get("activation_function", "gelu")
-    if activation not in _ACTIVATIONS:
+    if activation not in ACTIVATIONS:
         raise ValueError(f"from_huggingface: Marian activation {activation!r} is not supported.")
     shared = config.get("share_encoder_decoder_embeddings", True)
     if config.get("encoder_attention_heads") != config.get("decoder_attention_heads") or config.get(
@@ -77,7 +76,7 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
         tie_embeddings=config.get("tie_word_embeddings", True),
         scale_embeddings=config.get("scale_embedding", False),
         use_output_bias=True,
-        activation=_ACTIVATIONS[activation],
+        activation=ACTIVATIONS[activation],
         dropout=config.get("dropout", 0.1),
         attention_dropout=config.get("attention_dropout", 0.0),
         pad_token_id=config["pad_token_id"],
@@ -147,7 +146,7 @@ def export_marian(model: Translator, w: WeightWriter) -> dict:
         dropout=model.dropout,
         attention_dropout=model.attention_dropout,
         activation_dropout=0.0,
-        activation_function=hugging_face_activation("Marian", model.activation, _ACTIVATIONS),
+        activation_function=hugging_face_activation("Marian", model.activation),
         pad_token_id=model.pad_token_id,
         decoder_start_token_id=model.start_token_id,
         eos_token_id=model.end_token_id,

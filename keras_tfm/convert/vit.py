@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from keras_tfm.convert.huggingface import (
+    ACTIVATIONS,
     WeightReader,
     WeightWriter,
     checkpoint_directory,
@@ -38,7 +39,6 @@ _OLD_NAMES = [
     (r"encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
     (r"encoder\.layer\.(\d+)\.", r"layers.\1."),
 ]
-_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
 
 
 def _rename(name: str) -> str:
@@ -54,7 +54,7 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
     include_top = checkpoint_head or num_classes is not None
     if checkpoint_head:
         num_classes = w.weights["classifier.weight"].shape[0]
-    if config.get("hidden_act", "gelu") not in _ACTIVATIONS:
+    if config.get("hidden_act", "gelu") not in ACTIVATIONS:
         raise ValueError(f"from_huggingface: ViT activation {config['hidden_act']!r} is not supported.")
     image_size, patch_size = config["image_size"], config["patch_size"]
     for field, value in (("image_size", image_size), ("patch_size", patch_size)):
@@ -75,7 +75,7 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
         dropout=config.get("hidden_dropout_prob", 0.0),
         attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
-        activation=_ACTIVATIONS[config.get("hidden_act", "gelu")],
+        activation=ACTIVATIONS[config.get("hidden_act", "gelu")],
     )
     model.build()
     model.class_token.assign(w("embeddings.cls_token"))
@@ -164,7 +164,7 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         hidden_dropout_prob=model.dropout,
         attention_probs_dropout_prob=model.attention_dropout,
         layer_norm_eps=model.layer_norm_epsilon,
-        hidden_act=hugging_face_activation("ViT", model.activation, _ACTIVATIONS),
+        hidden_act=hugging_face_activation("ViT", model.activation),
         qkv_bias=True,
     )
     if not model.include_top:

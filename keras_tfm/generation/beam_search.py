@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from keras import ops, tree
 
-_NEG = -1e9
+from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 
 def beam_decode(
@@ -41,7 +41,7 @@ def beam_decode(
     start = ops.min(prompt_lengths)
     end = prompt_lengths + max_new_tokens
     # only the first beam of each row is alive at first, so the beams do not start as copies
-    scores = ops.tile(ops.convert_to_tensor([[0.0] + [_NEG] * (num_beams - 1)]), (batch, 1))
+    scores = ops.tile(ops.convert_to_tensor([[0.0] + [LARGE_NEGATIVE] * (num_beams - 1)]), (batch, 1))
     finished = ops.zeros((batch, num_beams), "bool")
     beam_range = ops.arange(num_beams, dtype="int32")
 
@@ -54,7 +54,7 @@ def beam_decode(
         log_probs = ops.log_softmax(ops.cast(logits[:, -1, :], "float32"), axis=-1)
         vocabulary = log_probs.shape[-1]
         log_probs = ops.reshape(log_probs, (batch, num_beams, vocabulary))
-        pad_only = ops.where(ops.arange(vocabulary) == pad_token_id, 0.0, _NEG)
+        pad_only = ops.where(ops.arange(vocabulary) == pad_token_id, 0.0, LARGE_NEGATIVE)
         log_probs = ops.where(finished[..., None], pad_only, log_probs)
 
         candidates = ops.reshape(scores[..., None] + log_probs, (batch, num_beams * vocabulary))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import keras
 from keras import ops
 
-_NEG_INF = -1e9
+from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,14 @@ class Sampler:
         logits = logits / self.temperature
         if self.top_k and self.top_k < logits.shape[-1]:  # a larger top_k keeps every token
             kth_largest = ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
-            logits = ops.where(logits < kth_largest, _NEG_INF, logits)
+            logits = ops.where(logits < kth_largest, LARGE_NEGATIVE, logits)
         if self.top_p < 1.0:
             descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
             probabilities = ops.softmax(descending, axis=-1)
             mass_before = ops.cumsum(probabilities, axis=-1) - probabilities
             # the smallest logit still inside the nucleus; the most likely token is always kept
-            kept = ops.where(mass_before < self.top_p, descending, 1e9)
+            kept = ops.where(mass_before < self.top_p, descending, -LARGE_NEGATIVE)
             threshold = ops.min(kept, axis=-1, keepdims=True)
-            logits = ops.where(logits < threshold, _NEG_INF, logits)
+            logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
         choice = keras.random.categorical(logits, 1, seed=seed_generator, dtype="int32")
         return choice[:, 0]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-# keras-hub reads Keras masks the same way; there is no public accessor yet.
-from keras.src.backend import get_keras_mask
-
+from keras_tfm.compat import get_keras_mask, on_xla_cpu
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 
-_LARGE_NEGATIVE = -1e9  # masked logits; softmax is taken in float32, where exp(-1e9) == 0 exactly
+# Masked logits, and scores of what must never be chosen in decoding; softmax is taken in float32,
+# where exp(-1e9) == 0 exactly.
+LARGE_NEGATIVE = -1e9
 
 
 def _static_dims_differ(received, expected) -> bool:
@@ -279,19 +279,19 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         scale = 1.0 / float(self.key_dim) ** 0.5
         weights = None
         # The fused op needs equal key and value head sizes (JAX) and has no dropout on weights.
-        # On JAX only bfloat16 takes it (cuDNN's flash attention on GPUs): its float16 form
+        # On JAX with XLA:CPU only bfloat16 takes it (cuDNN's flash attention on GPUs): its float16 form
         # accumulates logits in float32, whose gradient XLA:CPU lacks, and in float32, where it has
         # no kernel, its XLA form is slower than the einsums below (causal attention of 8 x 1024
         # tokens, 6 heads of 64, forward and backward on this CPU: 927 against 579 ms).
         explicit = return_attention_weights or (training and self.dropout > 0)
-        jax_unfused = keras.backend.backend() == "jax" and query_heads.dtype != "bfloat16"
+        jax_unfused = keras.backend.backend() == "jax" and query_heads.dtype != "bfloat16" and on_xla_cpu()
         if explicit or self.value_dim != self.key_dim or jax_unfused:
             if self_attention_only_causal:
                 mask = self._combined_mask(batch, query_length, key_length, None, None, True, None, False)
             logits = ops.einsum("bqhd,bkhd->bhqk", query_heads, key_heads)
             logits = ops.cast(logits, "float32") * scale
             if mask is not None:
-                logits = ops.where(mask, logits, _LARGE_NEGATIVE)
+                logits = ops.where(mask, logits, LARGE_NEGATIVE)
             weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
             dropped = self.weights_dropout(weights, training=training)
             attended = ops.einsum("bhqk,bkhd->bqhd", dropped, ops.cast(value_heads, self.compute_dtype))

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import keras
 
-# As for get_keras_mask (attention.py): no public accessor yet.
-from keras.src.backend import set_keras_mask
-
-from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ, get_keras_mask
+from keras_tfm.compat import get_keras_mask, on_xla_cpu, set_keras_mask
+from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ
 from keras_tfm.layers.feed_forward import FeedForward
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 from keras_tfm.layers.remat import rematerializable
@@ -49,10 +47,10 @@ def _computed_once(x):
     `optimization_barrier` does not help on CPU (removed before fusion); a conditional is a boundary XLA
     does not fuse across, forward or backward. Both branches return `x` (as two different computations:
     JAX drops a conditional whose branches are the same). Training only: in the decoding loops the
-    conditionals cost more than they save (README: "Why XLA (JAX, TensorFlow) trained no faster").
-    PyTorch runs eagerly: nothing to do.
+    conditionals cost more than they save. Measured with `benchmarks/gpt.py` on XLA:CPU only, so
+    only there (`compat.on_xla_cpu`): GPUs and TPUs, and PyTorch (eager), get the plain graph.
     """
-    if keras.backend.backend() == "torch":
+    if not on_xla_cpu():
         return x
     first = keras.ops.reshape(x, (-1,))[0]
     return keras.ops.cond(keras.ops.isfinite(first), lambda: x, lambda: keras.ops.copy(x))

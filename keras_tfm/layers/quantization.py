@@ -3,15 +3,14 @@ and quantizing without a garbage collection per replaced kernel."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-
 import keras
+
+from keras_tfm.compat import child_layers, one_garbage_collection  # noqa: F401 (one_garbage_collection: public here)
 
 
 def _named_sublayers(layer, prefix: str = ""):
     """Every sub-layer below `layer`, each with its path of names from there ("block_0/feed_forward")."""
-    for sublayer in layer._layers:
+    for sublayer in child_layers(layer):
         path = prefix + sublayer.name
         yield path, sublayer
         yield from _named_sublayers(sublayer, path + "/")
@@ -58,25 +57,3 @@ class QuantizationConfigMixin:
             if path in quantization_configs:
                 layer.quantization_config = keras.saving.deserialize_keras_object(quantization_configs[path])
         return made
-
-
-@contextlib.contextmanager
-def one_garbage_collection():
-    """Keras' `Layer.__delattr__` runs a full `gc.collect()` for every variable it deletes, so that
-    the device frees its buffer at once; quantization deletes each float kernel it replaces. With
-    the backends' objects in memory one collection takes 0.15-0.6 s on this CPU, and quantizing
-    GPT-2 small spent 10-40 s in them. The variables are freed by one collection at the end instead.
-    (For that time `gc.collect` is a no-op in every thread.) The zoo's models quantize so; for a
-    functional model of the layers:
-
-    Example:
-    >>> with keras_tfm.layers.quantization.one_garbage_collection():
-    ...     model.quantize("int8")
-    """
-    collect = gc.collect
-    gc.collect = lambda generation=2: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        gc.collect()

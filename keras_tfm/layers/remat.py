@@ -23,8 +23,7 @@ import functools
 
 import keras
 
-# No public accessors yet (as for `set_keras_mask` in blocks.py).
-from keras.src.backend import get_keras_mask, get_stateless_scope, set_keras_mask
+from keras_tfm.compat import get_keras_mask, get_stateless_scope, set_keras_mask
 
 _SEED_STATE = "seed_generator_state"  # the variable name of every `keras.random.SeedGenerator`'s state
 

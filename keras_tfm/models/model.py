@@ -7,12 +7,13 @@ import warnings
 import keras
 import numpy as np
 
+from keras_tfm.compat import BuildBeforeQuantizeCheck, sublayers
 from keras_tfm.layers import lora
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
 
 
-class Model(QuantizationConfigMixin, keras.Model):
+class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
     """A `keras.Model` whose weights are created on first use, so that even `gpt2_xl()` is
     constructed for free: the first call, `fit`, `generate` or `build()` creates them.
 
@@ -55,11 +56,7 @@ class Model(QuantizationConfigMixin, keras.Model):
             block.remat = bool(value)
 
     def _blocks(self) -> list:
-        return [
-            layer
-            for layer in self._flatten_layers(include_self=False)
-            if isinstance(layer, (EncoderBlock, DecoderBlock))
-        ]
+        return [layer for layer in sublayers(self) if isinstance(layer, (EncoderBlock, DecoderBlock))]
 
     def quantize(self, mode=None, **kwargs) -> None:
         # Keras warns once for every layer without a quantized form (each LayerNormalization, Dropout,
@@ -67,11 +64,6 @@ class Model(QuantizationConfigMixin, keras.Model):
         with warnings.catch_warnings(), one_garbage_collection():
             warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method implemented")
             super().quantize(mode, **kwargs)
-
-    def _check_quantize_args(self, mode, compute_dtype) -> None:
-        # Keras refuses to quantize an unbuilt model (it checks before `quantize` runs): build it first
-        self._build_on_demand()
-        super()._check_quantize_args(mode, compute_dtype)
 
     def enable_lora(
         self,
@@ -97,7 +89,7 @@ class Model(QuantizationConfigMixin, keras.Model):
         """
         self._build_on_demand()
         if trainable_layer_names is None:
-            present = {layer.name for layer in self._flatten_layers(include_self=False)}
+            present = {layer.name for layer in sublayers(self)}
             trainable_layer_names = [name for name in self.lora_trainable_layer_names if name in present]
         lora.enable_lora(self, rank, target_layer_names, lora_alpha, trainable_layer_names)
 

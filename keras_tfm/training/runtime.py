@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import keras
 
+from keras_tfm.compat import sublayers
 from keras_tfm.data.errors import DataError
 from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
@@ -319,7 +320,7 @@ def _zoo_model(model: keras.Model) -> ZooModel:
     """`model`, or the keras_tfm model a recipe wrapped (the ViT recipe puts preprocessing before it)."""
     if isinstance(model, ZooModel):
         return model
-    return next(layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, ZooModel))
+    return next(layer for layer in sublayers(model) if isinstance(layer, ZooModel))
 
 
 def read_log(path: str) -> dict:

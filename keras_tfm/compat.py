@@ -1,0 +1,89 @@
+"""Every use of a private Keras or keras-hub API, and every platform-specific workaround, in one place.
+
+Each shim names what it relies on; `tests/test_compat.py` checks each against the installed
+versions, so that an upstream change fails one named test instead of a model somewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+
+import keras
+
+# Keras masks travel as an attribute of a tensor; keras-hub reads and writes them the same way.
+# There is no public accessor yet (Keras 3.15).
+from keras.src.backend import get_keras_mask, get_stateless_scope, set_keras_mask
+
+__all__ = [
+    "BuildBeforeQuantizeCheck",
+    "child_layers",
+    "get_keras_mask",
+    "get_stateless_scope",
+    "on_xla_cpu",
+    "one_garbage_collection",
+    "set_keras_mask",
+    "set_pre_tokenizer",
+    "sublayers",
+]
+
+
+def sublayers(layer: keras.layers.Layer) -> list:
+    """Every layer below `layer`, each once, without `layer` itself (Keras' `_flatten_layers`)."""
+    return list(layer._flatten_layers(include_self=False))
+
+
+def child_layers(layer: keras.layers.Layer) -> list:
+    """The layers `layer` holds directly, in the order they were set (Keras' `_layers`)."""
+    return list(layer._layers)
+
+
+class BuildBeforeQuantizeCheck:
+    """For models whose weights are made on first use: Keras checks that a layer is built before its
+    `quantize` runs (in `_check_quantize_args`, called by the wrapper Keras puts around `quantize`),
+    so such a model builds itself at that point."""
+
+    def _check_quantize_args(self, mode, compute_dtype) -> None:
+        self._build_on_demand()
+        super()._check_quantize_args(mode, compute_dtype)
+
+
+def set_pre_tokenizer(tokenizer, pre_tokenizer) -> None:
+    """Gives a keras-hub `BytePairTokenizer` another Hugging Face `tokenizers` pre-tokenizer (its
+    `_tokenizer` is the Hugging Face tokenizer it encodes with)."""
+    tokenizer._tokenizer.pre_tokenizer = pre_tokenizer
+
+
+@contextlib.contextmanager
+def one_garbage_collection():
+    """Keras' `Layer.__delattr__` runs a full `gc.collect()` for every variable it deletes, so that
+    the device frees its buffer at once; quantization deletes each float kernel it replaces. With
+    the backends' objects in memory one collection takes 0.15-0.6 s on a CPU, and quantizing GPT-2
+    small spent 10-40 s in them. Here the variables are freed by one collection at the end instead.
+    For that time `gc.collect` is a no-op in every thread of the process."""
+    collect = gc.collect
+    gc.collect = lambda generation=2: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
+        gc.collect()
+
+
+@functools.cache
+def on_xla_cpu() -> bool:
+    """Whether the backend compiles with XLA for a CPU (JAX or TensorFlow with no accelerator).
+
+    Workarounds measured on XLA's CPU compiler are kept behind this check, so that GPUs and TPUs get
+    the plain graph."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    return False

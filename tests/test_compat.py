@@ -1,0 +1,96 @@
+"""One test per shim of `keras_tfm.compat`: each fails, naming the shim, when Keras or keras-hub
+changes what it relies on."""
+
+import gc
+
+import keras
+import numpy as np
+import pytest
+
+from keras_tfm import compat
+
+
+def test_keras_masks_are_read_and_written_on_tensors():
+    x = keras.ops.ones((2, 3))
+    mask = keras.ops.convert_to_tensor(np.array([[True, True, False], [True, False, False]]))
+    assert compat.get_keras_mask(x) is None
+    compat.set_keras_mask(x, mask)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(compat.get_keras_mask(x)), keras.ops.convert_to_numpy(mask)
+    )
+    # Keras itself propagates a mask so: an Embedding with mask_zero leaves it on its output
+    embedded = keras.layers.Embedding(5, 2, mask_zero=True)(np.array([[1, 0]]))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(compat.get_keras_mask(embedded)), [[True, False]])
+
+
+def test_the_stateless_scope_is_found_inside_and_not_outside():
+    assert compat.get_stateless_scope() is None
+    with keras.StatelessScope() as scope:
+        assert compat.get_stateless_scope() is scope
+
+
+def test_sublayers_and_child_layers():
+    class Pair(keras.layers.Layer):
+        def __init__(self, first, second, **kwargs):
+            super().__init__(**kwargs)
+            self.first, self.second = first, second
+
+    inner = Pair(keras.layers.Dense(2, name="a"), keras.layers.Dense(2, name="b"), name="inner")
+    outer = Pair(inner, keras.layers.Dense(1, name="c"), name="outer")
+    assert [layer.name for layer in compat.child_layers(outer)] == ["inner", "c"]
+    assert sorted(layer.name for layer in compat.sublayers(outer)) == ["a", "b", "c", "inner"]
+
+
+def test_keras_checks_quantize_arguments_where_an_unbuilt_model_builds_itself():
+    """Keras calls `_check_quantize_args` before `quantize`, and refuses an unbuilt layer there."""
+
+    class Lazy(compat.BuildBeforeQuantizeCheck, keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(4)
+
+        def _build_on_demand(self):
+            if not self.built:
+                self(np.zeros((1, 4), "float32"))
+
+        def call(self, x):
+            return self.dense(x)
+
+    with pytest.raises(ValueError, match="isn't yet built"):
+        keras.layers.Dense(4).quantize("int8")  # what the shim answers
+    model = Lazy()
+    model.quantize("int8")
+    assert model.dense.quantization_mode == "int8"
+
+
+def test_keras_hub_byte_pair_tokenizer_takes_another_pre_tokenizer():
+    keras_hub = pytest.importorskip("keras_hub")
+    from tokenizers import pre_tokenizers
+
+    vocabulary = {"a": 0, "b": 1, "ab": 2}
+    tokenizer = keras_hub.tokenizers.BytePairTokenizer(vocabulary, ["a b"], dtype="int32")
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    compat.set_pre_tokenizer(tokenizer, split)
+    assert tokenizer._tokenizer.pre_tokenizer is not None
+    assert type(tokenizer._tokenizer.pre_tokenizer) is type(split)
+
+
+def test_keras_collects_garbage_per_deleted_variable_and_the_shim_defers_it(monkeypatch):
+    calls = []
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda generation=2: calls.append(generation) or collect(generation))
+    counting = gc.collect
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    layer._tracker.unlock()
+    del layer._kernel  # Keras' Layer.__delattr__, as quantize deletes a float kernel
+    assert calls, "Keras no longer collects per deleted variable: compat.one_garbage_collection may go"
+    calls.clear()
+    with compat.one_garbage_collection():
+        assert gc.collect() == 0 and not calls
+    assert len(calls) == 1  # one collection at the end
+    assert gc.collect is counting  # put back
+
+
+def test_on_xla_cpu_is_true_on_this_machine_for_xla_backends():
+    assert compat.on_xla_cpu() == (keras.backend.backend() in ("jax", "tensorflow"))
