@@ -33,7 +33,6 @@ from the local Hugging Face cache or downloaded into it): its WordPiece vocabula
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import os
 
@@ -101,7 +100,7 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import load_labelled_text, load_or_fit_tokenizer, load_text, read_text
+    from keras_tfm.data import EpochBatches, load_labelled_text, load_or_fit_tokenizer, load_text, read_text
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
@@ -122,15 +121,10 @@ def main() -> None:
     )
     masked = DynamicMasker(tokenizer.vocabulary_size, mask, [pad, cls, sep], pad, args.mask_rate, args.mask_positions)
 
-    @functools.lru_cache(maxsize=2)
-    def order(epoch: int) -> np.ndarray:
-        return np.random.default_rng([args.seed, epoch]).permutation(len(train_sequences))
+    rows = EpochBatches(len(train_sequences), args.batch_size, args.seed)
 
     def train_batch(epoch: int, step: int):
-        chosen = order(epoch)[(step * args.batch_size) % len(train_sequences) :][: args.batch_size]
-        if len(chosen) < args.batch_size:
-            chosen = np.concatenate([chosen, order(epoch)[: args.batch_size - len(chosen)]])
-        return masked(train_sequences[chosen], [args.seed, epoch, step])
+        return masked(train_sequences[rows(epoch, step)], [args.seed, epoch, step])
 
     validation = masked(validation_sequences, [args.seed, 1 << 20])
 
@@ -214,7 +208,7 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
     import keras_hub
 
     from keras_tfm import training
-    from keras_tfm.data import load_labelled_text
+    from keras_tfm.data import EpochBatches, load_labelled_text
 
     pad, cls, sep = special
     texts, labels, class_names = labelled or load_labelled_text(args.finetune)
@@ -240,14 +234,10 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
     stage.learning_rate = args.finetune_learning_rate
     os.makedirs(stage.output_dir, exist_ok=True)
 
-    @functools.lru_cache(maxsize=2)
-    def epoch_order(epoch: int) -> np.ndarray:
-        return np.random.default_rng([args.seed, 7, epoch]).permutation(train_rows)
+    batch_rows = EpochBatches(len(train_rows), args.batch_size, [args.seed, 7], arrange=lambda order: train_rows[order])
 
     def train_batch(epoch: int, step: int):
-        rows = epoch_order(epoch)[(step * args.batch_size) % len(train_rows) :][: args.batch_size]
-        if len(rows) < args.batch_size:
-            rows = np.concatenate([rows, epoch_order(epoch)[: args.batch_size - len(rows)]])
+        rows = batch_rows(epoch, step)
         return inputs(rows), labels[rows]
 
     result = training.train(

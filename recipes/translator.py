@@ -26,7 +26,6 @@ Multi30k papers report. Sample translations are printed and written to translati
 
 from __future__ import annotations
 
-import functools
 import os
 
 import numpy as np
@@ -81,7 +80,7 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_parallel
+    from keras_tfm.data import DataError, EpochBatches, load_or_fit_tokenizer, load_parallel
     from keras_tfm.data.text import read_text
     from keras_tfm.training import bleu
 
@@ -139,11 +138,9 @@ def main() -> None:
 
     lengths = np.maximum((train_x["source_ids"] != pad).sum(1), (train_y != pad).sum(1))
 
-    @functools.lru_cache(maxsize=2)
-    def order(epoch: int) -> np.ndarray:
-        """A shuffled order in which each run of 50 batches is sorted by length, so batches hold
-        sentences of similar length and need little padding."""
-        shuffled = np.random.default_rng([args.seed, epoch]).permutation(len(train_y))
+    def by_length(shuffled: np.ndarray) -> np.ndarray:
+        """Each run of 50 batches sorted by length, so batches hold sentences of similar length and
+        need little padding."""
         chunk = 50 * args.batch_size
         return np.concatenate(
             [
@@ -152,10 +149,10 @@ def main() -> None:
             ]
         )
 
+    rows = EpochBatches(len(train_y), args.batch_size, args.seed, arrange=by_length)
+
     def train_batch(epoch: int, step: int):
-        chosen = order(epoch)[(step * args.batch_size) % len(train_y) :][: args.batch_size]
-        if len(chosen) < args.batch_size:  # keep one batch size
-            chosen = np.concatenate([chosen, order(epoch)[: args.batch_size - len(chosen)]])
+        chosen = rows(epoch, step)
         # pad to the longest sentence, rounded up to a multiple of 8: a few shapes, a few XLA programs
         width = min(length, -(-int(lengths[chosen].max() + 1) // 8) * 8)
         return {k: v[chosen, :width] for k, v in train_x.items()}, train_y[chosen, :width]

@@ -31,7 +31,6 @@ become RGB.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import numpy as np
@@ -94,7 +93,14 @@ def main() -> None:
     import keras
 
     from keras_tfm import convert, viz
-    from keras_tfm.data import DataError, augment, augmentation_layers, flip_averaged_probabilities, load_images
+    from keras_tfm.data import (
+        DataError,
+        EpochBatches,
+        augment,
+        augmentation_layers,
+        flip_averaged_probabilities,
+        load_images,
+    )
 
     checkpoint = checkpoint_settings(args) if args.from_huggingface else None
     data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log, image_size=args.image_size)
@@ -150,12 +156,10 @@ def main() -> None:
     def one_hot(labels):
         return np.eye(num_classes, dtype="float32")[labels]
 
-    @functools.lru_cache(maxsize=2)
-    def order(epoch: int) -> np.ndarray:
-        return np.random.default_rng([args.seed, epoch]).permutation(len(train_x))
+    rows = EpochBatches(len(train_x), args.batch_size, args.seed)
 
     def train_batch(epoch: int, step: int):
-        chosen = order(epoch)[(step * args.batch_size) % len(train_x) :][: args.batch_size]
+        chosen = rows(epoch, step)
         images, labels = train_x[chosen].astype("float32"), one_hot(train_y[chosen])
         return augment(images, labels, augmentations, [args.seed, epoch, step])
 

@@ -332,3 +332,24 @@ def test_offline_number_pairs():
     assert number_words(40_005) == "forty thousand five"
     pairs = offline_pairs(50)
     assert all(t.replace(" ", "").isdigit() for _, t in pairs) and len({s for s, _ in pairs}) == 50
+
+
+def test_epoch_batches_are_full_shuffled_per_epoch_and_a_pure_function_of_their_arguments():
+    from keras_tfm.data import EpochBatches
+
+    rows = EpochBatches(10, 4, seed=3)
+    epoch = [rows(0, step) for step in range(3)]
+    assert all(len(batch) == 4 for batch in epoch)
+    order = rows.order(0)
+    assert sorted(order) == list(range(10))
+    np.testing.assert_array_equal(np.concatenate(epoch[:2]), order[:8])
+    np.testing.assert_array_equal(epoch[2], np.concatenate([order[8:], order[:2]]))  # wraps around
+    np.testing.assert_array_equal(EpochBatches(10, 4, seed=3)(0, 2), epoch[2])  # nothing kept between samplers
+    assert not np.array_equal(rows.order(1), order) and not np.array_equal(EpochBatches(10, 4, seed=4).order(0), order)
+    np.testing.assert_array_equal(
+        EpochBatches(10, 4, seed=[3, 7]).order(0), np.random.default_rng([3, 7, 0]).permutation(10)
+    )
+    reversed_rows = EpochBatches(10, 4, seed=3, arrange=lambda o: o[::-1])
+    np.testing.assert_array_equal(reversed_rows(0, 0), order[::-1][:4])
+    with pytest.raises(ValueError, match="batch_size must be >= 1; received 10, 0"):
+        EpochBatches(10, 0, seed=0)

@@ -96,9 +96,9 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
         ignored += ("cls.",)  # the masked-LM head of a pretraining checkpoint under a classifier
     else:
         ignored += ("pooler.", "bert.pooler.")  # keras_tfm.Bert returns token vectors, not a pooled vector
-    leftover = w.unused(ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids"))
-    if leftover:
-        raise ValueError(f"from_huggingface: BERT weights not converted: {leftover[:5]}")
+    w.check_all_used(
+        "from_huggingface", "BERT", ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids")
+    )
     return model
 
 

@@ -64,11 +64,11 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
     w.layer_norm("ln_f", model.final_norm)
     if not model.tie_embeddings:
         w.linear("lm_head", model.lm_head)
-    leftover = w.unused(
-        ignore=lambda name: name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias"))
+    w.check_all_used(
+        "from_huggingface",
+        "GPT-2",
+        ignore=lambda name: name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")),
     )
-    if leftover:
-        raise ValueError(f"from_huggingface: GPT-2 weights not converted: {leftover[:5]}")
     return model
 
 

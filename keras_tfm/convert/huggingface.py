@@ -443,6 +443,13 @@ class WeightReader:
     def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
         return sorted(k for k in self.weights if k not in self.used and not ignore(k))
 
+    def check_all_used(self, caller: str, model_type: str, ignore: Callable[[str], bool] = lambda name: False) -> None:
+        """Refuses a checkpoint with weights the converter did not take (but those `ignore` names):
+        a model made without them would compute something else."""
+        leftover = self.unused(ignore)
+        if leftover:
+            raise ValueError(f"{caller}: {model_type} weights not converted: {leftover[:5]}")
+
 
 def require_options(model_type: str, config: dict, caller: str = "from_huggingface", **computed) -> None:
     """Refuses a checkpoint whose config sets an option that changes the computation to another

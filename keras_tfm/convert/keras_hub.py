@@ -102,9 +102,7 @@ def _outputs_logits(task) -> bool:
 
 
 def _check_all_used(kind: str, w: WeightReader, ignore: tuple = ()) -> None:
-    leftover = w.unused(ignore=lambda name: name.startswith(ignore))
-    if leftover:
-        raise ValueError(f"from_keras_hub: {kind} weights not converted: {leftover[:5]}")
+    w.check_all_used("from_keras_hub", kind, ignore=lambda name: name.startswith(ignore))
 
 
 def _text_arguments(backbone) -> dict:

@@ -97,11 +97,11 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
     # with a shared vocabulary the per-stack token tables are copies of `shared`; the position
     # tables are the fixed sinusoids; a tied `lm_head` is a copy of the target table
     copies = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight") if shared else ()
-    leftover = w.unused(
-        ignore=lambda name: name == "lm_head.weight" or name.endswith((*copies, "embed_positions.weight"))
+    w.check_all_used(
+        "from_huggingface",
+        "Marian",
+        ignore=lambda name: name == "lm_head.weight" or name.endswith((*copies, "embed_positions.weight")),
     )
-    if leftover:
-        raise ValueError(f"from_huggingface: Marian weights not converted: {leftover[:5]}")
     return model
 
 

@@ -104,9 +104,7 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
     if checkpoint_head:
         w.linear("classifier", model.head)
     ignored = ("pooler.", "vit.pooler.") + (() if checkpoint_head else ("classifier.",))  # a new head: fresh
-    leftover = w.unused(ignore=lambda name: name.startswith(ignored))
-    if leftover:
-        raise ValueError(f"from_huggingface: ViT weights not converted: {leftover[:5]}")
+    w.check_all_used("from_huggingface", "ViT", ignore=lambda name: name.startswith(ignored))
     return model
 
 

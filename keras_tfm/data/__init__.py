@@ -1,6 +1,7 @@
 """Data for the recipes: datasets (TFDS, local files, offline defaults) and tokenizers (keras-hub)."""
 
 from keras_tfm.data.augmentation import augment, augmentation_layers, flip_averaged_probabilities
+from keras_tfm.data.batches import EpochBatches
 from keras_tfm.data.errors import DataError
 from keras_tfm.data.images import ImageSplits, load_images, read_idx
 from keras_tfm.data.parallel import ParallelSplits, load_parallel

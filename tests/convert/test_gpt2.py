@@ -166,3 +166,17 @@ def test_beam_search_matches_hugging_face(rng, num_beams):
             early_stopping=False,
         ).numpy()
     np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=8, num_beams=num_beams), expected)
+
+
+@pytest.mark.backend_independent
+def test_a_checkpoint_with_weights_no_layer_takes_is_refused():
+    from keras_tfm.convert.huggingface import WeightReader
+
+    w = WeightReader({"wte.weight": np.zeros(2), "extra.weight": np.zeros(2), "h.0.attn.bias": np.zeros(2)})
+    w("wte.weight")
+    with pytest.raises(ValueError, match=r"from_huggingface: GPT-2 weights not converted: \['extra.weight', 'h.0.attn"):
+        w.check_all_used("from_huggingface", "GPT-2")
+    with pytest.raises(ValueError, match=r"not converted: \['extra.weight'\]"):
+        w.check_all_used("from_huggingface", "GPT-2", ignore=lambda name: name.endswith(".attn.bias"))
+    w("extra.weight")
+    w.check_all_used("from_huggingface", "GPT-2", ignore=lambda name: name.endswith(".attn.bias"))
