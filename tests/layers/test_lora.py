@@ -50,17 +50,18 @@ def test_lora_starts_where_the_model_was_and_trains_only_its_pairs(rng):
 
 
 def test_heads_made_for_the_task_stay_trained():
-    vit = keras_tfm.vit_tiny(num_classes=3, image_size=16, patch_size=8, num_layers=1)
+    small = dict(hidden_dim=16, num_heads=2, intermediate_dim=32)  # the layers' names, not their sizes, matter here
+    vit = keras_tfm.vit_tiny(num_classes=3, image_size=16, patch_size=8, num_layers=1, **small)
     vit.enable_lora(2)
     assert {p for p in lora_paths(vit) if "lora" not in p} == {"head/kernel", "head/bias"}
-    features = keras_tfm.vit_tiny(image_size=16, patch_size=8, num_layers=1, include_top=False)
+    features = keras_tfm.vit_tiny(image_size=16, patch_size=8, num_layers=1, include_top=False, **small)
     features.enable_lora(2)  # no head: nothing more to train
     assert all("lora_kernel" in p for p in lora_paths(features))
-    classifier = keras_tfm.bert_tiny(head="classifier", num_classes=2, num_layers=1, vocabulary_size=40)
+    classifier = keras_tfm.bert_tiny(head="classifier", num_classes=2, num_layers=1, vocabulary_size=40, **small)
     classifier.enable_lora(2, trainable_layer_names=["classifier", "pooler"])
     assert {p.split("/")[0] for p in lora_paths(classifier) if "lora" not in p} == {"classifier", "pooler"}
     translator = keras_tfm.transformer_small(
-        source_vocabulary_size=30, target_vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=1
+        source_vocabulary_size=30, target_vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=1, **small
     )
     translator.enable_lora(
         2, target_layer_names=["query", "key", "value", "self_attention/output", "cross_attention/output"]
