@@ -25,7 +25,9 @@ import re
 import keras
 import numpy as np
 
-from keras_tfm.convert.huggingface import WeightReader, read_json, read_weight_file
+from keras_tfm.convert.files import read_checkpoint, read_json, read_weight_file
+from keras_tfm.convert.registry import convert_checkpoint
+from keras_tfm.convert.weights import WeightReader
 from keras_tfm.layers import lora
 from keras_tfm.layers.quantization import _named_sublayers
 
@@ -220,12 +222,10 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     """
     from safetensors.numpy import save_file
 
-    from keras_tfm.convert.huggingface import _read_checkpoint, convert_checkpoint
-
     layers = lora.lora_layers(model)
     if not layers:
         raise ValueError(f"save_peft_adapter: {model.name!r} has no LoRA layers; call enable_lora(rank) first.")
-    config, weights = _read_checkpoint(base)
+    config, weights = read_checkpoint(base)
     classifier = getattr(model, "include_top", True) and getattr(model, "num_classes", None)
     fresh, w = convert_checkpoint(config, weights, classifier or None)  # to see which module each layer came from
     if type(fresh) is not type(model):

@@ -4,12 +4,11 @@ decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import (
+from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.weights import (
     ACTIVATIONS,
     WeightReader,
     WeightWriter,
-    converter,
-    exporter,
     hugging_face_activation,
     require_options,
     set_layer_norm,

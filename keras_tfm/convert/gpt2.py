@@ -6,12 +6,11 @@ GPT-2 stores its projections as `Conv1D` with kernels laid out (in, out), as Ker
 
 from __future__ import annotations
 
-from keras_tfm.convert.huggingface import (
+from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.weights import (
     ACTIVATIONS,
     WeightReader,
     WeightWriter,
-    converter,
-    exporter,
     hugging_face_activation,
     no_classifier,
     require_options,

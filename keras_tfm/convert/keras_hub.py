@@ -18,7 +18,8 @@ import keras
 from keras import ops
 
 from keras_tfm.compat import sublayers
-from keras_tfm.convert.huggingface import WeightReader, read_json, require_options, set_dense, set_layer_norm
+from keras_tfm.convert.files import read_json
+from keras_tfm.convert.weights import WeightReader, require_options, set_dense, set_layer_norm
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.gpt import GPT
 from keras_tfm.models.vit import ViT

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_tfm.convert.huggingface import (
-    ACTIVATIONS,
-    WeightReader,
-    WeightWriter,
-    converter,
-    exporter,
-    hugging_face_activation,
-    no_classifier,
-)
+from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.weights import ACTIVATIONS, WeightReader, WeightWriter, hugging_face_activation, no_classifier
 from keras_tfm.models.translator import Translator
 
 

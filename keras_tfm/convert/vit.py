@@ -16,15 +16,13 @@ import re
 import keras
 import numpy as np
 
-from keras_tfm.convert.huggingface import (
+from keras_tfm.convert.files import checkpoint_directory, read_json
+from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.weights import (
     ACTIVATIONS,
     WeightReader,
     WeightWriter,
-    checkpoint_directory,
-    converter,
-    exporter,
     hugging_face_activation,
-    read_json,
     require_options,
     set_layer_norm,
 )

@@ -18,7 +18,7 @@ from keras_tfm.data.errors import DataError
 
 
 def _checkpoint_directory(name_or_path: str) -> str:
-    from keras_tfm.convert.huggingface import checkpoint_directory
+    from keras_tfm.convert.files import checkpoint_directory
 
     try:
         return checkpoint_directory(name_or_path, "--from-huggingface")

@@ -224,7 +224,7 @@ def checkpoint_config(args: argparse.Namespace, model_type: str, fixed: dict, re
     may be a peft LoRA adapter: `args.adapter` becomes its directory, and `args.from_huggingface`
     that of the base checkpoint it names (`args.base_model_name`)."""
     from keras_tfm.convert import adapters
-    from keras_tfm.convert.huggingface import checkpoint_directory, read_config
+    from keras_tfm.convert.files import checkpoint_directory, read_config
 
     given = [name for name in MODEL_OVERRIDES if name not in keep and getattr(args, name, None) is not None]
     given += [name for name, default in fixed.items() if getattr(args, name) != default]

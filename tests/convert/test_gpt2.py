@@ -170,7 +170,7 @@ def test_beam_search_matches_hugging_face(rng, num_beams):
 
 @pytest.mark.backend_independent
 def test_a_checkpoint_with_weights_no_layer_takes_is_refused():
-    from keras_tfm.convert.huggingface import WeightReader
+    from keras_tfm.convert.weights import WeightReader
 
     w = WeightReader({"wte.weight": np.zeros(2), "extra.weight": np.zeros(2), "h.0.attn.bias": np.zeros(2)})
     w("wte.weight")

@@ -1,0 +1,61 @@
+"""Which converter reads, and which exporter writes, each kind of checkpoint: each model type's module
+(`gpt2.py`, ...) registers its pair here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from keras_tfm.convert.weights import WeightReader
+
+_CONVERTERS: dict[str, tuple] = {}
+_EXPORTERS: dict[type, Callable] = {}
+
+
+def converter(*model_types: str, prefixes: tuple[str, ...] = (), rename: Callable[[str], str] = lambda name: name):
+    """Registers a function `(config: dict, w: WeightReader, num_classes: int | None) -> keras model`.
+    `prefixes`: what task models put before the base model's weight names ("bert." in
+    `BertForMaskedLM`); `rename`: maps every weight name first (older checkpoints' names)."""
+
+    def register(fn):
+        for model_type in model_types:
+            _CONVERTERS[model_type] = (fn, prefixes, rename)
+        return fn
+
+    return register
+
+
+def exporter(model_class: type):
+    """Registers a function `(model, w: WeightWriter) -> config dict` that writes a `model_class`
+    model as a checkpoint: its converter's inverse. A classifier's config gives `num_labels`, which
+    `save_huggingface` turns into transformers' class names."""
+
+    def register(fn):
+        _EXPORTERS[model_class] = fn
+        return fn
+
+    return register
+
+
+def exporter_of(model) -> Callable | None:
+    """The exporter registered for `model`'s own class (not a subclass's), or None."""
+    return _EXPORTERS.get(type(model))
+
+
+def exported_classes() -> list[str]:
+    return [model_class.__name__ for model_class in _EXPORTERS]
+
+
+def check_model_type(config: dict) -> None:
+    if config.get("model_type") not in _CONVERTERS:
+        raise ValueError(
+            f"from_huggingface: unsupported model_type {config.get('model_type')!r}; supported: {sorted(_CONVERTERS)}."
+        )
+
+
+def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = None):
+    """(model, the WeightReader that filled it) for a checkpoint's config and weights: the reader
+    records which layers each linear module became."""
+    check_model_type(config)
+    convert, prefixes, rename = _CONVERTERS[config["model_type"]]
+    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes)
+    return convert(config, w, num_classes), w

@@ -1,0 +1,139 @@
+"""Moving arrays between checkpoint names and Keras layers, both ways, and the checks every converter
+makes: options keras_tfm computes differently, activations by name, weights left unused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+# Hugging Face's activation names (`ACT2FN`) -> Keras'; the first name of each Keras activation is the
+# one written to a checkpoint.
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_approximate",
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "relu": "relu",
+    "swish": "silu",
+    "silu": "silu",
+}
+
+
+def hugging_face_activation(model_type: str, activation: str) -> str:
+    """The checkpoint's name for a Keras activation: the first name in `ACTIVATIONS` that gives it."""
+    for name, keras_name in ACTIVATIONS.items():
+        if keras_name == activation:
+            return name
+    raise ValueError(
+        f"save_huggingface: {model_type} has no activation for {activation!r}; supported: "
+        f"{sorted(set(ACTIVATIONS.values()))}."
+    )
+
+
+class WeightWriter:
+    """Collects a model's arrays under checkpoint names (what a converter's `WeightReader` reads) and
+    the checkpoint's other files."""
+
+    def __init__(self):
+        self.weights: dict[str, np.ndarray] = {}
+        self.files: dict[str, dict] = {}  # other JSON files of the checkpoint, by name (a ViT's image processor)
+
+    def __setitem__(self, name: str, value) -> None:
+        self.weights[name] = np.ascontiguousarray(keras.ops.convert_to_numpy(value), dtype="float32")
+
+    def linear(self, name: str, *dense_layers, transpose: bool = True) -> None:
+        """Writes `dense_layers` as the linear module `name`, joined along the outputs where there
+        are several (`WeightReader.linear`'s inverse). LoRA pairs are merged: `Dense.kernel` adds them."""
+        kernel = np.concatenate([keras.ops.convert_to_numpy(dense.kernel) for dense in dense_layers], axis=1)
+        self[name + ".weight"] = kernel.T if transpose else kernel
+        if dense_layers[0].use_bias:
+            self[name + ".bias"] = np.concatenate([keras.ops.convert_to_numpy(dense.bias) for dense in dense_layers])
+
+    def layer_norm(self, name: str, norm) -> None:
+        self[name + ".weight"], self[name + ".bias"] = norm.gamma, norm.beta
+
+
+class WeightReader:
+    """Hands out checkpoint arrays by name, so a converter can check at the end that it used them all.
+    `linear` and `layer_norm` are also `WeightWriter`'s: code that names a model's modules serves both ways."""
+
+    def __init__(self, weights: dict, prefixes: tuple[str, ...] = ()):
+        self.weights = weights
+        self.prefixes = prefixes
+        self.used: set[str] = set()
+        self.linear_layers: dict[str, list] = {}  # checkpoint module name -> the Dense layers made from it
+        self.lora_pairs: dict[str, tuple] = {}  # module name -> its (lora_A, lora_B) from a peft adapter
+
+    def __call__(self, name: str) -> np.ndarray:
+        for prefix in ("",) + self.prefixes:
+            if prefix + name in self.weights:
+                self.used.add(prefix + name)
+                return np.asarray(self.weights[prefix + name], "float32")
+        raise KeyError(f"from_huggingface: checkpoint has no weight {name!r} (prefixes tried: {self.prefixes}).")
+
+    def __contains__(self, name: str) -> bool:
+        return any(prefix + name in self.weights for prefix in ("",) + self.prefixes)
+
+    def linear(self, name: str, *dense_layers, transpose: bool = True) -> None:
+        """Sets `dense_layers` from the checkpoint's linear module `name` (`name.weight`, and
+        `name.bias` where it has one), split evenly along its outputs where it feeds several (GPT-2's
+        fused query/key/value). `transpose`: PyTorch `Linear` weights are (out, in), Keras kernels
+        (in, out); GPT-2's `Conv1D` is stored (in, out) already. Records where the module went,
+        and takes its LoRA pair where the weights include a peft adapter's."""
+        kernel = self(name + ".weight")
+        kernel = kernel.T if transpose else kernel
+        bias = self(name + ".bias") if name + ".bias" in self else None
+        splits = len(dense_layers)
+        for dense, part, part_bias in zip(
+            dense_layers,
+            np.split(kernel, splits, axis=1),
+            np.split(bias, splits) if bias is not None else [None] * splits,
+        ):
+            set_dense(dense, part, part_bias)
+        self.linear_layers[name] = list(dense_layers)
+        if name + ".lora_A.weight" in self:
+            self.lora_pairs[name] = (self(name + ".lora_A.weight"), self(name + ".lora_B.weight"))
+
+    def layer_norm(self, name: str, norm) -> None:
+        set_layer_norm(norm, self(name + ".weight"), self(name + ".bias"))
+
+    def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
+        return sorted(k for k in self.weights if k not in self.used and not ignore(k))
+
+    def check_all_used(self, caller: str, model_type: str, ignore: Callable[[str], bool] = lambda name: False) -> None:
+        """Refuses a checkpoint with weights the converter did not take (but those `ignore` names):
+        a model made without them would compute something else."""
+        leftover = self.unused(ignore)
+        if leftover:
+            raise ValueError(f"{caller}: {model_type} weights not converted: {leftover[:5]}")
+
+
+def require_options(model_type: str, config: dict, caller: str = "from_huggingface", **computed) -> None:
+    """Refuses a checkpoint whose config sets an option that changes the computation to another
+    value than the one keras_tfm computes (`computed`: field -> that value, the default of
+    transformers or keras-hub); loading it anyway would give other outputs without a word."""
+    for field, value in computed.items():
+        received = config.get(field, value)
+        if received != value:
+            raise ValueError(
+                f"{caller}: {model_type} checkpoints with {field}={received!r} are not supported; "
+                f"keras_tfm computes what {field}={value!r} gives."
+            )
+
+
+def no_classifier(model_type: str, num_classes: int | None) -> None:
+    """Refuses `num_classes` for a checkpoint that is not turned into a classifier."""
+    if num_classes is not None:
+        raise ValueError(
+            f"from_huggingface: num_classes applies to ViT and BERT checkpoints; this is a {model_type} "
+            f"checkpoint (received num_classes={num_classes})."
+        )
+
+
+def set_dense(dense, kernel: np.ndarray, bias: np.ndarray | None = None) -> None:
+    dense.set_weights([kernel] if bias is None else [kernel, bias])
+
+
+def set_layer_norm(norm, gamma: np.ndarray, beta: np.ndarray) -> None:
+    norm.set_weights([gamma, beta])
