@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu
+from keras_tfm.layers.feed_forward import projection
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 
 # Masked logits, and scores of what must never be chosen in decoding; softmax is taken in float32,
@@ -111,23 +112,13 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         self.supports_masking = True
         self.weights_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
-    def _dense(self, units: int, name: str) -> keras.layers.Dense:
-        return keras.layers.Dense(
-            units,
-            use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
-
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
-        self.query_dense = self._dense(self.num_heads * self.key_dim, "query")
-        self.key_dense = self._dense(self.num_heads * self.key_dim, "key")
-        self.value_dense = self._dense(self.num_heads * self.value_dim, "value")
-        self.output_dense = self._dense(self.output_dim or query_shape[-1], "output")
+        self.query_dense = projection(self, self.num_heads * self.key_dim, "query")
+        self.key_dense = projection(self, self.num_heads * self.key_dim, "key")
+        self.value_dense = projection(self, self.num_heads * self.value_dim, "value")
+        self.output_dense = projection(self, self.output_dim or query_shape[-1], "output")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)

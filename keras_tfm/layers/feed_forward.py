@@ -16,6 +16,19 @@ def get_activation(name):
     return _approximate_gelu if name == "gelu_approximate" else keras.activations.get(name)
 
 
+def projection(owner: keras.layers.Layer, units: int, name: str) -> keras.layers.Dense:
+    """A `Dense(units)` made with `owner`'s `use_bias`, initializers and dtype policy: the projections
+    of `FeedForward` and `MultiHeadAttention`."""
+    return keras.layers.Dense(
+        units,
+        use_bias=owner.use_bias,
+        kernel_initializer=owner.kernel_initializer,
+        bias_initializer=owner.bias_initializer,
+        dtype=owner.dtype_policy,
+        name=name,
+    )
+
+
 @keras.saving.register_keras_serializable(package="keras_tfm")
 class FeedForward(QuantizationConfigMixin, keras.layers.Layer):
     """`Dense(intermediate_dim) -> activation -> dropout -> Dense(output_dim)`, applied to each token.
@@ -56,19 +69,9 @@ class FeedForward(QuantizationConfigMixin, keras.layers.Layer):
         self.activation_fn = get_activation(activation)
         self.hidden_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
-    def _dense(self, units: int, name: str) -> keras.layers.Dense:
-        return keras.layers.Dense(
-            units,
-            use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            dtype=self.dtype_policy,
-            name=name,
-        )
-
     def build(self, inputs_shape):
-        self.intermediate_dense = self._dense(self.intermediate_dim, "intermediate")
-        self.output_dense = self._dense(self.output_dim or inputs_shape[-1], "output")
+        self.intermediate_dense = projection(self, self.intermediate_dim, "intermediate")
+        self.output_dense = projection(self, self.output_dim or inputs_shape[-1], "output")
         self.intermediate_dense.build(inputs_shape)
         self.output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
         self.built = True
