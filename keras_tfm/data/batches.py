@@ -3,8 +3,6 @@ the interrupted one would have seen."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 
@@ -26,11 +24,13 @@ class EpochBatches:
         self.count, self.batch_size = count, batch_size
         self.seed = list(np.atleast_1d(seed))
         self.arrange = arrange
+        self._order: tuple[int, np.ndarray] | None = None  # the last epoch's order: each step of it reads it
 
-    @functools.lru_cache(maxsize=2)  # noqa: B019 (two orders per sampler, freed with it)
     def order(self, epoch: int) -> np.ndarray:
-        order = np.random.default_rng([*self.seed, epoch]).permutation(self.count)
-        return order if self.arrange is None else self.arrange(order)
+        if self._order is None or self._order[0] != epoch:
+            order = np.random.default_rng([*self.seed, epoch]).permutation(self.count)
+            self._order = (epoch, order if self.arrange is None else self.arrange(order))
+        return self._order[1]
 
     def __call__(self, epoch: int, step: int) -> np.ndarray:
         order = self.order(epoch)
