@@ -144,11 +144,6 @@ class Bert(Model):
             "segment_ids": (self.num_segments, "num_segments"),
         }
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update({name: getattr(self, name) for name in _ENCODER_ARGUMENTS})
-        return config
-
 
 class _BertWithHead(Model):
     """Shared by the task models: an encoder built from the same arguments as `Bert`."""
@@ -162,10 +157,12 @@ class _BertWithHead(Model):
     def _id_inputs(self) -> dict:
         return self.encoder._id_inputs()
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update({name: getattr(self.encoder, name) for name in _ENCODER_ARGUMENTS})
-        return config
+    @classmethod
+    def _constructor_arguments(cls) -> list[str]:
+        return [*super()._constructor_arguments(), *_ENCODER_ARGUMENTS]  # passed on to `Bert` through **kwargs
+
+    def _config_value(self, name: str):
+        return getattr(self.encoder if name in _ENCODER_ARGUMENTS else self, name)
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -230,11 +227,6 @@ class BertMLM(_BertWithHead):
         x = self.transform_norm(self.transform(x))
         return self.encoder.token_embedding(x, reverse=True) + ops.cast(self.output_bias, x.dtype)
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(head_activation=self.head_activation, head_layer_norm_epsilon=self.head_layer_norm_epsilon)
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
 class BertClassifier(_BertWithHead):
@@ -281,11 +273,6 @@ class BertClassifier(_BertWithHead):
         )
         pooled = self.pooled_dropout(self.pooler(x[:, 0]), training=training)
         return self.classifier(pooled)
-
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(num_classes=self.num_classes, classifier_dropout=self.classifier_dropout)
-        return config
 
 
 _HEADS = {"mlm": BertMLM, "classifier": BertClassifier, None: Bert}

@@ -264,24 +264,6 @@ class GPT(Model):
         )
         return ops.convert_to_numpy(output)
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(
-            vocabulary_size=self.vocabulary_size,
-            max_length=self.max_length,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            hidden_dim=self.hidden_dim,
-            intermediate_dim=self.intermediate_dim,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            tie_embeddings=self.tie_embeddings,
-            activation=self.activation,
-            remat=self.remat,
-        )
-        return config
-
 
 def gpt2_small(**overrides) -> GPT:
     """GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024, vocabulary 50257."""

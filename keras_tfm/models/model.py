@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import keras
@@ -41,6 +42,29 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
                 f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim={hidden_dim}, "
                 f"num_heads={num_heads}."
             )
+
+    def get_config(self) -> dict:
+        """Keras' config and every constructor argument of the model's class, each read from the
+        attribute of its name (every model keeps its arguments as attributes)."""
+        config = super().get_config()
+        config.update({name: self._config_value(name) for name in self._constructor_arguments()})
+        return config
+
+    def _config_value(self, name: str):
+        return getattr(self, name)
+
+    @classmethod
+    def _constructor_arguments(cls) -> list[str]:
+        """The named arguments of `__init__` of this class and its bases up to `Model` (those a subclass
+        passes on through `**kwargs` included), in order."""
+        names = []
+        for klass in cls.__mro__[: cls.__mro__.index(Model)]:
+            if "__init__" in vars(klass):
+                for parameter in inspect.signature(klass.__init__).parameters.values():
+                    named = parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+                    if named and parameter.name not in ("self", "default_name", *names):
+                        names.append(parameter.name)
+        return names
 
     @property
     def remat(self) -> bool:

@@ -387,39 +387,6 @@ class Translator(Model):
 
         return run
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(
-            {
-                name: getattr(self, name)
-                for name in (
-                    "source_vocabulary_size",
-                    "target_vocabulary_size",
-                    "num_encoder_layers",
-                    "num_decoder_layers",
-                    "num_heads",
-                    "hidden_dim",
-                    "intermediate_dim",
-                    "max_length",
-                    "positions",
-                    "norm_first",
-                    "share_embeddings",
-                    "tie_embeddings",
-                    "scale_embeddings",
-                    "use_output_bias",
-                    "activation",
-                    "dropout",
-                    "attention_dropout",
-                    "layer_norm_epsilon",
-                    "pad_token_id",
-                    "start_token_id",
-                    "end_token_id",
-                    "remat",
-                )
-            }
-        )
-        return config
-
 
 def transformer_small(**overrides) -> Translator:
     """A Multi30k-sized Transformer: 3 + 3 layers, 8 heads, 256 wide, feed-forward 512 (about 9M

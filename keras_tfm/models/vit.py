@@ -193,33 +193,6 @@ class ViT(Model):
             x = self.head(pooled)
         return (x, attention_weights) if return_attention_weights else x
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(
-            {
-                name: getattr(self, name)
-                for name in (
-                    "image_size",
-                    "patch_size",
-                    "num_classes",
-                    "num_layers",
-                    "num_heads",
-                    "hidden_dim",
-                    "intermediate_dim",
-                    "num_channels",
-                    "pooling",
-                    "include_top",
-                    "positions",
-                    "dropout",
-                    "attention_dropout",
-                    "layer_norm_epsilon",
-                    "activation",
-                    "remat",
-                )
-            }
-        )
-        return config
-
 
 def _vit(defaults: dict, overrides: dict) -> ViT:
     return ViT(**{**defaults, **overrides})

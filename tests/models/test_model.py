@@ -308,3 +308,19 @@ def test_labels_are_left_to_other_losses(rng):
     model.compile(optimizer="adam", loss="mse")
     targets = np.full((2, 3), 5.0, "float32")  # above num_classes=3, as values
     assert np.isfinite(model.train_on_batch(*make_inputs(rng), targets))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name", MODELS)
+def test_the_config_holds_every_constructor_argument(name):
+    """One `get_config` (the base class's) serves every model: each argument of the class's constructor
+    (and of its bases') is in it, and the model made from it has the same config."""
+    import inspect
+
+    model = MODELS[name][0]()
+    config = model.get_config()
+    for klass in type(model).__mro__[: type(model).__mro__.index(keras_tfm.models.model.Model)]:
+        for parameter in inspect.signature(klass.__init__).parameters.values():
+            if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                assert parameter.name in config or parameter.name in ("self", "default_name"), parameter.name
+    assert type(model).from_config(config).get_config() == config
