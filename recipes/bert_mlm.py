@@ -32,7 +32,7 @@ from the local Hugging Face cache or downloaded into it): its WordPiece vocabula
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
 import os
 
@@ -85,17 +85,17 @@ def main() -> None:
         help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
     )
     args = parser.parse_args()
-    training.setup(args)
     if args.from_huggingface:
         finetune_checkpoint(args)
         return
     if args.lora_rank and not args.finetune:
-        from keras_tfm.data import DataError
-
-        raise DataError(
-            "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH (the classifier "
-            "stage after pretraining) or --from-huggingface DIR; pretraining trains every weight."
+        raise training.InputError(
+            "LoRA fine-tunes pretrained weights: give --finetune PATH (the classifier stage after "
+            "pretraining) or --from-huggingface DIR; pretraining trains every weight.",
+            argument="lora_rank",
         )
+    config = training.training_config(args)
+    training.setup(config)
 
     import keras
 
@@ -104,9 +104,11 @@ def main() -> None:
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
-    labelled = load_labelled_text(args.finetune) if args.finetune else None  # refused now, not after pretraining
+    labelled = (
+        load_labelled_text(args.finetune, "finetune") if args.finetune else None
+    )  # refused now, not after pretraining
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
-    validation_text = read_text(args.validation_data, "--validation-data") if args.validation_data else text.validation
+    validation_text = read_text(args.validation_data, "validation_data") if args.validation_data else text.validation
     tokenizer = load_or_fit_tokenizer(
         "wordpiece", text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log
     )
@@ -145,10 +147,8 @@ def main() -> None:
         }
 
     encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=length)
-    pretraining = copy.copy(args)  # --lora-rank is for the --finetune stage
-    pretraining.lora_rank = pretraining.lora_alpha = None
     result = training.train(
-        pretraining,
+        dataclasses.replace(config, lora_rank=None, lora_alpha=None),  # --lora-rank is for the --finetune stage
         build_model=lambda: training.build_model(sizes, args, **encoder_config),
         train_batch=train_batch,
         steps_per_pass=len(train_sequences) // args.batch_size,
@@ -170,7 +170,7 @@ def main() -> None:
             classifier.encoder.set_weights(result.model.encoder.get_weights())
             return classifier
 
-        finetune(args, tokenizer, (pad, cls, sep), pretrained_classifier, labelled)
+        finetune(args, config, tokenizer, (pad, cls, sep), pretrained_classifier, labelled)
 
 
 def finetune_checkpoint(args) -> None:
@@ -179,31 +179,38 @@ def finetune_checkpoint(args) -> None:
     from keras_tfm.data import DataError, WordPieceTokenizer
 
     if not args.finetune:
-        raise DataError("--from-huggingface: give --finetune PATH, the labelled texts to fine-tune the checkpoint on.")
-    config = training.checkpoint_config(
+        raise DataError(
+            "give --finetune PATH, the labelled texts to fine-tune the checkpoint on.", argument="from_huggingface"
+        )
+    checkpoint = training.checkpoint_config(
         args,
         "bert",
         {"model": "bert_mini", "data": None, "dataset": None, "validation_data": None},
         "fine-tunes the checkpoint without pretraining",
     )
-    if args.sequence_length > config["max_position_embeddings"]:
+    positions = checkpoint.config["max_position_embeddings"]
+    if args.sequence_length > positions:
         raise DataError(
-            f"--sequence-length: the checkpoint has {config['max_position_embeddings']} positions; "
-            f"got {args.sequence_length}."
+            f"the checkpoint has {positions} positions; got {args.sequence_length}.", argument="sequence_length"
         )
-    tokenizer = WordPieceTokenizer.from_huggingface(args.from_huggingface)
+    config = training.training_config(args, checkpoint)
+    training.setup(config)
+    tokenizer = WordPieceTokenizer.from_huggingface(checkpoint.directory)
     special = tuple(tokenizer.token_id(token) for token in ("[PAD]", "[CLS]", "[SEP]"))
     finetune(
         args,
+        config,
         tokenizer,
         special,
-        lambda num_classes: convert.from_huggingface(args.from_huggingface, num_classes, adapter=args.adapter),
+        lambda num_classes: convert.from_huggingface(checkpoint.directory, num_classes, adapter=checkpoint.adapter),
+        huggingface=checkpoint,
     )
 
 
-def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
+def finetune(args, config, tokenizer, special, make_classifier, labelled=None, huggingface=None) -> None:
     """Trains the BertClassifier `make_classifier(num_classes)` on `[CLS] text [SEP]` rows of `labelled`
-    (`load_labelled_text(args.finetune)` when not given)."""
+    (`load_labelled_text(args.finetune)` when not given), in `output_dir/finetune`; `huggingface`: the
+    checkpoint `make_classifier` loads, if any."""
     import keras
     import keras_hub
 
@@ -211,7 +218,7 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
     from keras_tfm.data import EpochBatches, load_labelled_text
 
     pad, cls, sep = special
-    texts, labels, class_names = labelled or load_labelled_text(args.finetune)
+    texts, labels, class_names = labelled or load_labelled_text(args.finetune, "finetune")
     packer = keras_hub.layers.StartEndPacker(args.sequence_length, start_value=cls, end_value=sep, pad_value=pad)
     # WordPiece gives every word (bar one of control characters only) at least one token, so the first
     # --sequence-length words give every token the packer keeps; whole movie reviews took 17 s to tokenize.
@@ -228,10 +235,14 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
     def inputs(rows):
         return {"token_ids": ids[rows], "padding_mask": ids[rows] != pad}
 
-    stage = copy.copy(args)
-    stage.output_dir = os.path.join(args.output_dir, "finetune")
-    stage.epochs, stage.steps, stage.steps_per_epoch = args.finetune_epochs, None, None
-    stage.learning_rate = args.finetune_learning_rate
+    stage = dataclasses.replace(
+        config,
+        output_dir=os.path.join(config.output_dir, "finetune"),
+        epochs=args.finetune_epochs,
+        steps=None,
+        steps_per_epoch=None,
+        learning_rate=args.finetune_learning_rate,
+    )
     os.makedirs(stage.output_dir, exist_ok=True)
 
     batch_rows = EpochBatches(len(train_rows), args.batch_size, [args.seed, 7], arrange=lambda order: train_rows[order])
@@ -249,6 +260,7 @@ def finetune(args, tokenizer, special, make_classifier, labelled=None) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         pretrained=True,
+        huggingface=huggingface,
         tokenizer=tokenizer,
         labels=class_names,
     )

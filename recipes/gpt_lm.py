@@ -83,15 +83,17 @@ def main() -> None:
         metavar="DIR",
         help="fine-tune this Hugging Face GPT-2 checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
     )
+    parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
     args = parser.parse_args()
-    training.setup(args)
+    checkpoint, tokenizer = checkpoint_settings(args) if args.from_huggingface else (None, None)
+    config = training.training_config(args, checkpoint)
+    training.setup(config)
 
     import keras
 
     from keras_tfm import TokenCrossEntropy, convert
     from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text
 
-    checkpoint, tokenizer = checkpoint_settings(args) if args.from_huggingface else (None, None)
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     if not checkpoint:
         tokenizer = load_or_fit_tokenizer(
@@ -99,7 +101,7 @@ def main() -> None:
         )
     train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
     if checkpoint:
-        context = args.max_length or checkpoint["n_positions"]
+        context = args.max_length or checkpoint.config["n_positions"]
     else:  # constructing a size is cheap (weights are made at build time); it tells the default context
         context = (
             args.max_length or training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size).max_length
@@ -107,8 +109,9 @@ def main() -> None:
     for name, ids in (("training", train_ids), ("validation", validation_ids)):
         if len(ids) <= context + 1:
             raise DataError(
-                f"--data: the {name} text has {len(ids)} tokens, fewer than one window of "
-                f"{context + 1}; give more text or a smaller --max-length."
+                f"the {name} text has {len(ids)} tokens, fewer than one window of "
+                f"{context + 1}; give more text or a smaller `max_length`.",
+                argument="data",
             )
 
     def windows(ids, count, rng):
@@ -147,9 +150,9 @@ def main() -> None:
         }
 
     result = training.train(
-        args,
-        build_model=(lambda: convert.from_huggingface(args.from_huggingface, adapter=args.adapter))
-        if args.from_huggingface
+        config,
+        build_model=(lambda: convert.from_huggingface(checkpoint.directory, adapter=checkpoint.adapter))
+        if checkpoint
         else (lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size, max_length=context)),
         train_batch=train_batch,
         steps_per_pass=len(train_ids) // (args.batch_size * context),
@@ -157,7 +160,7 @@ def main() -> None:
         loss=TokenCrossEntropy(),
         callbacks=[PrintSample()],
         evaluate=evaluate,
-        pretrained=bool(args.from_huggingface),
+        huggingface=checkpoint,
         tokenizer=tokenizer,
     )
     text_out = sample(result.model)
@@ -171,26 +174,27 @@ def main() -> None:
 
 
 def checkpoint_settings(args):
-    """The configuration and tokenizer of a --from-huggingface checkpoint, after refusing flags it fixes."""
+    """The --from-huggingface checkpoint and its tokenizer, after refusing the flags it fixes."""
     from keras_tfm import training
     from keras_tfm.data import BytePairTokenizer, DataError
 
-    config = training.checkpoint_config(
+    checkpoint = training.checkpoint_config(
         args,
         "gpt2",
         {"model": "gpt_shakespeare_char_cpu", "tokenizer": "char", "vocabulary_size": 8192},
         "takes the model and its tokenizer from the checkpoint",
         keep=("max_length",),
     )
-    if args.max_length and args.max_length > config["n_positions"]:
-        raise DataError(f"--max-length: the checkpoint has {config['n_positions']} positions; got {args.max_length}.")
-    tokenizer = BytePairTokenizer.from_huggingface(args.from_huggingface)
-    if tokenizer.vocabulary_size > config["vocab_size"]:
+    positions, embeddings = checkpoint.config["n_positions"], checkpoint.config["vocab_size"]
+    if args.max_length and args.max_length > positions:
+        raise DataError(f"the checkpoint has {positions} positions; got {args.max_length}.", argument="max_length")
+    tokenizer = BytePairTokenizer.from_huggingface(checkpoint.directory)
+    if tokenizer.vocabulary_size > embeddings:
         raise DataError(
-            f"--from-huggingface: the tokenizer has {tokenizer.vocabulary_size} tokens, more than the "
-            f"checkpoint's {config['vocab_size']} embeddings."
+            f"the tokenizer has {tokenizer.vocabulary_size} tokens, more than the checkpoint's {embeddings} embeddings.",
+            argument="from_huggingface",
         )
-    return config, tokenizer
+    return checkpoint, tokenizer
 
 
 if __name__ == "__main__":

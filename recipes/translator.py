@@ -72,10 +72,12 @@ def main() -> None:
         help="lowercased, Moses-tokenized test references, one per line, for the comparable BLEU",
     )
     recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
+    parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
     args = parser.parse_args()
     layers, args.num_layers = args.num_layers, None  # --num-layers sets both stacks
     depth = {} if layers is None else {"num_encoder_layers": layers, "num_decoder_layers": layers}
-    training.setup(args)
+    config = training.training_config(args)
+    training.setup(config)
 
     import keras
 
@@ -94,7 +96,7 @@ def main() -> None:
         log=training.runtime.log,
     )
     if not data.train or not data.test:
-        raise DataError("--data: the training or test split is empty.")
+        raise DataError("the training or test split is empty.", argument="data")
     tokenizers = [
         load_or_fit_tokenizer(
             args.tokenizer,
@@ -110,7 +112,7 @@ def main() -> None:
     source_tokenizer, target_tokenizer = tokenizers
     tokenized_references = None
     if args.tokenized_references:
-        tokenized_references = read_text(args.tokenized_references, "--tokenized-references").splitlines()
+        tokenized_references = read_text(args.tokenized_references, "tokenized_references").splitlines()
         if len(tokenized_references) != len(data.test):
             raise DataError(
                 f"--tokenized-references: expected {len(data.test)} lines (one per test sentence), "
@@ -200,7 +202,7 @@ def main() -> None:
         return keras.ops.sum(hits * mask) / keras.ops.maximum(keras.ops.sum(mask), 1.0)
 
     result = training.train(
-        args,
+        config,
         build_model=lambda: training.build_model(
             sizes,
             args,

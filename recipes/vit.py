@@ -88,7 +88,9 @@ def main() -> None:
         "--cutmix", type=training.number(0.0), default=0.0, help="CutMix with this Beta factor (default: off)"
     )
     args = parser.parse_args()
-    training.setup(args)
+    checkpoint, processor = checkpoint_settings(args) if args.from_huggingface else (None, None)
+    config = training.training_config(args, checkpoint)
+    training.setup(config)
 
     import keras
 
@@ -102,24 +104,25 @@ def main() -> None:
         load_images,
     )
 
-    checkpoint = checkpoint_settings(args) if args.from_huggingface else None
     data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log, image_size=args.image_size)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
     num_classes = len(data.class_names)
-    if checkpoint and train_x.shape[-1] == 1 and checkpoint["num_channels"] == 3:
+    if checkpoint and train_x.shape[-1] == 1 and processor["num_channels"] == 3:
         train_x, test_x = (np.repeat(x, 3, axis=-1) for x in (train_x, test_x))  # as its processor's RGB conversion
     height, width, channels = train_x.shape[1:]
     if height != width and not args.image_size and not checkpoint:
-        raise DataError(f"--image-size: the images are {height}x{width}; give a square size to resize them to.")
-    image_size = args.image_size or (checkpoint["image_size"] if checkpoint else height)  # resized to
+        raise DataError(
+            f"the images are {height}x{width}; give a square size to resize them to.", argument="image_size"
+        )
+    image_size = args.image_size or (processor["image_size"] if checkpoint else height)  # resized to
     # after resizing, as the checkpoint's processor: center crop (unless --image-size is given), rescale, normalise
-    scaling = checkpoint["scaling"] if checkpoint else [keras.layers.Rescaling(1 / 255)]
+    scaling = processor["scaling"] if checkpoint else [keras.layers.Rescaling(1 / 255)]
     if args.image_size:
         scaling = [layer for layer in scaling if not isinstance(layer, keras.layers.CenterCrop)]
     model_size = next((layer.height for layer in scaling if isinstance(layer, keras.layers.CenterCrop)), image_size)
-    patch_size = checkpoint["patch_size"] if checkpoint else args.patch_size or (4 if image_size >= 16 else 2)
+    patch_size = processor["patch_size"] if checkpoint else args.patch_size or (4 if image_size >= 16 else 2)
     if model_size % patch_size:
-        raise DataError(f"--patch-size: must divide --image-size {model_size}; got {patch_size}.")
+        raise DataError(f"must divide `image_size` {model_size}; got {patch_size}.", argument="patch_size")
     resizing = [keras.layers.Resizing(image_size, image_size)] if (height, width) != (image_size, image_size) else []
     preprocess = [*resizing, *scaling]
     training.runtime.log(
@@ -128,12 +131,14 @@ def main() -> None:
     )
 
     def build_model():
-        if args.from_huggingface:
-            backbone = convert.from_huggingface(args.from_huggingface, num_classes=num_classes, adapter=args.adapter)
+        if checkpoint:
+            backbone = convert.from_huggingface(
+                checkpoint.directory, num_classes=num_classes, adapter=checkpoint.adapter
+            )
             if backbone.num_channels != channels:
                 raise DataError(
-                    f"--from-huggingface: the checkpoint takes {backbone.num_channels}-channel images; "
-                    f"the data has {channels} channels."
+                    f"the checkpoint takes {backbone.num_channels}-channel images; the data has {channels} channels.",
+                    argument="from_huggingface",
                 )
         else:
             backbone = training.build_model(
@@ -187,7 +192,7 @@ def main() -> None:
         return results
 
     result = training.train(
-        args,
+        config,
         build_model=build_model,
         train_batch=train_batch,
         steps_per_pass=len(train_x) // args.batch_size,
@@ -195,7 +200,7 @@ def main() -> None:
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         evaluate=evaluate,
-        pretrained=bool(args.from_huggingface),
+        huggingface=checkpoint,
         labels=data.class_names,
         image_preprocessing=(image_size, scaling),  # as a transformers image processor beside the weights
     )
@@ -209,26 +214,26 @@ def main() -> None:
     )
 
 
-def checkpoint_settings(args) -> dict:
-    """What a --from-huggingface checkpoint fixes: patch size, channels, the image processor's size
-    and pixel scaling."""
+def checkpoint_settings(args) -> tuple:
+    """The --from-huggingface checkpoint and what it fixes: patch size, channels, the image processor's
+    size and pixel scaling."""
     from keras_tfm import convert, training
     from keras_tfm.data import DataError
 
-    config = training.checkpoint_config(
+    checkpoint = training.checkpoint_config(
         args,
         "vit",
         {"model": "vit_small_images", "patch_size": None, "pooling": "token"},
         "takes the architecture from the checkpoint",
     )
     try:
-        image_size, scaling = convert.image_preprocessing(args.from_huggingface)
+        image_size, scaling = convert.image_preprocessing(checkpoint.directory)
     except (OSError, ValueError) as failure:
-        raise DataError(f"--from-huggingface: {failure}") from None
-    patch_size = config.get("patch_size", 16)
-    return {
+        raise DataError(str(failure), argument="from_huggingface") from None
+    patch_size = checkpoint.config.get("patch_size", 16)
+    return checkpoint, {
         "patch_size": patch_size if isinstance(patch_size, int) else patch_size[0],
-        "num_channels": config.get("num_channels", 3),
+        "num_channels": checkpoint.config.get("num_channels", 3),
         "image_size": image_size,
         "scaling": scaling,
     }

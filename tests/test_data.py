@@ -34,7 +34,7 @@ def test_read_text_file_gzip_and_directory(tmp_path):
 def test_read_text_bad_files(tmp_path, content, message):
     path = tmp_path / "input.txt"
     path.write_bytes(content)
-    with pytest.raises(DataError, match=f"--data: '{path}' .*{message}"):
+    with pytest.raises(DataError, match=f"^path: '{path}' .*{message}"):
         read_text(str(path))
 
 
@@ -55,20 +55,20 @@ def test_offline_default_is_announced_and_split_90_10():
 
 
 def test_data_and_dataset_together_is_an_error():
-    with pytest.raises(DataError, match="either --data PATH or --dataset NAME"):
+    with pytest.raises(DataError, match="either `data` \\(a path\\) or `dataset` \\(a name\\), not both"):
         load_text("a.txt", "tiny_shakespeare")
 
 
 def test_tfds_without_network_fails_at_once_with_what_to_pass(tmp_path, monkeypatch):
     pytest.importorskip("tensorflow_datasets")
     monkeypatch.setattr(tfds_module, "network_available", lambda timeout=3.0: False)
-    with pytest.raises(DataError, match="--dataset 'tiny_shakespeare' is not downloaded yet .* pass --data PATH"):
+    with pytest.raises(DataError, match="^dataset: 'tiny_shakespeare' is not downloaded yet .* pass `data`"):
         load_text(dataset="tiny_shakespeare", data_dir=str(tmp_path))
 
 
 def test_tfds_unknown_name(tmp_path):
     pytest.importorskip("tensorflow_datasets")
-    with pytest.raises(DataError, match="--dataset 'no_such_dataset_xyz': tensorflow-datasets does not know it"):
+    with pytest.raises(DataError, match="^dataset: tensorflow-datasets does not know 'no_such_dataset_xyz'"):
         load_text(dataset="no_such_dataset_xyz", data_dir=str(tmp_path))
 
 
@@ -189,7 +189,7 @@ def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_anothe
         lowercase=True,
     )
     assert lowercased.decode(lowercased.encode("Ein Hund läuft.")) == "ein hund läuft."
-    with pytest.raises(DataError, match="--vocabulary-size: SentencePiece cannot train on this text with 5 pieces"):
+    with pytest.raises(DataError, match="^vocabulary_size: SentencePiece cannot train on this text with 5 pieces"):
         load_or_fit_tokenizer(
             "sentencepiece", "\n".join(lines), str(tmp_path / "lower" / "small"), vocabulary_size=5, log=lambda m: None
         )
@@ -260,7 +260,7 @@ def test_npz_and_image_folder(tmp_path):
     # photos come in many sizes: a test image of another size is resized with --image-size, refused without
     big = rng.integers(0, 255, (7, 9, 3), dtype=np.uint8)
     Image.fromarray(big).save(tmp_path / "folder" / "test" / "dog" / "big.png")
-    with pytest.raises(DataError, match=r"differ in size \(\[\(5, 5, 3\), \(7, 9, 3\)\]...\); give --image-size N"):
+    with pytest.raises(DataError, match=r"differ in size \(\[\(5, 5, 3\), \(7, 9, 3\)\]...\); give `image_size` N"):
         load_images(str(tmp_path / "folder"), log=lambda m: None)
     splits = load_images(str(tmp_path / "folder"), log=lambda m: None, image_size=6)
     assert splits.train[0].shape == (6, 6, 6, 3) and splits.test[0].shape == (7, 6, 6, 3)

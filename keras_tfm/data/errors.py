@@ -1,5 +1,5 @@
-"""The one exception the data and runtime layers raise for bad input: recipes print it, no traceback."""
+"""The data layer's exception, defined with its siblings in `keras_tfm.errors`."""
 
+from keras_tfm.errors import DataError
 
-class DataError(ValueError):
-    """Bad or missing data; the message names the flag, what was expected and what came."""
+__all__ = ["DataError"]

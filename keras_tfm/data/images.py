@@ -1,11 +1,11 @@
 """Labelled images for classifier recipes: local files, a named TFDS dataset, or the offline default.
 
-Local `--data PATH` may be
+Local files (`data`) may be
   - a directory of IDX files (MNIST / Fashion-MNIST layout: `train-images-idx3-ubyte[.gz]`,
     `train-labels-idx1-ubyte[.gz]`, `t10k-...`),
   - an `.npz` file with `x_train, y_train, x_test, y_test`,
   - an image folder `PATH/<class>/*.png|jpg` (or `PATH/train/<class>/...` and `PATH/test/<class>/...`);
-    images of different sizes are resized to `image_size` (the recipe's --image-size) as they are read.
+    images of different sizes are resized to `image_size` as they are read.
 The offline default is scikit-learn's bundled handwritten digits (1,797 images, 8x8, 10 classes).
 Images come back as uint8 `(count, height, width, channels)` and int32 labels.
 """
@@ -49,14 +49,14 @@ def read_idx(path: str) -> np.ndarray:
             raise ValueError(f"header says {shape}, but {data.size} values follow")
         return data.reshape(shape)
     except (OSError, EOFError, ValueError) as error:
-        raise DataError(f"--data: {path!r} is not a readable IDX file ({error}).") from None
+        raise DataError(f"{path!r} is not a readable IDX file ({error}).", argument="data") from None
 
 
 def _find(directory: str, stem: str) -> str:
     for name in (stem, stem + ".gz"):
         if os.path.exists(os.path.join(directory, name)):
             return os.path.join(directory, name)
-    raise DataError(f"--data: the IDX directory {directory!r} has no {stem}[.gz].")
+    raise DataError(f"the IDX directory {directory!r} has no {stem}[.gz].", argument="data")
 
 
 def _load_idx_directory(path: str):
@@ -65,7 +65,7 @@ def _load_idx_directory(path: str):
         images = read_idx(_find(path, f"{prefix}-images-idx3-ubyte"))
         labels = read_idx(_find(path, f"{prefix}-labels-idx1-ubyte")).astype("int32")
         if len(images) != len(labels):
-            raise DataError(f"--data: {prefix} has {len(images)} images but {len(labels)} labels in {path!r}.")
+            raise DataError(f"{prefix} has {len(images)} images but {len(labels)} labels in {path!r}.", argument="data")
         splits.append((images[..., None], labels))
     return splits
 
@@ -76,11 +76,12 @@ def _load_npz(path: str):
             missing = {"x_train", "y_train", "x_test", "y_test"} - set(arrays.files)
             if missing:
                 raise DataError(
-                    f"--data: {path!r} lacks the arrays {sorted(missing)}; expected x_train, y_train, x_test, y_test."
+                    f"{path!r} lacks the arrays {sorted(missing)}; expected x_train, y_train, x_test, y_test.",
+                    argument="data",
                 )
             splits = [(arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])]
     except (OSError, ValueError) as error:
-        raise DataError(f"--data: {path!r} is not a readable .npz file ({error}).") from None
+        raise DataError(f"{path!r} is not a readable .npz file ({error}).", argument="data") from None
     return [(x if x.ndim == 4 else x[..., None], y.astype("int32").reshape(-1)) for x, y in splits]
 
 
@@ -90,7 +91,7 @@ def _read_folder(path: str, class_names: list[str] | None = None):
 
     class_names = class_names or sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
     if not class_names:
-        raise DataError(f"--data: {path!r} has no class sub-folders; expected PATH/<class>/<image files>.")
+        raise DataError(f"{path!r} has no class sub-folders; expected PATH/<class>/<image files>.", argument="data")
     images, labels = [], []
     for label, name in enumerate(class_names):
         folder = os.path.join(path, name)
@@ -100,11 +101,11 @@ def _read_folder(path: str, class_names: list[str] | None = None):
                     images.append(np.asarray(Image.open(os.path.join(folder, file)).convert("RGB")))
                 except OSError as error:
                     raise DataError(
-                        f"--data: cannot read the image {os.path.join(folder, file)!r} ({error})."
+                        f"cannot read the image {os.path.join(folder, file)!r} ({error}).", argument="data"
                     ) from None
                 labels.append(label)
     if not images:
-        raise DataError(f"--data: no images ({', '.join(_IMAGE_SUFFIXES)}) under {path!r}.")
+        raise DataError(f"no images ({', '.join(_IMAGE_SUFFIXES)}) under {path!r}.", argument="data")
     return images, np.array(labels, "int32"), class_names
 
 
@@ -117,8 +118,8 @@ def _stacked(groups: list[list[np.ndarray]], path: str, image_size: int | None) 
     if len(shapes) > 1:
         if not image_size:
             raise DataError(
-                f"--data: images under {path!r} differ in size ({shapes[:3]}...); give --image-size N to "
-                f"resize them to N x N."
+                f"images under {path!r} differ in size ({shapes[:3]}...); give `image_size` N to resize them to N x N.",
+                argument="data",
             )
         side = (image_size, image_size)
         groups = [
@@ -141,19 +142,20 @@ def load_images(
     image_size: int | None = None,
 ) -> ImageSplits:
     if data and dataset:
-        raise DataError("pass either --data PATH or --dataset NAME, not both.")
+        raise DataError("pass either `data` (a path) or `dataset` (a name), not both.")
     class_names = None
     if data:
         if not os.path.exists(data):
             raise DataError(
-                f"--data: expected an IDX directory, an .npz file or an image folder; nothing is at {data!r}."
+                f"expected an IDX directory, an .npz file or an image folder; nothing is at {data!r}.", argument="data"
             )
         if data.endswith(".npz"):
             train, test = _load_npz(data)
         elif not os.path.isdir(data):
             raise DataError(
-                f"--data: expected an IDX directory, an .npz file or an image folder; {data!r} is a file "
-                f"without the .npz suffix."
+                f"expected an IDX directory, an .npz file or an image folder; {data!r} is a file "
+                f"without the .npz suffix.",
+                argument="data",
             )
         elif any(name.startswith("train-images-idx3") for name in os.listdir(data)):
             train, test = _load_idx_directory(data)
@@ -168,7 +170,7 @@ def load_images(
             train, test = _split(x, labels, 0.1)
         source = f"local images {data!r}"
     elif dataset:
-        instead = "--data PATH (IDX directory, .npz or image folder)"
+        instead = "`data` (an IDX directory, an .npz file or an image folder)"
         train, test = [_tfds_arrays(dataset, split, data_dir, instead) for split in ("train", "test")]
         source = f"tensorflow-datasets {dataset!r}"
     else:

@@ -12,7 +12,9 @@ def pack_sequences(ids: np.ndarray, length: int, cls_id: int, sep_id: int, name:
     """Cuts `ids` into `(count, length)` rows of `[CLS] + length - 2 tokens + [SEP]` (the tail is dropped)."""
     count = len(ids) // (length - 2)
     if count < 1:
-        raise DataError(f"--data: the {name} text has {len(ids)} tokens, fewer than one sequence of {length - 2}.")
+        raise DataError(
+            f"the {name} text has {len(ids)} tokens, fewer than one sequence of {length - 2}.", argument="data"
+        )
     body = np.asarray(ids[: count * (length - 2)]).reshape(count, length - 2)
     return np.concatenate([np.full((count, 1), cls_id), body, np.full((count, 1), sep_id)], axis=1).astype("int32")
 

@@ -1,10 +1,10 @@
 """Parallel text (sentence pairs) for translation recipes: local files, a TFDS dataset, or the offline default.
 
-Local `--data PATH` may be
+Local files (`data`) may be
   - a tab-separated file of pairs, one per line (`source<TAB>target[<TAB>...]`, e.g. ../shared/data/spa-eng/spa.txt;
-    `--swap` reads target first); split 90/5/5 into train/validation/test after a seeded shuffle;
+    `swap` reads target first); split 90/5/5 into train/validation/test after a seeded shuffle;
   - a directory of line-aligned files `{split}.{language}[.gz]` (the Multi30k layout:
-    `train.de.gz`, `val.de.gz`, `test_2016_flickr.de.gz`, ...), with `--source-language`/`--target-language`.
+    `train.de.gz`, `val.de.gz`, `test_2016_flickr.de.gz`, ...), with `source_language`/`target_language`.
 The offline default is generated, not downloaded: English number words to digits
 ("three hundred and twelve" -> "3 1 2"), announced as such.
 """
@@ -39,7 +39,7 @@ def _read_lines(path: str) -> list[str]:
         with opener(path, "rt", encoding="utf-8") as file:
             return [line.rstrip("\n") for line in file]
     except (OSError, EOFError, UnicodeDecodeError) as error:
-        raise DataError(f"--data: {path!r} is corrupt or not UTF-8 text ({error}).") from None
+        raise DataError(f"{path!r} is corrupt or not UTF-8 text ({error}).", argument="data") from None
 
 
 def _split_file(directory: str, split_names: tuple[str, ...], language: str) -> str | None:
@@ -62,14 +62,16 @@ def _load_directory(path: str, source_language: str, target_language: str) -> tu
         if None in files:
             missing = f"{names[0]}.{source_language if files[0] is None else target_language}[.gz]"
             raise DataError(
-                f"--data: the directory {path!r} has no {missing}; expected line-aligned files "
-                f"{{train,val,test}}.{{{source_language},{target_language}}}[.gz]."
+                f"the directory {path!r} has no {missing}; expected line-aligned files "
+                f"{{train,val,test}}.{{{source_language},{target_language}}}[.gz].",
+                argument="data",
             )
         source, target = (_read_lines(f) for f in files)
         if len(source) != len(target):
             raise DataError(
-                f"--data: {files[0]!r} has {len(source)} lines but {files[1]!r} has {len(target)}; "
-                "parallel files must be line-aligned."
+                f"{files[0]!r} has {len(source)} lines but {files[1]!r} has {len(target)}; "
+                "parallel files must be line-aligned.",
+                argument="data",
             )
         splits.append([(s, t) for s, t in zip(source, target) if s.strip() and t.strip()])
     return splits[0], splits[1], splits[2]
@@ -115,7 +117,7 @@ def load_parallel(
     log: Callable[[str], None] = print,
 ) -> ParallelSplits:
     if data and dataset:
-        raise DataError("pass either --data PATH or --dataset NAME, not both.")
+        raise DataError("pass either `data` (a path) or `dataset` (a name), not both.")
     if data:
         if os.path.isdir(data):
             train, validation, test = _load_directory(data, source_language, target_language)
@@ -126,16 +128,19 @@ def load_parallel(
                     continue
                 fields = line.split("\t")
                 if len(fields) < 2:
-                    raise DataError(f"--data: line {number} of {data!r} has no tab; expected source<TAB>target.")
+                    raise DataError(
+                        f"line {number} of {data!r} has no tab; expected source<TAB>target.", argument="data"
+                    )
                 pairs.append((fields[1], fields[0]) if swap else (fields[0], fields[1]))
             train, validation, test = _split_pairs(pairs)
         else:
             raise DataError(
-                f"--data: expected a tab-separated file or a directory of parallel files; nothing is at {data!r}."
+                f"expected a tab-separated file or a directory of parallel files; nothing is at {data!r}.",
+                argument="data",
             )
         source = f"local parallel text {data!r}"
     elif dataset:
-        instead = "--data PATH (a tab-separated file or a directory of line-aligned files)"
+        instead = "`data` (a tab-separated file or a directory of line-aligned files)"
         splits = []
         for split in ("train", "validation", "test"):
             rows = load_tfds(dataset, split, data_dir, instead=instead)

@@ -34,13 +34,14 @@ def offline_text() -> str:
     return "\n\n".join(topics.topics[name].strip() for name in sorted(topics.topics))
 
 
-def read_text(path: str, flag: str = "--data") -> str:
+def read_text(path: str, argument: str = "path") -> str:
     """Reads a UTF-8 text file (`.gz` too), every `.txt`/`.txt.gz` file under a directory or in a `.zip`
-    (in name order), or several of these separated by commas."""
+    (in name order), or several of these separated by commas. `argument`: the caller's argument that
+    gave `path`, named by errors."""
     if "," in path:
-        return "\n".join(read_text(part, flag) for part in path.split(",") if part)
+        return "\n".join(read_text(part, argument) for part in path.split(",") if part)
     if path.endswith(".zip") and os.path.isfile(path):
-        return "\n".join(text for _, text in read_zip_texts(path, flag))
+        return "\n".join(text for _, text in read_zip_texts(path, argument))
     if os.path.isdir(path):
         files = sorted(
             os.path.join(root, name)
@@ -49,10 +50,10 @@ def read_text(path: str, flag: str = "--data") -> str:
             if name.endswith((".txt", ".txt.gz"))
         )
         if not files:
-            raise DataError(f"{flag}: the directory {path!r} holds no .txt or .txt.gz files.")
-        return "\n".join(read_text(file, flag) for file in files)
+            raise DataError(f"the directory {path!r} holds no .txt or .txt.gz files.", argument)
+        return "\n".join(read_text(file, argument) for file in files)
     if not os.path.isfile(path):
-        raise DataError(f"{flag}: expected a text file or a directory of .txt files, but nothing is at {path!r}.")
+        raise DataError(f"expected a text file or a directory of .txt files, but nothing is at {path!r}.", argument)
     try:
         if path.endswith(".gz"):
             with gzip.open(path, "rb") as file:
@@ -62,49 +63,53 @@ def read_text(path: str, flag: str = "--data") -> str:
                 raw = file.read()
         text = raw.decode("utf-8")
     except (OSError, EOFError) as error:
-        raise DataError(f"{flag}: {path!r} is corrupt or unreadable ({error}).") from None
+        raise DataError(f"{path!r} is corrupt or unreadable ({error}).", argument) from None
     except UnicodeDecodeError as error:
         raise DataError(
-            f"{flag}: {path!r} is not UTF-8 text (undecodable byte at offset {error.start}); is it the right file?"
+            f"{path!r} is not UTF-8 text (undecodable byte at offset {error.start}); is it the right file?", argument
         ) from None
     if not text.strip():
-        raise DataError(f"{flag}: {path!r} is empty; expected text to train on.")
+        raise DataError(f"{path!r} is empty; expected text to train on.", argument)
     return text
 
 
-def read_zip_texts(path: str, flag: str = "--data") -> list[tuple[str, str]]:
+def read_zip_texts(path: str, argument: str = "path") -> list[tuple[str, str]]:
     """(member name, text) of every `.txt` member of a zip archive, in name order."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = sorted(n for n in archive.namelist() if n.endswith(".txt") and not n.endswith("README.txt"))
             texts = [(n, archive.read(n).decode("utf-8", errors="replace")) for n in names]
     except (zipfile.BadZipFile, OSError) as error:
-        raise DataError(f"{flag}: {path!r} is not a readable zip archive ({error}).") from None
+        raise DataError(f"{path!r} is not a readable zip archive ({error}).", argument) from None
     if not texts:
-        raise DataError(f"{flag}: the archive {path!r} holds no .txt files.")
+        raise DataError(f"the archive {path!r} holds no .txt files.", argument)
     return texts
 
 
-def load_labelled_text(path: str, flag: str = "--finetune") -> tuple[list[str], np.ndarray, list[str]]:
+def load_labelled_text(path: str, argument: str = "path") -> tuple[list[str], np.ndarray, list[str]]:
     """Texts labelled by their folder (`.../<label>/<name>.txt`) from a zip archive or a directory,
     e.g. the movie reviews (`movie_reviews/pos/...`, `movie_reviews/neg/...`)."""
     if path.endswith(".zip") and os.path.isfile(path):
-        items = read_zip_texts(path, flag)
+        items = read_zip_texts(path, argument)
     elif os.path.isdir(path):
         items = [
-            (os.path.join(root, n), read_text(os.path.join(root, n), flag))
+            (os.path.join(root, n), read_text(os.path.join(root, n), argument))
             for root, _, names in sorted(os.walk(path))
             for n in sorted(names)
             if n.endswith(".txt")
         ]
     else:
-        raise DataError(f"{flag}: expected a zip archive or a directory of <label>/<file>.txt; nothing is at {path!r}.")
+        raise DataError(
+            f"expected a zip archive or a directory of <label>/<file>.txt; nothing is at {path!r}.", argument
+        )
     labels_by_name = [
         name.replace("\\", "/").split("/")[-2] if "/" in name.replace("\\", "/") else "" for name, _ in items
     ]
     class_names = sorted(set(labels_by_name))
     if len(class_names) < 2:
-        raise DataError(f"{flag}: {path!r} needs at least two label folders (<label>/<file>.txt); found {class_names}.")
+        raise DataError(
+            f"{path!r} needs at least two label folders (<label>/<file>.txt); found {class_names}.", argument
+        )
     labels = np.array([class_names.index(label) for label in labels_by_name], "int32")
     return [text for _, text in items], labels, class_names
 
@@ -121,15 +126,15 @@ def load_text(
     validation_fraction: float = 0.1,
     log: Callable[[str], None] = print,
 ) -> TextSplits:
-    """Train and validation text from `--data` files, `--dataset` (TFDS) or the offline default.
+    """Train and validation text from `data` files, `dataset` (TFDS) or the offline default.
 
     Local text and the offline default are split by position: the first 90% trains, the rest validates
     (as nanoGPT does). A TFDS dataset uses its own train and validation (or test) splits.
     """
     if data and dataset:
-        raise DataError("pass either --data PATH or --dataset NAME, not both.")
+        raise DataError("pass either `data` (a path) or `dataset` (a name), not both.")
     if data:
-        train, validation = split_text(read_text(data), validation_fraction)
+        train, validation = split_text(read_text(data, "data"), validation_fraction)
         source = f"local text {data!r}"
     elif dataset:
         train = _tfds_text(dataset, "train", data_dir)
@@ -152,7 +157,7 @@ def load_text(
 
 def _tfds_text(name: str, split: str, data_dir: str | None) -> str:
     pieces = []
-    for example in load_tfds(name, split, data_dir, instead="--data PATH (a text file or a directory of .txt files)"):
+    for example in load_tfds(name, split, data_dir, instead="`data` (a text file or a directory of .txt files)"):
         value = example["text"] if isinstance(example, dict) else example
         pieces.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
     return "\n".join(pieces)

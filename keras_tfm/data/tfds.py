@@ -21,29 +21,33 @@ def network_available(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_tfds(name: str, split: str, data_dir: str | None = None, instead: str = "--data PATH"):
-    """Returns `tfds.as_numpy(tfds.load(name, split=split))`, or raises `DataError` saying what to do."""
+def load_tfds(name: str, split: str, data_dir: str | None = None, instead: str = "`data` (local files)"):
+    """Returns `tfds.as_numpy(tfds.load(name, split=split))`, or raises `DataError` saying what to do;
+    `instead`: the argument that reads local files, as the message should suggest it."""
     try:
         import tensorflow_datasets as tfds
     except ImportError:
         raise DataError(
-            f"--dataset {name!r} needs tensorflow-datasets, which is not installed "
-            f"(pip install 'keras_tfm[data]'); or pass {instead} to use local files."
+            f"{name!r} needs tensorflow-datasets, which is not installed "
+            f"(pip install 'keras_tfm[data]'); or pass {instead} to use local files.",
+            "dataset",
         ) from None
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as error:  # tfds raises its own DatasetNotFoundError and friends
-        raise DataError(f"--dataset {name!r}: tensorflow-datasets does not know it ({_first_line(error)}).") from None
+        raise DataError(f"tensorflow-datasets does not know {name!r} ({_first_line(error)}).", "dataset") from None
     if not builder.is_prepared() and not network_available():
         raise DataError(
-            f"--dataset {name!r} is not downloaded yet and this machine has no network; "
-            f"pass {instead} to train on local files, or leave both out for the offline default."
+            f"{name!r} is not downloaded yet and this machine has no network; "
+            f"pass {instead} to train on local files, or leave both out for the offline default.",
+            "dataset",
         )
     try:
         return tfds.as_numpy(tfds.load(name, split=split, data_dir=data_dir))
     except Exception as error:
         raise DataError(
-            f"--dataset {name!r} (split {split!r}) could not be loaded: {_first_line(error)}. Pass {instead} instead."
+            f"{name!r} (split {split!r}) could not be loaded: {_first_line(error)}. Pass {instead} instead.",
+            "dataset",
         ) from None
 
 

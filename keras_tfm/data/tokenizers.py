@@ -21,9 +21,9 @@ def _checkpoint_directory(name_or_path: str) -> str:
     from keras_tfm.convert.files import checkpoint_directory
 
     try:
-        return checkpoint_directory(name_or_path, "--from-huggingface")
+        return checkpoint_directory(name_or_path)
     except OSError as error:
-        raise DataError(str(error)) from None
+        raise DataError(str(error).removeprefix("from_huggingface: "), "from_huggingface") from None
 
 
 WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
@@ -135,7 +135,7 @@ class WordPieceTokenizer(_KerasHubTokenizer):
         directory = _checkpoint_directory(directory)
         vocabulary_path = os.path.join(directory, "vocab.txt")
         if not os.path.isfile(vocabulary_path):
-            raise DataError(f"--from-huggingface: no vocab.txt (the WordPiece vocabulary) in {directory!r}.")
+            raise DataError(f"no vocab.txt (the WordPiece vocabulary) in {directory!r}.", argument="from_huggingface")
         with open(vocabulary_path, encoding="utf-8") as file:
             vocabulary = [line.rstrip("\n") for line in file]
         config = {}
@@ -145,12 +145,12 @@ class WordPieceTokenizer(_KerasHubTokenizer):
                 with open(config_path, encoding="utf-8") as file:
                     config = json.load(file)
             except ValueError as error:
-                raise DataError(f"--from-huggingface: {config_path!r} is not valid JSON ({error}).") from None
+                raise DataError(f"{config_path!r} is not valid JSON ({error}).", argument="from_huggingface") from None
         lowercase = config.get("do_lower_case", True)
         strip_accents = config.get("strip_accents")
         missing = [token for token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]") if token not in vocabulary]
         if missing:
-            raise DataError(f"--from-huggingface: {vocabulary_path!r} lacks the special tokens {missing}.")
+            raise DataError(f"{vocabulary_path!r} lacks the special tokens {missing}.", argument="from_huggingface")
         return cls(vocabulary, lowercase, lowercase if strip_accents is None else strip_accents)
 
     @classmethod
@@ -248,7 +248,8 @@ class BytePairTokenizer(_KerasHubTokenizer):
         missing = [os.path.basename(path) for path in paths if not os.path.isfile(path)]
         if missing:
             raise DataError(
-                f"--from-huggingface: no {' or '.join(missing)} (GPT-2's byte-pair tokenizer) in {directory!r}."
+                f"no {' or '.join(missing)} (GPT-2's byte-pair tokenizer) in {directory!r}.",
+                argument="from_huggingface",
             )
         try:
             with open(paths[0], encoding="utf-8") as file:
@@ -256,9 +257,11 @@ class BytePairTokenizer(_KerasHubTokenizer):
             with open(paths[1], encoding="utf-8") as file:
                 merges = [line.rstrip("\n") for line in file if line.strip() and not line.startswith("#version")]
         except ValueError as error:
-            raise DataError(f"--from-huggingface: cannot read the tokenizer in {directory!r} ({error}).") from None
+            raise DataError(
+                f"cannot read the tokenizer in {directory!r} ({error}).", argument="from_huggingface"
+            ) from None
         if not isinstance(vocabulary, dict):
-            raise DataError(f"--from-huggingface: {paths[0]!r} must map tokens to ids.")
+            raise DataError(f"{paths[0]!r} must map tokens to ids.", argument="from_huggingface")
         return cls(vocabulary, merges)
 
     @property
@@ -330,8 +333,9 @@ class SentencePieceTokenizer(_KerasHubTokenizer):
             )
         except RuntimeError as error:  # e.g. fewer pieces allowed than the text has characters
             raise DataError(
-                f"--vocabulary-size: SentencePiece cannot train on this text with {vocabulary_size} pieces "
-                f"({str(error).strip().splitlines()[-1]})."
+                f"SentencePiece cannot train on this text with {vocabulary_size} pieces "
+                f"({str(error).strip().splitlines()[-1]}).",
+                argument="vocabulary_size",
             ) from None
         return cls(model.getvalue())
 
@@ -362,7 +366,7 @@ def load_tokenizer(path: str):
         kind = state.pop("kind")
         return TOKENIZERS[kind](**state)
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise DataError(f"--tokenizer: {path!r} is not a saved keras_tfm tokenizer ({error}).") from None
+        raise DataError(f"{path!r} is not a saved keras_tfm tokenizer ({error}).", argument="path") from None
 
 
 def load_or_fit_tokenizer(
@@ -381,13 +385,14 @@ def load_or_fit_tokenizer(
         tokenizer = load_tokenizer(path)
         if tokenizer.kind != kind:  # the run's ids would silently change meaning
             raise DataError(
-                f"--tokenizer: {path!r} holds the {tokenizer.kind} tokenizer of an earlier run in this "
-                f"--output-dir, not {kind}; give --tokenizer {tokenizer.kind}, or another --output-dir."
+                f"{path!r} holds the {tokenizer.kind} tokenizer of an earlier run in this "
+                f"`output_dir`, not {kind}; give `kind` {tokenizer.kind}, or another `output_dir`.",
+                argument="kind",
             )
         log(f"Tokenizer: reusing {path} ({tokenizer.kind}, {tokenizer.vocabulary_size} tokens).")
         return tokenizer
     if kind not in TOKENIZERS:
-        raise DataError(f"--tokenizer: expected one of {sorted(TOKENIZERS)}, got {kind!r}.")
+        raise DataError(f"expected one of {sorted(TOKENIZERS)}, got {kind!r}.", argument="kind")
     tokenizer = TOKENIZERS[kind].fit(text, vocabulary_size, **fit_options)
     tokenizer.save(path)
     log(f"Tokenizer: fitted {kind} on the training text ({tokenizer.vocabulary_size} tokens), saved to {path}.")

@@ -1,7 +1,20 @@
-"""The training runtime shared by the recipes: CLI, XLA and precision, checkpoints and resume,
-distribution, logs, metrics and plots."""
+"""The training runtime shared by the recipes: settings, XLA and precision, checkpoints and resume,
+distribution, logs, metrics and plots; and the command line over it."""
 
+from keras_tfm.errors import CheckpointError, DataError, InputError
 from keras_tfm.training.checkpoints import CheckpointManager, TrainingDiverged
-from keras_tfm.training.cli import FRACTION, POSITIVE, build_model, checkpoint_config, integer, number, recipe_parser
+from keras_tfm.training.cli import (
+    FRACTION,
+    POSITIVE,
+    RecipeParser,
+    build_model,
+    checkpoint_config,
+    integer,
+    number,
+    recipe_parser,
+    run_main,
+    training_config,
+)
+from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
 from keras_tfm.training.distribute import distribution_scope, layout_map, use_cpu_devices
-from keras_tfm.training.runtime import TrainResult, make_optimizer, plan_steps, run_main, setup, train
+from keras_tfm.training.runtime import TrainResult, make_optimizer, plan_steps, setup, train

@@ -4,8 +4,8 @@
 counter included, so the learning-rate schedule resumes where it stopped. Each checkpoint is a new
 file; `state.json` is replaced atomically after the file is complete, so a run killed at any moment
 (`kill -9`) leaves the previous checkpoint intact and pointed to. `state.json` also records the
-model's weight shapes: resuming another model (other flags, same --output-dir) is refused, as is a
-damaged checkpoint, with a `DataError` that says what to do.
+model's weight shapes: resuming another model (other settings, the same directory) is refused, as is a
+damaged checkpoint, with a `CheckpointError` that says what to do.
 
 A LoRA model's checkpoint is two files: its weights with the frozen kernels (not the merged ones
 Keras would write, nor the zeroed pairs it would load) and its LoRA pairs (`keras_tfm.layers.lora`).
@@ -20,7 +20,7 @@ import os
 
 import keras
 
-from keras_tfm.data.errors import DataError
+from keras_tfm.errors import CheckpointError
 from keras_tfm.layers import lora
 
 
@@ -44,12 +44,12 @@ class CheckpointManager:
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise self._cannot_resume(self.state_path, error) from None
 
-    def _cannot_resume(self, path: str, error: Exception) -> DataError:
+    def _cannot_resume(self, path: str, error: Exception) -> CheckpointError:
         reason = (str(error).strip().splitlines() or [""])[0][:300]
-        return DataError(
-            f"--output-dir: cannot resume from {path!r}, damaged or written by another model "
+        return CheckpointError(
+            f"cannot resume from {path!r}, damaged or written by another model "
             f"({type(error).__name__}: {reason}); delete {self.directory!r} to start over, or "
-            f"choose another --output-dir."
+            f"choose another `output_dir`."
         )
 
     def save(self, model: keras.Model, epoch: int, extra: dict | None = None) -> str:
@@ -84,10 +84,10 @@ class CheckpointManager:
             model.optimizer.build(model.trainable_variables)
         saved, current = state.get("weight_shapes"), _architecture(model)
         if saved is not None and saved != current["weight_shapes"]:  # Keras would load what matches, silently
-            raise DataError(
-                f"--output-dir: the checkpoint in {self.directory!r} holds another model ({state.get('parameters', 0):,} "
-                f"parameters) than this one ({current['parameters']:,}): were other model flags given? Delete it to "
-                f"start over, or choose another --output-dir."
+            raise CheckpointError(
+                f"the checkpoint in {self.directory!r} holds another model ({state.get('parameters', 0):,} "
+                f"parameters) than this one ({current['parameters']:,}): were other model settings given? Delete "
+                f"it to start over, or choose another `output_dir`."
             )
         path = os.path.join(self.directory, state["weights"])
         try:

@@ -1,16 +1,26 @@
-"""The command line every recipe shares: model size by name and overrides, schedule, data, runtime."""
+"""The command line every recipe shares: model size by name and overrides, schedule, data, runtime.
+
+Flags are the library's argument names with hyphens (`--output-dir` is `TrainingConfig.output_dir`), so
+the library's errors, which name Python arguments, reach the command line as flags (`run_main`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import math
 import os
+import re
+import sys
 import typing
+from collections.abc import Callable
 
 import keras
 
-from keras_tfm.data.errors import DataError
+from keras_tfm.errors import DataError, InputError
+from keras_tfm.training.checkpoints import TrainingDiverged
+from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
 
 MODEL_OVERRIDES = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "max_length")
 
@@ -58,9 +68,41 @@ POSITIVE = integer(1)
 FRACTION = number(0.0, 1.0, below_maximum=True)  # a rate in [0, 1): dropout, label smoothing, ...
 
 
-def recipe_parser(description: str, sizes: dict, default_size: str, default_output_dir: str) -> argparse.ArgumentParser:
-    """An `ArgumentParser` with the flags of the shared runtime; a recipe adds its own to it."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+class RecipeParser(argparse.ArgumentParser):
+    """An `ArgumentParser` that speaks of the library's arguments as its flags.
+
+    `aliases` maps a library argument to this parser's flag where their names differ (for example
+    `{"kind": "tokenizer"}`: `load_or_fit_tokenizer(kind=...)` is given `--tokenizer`).
+    """
+
+    parsed: RecipeParser | None = None  # the parser of the command line being run, for `run_main`
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.aliases: dict[str, str] = {}
+        self._destinations: set[str] = set()
+
+    def parse_args(self, args=None, namespace=None):
+        namespace = super().parse_args(args, namespace)
+        self._destinations = set(vars(namespace))
+        RecipeParser.parsed = self
+        return namespace
+
+    def flag(self, argument: str) -> str | None:
+        """`--the-flag` that gives the library's `argument`, or `None` if this command line has none."""
+        name = self.aliases.get(argument, argument)
+        return "--" + name.replace("_", "-") if name in self._destinations else None
+
+    def speak_flags(self, error: InputError) -> str:
+        """`error`'s message with the arguments it names written as this command line's flags."""
+        message = re.sub(r"`([a-z_][a-z0-9_]*)`", lambda match: self.flag(match[1]) or match[0], error.message)
+        prefix = error.argument and (self.flag(error.argument) or error.argument)
+        return f"{prefix}: {message}" if prefix else message
+
+
+def recipe_parser(description: str, sizes: dict, default_size: str, default_output_dir: str) -> RecipeParser:
+    """A `RecipeParser` with the flags of the shared runtime; a recipe adds its own to it."""
+    parser = RecipeParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     model = parser.add_argument_group("model")
     model.add_argument(
@@ -199,52 +241,75 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     return parser
 
 
+def training_config(
+    args: argparse.Namespace, huggingface: HuggingFaceCheckpoint | None = None, **changes
+) -> TrainingConfig:
+    """The `TrainingConfig` of the parsed flags (each field from the flag of its name), with `changes`;
+    the model is named by `--model`, or by the `huggingface` checkpoint it fine-tunes."""
+    fields = {field.name for field in dataclasses.fields(TrainingConfig)}
+    values = {name: value for name, value in vars(args).items() if name in fields}
+    model_name = f"from_huggingface {huggingface.name}" if huggingface else args.model
+    return TrainingConfig(**{**values, "model_name": model_name, **changes})
+
+
 def build_model(sizes: dict, args: argparse.Namespace, **fixed):
     """Calls the size function named by `--model` with `fixed` arguments and the overrides given."""
     if args.model not in sizes:
-        raise DataError(f"--model: expected one of {', '.join(sizes)}; got {args.model!r}.")
+        raise DataError(f"expected one of {', '.join(sizes)}; got {args.model!r}.", argument="model")
     size = sizes[args.model]
     model_class = typing.get_type_hints(size).get("return")  # size functions are `name(**overrides) -> Class`
     accepted = inspect.signature(model_class).parameters if model_class not in (None, keras.Model) else {}
     overrides = {name: getattr(args, name) for name in MODEL_OVERRIDES if getattr(args, name, None) is not None}
     for name in overrides:
         if accepted and name not in accepted:
-            raise DataError(f"--{name.replace('_', '-')}: {args.model} has no such setting.")
+            raise InputError(f"{args.model} has no such setting.", argument=name)
     try:
         return size(**{**overrides, **fixed})
     except (TypeError, ValueError) as error:
-        raise DataError(f"--model {args.model}: {error}") from None
+        raise InputError(f"{args.model}: {error}", argument="model") from None
 
 
-def checkpoint_config(args: argparse.Namespace, model_type: str, fixed: dict, reason: str, keep: tuple = ()) -> dict:
+def checkpoint_config(
+    args: argparse.Namespace, model_type: str, fixed: dict, reason: str, keep: tuple = ()
+) -> HuggingFaceCheckpoint:
     """For `--from-huggingface DIR`: refuses the model overrides (except those in `keep`) and every flag
-    in `fixed` that differs from its default there, each with `reason`; returns DIR's `config.json`
-    after checking its model type; names the checkpoint as the model in metrics.json. DIR may be a
-    Hugging Face Hub model id: `args.from_huggingface` becomes its directory in the local cache. DIR
-    may be a peft LoRA adapter: `args.adapter` becomes its directory, and `args.from_huggingface`
-    that of the base checkpoint it names (`args.base_model_name`)."""
+    in `fixed` that differs from its default there, each with `reason`; returns DIR resolved, with its
+    `config.json` after checking its model type. DIR may be a Hugging Face Hub model id (read from, or
+    downloaded into, the local cache) or a peft LoRA adapter on a checkpoint."""
     from keras_tfm.convert import adapters
     from keras_tfm.convert.files import checkpoint_directory, read_config
 
     given = [name for name in MODEL_OVERRIDES if name not in keep and getattr(args, name, None) is not None]
     given += [name for name, default in fixed.items() if getattr(args, name) != default]
     if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise DataError(f"{flag}: --from-huggingface {reason}; drop {flag}.")
+        raise InputError(f"`from_huggingface` {reason}; leave `{given[0]}` out.", argument=given[0])
     name = args.from_huggingface
     try:
         directory = checkpoint_directory(name)  # a Hub model id becomes its cached snapshot
-        args.adapter, args.base_model_name = None, name
+        adapter, base_model_name = None, name
         if adapters.is_adapter_directory(directory) and not os.path.isfile(os.path.join(directory, "config.json")):
-            args.adapter, args.base_model_name = directory, adapters.base_model_name(directory)
-            directory = checkpoint_directory(args.base_model_name)
-        args.from_huggingface = directory
+            adapter, base_model_name = directory, adapters.base_model_name(directory)
+            directory = checkpoint_directory(base_model_name)
         config = read_config(directory)
     except (OSError, ValueError) as error:
-        raise DataError(f"--from-huggingface: {error}") from None
+        raise DataError(str(error).removeprefix("from_huggingface: "), argument="from_huggingface") from None
     if config["model_type"] != model_type:
         raise DataError(
-            f"--from-huggingface: expected a {model_type} checkpoint; {name!r} holds a {config['model_type']!r} model."
+            f"expected a {model_type} checkpoint; {name!r} holds a {config['model_type']!r} model.",
+            argument="from_huggingface",
         )
-    args.model = f"from_huggingface {name}"
-    return config
+    return HuggingFaceCheckpoint(name, directory, config, base_model_name, adapter)
+
+
+def run_main(main: Callable[[], None]) -> None:
+    """Runs a recipe's `main`, turning bad input and divergence into one clear line (speaking of the
+    recipe's flags) and exit status 2 (bad input) or 3 (the loss diverged)."""
+    RecipeParser.parsed = None
+    try:
+        main()
+    except (InputError, TrainingDiverged) as error:
+        status = 3 if isinstance(error, TrainingDiverged) else 2
+        error = error if isinstance(error, InputError) else InputError(str(error))
+        parser = RecipeParser.parsed
+        print(f"error: {parser.speak_flags(error) if parser else error}", file=sys.stderr)
+        raise SystemExit(status) from None

@@ -1,8 +1,8 @@
 """Scale-out on the engines that exist: `keras.distribution` on JAX, `tf.distribute` on TensorFlow.
 
-`--distribute data` replicates the model and splits each global batch over the devices:
+`distribute="data"` (`--distribute data`) replicates the model and splits each global batch over the devices:
 JAX `DataParallel` or TensorFlow `MirroredStrategy` (every local GPU, or the CPU's virtual devices).
-`--distribute model` (JAX) lays the devices out as a (batch, model) mesh and shards attention heads and
+`distribute="model"` (JAX) lays the devices out as a (batch, model) mesh and shards attention heads and
 the feed-forward width over the "model" axis with `layout_map`.
 
 The same flags run on a multi-GPU host unchanged (the devices are the GPUs). On several hosts, start the
@@ -18,7 +18,7 @@ import os
 
 import keras
 
-from keras_tfm.data.errors import DataError
+from keras_tfm.errors import InputError
 
 
 def use_cpu_devices(count: int) -> None:
@@ -36,7 +36,7 @@ def use_cpu_devices(count: int) -> None:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
     else:
-        raise DataError(f"--cpu-devices: virtual devices need the jax or tensorflow backend, not {backend}.")
+        raise InputError(f"virtual devices need the jax or tensorflow backend, not {backend}.", argument="count")
 
 
 def layout_map(device_mesh) -> keras.distribution.LayoutMap:
@@ -54,20 +54,22 @@ def layout_map(device_mesh) -> keras.distribution.LayoutMap:
     return layouts
 
 
-def distribution_scope(mode: str, model_parallel: int | None = None, log=print):
-    """Sets up `mode` ("none", "data", "model") and returns the context to build and compile the model in."""
-    if mode == "none":
+def distribution_scope(distribute: str, model_parallel: int | None = None, log=print):
+    """Sets up `distribute` ("none", "data", "model") and returns the context to build and compile the model in."""
+    if distribute == "none":
         return contextlib.nullcontext()
     backend = keras.backend.backend()
     if backend == "jax":
         devices = keras.distribution.list_devices()
-        if mode == "data":
+        if distribute == "data":
             keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
             log(f"Distribution: JAX DataParallel over {len(devices)} devices.")
         else:
             model_axis = model_parallel or len(devices)
             if len(devices) % model_axis:
-                raise DataError(f"--model-parallel: must divide the {len(devices)} devices; got {model_axis}.")
+                raise InputError(
+                    f"must divide the {len(devices)} devices; got {model_axis}.", argument="model_parallel"
+                )
             mesh = keras.distribution.DeviceMesh((len(devices) // model_axis, model_axis), ["batch", "model"], devices)
             keras.distribution.set_distribution(
                 keras.distribution.ModelParallel(layout_map=layout_map(mesh), batch_dim_name="batch")
@@ -75,9 +77,10 @@ def distribution_scope(mode: str, model_parallel: int | None = None, log=print):
             log(f"Distribution: JAX ModelParallel, mesh {mesh.shape} (batch, model).")
         return contextlib.nullcontext()
     if backend == "tensorflow":
-        if mode == "model":
-            raise DataError(
-                "--distribute model: model parallelism is implemented on the jax backend; use --distribute data on tensorflow."
+        if distribute == "model":
+            raise InputError(
+                'model parallelism ("model") is implemented on the jax backend; use "data" on tensorflow.',
+                argument="distribute",
             )
         import tensorflow as tf
 
@@ -86,7 +89,8 @@ def distribution_scope(mode: str, model_parallel: int | None = None, log=print):
         strategy = tf.distribute.MirroredStrategy(devices)
         log(f"Distribution: TensorFlow MirroredStrategy over {strategy.num_replicas_in_sync} devices.")
         return strategy.scope()
-    raise DataError(
-        f"--distribute {mode}: supported on the jax and tensorflow backends, not {backend}; "
-        "run with KERAS_BACKEND=jax or tensorflow."
+    raise InputError(
+        f"{distribute!r}: supported on the jax and tensorflow backends, not {backend}; "
+        "run with KERAS_BACKEND=jax or tensorflow.",
+        argument="distribute",
     )

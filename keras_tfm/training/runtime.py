@@ -1,9 +1,9 @@
-"""The training runtime every recipe shares: one `train` call from flags to metrics.json.
+"""The training runtime every recipe shares: one `train` call from settings to metrics.json.
 
-    recipe: parse flags -> data -> `train(args, build_model=..., train_batch=..., ...)`
+    recipe: parse flags -> data -> `train(TrainingConfig(...), build_model=..., train_batch=..., ...)`
     runtime: seed, precision, distribution -> build + compile (AdamW, warmup + cosine, XLA)
              -> resume from the last checkpoint -> `model.fit` with progress, CSV log, checkpoints,
-             NaN stop -> evaluate -> metrics.json + learning_curves.png in --output-dir
+             NaN stop -> evaluate -> metrics.json + learning_curves.png in `output_dir`
 
 Training data comes as `train_batch(epoch, step) -> (x, y)`, a pure function of its arguments, so a
 resumed run sees exactly the batches the interrupted one would have seen.
@@ -11,7 +11,6 @@ resumed run sees exactly the batches the interrupted one would have seen.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
@@ -24,10 +23,11 @@ from collections.abc import Callable
 import keras
 
 from keras_tfm.compat import sublayers
-from keras_tfm.data.errors import DataError
+from keras_tfm.errors import InputError
 from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
 from keras_tfm.training.checkpoints import CheckpointManager, EpochCheckpoint, StopOnNaN, TrainingDiverged
+from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
 from keras_tfm.training.distribute import distribution_scope, use_cpu_devices
 
 
@@ -42,69 +42,63 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def setup(args: argparse.Namespace) -> None:
+def setup(config: TrainingConfig) -> None:
     """Virtual CPU devices, seed and dtype policy; call before building anything."""
-    if args.cpu_devices:
-        use_cpu_devices(args.cpu_devices)
-    keras.utils.set_random_seed(args.seed)
-    keras.config.set_dtype_policy(args.precision)
-    os.makedirs(args.output_dir, exist_ok=True)
-    log(f"Backend: {keras.backend.backend()}, precision {args.precision}, output in {args.output_dir}")
+    if config.cpu_devices:
+        if keras.backend.backend() == "torch":
+            raise InputError("virtual CPU devices need the jax or tensorflow backend, not torch.", "cpu_devices")
+        use_cpu_devices(config.cpu_devices)
+    keras.utils.set_random_seed(config.seed)
+    keras.config.set_dtype_policy(config.precision)
+    os.makedirs(config.output_dir, exist_ok=True)
+    log(f"Backend: {keras.backend.backend()}, precision {config.precision}, output in {config.output_dir}")
 
 
-def use_jit(args: argparse.Namespace) -> bool:
+def use_jit(config: TrainingConfig) -> bool:
     # On PyTorch, Keras' jit_compile means torch.compile, which recompiles at every layer boundary of
     # these models (minutes) and then runs slower than eager; so "auto" is eager there.
-    if args.jit_compile == "auto":
-        if keras.backend.backend() == "tensorflow" and args.distribute != "none":
+    if config.jit_compile == "auto":
+        if keras.backend.backend() == "tensorflow" and config.distribute != "none":
             import tensorflow as tf
 
             # XLA cannot place MirroredStrategy's per-device variables on virtual CPU devices
             # ("Trying to access resource ... located in device CPU:1 from device CPU:0"); GPUs are fine.
             return bool(tf.config.list_logical_devices("GPU"))
         return keras.backend.backend() != "torch"
-    return args.jit_compile == "on"
+    return config.jit_compile == "on"
 
 
-def plan_steps(args: argparse.Namespace, steps_per_pass: int) -> tuple[int, int]:
-    """(epochs, steps_per_epoch) from --epochs, --steps-per-epoch and --steps."""
-    steps_per_epoch = args.steps_per_epoch or max(1, steps_per_pass)
-    epochs = args.epochs
-    if args.steps:
-        steps_per_epoch = min(steps_per_epoch, args.steps)
-        epochs = math.ceil(args.steps / steps_per_epoch)
-        steps_per_epoch = math.ceil(args.steps / epochs)
-    for flag, value in (
-        ("--epochs", epochs),
-        ("--steps-per-epoch", steps_per_epoch),
-        ("--batch-size", args.batch_size),
-    ):
-        if value < 1:
-            raise DataError(f"{flag}: expected a positive number, got {value}.")
+def plan_steps(config: TrainingConfig, steps_per_pass: int) -> tuple[int, int]:
+    """(epochs, steps_per_epoch) from `epochs`, `steps_per_epoch` and `steps`; an epoch is one pass
+    (`steps_per_pass` batches, at least one) unless `steps_per_epoch` says otherwise."""
+    steps_per_epoch = config.steps_per_epoch or max(1, steps_per_pass)
+    epochs = config.epochs
+    if config.steps:
+        steps_per_epoch = min(steps_per_epoch, config.steps)
+        epochs = math.ceil(config.steps / steps_per_epoch)
+        steps_per_epoch = math.ceil(config.steps / epochs)
     return epochs, steps_per_epoch
 
 
-def make_optimizer(args: argparse.Namespace, total_steps: int) -> keras.optimizers.Optimizer:
-    """AdamW, linear warmup to --learning-rate, then cosine decay to a tenth of it; no weight decay
-    on biases, LayerNorm and embeddings' positions; with --ema, a moving average of the weights."""
-    if args.ema is not None and not 0.0 <= args.ema < 1.0:
-        raise DataError(f"--ema: expected a momentum in [0, 1), such as 0.999; got {args.ema}.")
-    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, total_steps // 20)
+def make_optimizer(config: TrainingConfig, total_steps: int) -> keras.optimizers.Optimizer:
+    """AdamW, linear warmup to `learning_rate`, then cosine decay to a tenth of it; no weight decay
+    on biases, LayerNorm and embeddings' positions; with `ema`, a moving average of the weights."""
+    warmup = config.warmup_steps if config.warmup_steps is not None else max(1, total_steps // 20)
     warmup = min(warmup, max(total_steps - 1, 0))
     schedule = keras.optimizers.schedules.CosineDecay(
         0.0,
         decay_steps=max(1, total_steps - warmup),
         alpha=0.1,
-        warmup_target=args.learning_rate,
+        warmup_target=config.learning_rate,
         warmup_steps=warmup,
     )
     optimizer = keras.optimizers.AdamW(
         schedule,
-        weight_decay=args.weight_decay,
+        weight_decay=config.weight_decay,
         beta_2=0.99,
-        global_clipnorm=args.clip_norm or None,
-        use_ema=args.ema is not None,
-        ema_momentum=args.ema if args.ema is not None else 0.99,
+        global_clipnorm=config.clip_norm or None,
+        use_ema=config.ema is not None,
+        ema_momentum=config.ema if config.ema is not None else 0.99,
     )
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
     return optimizer
@@ -121,7 +115,7 @@ def _made_here(metrics: list | None) -> list:
 
 
 def train(
-    args: argparse.Namespace,
+    config: TrainingConfig,
     *,
     build_model: Callable[[], keras.Model],
     train_batch: Callable[[int, int], tuple],  # (x, y) or (x, y, sample_weight)
@@ -133,67 +127,134 @@ def train(
     callbacks: list | None = None,
     evaluate: Callable[[keras.Model], dict] | None = None,
     pretrained: bool = False,
+    huggingface: HuggingFaceCheckpoint | None = None,
     tokenizer=None,
     labels: list | None = None,
     image_preprocessing: tuple | None = None,
 ) -> TrainResult:
-    """Builds, trains (resuming if `--output-dir` holds a checkpoint), evaluates and records a model.
-    `pretrained`: `build_model` returns trained weights (a checkpoint, an earlier stage), which
-    `--lora-rank` may fine-tune. The trained model is also written for transformers users
-    (`OUTPUT_DIR/huggingface`) where they can use it: fine-tuned from `--from-huggingface` (with that
-    checkpoint's tokenizer files), read by a `tokenizer` that writes itself for transformers
-    (characters, byte-pair, WordPiece), or a ViT given its `image_preprocessing` (`save_huggingface`'s), with a
-    classifier's class names `labels`. A LoRA run on a checkpoint writes its peft adapter instead."""
-    lora_rank = getattr(args, "lora_rank", None)
-    if lora_rank and not pretrained:
-        raise DataError(
-            "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; "
-            "use it with --from-huggingface DIR (gpt_lm.py, vit.py, bert_mlm.py) or bert_mlm.py's "
-            "--finetune stage."
+    """Builds, trains (resuming if `config.output_dir` holds a checkpoint), evaluates and records a model.
+
+    Args:
+        config: the run's settings.
+        build_model: makes the model (called inside the distribution's scope).
+        train_batch: `(epoch, step) -> (x, y)` or `(x, y, sample_weight)`, a pure function of its arguments.
+        steps_per_pass: batches in one pass over the training data (an epoch, unless the config sets one).
+        validation_data: `(x, y)` or `(x, y, sample_weight)`, evaluated after every epoch and at the end.
+        loss, metrics, weighted_metrics: as `keras.Model.compile` takes them.
+        callbacks: more Keras callbacks for `fit`.
+        evaluate: `model -> dict` of further results for `metrics.json`, called at the end.
+        pretrained: `build_model` returns trained weights (a checkpoint, an earlier stage), which
+            `config.lora_rank` may fine-tune.
+        huggingface: the Hugging Face checkpoint `build_model` loads, if any (implies `pretrained`).
+        tokenizer, labels, image_preprocessing: what the Hugging Face checkpoint written after training
+            needs besides the weights (see below).
+
+    The trained model is also written for transformers users (`output_dir/huggingface`) where they can
+    use it: fine-tuned from `huggingface` (with that checkpoint's tokenizer files), read by a `tokenizer`
+    that writes itself for transformers (characters, byte-pair, WordPiece), or a ViT given its
+    `image_preprocessing` (`save_huggingface`'s), with a classifier's class names `labels`. A LoRA run on
+    a Hugging Face checkpoint writes its peft adapter instead.
+    """
+    pretrained = pretrained or huggingface is not None
+    if config.lora_rank and not pretrained:
+        raise InputError(
+            "LoRA fine-tunes pretrained weights, and this run trains a model from scratch; use it with "
+            "a `from_huggingface` checkpoint (gpt_lm.py, vit.py, bert_mlm.py) or bert_mlm.py's `finetune` stage.",
+            "lora_rank",
         )
-    if getattr(args, "lora_alpha", None) is not None and not lora_rank:
-        raise DataError("--lora-alpha: it scales LoRA's updates; give --lora-rank too.")
-    epochs, steps_per_epoch = plan_steps(args, steps_per_pass)
-    total_steps = epochs * steps_per_epoch
-    with distribution_scope(args.distribute, args.model_parallel, log=log):
-        model = build_model()
-        adapted = lora.lora_layers(model)  # a peft adapter's, from --from-huggingface
-        if lora_rank and adapted:
-            raise DataError(
-                f"--lora-rank: --from-huggingface {getattr(args, 'adapter', '')!r} is a LoRA adapter "
-                f"of rank {next(iter(adapted.values())).lora_rank}, which goes on training; drop "
-                "--lora-rank."
-            )
-        if lora_rank:
-            _zoo_model(model).enable_lora(lora_rank, lora_alpha=getattr(args, "lora_alpha", None))
-        lora_rank = lora_rank or (next(iter(adapted.values())).lora_rank if adapted else None)
-        remat = getattr(args, "remat", False)
-        if remat:
-            model.remat = True
-        model.compile(
-            optimizer=make_optimizer(args, total_steps),
-            loss=loss,
-            metrics=_made_here(metrics),
-            weighted_metrics=_made_here(weighted_metrics),
-            jit_compile=use_jit(args),
-        )
-        first_x = train_batch(0, 0)[0]
-        model(first_x)
+    epochs, steps_per_epoch = plan_steps(config, steps_per_pass)
+    model, lora_rank = _build(
+        config, build_model, train_batch, epochs * steps_per_epoch, loss, metrics, weighted_metrics
+    )
     trainable = sum(math.prod(variable.shape) for variable in model.trainable_variables)
     log(
         f"Model: {model.name}, {model.count_params():,} parameters"
         f"{f' ({trainable:,} trained: LoRA rank {lora_rank})' if lora_rank else ''}; {epochs} epochs x "
-        f"{steps_per_epoch} steps of batch {args.batch_size}; XLA {'on' if use_jit(args) else 'off'}"
-        f"{'; blocks rematerialized' if remat else ''}."
+        f"{steps_per_epoch} steps of batch {config.batch_size}; XLA {'on' if use_jit(config) else 'off'}"
+        f"{'; blocks rematerialized' if config.remat else ''}."
     )
+    csv_path = os.path.join(config.output_dir, "log.csv")
+    seconds = _fit(config, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks)
 
-    manager = CheckpointManager(os.path.join(args.output_dir, "checkpoint"))
+    results = model.evaluate(
+        validation_data[0],
+        validation_data[1],
+        batch_size=config.batch_size,
+        return_dict=True,
+        verbose=0,
+        sample_weight=validation_data[2] if len(validation_data) > 2 else None,
+    )
+    results = {f"validation_{name}": float(value) for name, value in results.items()}
+    if evaluate is not None:
+        results.update(evaluate(model))
+    record = {
+        "backend": keras.backend.backend(),
+        "model": config.model_name or model.name,
+        "parameters": model.count_params(),
+        "trainable_parameters": trainable,
+        "lora_rank": lora_rank,
+        "epochs": epochs,
+        "steps": epochs * steps_per_epoch,
+        "batch_size": config.batch_size,
+        "precision": config.precision,
+        "remat": config.remat,
+        "train_seconds_this_run": round(seconds, 1),
+        **results,
+    }
+    record.update(_export(config, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing))
+    with open(os.path.join(config.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
+        json.dump(record, file, indent=2)
+    history = read_log(csv_path)
+    if history:
+        from keras_tfm.viz import plot_learning_curves
+
+        plot_learning_curves(history, os.path.join(config.output_dir, "learning_curves.png"), title=record["model"])
+    log("Metrics: " + json.dumps(record))
+    return TrainResult(model, record, history)
+
+
+def _build(
+    config: TrainingConfig, build_model, train_batch, total_steps: int, loss, metrics, weighted_metrics
+) -> tuple[keras.Model, int | None]:
+    """The model built (on the first batch) and compiled in the distribution's scope, with LoRA enabled
+    where asked; returns it and its LoRA rank (`config.lora_rank`, or that of a peft adapter it was
+    loaded with)."""
+    with distribution_scope(config.distribute, config.model_parallel, log=log):
+        model = build_model()
+        adapted = lora.lora_layers(model)  # a peft adapter's, from a `from_huggingface` adapter
+        if config.lora_rank and adapted:
+            raise InputError(
+                f"the checkpoint is a LoRA adapter of rank {next(iter(adapted.values())).lora_rank}, which "
+                "goes on training; leave `lora_rank` out.",
+                "lora_rank",
+            )
+        if config.lora_rank:
+            _zoo_model(model).enable_lora(config.lora_rank, lora_alpha=config.lora_alpha)
+        if config.remat:
+            model.remat = True
+        model.compile(
+            optimizer=make_optimizer(config, total_steps),
+            loss=loss,
+            metrics=_made_here(metrics),
+            weighted_metrics=_made_here(weighted_metrics),
+            jit_compile=use_jit(config),
+        )
+        model(train_batch(0, 0)[0])
+    return model, config.lora_rank or (next(iter(adapted.values())).lora_rank if adapted else None)
+
+
+def _fit(
+    config: TrainingConfig, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks
+) -> float:
+    """Resumes from the last checkpoint in `output_dir`, fits the epochs left and returns the seconds
+    it took; raises `TrainingDiverged` if the loss went NaN."""
+    manager = CheckpointManager(os.path.join(config.output_dir, "checkpoint"))
     initial_epoch = manager.restore(model)
-    csv_path = os.path.join(args.output_dir, "log.csv")
     if initial_epoch:
+        iterations = model.optimizer.iterations
         log(
             f"Resuming from {manager.state_path}: {initial_epoch} epochs done, optimizer step "
-            f"{int(model.optimizer.iterations.numpy() if hasattr(model.optimizer.iterations, 'numpy') else model.optimizer.iterations)}."
+            f"{int(keras.ops.convert_to_numpy(iterations))}."
         )
         _truncate_log(csv_path, initial_epoch)
     nan_stop = StopOnNaN()
@@ -203,12 +264,12 @@ def train(
         keras.callbacks.CSVLogger(csv_path, append=initial_epoch > 0),
         *(callbacks or []),
     ]
-    if args.ema is not None:
+    if config.ema is not None:
         # Validation reads the averaged weights; checkpoints (written after it) hold the raw weights
         # and, in the optimizer's state, the averages, so a resumed run continues both.
         run_callbacks.append(keras.callbacks.SwapEMAWeights())
-    if args.tensorboard:
-        run_callbacks.append(keras.callbacks.TensorBoard(os.path.join(args.output_dir, "tensorboard")))
+    if config.tensorboard:
+        run_callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.output_dir, "tensorboard")))
 
     def stream():
         for epoch in range(initial_epoch, epochs):
@@ -223,97 +284,63 @@ def train(
             epochs=epochs,
             initial_epoch=initial_epoch,
             validation_data=validation_data,
-            validation_batch_size=args.batch_size,
+            validation_batch_size=config.batch_size,
             shuffle=False,
             callbacks=run_callbacks,
-            verbose=args.verbose if args.verbose is not None else (1 if sys.stdout.isatty() else 2),
+            verbose=config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2),
         )
     else:
         log("Training already finished in this output directory; evaluating.")
         model.optimizer.finalize_variable_values(model.trainable_variables)  # what `fit` does at its end
-    seconds = time.perf_counter() - start
     if nan_stop.bad_step is not None:
         state = manager.state()
         raise TrainingDiverged(
             f"the training loss became NaN at step {nan_stop.bad_step} of an epoch; training stopped. "
             + (f"The last good checkpoint (epoch {state['epoch']}) is kept in {manager.directory}. " if state else "")
-            + "Try a lower --learning-rate, a smaller --clip-norm or --precision float32."
+            + "Try a lower `learning_rate`, a smaller `clip_norm` or `precision` float32."
         )
+    return time.perf_counter() - start
 
-    results = model.evaluate(
-        validation_data[0],
-        validation_data[1],
-        batch_size=args.batch_size,
-        return_dict=True,
-        verbose=0,
-        sample_weight=validation_data[2] if len(validation_data) > 2 else None,
-    )
-    results = {f"validation_{name}": float(value) for name, value in results.items()}
-    if evaluate is not None:
-        results.update(evaluate(model))
-    history = read_log(csv_path)
-    record = {
-        "backend": keras.backend.backend(),
-        "model": args.model,
-        "parameters": model.count_params(),
-        "trainable_parameters": trainable,
-        "lora_rank": lora_rank,
-        "epochs": epochs,
-        "steps": total_steps,
-        "batch_size": args.batch_size,
-        "precision": args.precision,
-        "remat": remat,
-        "train_seconds_this_run": round(seconds, 1),
-        **results,
-    }
-    hugging_face_checkpoint = getattr(args, "from_huggingface", None)
-    if lora_rank and hugging_face_checkpoint:  # LoRA on a Hugging Face checkpoint: for peft too
+
+def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing) -> dict:
+    """Writes the trained model for transformers or peft users where it can be; returns where, for
+    metrics.json. A failure is logged, not raised: the trained run is recorded all the same."""
+    if lora_rank and huggingface:  # LoRA on a Hugging Face checkpoint: for peft too
         from keras_tfm.convert import save_peft_adapter
 
-        path = os.path.join(args.output_dir, "peft_adapter")
+        path = os.path.join(config.output_dir, "peft_adapter")
         try:
             save_peft_adapter(
-                _zoo_model(model),
-                path,
-                base=hugging_face_checkpoint,
-                base_model_name_or_path=getattr(args, "base_model_name", None),
+                _zoo_model(model), path, base=huggingface.directory, base_model_name_or_path=huggingface.base_model_name
             )
-            record["peft_adapter"] = path
-            log(
-                f"LoRA pairs written as a peft adapter for "
-                f"{getattr(args, 'base_model_name', hugging_face_checkpoint)!r}: {path}"
-            )
-        except (OSError, ValueError) as error:  # the trained run is recorded all the same
+        except (OSError, ValueError) as error:
             log(f"No peft adapter written: {error}")
-    elif hugging_face_checkpoint or hasattr(tokenizer, "save_huggingface") or image_preprocessing:
+            return {}
+        log(f"LoRA pairs written as a peft adapter for {huggingface.base_model_name!r}: {path}")
+        return {"peft_adapter": path}
+    if huggingface or hasattr(tokenizer, "save_huggingface") or image_preprocessing:
         from keras_tfm.convert import save_huggingface
 
-        path = os.path.join(args.output_dir, "huggingface")
+        path = os.path.join(config.output_dir, "huggingface")
         try:
             save_huggingface(
                 _zoo_model(model),
                 path,
-                tokenizer_from=hugging_face_checkpoint,
+                tokenizer_from=huggingface.directory if huggingface else None,
                 labels=labels,
                 image_preprocessing=image_preprocessing,
             )
-            if hasattr(tokenizer, "save_huggingface") and not hugging_face_checkpoint:
+            if hasattr(tokenizer, "save_huggingface") and not huggingface:
                 tokenizer.save_huggingface(path)
-            record["huggingface_checkpoint"] = path
-            log(
-                f"Trained model and its {'image processor' if image_preprocessing else 'tokenizer'} written as a "
-                f"Hugging Face checkpoint: {path}"
-            )
-        except (OSError, ValueError) as error:  # the trained run is recorded all the same
+        except (OSError, ValueError) as error:
             log(f"No Hugging Face checkpoint written: {error}")
-    with open(os.path.join(args.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
-        json.dump(record, file, indent=2)
-    if history:
-        from keras_tfm.viz import plot_learning_curves
-
-        plot_learning_curves(history, os.path.join(args.output_dir, "learning_curves.png"), title=args.model)
-    log("Metrics: " + json.dumps(record))
-    return TrainResult(model, record, history)
+            return {}
+        log(
+            f"Trained model and its {'image processor' if image_preprocessing else 'tokenizer'} written as a "
+            f"Hugging Face checkpoint: {path}"
+        )
+        return {"huggingface_checkpoint": path}
+    return {}
 
 
 def _zoo_model(model: keras.Model) -> ZooModel:
@@ -346,15 +373,3 @@ def _truncate_log(path: str, epochs_done: int) -> None:
     kept = [rows[0]] + [row for row in rows[1:] if row and int(row[0]) < epochs_done]
     with open(path, "w", newline="", encoding="utf-8") as file:
         csv.writer(file).writerows(kept)
-
-
-def run_main(main: Callable[[], None]) -> None:
-    """Runs a recipe's `main`, turning bad input and divergence into one clear line and exit status."""
-    try:
-        main()
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except TrainingDiverged as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(3) from None

@@ -85,11 +85,11 @@ def test_ids_that_are_neither_cached_nor_directories_are_named(hub_cache, tmp_pa
 def test_recipes_take_a_hub_id(hub_cache):
     snapshot = hub_cache("tester/tiny-gpt2", hf_gpt2())
     args = argparse.Namespace(from_huggingface="tester/tiny-gpt2", model="small")
-    config = checkpoint_config(args, "gpt2", {}, "reason")
-    assert config["n_layer"] == 2
-    assert args.from_huggingface == str(snapshot)  # the tokenizer files are read from there next
-    assert args.model == "from_huggingface tester/tiny-gpt2"
-    with pytest.raises(DataError, match="--from-huggingface: from_huggingface: 'tester/absent' is neither"):
+    checkpoint = checkpoint_config(args, "gpt2", {}, "reason")
+    assert checkpoint.config["n_layer"] == 2
+    assert checkpoint.directory == str(snapshot)  # the tokenizer files are read from there next
+    assert (checkpoint.name, checkpoint.base_model_name) == ("tester/tiny-gpt2", "tester/tiny-gpt2")
+    with pytest.raises(DataError, match="^from_huggingface: 'tester/absent' is neither"):
         checkpoint_config(argparse.Namespace(from_huggingface="tester/absent", model="small"), "gpt2", {}, "reason")
 
 
@@ -105,5 +105,5 @@ def test_tokenizers_read_a_hub_id(hub_cache):
     lines = ["the lazy dog jumps", "a quick brown fox."]
     ours = BytePairTokenizer.from_huggingface("tester/tiny-gpt2")
     assert [row.tolist() for row in ours.encode_lines(lines)] == hf(lines)["input_ids"]
-    with pytest.raises(DataError, match="--from-huggingface: 'tester/absent' is neither a local directory"):
+    with pytest.raises(DataError, match="^from_huggingface: 'tester/absent' is neither a local directory"):
         BytePairTokenizer.from_huggingface("tester/absent")

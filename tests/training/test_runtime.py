@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,8 +16,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_tfm.data import DataError
-from keras_tfm.training import TrainingDiverged, plan_steps, train
+from keras_tfm.errors import CheckpointError, DataError, InputError
+from keras_tfm.training import TrainingConfig, TrainingDiverged, plan_steps, train, training_config
 from keras_tfm.training.cli import MODEL_OVERRIDES, recipe_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -237,6 +239,11 @@ def _args(tmp_path, **overrides):
     return args
 
 
+def _config(tmp_path, **changes) -> TrainingConfig:
+    """The recipes' default settings (through their flags), quiet, in `tmp_path`, with `changes`."""
+    return training_config(_args(tmp_path), **changes)
+
+
 def test_resuming_a_damaged_checkpoint_or_another_model_is_refused(tmp_path):
     from keras_tfm.training import CheckpointManager
 
@@ -253,14 +260,14 @@ def test_resuming_a_damaged_checkpoint_or_another_model_is_refused(tmp_path):
     assert manager.restore(same) == 1
     np.testing.assert_array_equal(same.get_weights()[2], saved.get_weights()[2])
     # Keras loads the first layer of a two-layer checkpoint into a one-layer model without a word.
-    with pytest.raises(DataError, match=r"holds another model \(24 parameters\) than this one \(12\)"):
+    with pytest.raises(CheckpointError, match=r"holds another model \(24 parameters\) than this one \(12\)"):
         manager.restore(compiled(1))
     with open(path, "r+b") as file:
         file.truncate(100)
-    with pytest.raises(DataError, match=r"cannot resume from '.*epoch-00001.weights.h5', damaged .*delete"):
+    with pytest.raises(CheckpointError, match=r"cannot resume from '.*epoch-00001.weights.h5', damaged .*delete"):
         manager.restore(compiled(2))
     (tmp_path / "state.json").write_text('{"epoch": 1')
-    with pytest.raises(DataError, match=r"cannot resume from '.*state.json', damaged"):
+    with pytest.raises(CheckpointError, match=r"cannot resume from '.*state.json', damaged"):
         manager.restore(compiled(2))
 
 
@@ -306,20 +313,20 @@ def test_a_lora_checkpoint_resumes_exactly(tmp_path, rng):
         keras.ops.convert_to_numpy(resumed(x)), keras.ops.convert_to_numpy(straight(x)), atol=1e-5, rtol=0
     )
     (tmp_path / "epoch-00002.lora.npz").unlink()
-    with pytest.raises(DataError, match=r"cannot resume from '.*epoch-00002.lora.npz', damaged"):
+    with pytest.raises(CheckpointError, match=r"cannot resume from '.*epoch-00002.lora.npz', damaged"):
         manager.restore(compiled())
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
-    args = _args(tmp_path, epochs=3, steps_per_epoch=2, batch_size=4)
+    config = _config(tmp_path, epochs=3, steps_per_epoch=2, batch_size=4)
 
     def batch(epoch, step):
         x = np.ones((4, 3), "float32")
         return (x * np.nan if epoch == 1 else x), np.zeros((4, 1), "float32")
 
-    with pytest.raises(TrainingDiverged, match=r"NaN at step 0.*last good checkpoint \(epoch 1\).*--learning-rate"):
+    with pytest.raises(TrainingDiverged, match=r"NaN at step 0.*last good checkpoint \(epoch 1\).*`learning_rate`"):
         train(
-            args,
+            config,
             build_model=lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
             train_batch=batch,
             steps_per_pass=2,
@@ -356,9 +363,9 @@ def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
                 raise _Interrupted
 
     def run(directory, callbacks=()):
-        args = _args(directory, epochs=4, steps_per_epoch=3, batch_size=16, learning_rate=0.05, ema=0.5)
+        config = _config(directory, epochs=4, steps_per_epoch=3, batch_size=16, learning_rate=0.05, ema=0.5)
         return train(
-            args,
+            config,
             build_model=build,
             train_batch=batch,
             steps_per_pass=3,
@@ -373,7 +380,7 @@ def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
     assert straight.history["val_loss"][-1] == pytest.approx(ema_loss, rel=1e-6)  # fit validated the average too
 
     raw = build()  # the last checkpoint holds the raw weights (and the average in the optimizer's state)
-    raw.compile(optimizer=make_optimizer(_args(tmp_path, ema=0.5), 12), loss="mse")
+    raw.compile(optimizer=make_optimizer(_config(tmp_path, ema=0.5), 12), loss="mse")
     assert CheckpointManager(str(tmp_path / "straight" / "checkpoint")).restore(raw) == 4
     raw_loss = raw.evaluate(*validation, verbose=0)
     assert abs(raw_loss - ema_loss) > 1e-3 * ema_loss, (raw_loss, ema_loss)
@@ -386,8 +393,8 @@ def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
     finished = run(tmp_path / "straight")  # nothing left to train: evaluates the average again
     assert finished.metrics["validation_loss"] == pytest.approx(ema_loss, rel=1e-5)
 
-    with pytest.raises(DataError, match=r"--ema: expected a momentum in \[0, 1\), such as 0.999; got 1.5"):
-        make_optimizer(_args(tmp_path, ema=1.5), 10)
+    with pytest.raises(InputError, match=r"^ema: expected a momentum in \[0, 1\), such as 0.999; got 1.5"):
+        _config(tmp_path, ema=1.5)
 
 
 @pytest.mark.backend_independent
@@ -400,33 +407,31 @@ def test_model_overrides_are_checked_against_the_model_class(tmp_path):
     model = build_model(sizes, args, num_classes=3)
     assert (model.num_layers, model.hidden_dim, model.num_heads, model.num_classes) == (2, 48, 3, 3)
     args = _args(tmp_path, model="vit_tiny", max_length=16)
-    with pytest.raises(DataError, match="--max-length: vit_tiny has no such setting"):
+    with pytest.raises(InputError, match="^max_length: vit_tiny has no such setting"):
         build_model(sizes, args)
     args = _args(tmp_path, model="transformer_small", num_layers=2)
-    with pytest.raises(DataError, match="--num-layers: transformer_small has no such setting"):
+    with pytest.raises(InputError, match="^num_layers: transformer_small has no such setting"):
         build_model(sizes, args, source_vocabulary_size=10)
 
 
 @pytest.mark.backend_independent
 def test_lora_flags_need_pretrained_weights(tmp_path):
     """Refused before anything is built: LoRA of random weights would fine-tune nothing worth keeping."""
-    for flags, message in (
-        (
-            {"lora_rank": 4},
-            "--lora-rank: LoRA fine-tunes pretrained weights, and this run trains a "
-            "model from scratch; use it with --from-huggingface DIR",
-        ),
-        ({"lora_alpha": 16.0}, "--lora-alpha: it scales LoRA's updates; give --lora-rank too"),
+    with pytest.raises(
+        InputError,
+        match="^lora_rank: LoRA fine-tunes pretrained weights, and this run trains a model from scratch; use it "
+        "with a `from_huggingface` checkpoint",
     ):
-        with pytest.raises(DataError, match=message):
-            train(
-                _args(tmp_path, **flags),
-                build_model=None,
-                train_batch=None,
-                steps_per_pass=1,
-                validation_data=(),
-                loss=None,
-            )
+        train(
+            _config(tmp_path, lora_rank=4),
+            build_model=None,
+            train_batch=None,
+            steps_per_pass=1,
+            validation_data=(),
+            loss=None,
+        )
+    with pytest.raises(InputError, match="^lora_alpha: it scales LoRA's updates; give `lora_rank` too"):
+        _config(tmp_path, lora_alpha=16.0)
 
 
 def test_lora_reaches_the_model_inside_a_recipe_wrapper():
@@ -440,14 +445,65 @@ def test_lora_reaches_the_model_inside_a_recipe_wrapper():
 
 
 @pytest.mark.backend_independent
-def test_steps_plan_and_bad_numbers():
-    args = argparse.Namespace(steps_per_epoch=None, epochs=3, steps=None, batch_size=8)
-    assert plan_steps(args, 50) == (3, 50)
-    args.steps = 120
-    assert plan_steps(args, 50) == (3, 40)
-    args.steps, args.batch_size = None, 0
-    with pytest.raises(DataError, match="--batch-size: expected a positive number, got 0"):
-        plan_steps(args, 50)
+def test_steps_plan():
+    config = TrainingConfig("unused", epochs=3, batch_size=8)
+    assert plan_steps(config, 50) == (3, 50)
+    assert plan_steps(dataclasses.replace(config, steps=120), 50) == (3, 40)
+    assert plan_steps(dataclasses.replace(config, steps=7, steps_per_epoch=2), 50) == (4, 2)
+    assert plan_steps(config, 0) == (3, 1)  # less data than one batch: one step an epoch, not none
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"batch_size": 0}, "batch_size: expected an integer >= 1; got 0"),
+        ({"epochs": 2.5}, "epochs: expected an integer >= 1; got 2.5"),
+        ({"steps": True}, "steps: expected an integer >= 1 or None; got True"),
+        ({"warmup_steps": -1}, "warmup_steps: expected an integer >= 0 or None; got -1"),
+        ({"seed": "0"}, "seed: expected an integer; got '0'"),
+        ({"learning_rate": float("nan")}, "learning_rate: expected a number >= 0; got nan"),
+        ({"weight_decay": -0.1}, "weight_decay: expected a number >= 0; got -0.1"),
+        ({"clip_norm": float("inf")}, "clip_norm: expected a number >= 0; got inf"),
+        ({"lora_rank": 4, "lora_alpha": 0.0}, "lora_alpha: expected a number > 0; got 0.0"),
+        ({"precision": "float16"}, "precision: expected one of float32, mixed_bfloat16, mixed_float16; got 'float16'"),
+        ({"jit_compile": True}, "jit_compile: expected one of auto, on, off; got True"),
+        ({"distribute": "pipeline"}, "distribute: expected one of none, data, model; got 'pipeline'"),
+        ({"verbose": 3}, "verbose: expected 0, 1, 2 or None; got 3"),
+        ({"remat": "yes"}, "remat: expected True or False; got 'yes'"),
+        ({"output_dir": ""}, "output_dir: expected a directory path; got ''"),
+    ],
+)
+def test_training_config_refuses_bad_settings_by_name(changes, message):
+    """Settings are checked when the config is made, before anything is built or written."""
+    with pytest.raises(InputError, match="^" + re.escape(message) + "[.]$") as caught:
+        TrainingConfig(**{"output_dir": "runs/x", **changes})
+    assert caught.value.argument == message.split(":")[0]
+    config = TrainingConfig("runs/x", epochs=np.int64(2), learning_rate=np.float32(0.5))  # NumPy numbers are numbers
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.epochs = 3
+
+
+@pytest.mark.backend_independent
+def test_the_command_line_shows_library_arguments_as_its_flags(capsys):
+    """A library error names Python arguments; a recipe's command line prints the same error with its flags."""
+    from keras_tfm.training import run_main
+
+    parser = recipe_parser("test", {}, "tiny", "runs/x")
+    parser.add_argument("--tokenizer")
+    parser.aliases["kind"] = "tokenizer"
+
+    def main():  # as a recipe's: parses its flags, then calls the library
+        parser.parse_args([])
+        raise DataError("give `kind` bpe, or another `output_dir`; `unknown` stays as it is.", argument="kind")
+
+    with pytest.raises(SystemExit) as exit_status:
+        run_main(main)
+    assert exit_status.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --tokenizer: give --tokenizer bpe, or another --output-dir; `unknown` stays as it is.\n"
+    )
+    assert str(DataError("no such file.", argument="data")) == "data: no such file."  # Python callers
 
 
 @pytest.mark.backend_independent
@@ -493,7 +549,7 @@ def test_numeric_flags_are_checked_when_read():
         (
             "gpt_lm.py",
             ["--num-heads", "5"],
-            "--model gpt_shakespeare_char_cpu: GPT: hidden_dim must be a multiple of num_heads; received hidden_dim=128, "
+            "--model: gpt_shakespeare_char_cpu: GPT: hidden_dim must be a multiple of num_heads; received hidden_dim=128, "
             "num_heads=5",
         ),
         # LoRA on BERT's pretraining would fine-tune random weights (see also test_lora_flags_need_pretrained_weights)
@@ -573,7 +629,9 @@ def test_torch_refuses_distribute_clearly(tmp_path):
         pytest.skip("the torch backend has no keras distribution engine")
     from keras_tfm.training import distribution_scope
 
-    with pytest.raises(DataError, match="--distribute data: supported on the jax and tensorflow backends, not torch"):
+    with pytest.raises(
+        InputError, match="^distribute: 'data': supported on the jax and tensorflow backends, not torch"
+    ):
         distribution_scope("data")
 
 
@@ -839,7 +897,7 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
         size={"height": 20, "width": 20}, crop_size={"height": 16, "width": 16}
     ).save_pretrained(str(checkpoint))
     checkpoint_settings = recipe_function("vit.py", "checkpoint_settings")
-    with pytest.raises(DataError, match="--patch-size: --from-huggingface takes the architecture from the checkpoint"):
+    with pytest.raises(InputError, match="^patch_size: `from_huggingface` takes the architecture from the checkpoint"):
         checkpoint_settings(
             recipe_args(from_huggingface=str(checkpoint), model="vit_small_images", patch_size=8, pooling="token")
         )
@@ -910,7 +968,7 @@ def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     )
     hf = transformers.BertForPreTraining(config)
     hf.save_pretrained(str(checkpoint))
-    with pytest.raises(DataError, match="--from-huggingface: give --finetune PATH"):
+    with pytest.raises(DataError, match="^from_huggingface: give --finetune PATH"):
         recipe_function("bert_mlm.py", "finetune_checkpoint")(
             recipe_args(from_huggingface=str(checkpoint), finetune=None)
         )
@@ -978,7 +1036,7 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     checkpoint, hf = gpt2_checkpoint(tmp_path)
     checkpoint_settings = recipe_function("gpt_lm.py", "checkpoint_settings")
     flags = dict(model="gpt_shakespeare_char_cpu", tokenizer="char", vocabulary_size=8192)
-    with pytest.raises(DataError, match="--max-length: the checkpoint has 64 positions; got 65"):
+    with pytest.raises(DataError, match="^max_length: the checkpoint has 64 positions; got 65"):
         checkpoint_settings(recipe_args(from_huggingface=str(checkpoint), **{**flags, "max_length": 65}))
     small = tmp_path / "small_vocabulary"
     small.mkdir()
@@ -1146,13 +1204,15 @@ def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
         max_length=32,
         tokenizer="char",
     )
-    with pytest.raises(DataError, match="--max-length: --from-huggingface takes the model from the checkpoint; drop"):
+    with pytest.raises(
+        InputError, match="^max_length: `from_huggingface` takes the model from the checkpoint; leave `max_length` out"
+    ):
         checkpoint_config(args, "gpt2", {"model": "small"}, "takes the model from the checkpoint")
-    with pytest.raises(DataError, match="--tokenizer: --from-huggingface reason; drop --tokenizer"):
+    with pytest.raises(InputError, match="^tokenizer: `from_huggingface` reason; leave `tokenizer` out"):
         checkpoint_config(args, "gpt2", {"tokenizer": "bpe"}, "reason", keep=("max_length",))
     with pytest.raises(DataError, match="expected a vit checkpoint; .* holds a 'gpt2' model"):
         checkpoint_config(args, "vit", {}, "reason", keep=("max_length",))
-    with pytest.raises(DataError, match="--from-huggingface: from_huggingface: there is no directory"):
+    with pytest.raises(DataError, match="^from_huggingface: there is no directory"):
         checkpoint_config(
             argparse.Namespace(**{**vars(args), "from_huggingface": str(tmp_path / "none")}),
             "gpt2",
@@ -1160,5 +1220,8 @@ def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
             "reason",
             keep=("max_length",),
         )
-    assert checkpoint_config(args, "gpt2", {"model": "small"}, "reason", keep=("max_length",))["n_positions"] == 64
-    assert args.model == f"from_huggingface {tmp_path}"
+    checkpoint = checkpoint_config(args, "gpt2", {"model": "small"}, "reason", keep=("max_length",))
+    assert (checkpoint.config["n_positions"], checkpoint.directory, checkpoint.adapter) == (64, str(tmp_path), None)
+    config = training_config(argparse.Namespace(**vars(args), output_dir=str(tmp_path)), checkpoint)
+    assert config.model_name == f"from_huggingface {tmp_path}"
+    assert args.model == "small"  # the flags are left as given
