@@ -100,7 +100,14 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import EpochBatches, load_labelled_text, load_or_fit_tokenizer, load_text, read_text
+    from keras_tfm.data import (
+        EpochBatches,
+        load_labelled_text,
+        load_or_fit_tokenizer,
+        load_text,
+        read_text,
+        save_tokenizer,
+    )
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
@@ -110,7 +117,7 @@ def main() -> None:
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     validation_text = read_text(args.validation_data, "validation_data") if args.validation_data else text.validation
     tokenizer = load_or_fit_tokenizer(
-        "wordpiece", text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log
+        "wordpiece", text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log, save=False
     )
     pad, cls, sep, mask = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
     length = args.sequence_length
@@ -147,6 +154,8 @@ def main() -> None:
         }
 
     encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=length)
+    training.build_model(sizes, args, **encoder_config)  # refused now, before anything lasting is written
+    save_tokenizer(tokenizer, args.output_dir)
     result = training.train(
         dataclasses.replace(config, lora_rank=None, lora_alpha=None),  # --lora-rank is for the --finetune stage
         build_model=lambda: training.build_model(sizes, args, **encoder_config),
@@ -157,6 +166,8 @@ def main() -> None:
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
         evaluate=evaluate,
         tokenizer=tokenizer,
+        # the fine-tuning stage's flags do not change pretraining, which a first run may do alone
+        settings=training.recipe_settings(args, ignore=FINETUNING_FLAGS),
     )
     print(
         f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
@@ -171,6 +182,9 @@ def main() -> None:
             return classifier
 
         finetune(args, config, tokenizer, (pad, cls, sep), pretrained_classifier, labelled)
+
+
+FINETUNING_FLAGS = ("finetune", "finetune_epochs", "finetune_learning_rate", "lora_rank", "lora_alpha")
 
 
 def finetune_checkpoint(args) -> None:
@@ -263,6 +277,7 @@ def finetune(args, config, tokenizer, special, make_classifier, labelled=None, h
         huggingface=huggingface,
         tokenizer=tokenizer,
         labels=class_names,
+        settings=training.recipe_settings(args),
     )
     print(
         f"fine-tuned classification accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_rows)} held-out texts"

@@ -92,12 +92,12 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy, convert
-    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text
+    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text, save_tokenizer
 
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     if not checkpoint:
         tokenizer = load_or_fit_tokenizer(
-            args.tokenizer, text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log
+            args.tokenizer, text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log, save=False
         )
     train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
     if checkpoint:
@@ -113,6 +113,9 @@ def main() -> None:
                 f"{context + 1}; give more text or a smaller `max_length`.",
                 argument="data",
             )
+
+    if not checkpoint:  # only now, with the data and the model accepted: a refused run leaves no tokenizer
+        save_tokenizer(tokenizer, args.output_dir)
 
     def windows(ids, count, rng):
         starts = rng.integers(0, len(ids) - context - 1, size=count)
@@ -162,6 +165,9 @@ def main() -> None:
         evaluate=evaluate,
         huggingface=checkpoint,
         tokenizer=tokenizer,
+        settings=training.recipe_settings(
+            args, ignore=("prompt", "sample_tokens", "sample_every", "temperature", "top_k")
+        ),
     )
     text_out = sample(result.model)
     with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:

@@ -82,7 +82,7 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import DataError, EpochBatches, load_or_fit_tokenizer, load_parallel
+    from keras_tfm.data import DataError, EpochBatches, load_or_fit_tokenizer, load_parallel, save_tokenizer
     from keras_tfm.data.text import read_text
     from keras_tfm.training import bleu
 
@@ -105,6 +105,7 @@ def main() -> None:
             args.vocabulary_size,
             log=training.runtime.log,
             name=f"tokenizer_{name}",
+            save=False,
             lowercase=lowercase,
         )
         for side, name, lowercase in ((0, "source", True), (1, "target", False))
@@ -201,9 +202,8 @@ def main() -> None:
         )
         return keras.ops.sum(hits * mask) / keras.ops.maximum(keras.ops.sum(mask), 1.0)
 
-    result = training.train(
-        config,
-        build_model=lambda: training.build_model(
+    def build_model():
+        return training.build_model(
             sizes,
             args,
             source_vocabulary_size=source_tokenizer.vocabulary_size,
@@ -214,13 +214,25 @@ def main() -> None:
             start_token_id=start,
             end_token_id=end,
             **depth,
-        ),
+        )
+
+    build_model()  # refused now, before anything lasting is written
+    for name, tokenizer in (("source", source_tokenizer), ("target", target_tokenizer)):
+        save_tokenizer(tokenizer, args.output_dir, f"tokenizer_{name}")
+    result = training.train(
+        config,
+        build_model=build_model,
         train_batch=train_batch,
         steps_per_pass=len(train_y) // args.batch_size,
         validation_data=validation,
         loss=loss,
         metrics=[token_accuracy],
         evaluate=evaluate,
+        # what is evaluated after training may change between runs of one model
+        settings={
+            **training.recipe_settings(args, ignore=("beam_size", "bleu_sentences", "tokenized_references")),
+            "num_layers": layers,
+        },
     )
     metrics = result.metrics
     print(

@@ -203,6 +203,7 @@ def main() -> None:
         huggingface=checkpoint,
         labels=data.class_names,
         image_preprocessing=(image_size, scaling),  # as a transformers image processor beside the weights
+        settings=training.recipe_settings(args),
     )
     print(
         f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"

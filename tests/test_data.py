@@ -6,7 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from keras_tfm.data import CharacterTokenizer, DataError, load_images, load_or_fit_tokenizer, load_text, read_text
+from keras_tfm.data import (
+    CharacterTokenizer,
+    DataError,
+    load_images,
+    load_or_fit_tokenizer,
+    load_text,
+    read_text,
+    save_tokenizer,
+)
 from keras_tfm.data import tfds as tfds_module
 from tests.checks import bert_vocabulary
 
@@ -77,8 +85,10 @@ def test_character_tokenizer_round_trip_and_reuse(tmp_path):
     assert tokenizer.vocabulary == sorted(set("hello world"))
     ids = tokenizer.encode("low world")
     assert ids.dtype == np.int32 and tokenizer.decode(ids) == "low world"
-    again = load_or_fit_tokenizer("char", "completely different text", str(tmp_path), log=lambda m: None)
+    again = load_or_fit_tokenizer("char", "hello world", str(tmp_path), log=lambda m: None)
     assert isinstance(again, CharacterTokenizer) and again.vocabulary == tokenizer.vocabulary
+    with pytest.raises(DataError, match="fitted on other text"):  # the ids would change meaning
+        load_or_fit_tokenizer("char", "completely different text", str(tmp_path), log=lambda m: None)
 
 
 def test_wordpiece_tokenizer_from_keras_hub(tmp_path):
@@ -150,8 +160,21 @@ def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
     lines = unseen.splitlines(keepends=True)
     assert [written(line)["input_ids"] for line in lines] == [row.tolist() for row in tokenizer.encode_lines(lines)]
     messages = []
-    again = load_or_fit_tokenizer("bpe", "other text", str(tmp_path), vocabulary_size=50, log=messages.append)
+    again = load_or_fit_tokenizer("bpe", text[:200_000], str(tmp_path), vocabulary_size=600, log=messages.append)
     assert "reusing" in messages[0] and np.array_equal(again.encode(unseen), ids)
+    # fitted on other text, or with another vocabulary size: its ids would mean other things
+    with pytest.raises(DataError, match="fitted on other text; give the earlier run's data and settings"):
+        load_or_fit_tokenizer("bpe", text[:100_000], str(tmp_path), vocabulary_size=600, log=lambda m: None)
+    with pytest.raises(DataError, match="fitted on other `vocabulary_size`;"):
+        load_or_fit_tokenizer("bpe", text[:200_000], str(tmp_path), vocabulary_size=500, log=lambda m: None)
+    (tmp_path / "deferred").mkdir()
+    unsaved = load_or_fit_tokenizer("char", "abc", str(tmp_path / "deferred"), save=False, log=lambda m: None)
+    assert not list((tmp_path / "deferred").iterdir())  # written by save_tokenizer, once the run is accepted
+    save_tokenizer(unsaved, str(tmp_path / "deferred"))
+    assert load_or_fit_tokenizer("char", "abc", str(tmp_path / "deferred"), log=messages.append).vocabulary == (
+        unsaved.vocabulary
+    )
+    assert "reusing" in messages[-1]
 
 
 def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_another_kind(tmp_path):
@@ -175,7 +198,9 @@ def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_anothe
     assert ids.dtype == np.int32 and ids.min() >= 4 and ids.max() < 500  # no special id inside a sentence
     assert len(ids) < 0.4 * sum(len(line) for line in held_out)  # subwords: far fewer than characters
     messages = []
-    again = load_or_fit_tokenizer("sentencepiece", "other text", str(tmp_path), vocabulary_size=50, log=messages.append)
+    again = load_or_fit_tokenizer(
+        "sentencepiece", "\n".join(lines[:1900]), str(tmp_path), vocabulary_size=500, log=messages.append
+    )
     assert "reusing" in messages[0] and np.array_equal(np.concatenate(again.encode_lines(held_out)), ids)
     with pytest.raises(DataError, match="holds the sentencepiece tokenizer of an earlier run .*not wordpiece"):
         load_or_fit_tokenizer("wordpiece", "other text", str(tmp_path), log=lambda m: None)

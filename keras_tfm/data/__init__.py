@@ -13,4 +13,5 @@ from keras_tfm.data.tokenizers import (
     WordPieceTokenizer,
     load_or_fit_tokenizer,
     load_tokenizer,
+    save_tokenizer,
 )

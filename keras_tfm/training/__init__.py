@@ -12,6 +12,7 @@ from keras_tfm.training.cli import (
     integer,
     number,
     recipe_parser,
+    recipe_settings,
     run_main,
     training_config,
 )

@@ -75,11 +75,24 @@ class CheckpointManager:
                     os.remove(old)
         return path
 
-    def restore(self, model: keras.Model) -> int:
-        """Loads the last checkpoint into a built, compiled `model`; returns the epochs already done (0 if none)."""
+    def restore(self, model: keras.Model, settings: dict | None = None) -> int:
+        """Loads the last checkpoint into a built, compiled `model`; returns the epochs already done (0 if none).
+        `settings`: what the run computes with (JSON values); a checkpoint written with others is refused."""
         state = self.state()
         if state is None:
             return 0
+        if settings is not None and state.get("settings") is not None and state["settings"] != settings:
+            then, now = state["settings"], settings
+            changed = [
+                f"`{name}` {then.get(name, '(unset)')!r} then, {now.get(name, '(unset)')!r} now"
+                for name in sorted(set(then) | set(now))
+                if then.get(name) != now.get(name)
+            ]
+            raise CheckpointError(
+                f"the checkpoint in {self.directory!r} was written by a run with other settings: "
+                f"{'; '.join(changed)}. Give the same settings to resume it; to start a new run, delete "
+                f"{self.directory!r} or choose another `output_dir`."
+            )
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         saved, current = state.get("weight_shapes"), _architecture(model)

@@ -64,6 +64,17 @@ def number(
     return parse
 
 
+def one_of(names) -> typing.Callable[[str], str]:
+    """An argparse type: one of `names`."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(names)}; got {text!r}")
+        return text
+
+    return parse
+
+
 POSITIVE = integer(1)
 FRACTION = number(0.0, 1.0, below_maximum=True)  # a rate in [0, 1): dropout, label smoothing, ...
 
@@ -107,6 +118,7 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     model = parser.add_argument_group("model")
     model.add_argument(
         "--model",
+        type=one_of(sizes) if sizes else str,  # refused as the flags are read, before any data is touched
         default=default_size,
         metavar="SIZE",
         help=f"named size, one of: {', '.join(sizes)} (default: %(default)s)",
@@ -250,6 +262,26 @@ def training_config(
     values = {name: value for name, value in vars(args).items() if name in fields}
     model_name = f"from_huggingface {huggingface.name}" if huggingface else args.model
     return TrainingConfig(**{**values, "model_name": model_name, **changes})
+
+
+# Flags that cannot change what a run computes: a run may resume with them changed.
+NOT_RECORDED = (
+    "output_dir",
+    "verbose",
+    "tensorboard",
+    "jit_compile",
+    "distribute",
+    "model_parallel",
+    "cpu_devices",
+    "remat",
+    "data_dir",
+)
+
+
+def recipe_settings(args: argparse.Namespace, ignore: tuple = ()) -> dict:
+    """The flags that change what a run computes, for `train(settings=...)`: all but `NOT_RECORDED`
+    and the recipe's own `ignore` (what it samples or prints after training, say)."""
+    return {name: value for name, value in vars(args).items() if name not in NOT_RECORDED + tuple(ignore)}
 
 
 def build_model(sizes: dict, args: argparse.Namespace, **fixed):

@@ -15,6 +15,22 @@ import numbers
 from keras_tfm.errors import InputError
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# The settings that change what a run computes: a checkpoint records them, and resuming with others is refused.
+RESULT_FIELDS = (
+    "epochs",
+    "steps_per_epoch",
+    "steps",
+    "batch_size",
+    "learning_rate",
+    "warmup_steps",
+    "weight_decay",
+    "clip_norm",
+    "ema",
+    "lora_rank",
+    "lora_alpha",
+    "seed",
+    "precision",
+)
 JIT_COMPILE = ("auto", "on", "off")
 DISTRIBUTE = ("none", "data", "model")
 

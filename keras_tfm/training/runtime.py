@@ -27,7 +27,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
 from keras_tfm.training.checkpoints import CheckpointManager, EpochCheckpoint, StopOnNaN, TrainingDiverged
-from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
+from keras_tfm.training.config import RESULT_FIELDS, HuggingFaceCheckpoint, TrainingConfig
 from keras_tfm.training.distribute import distribution_scope, use_cpu_devices
 
 
@@ -131,6 +131,7 @@ def train(
     tokenizer=None,
     labels: list | None = None,
     image_preprocessing: tuple | None = None,
+    settings: dict | None = None,
 ) -> TrainResult:
     """Builds, trains (resuming if `config.output_dir` holds a checkpoint), evaluates and records a model.
 
@@ -148,6 +149,9 @@ def train(
         huggingface: the Hugging Face checkpoint `build_model` loads, if any (implies `pretrained`).
         tokenizer, labels, image_preprocessing: what the Hugging Face checkpoint written after training
             needs besides the weights (see below).
+        settings: the caller's settings that change what the run computes (its data, tokenizer, model
+            size, ...; JSON values). Each checkpoint records them with the config's (`RESULT_FIELDS`),
+            and resuming with any of them changed is refused with the differences listed.
 
     The trained model is also written for transformers users (`output_dir/huggingface`) where they can
     use it: fine-tuned from `huggingface` (with that checkpoint's tokenizer files), read by a `tokenizer`
@@ -174,7 +178,8 @@ def train(
         f"{'; blocks rematerialized' if config.remat else ''}."
     )
     csv_path = os.path.join(config.output_dir, "log.csv")
-    seconds = _fit(config, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks)
+    recorded = json.loads(json.dumps({**{name: getattr(config, name) for name in RESULT_FIELDS}, **(settings or {})}))
+    seconds = _fit(config, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks, recorded)
 
     results = model.evaluate(
         validation_data[0],
@@ -244,12 +249,12 @@ def _build(
 
 
 def _fit(
-    config: TrainingConfig, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks
+    config: TrainingConfig, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks, settings
 ) -> float:
     """Resumes from the last checkpoint in `output_dir`, fits the epochs left and returns the seconds
     it took; raises `TrainingDiverged` if the loss went NaN."""
     manager = CheckpointManager(os.path.join(config.output_dir, "checkpoint"))
-    initial_epoch = manager.restore(model)
+    initial_epoch = manager.restore(model, settings)
     if initial_epoch:
         iterations = model.optimizer.iterations
         log(
@@ -260,7 +265,7 @@ def _fit(
     nan_stop = StopOnNaN()
     run_callbacks = [
         nan_stop,
-        EpochCheckpoint(manager, {"epochs": epochs, "steps_per_epoch": steps_per_epoch}),
+        EpochCheckpoint(manager, {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "settings": settings}),
         keras.callbacks.CSVLogger(csv_path, append=initial_epoch > 0),
         *(callbacks or []),
     ]

@@ -554,17 +554,78 @@ def test_numeric_flags_are_checked_when_read():
         ),
         # LoRA on BERT's pretraining would fine-tune random weights (see also test_lora_flags_need_pretrained_weights)
         ("bert_mlm.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH"),
+        # refused after the tokenizer is fitted, but before it is written: a rerun must not reuse it
+        ("gpt_lm.py", ["--data", "{tmp}/short.txt"], "--data: the training text has 11 tokens, fewer than one window of 65"),
+        ("bert_mlm.py", ["--num-heads", "3"], "--model: bert_mini: .*hidden_dim must be a multiple of num_heads"),
+        (
+            "translator.py",
+            ["--num-heads", "3", "--vocabulary-size", "100"],
+            "--model: transformer_small: .*hidden_dim must be a multiple of num_heads",
+        ),
     ],
 )
 @pytest.mark.backend_independent
 def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, script, flags, message):
     import re
 
-    done = recipe(script, "--output-dir", str(tmp_path), *flags, timeout=120)
+    (tmp_path / "short.txt").write_text("to be or not\n")
+    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
+    done = recipe(script, "--output-dir", str(tmp_path / "run"), *flags, timeout=120)
     assert done.returncode == 2
     assert re.search(message, done.stderr), done.stderr
     assert "Traceback" not in done.stderr
-    assert not (tmp_path / "checkpoint").exists()  # nothing trained
+    assert not list(tmp_path.rglob("*.json"))  # nothing lasting written: no tokenizer, no checkpoint
+
+
+@pytest.mark.backend_independent
+def test_a_recipe_refuses_to_resume_with_other_settings(tmp_path):
+    """A rerun in the same --output-dir with other data, seed or learning rate would mix two runs: it is
+    refused with the differences, as flags; flags that change nothing (verbosity) may differ."""
+    out = tmp_path / "run"
+    (tmp_path / "a.txt").write_text(open(SHAKESPEARE, encoding="utf-8").read()[:20_000])
+    (tmp_path / "b.txt").write_text(open(SHAKESPEARE, encoding="utf-8").read()[20_000:40_000])
+    first = [*TINY_GPT, "--steps", "1", "--output-dir", str(out), "--sample-every", "0"]
+    done = recipe("gpt_lm.py", *first, "--data", str(tmp_path / "a.txt"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = recipe("gpt_lm.py", *first, "--data", str(tmp_path / "a.txt"), "--seed", "1", "--learning-rate", "0.01")
+    assert done.returncode == 2
+    assert re.search(
+        r"error: the checkpoint in '.*checkpoint' was written by a run with other settings: --learning-rate 0.003 "
+        r"then, 0.01 now; --seed 0 then, 1 now. Give the same settings to resume it; to start a new run, delete "
+        r".* or choose another --output-dir.",
+        done.stderr,
+    ), done.stderr
+    done = recipe("gpt_lm.py", *first, "--data", str(tmp_path / "b.txt"))  # the tokenizer refuses first
+    assert done.returncode == 2
+    assert "holds a tokenizer an earlier run in this --output-dir fitted on other text;" in done.stderr, done.stderr
+    done = recipe("gpt_lm.py", *first[:-2], "--data", str(tmp_path / "a.txt"), "--verbose", "0", "--sample-every", "1")
+    assert done.returncode == 0 and "Training already finished" in done.stdout, done.stderr[-3000:]
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path):
+    """`train` records the settings that change a run's result with each checkpoint and compares them on
+    resume; a one-layer model and one step keep it fast on every backend."""
+
+    def run(settings=None, **changes):
+        return train(
+            _config(tmp_path, **{"epochs": 1, "steps_per_epoch": 1, "batch_size": 4, **changes}),
+            build_model=lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
+            train_batch=lambda epoch, step: (np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")),
+            steps_per_pass=1,
+            validation_data=(np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")),
+            loss="mse",
+            settings=settings or {"data": "a.txt"},
+        )
+
+    run()
+    with pytest.raises(
+        CheckpointError,
+        match=r"other settings: `batch_size` 4 then, 2 now; `data` 'a.txt' then, 'b.txt' now\. Give the same",
+    ):
+        run({"data": "b.txt"}, batch_size=2)
+    with pytest.raises(CheckpointError, match=r"other settings: `precision` 'float32' then, 'mixed_bfloat16' now"):
+        run(precision="mixed_bfloat16")
+    assert run(verbose=2, jit_compile="off", tensorboard=False).metrics["epochs"] == 1  # changes nothing: resumes
 
 
 @pytest.mark.skipif(BACKEND == "torch", reason="keras.distribution (JAX) and tf.distribute (TensorFlow)")
