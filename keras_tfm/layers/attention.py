@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.feed_forward import projection
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 
@@ -100,6 +101,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
+        check_arguments("MultiHeadAttention", locals(), optional=("value_dim", "output_dim"))
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.key_dim = key_dim

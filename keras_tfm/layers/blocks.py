@@ -9,6 +9,7 @@ from __future__ import annotations
 import keras
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu, set_keras_mask
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ
 from keras_tfm.layers.feed_forward import FeedForward
 from keras_tfm.layers.quantization import QuantizationConfigMixin
@@ -75,6 +76,7 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         remat: bool = False,
         **kwargs,
     ):
+        check_arguments(type(self).__name__, locals(), optional=("key_dim",))
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
@@ -303,6 +305,7 @@ class DecoderBlock(_Block):
     """
 
     def __init__(self, *args, use_cross_attention: bool = False, **kwargs):
+        check_arguments("DecoderBlock", locals())
         super().__init__(*args, **kwargs)
         self.use_cross_attention = use_cross_attention
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_tfm.layers.arguments import check_arguments
+
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
 class TokenEmbedding(keras.layers.ReversibleEmbedding):
@@ -39,6 +41,7 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         embeddings_initializer="uniform",
         **kwargs,
     ):
+        check_arguments("TokenEmbedding", locals())
         if not kwargs.pop("tie_weights", True) or kwargs.pop("logit_soft_cap", None) is not None:
             raise ValueError(
                 "TokenEmbedding: the reverse projection is always tied and uncapped; use "
@@ -118,6 +121,7 @@ class PatchEmbedding(keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
+        check_arguments("PatchEmbedding", locals())
         super().__init__(**kwargs)
         self.patch_size = patch_size
         self.hidden_dim = hidden_dim

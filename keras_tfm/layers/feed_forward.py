@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 
 
@@ -57,6 +58,7 @@ class FeedForward(QuantizationConfigMixin, keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
+        check_arguments("FeedForward", locals(), optional=("output_dim",))
         super().__init__(**kwargs)
         self.intermediate_dim = intermediate_dim
         self.activation = activation

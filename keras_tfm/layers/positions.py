@@ -12,6 +12,8 @@ import math
 import keras
 from keras import ops
 
+from keras_tfm.layers.arguments import check_arguments
+
 
 def _sinusoids(positions, dim: int, max_wavelength: float, interleave: bool):
     """sin/cos of `positions` (float, shape (n,)) at `dim // 2` geometric frequencies -> (n, dim)."""
@@ -43,6 +45,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, max_length: int, initializer="glorot_uniform", **kwargs):
+        check_arguments("LearnedPositionEmbedding", locals())
         super().__init__(**kwargs)
         self.max_length = max_length
         self.initializer = keras.initializers.get(initializer)
@@ -104,6 +107,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     """
 
     def __init__(self, max_wavelength: float = 10000.0, interleave: bool = True, **kwargs):
+        check_arguments("SinusoidalPositionEncoding", locals())
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
         self.interleave = interleave
@@ -152,6 +156,7 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
     """
 
     def __init__(self, max_wavelength: float = 10000.0, **kwargs):
+        check_arguments("SinusoidalPositionEncoding2D", locals())
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
         self.supports_masking = True

@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.model import Model
 
 _ENCODER_ARGUMENTS = (
@@ -73,11 +74,10 @@ class Bert(Model):
         remat: bool = False,
         **kwargs,
     ):
+        check_arguments("Bert", locals(), optional=("intermediate_dim", "attention_dropout"))
         kwargs.setdefault("name", "bert")
         self._check_heads("Bert", hidden_dim, num_heads)
         super().__init__(**kwargs)
-        if num_layers < 1:
-            raise ValueError(f"Bert: num_layers must be at least 1; received {num_layers}.")
         self.vocabulary_size = vocabulary_size
         self.max_length = max_length
         self.num_segments = num_segments
@@ -187,6 +187,7 @@ class BertMLM(_BertWithHead):
     """
 
     def __init__(self, head_activation: str | None = None, head_layer_norm_epsilon: float | None = None, **kwargs):
+        check_arguments("BertMLM", locals(), optional=("head_activation", "head_layer_norm_epsilon"))
         super().__init__("bert_mlm", **kwargs)
         self.head_activation = head_activation
         self.head_layer_norm_epsilon = head_layer_norm_epsilon
@@ -243,6 +244,7 @@ class BertClassifier(_BertWithHead):
     lora_trainable_layer_names = ("classifier",)
 
     def __init__(self, num_classes: int = 2, classifier_dropout: float | None = None, **kwargs):
+        check_arguments("BertClassifier", locals(), optional=("classifier_dropout",))
         super().__init__("bert_classifier", **kwargs)
         self.num_classes = num_classes
         self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout

@@ -15,6 +15,7 @@ from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
 from keras_tfm.generation.sampling import Sampler
 from keras_tfm.layers import DecoderBlock, LearnedPositionEmbedding, TokenEmbedding
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.model import Model
 
 
@@ -62,6 +63,7 @@ class GPT(Model):
         remat: bool = False,
         **kwargs,
     ):
+        check_arguments("GPT", locals(), optional=("intermediate_dim", "attention_dropout"))
         kwargs.setdefault("name", "gpt")
         self._check_heads("GPT", hidden_dim, num_heads)
         super().__init__(**kwargs)

@@ -28,6 +28,7 @@ from keras_tfm.layers import (
     SinusoidalPositionEncoding,
     TokenEmbedding,
 )
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.model import Model
 
 
@@ -95,6 +96,7 @@ class Translator(Model):
         remat: bool = False,
         **kwargs,
     ):
+        check_arguments("Translator", locals(), optional=("target_vocabulary_size",))
         kwargs.setdefault("name", "translator")
         self._check_heads("Translator", hidden_dim, num_heads)
         super().__init__(**kwargs)

@@ -11,6 +11,7 @@ import keras
 from keras import ops
 
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, PatchEmbedding, SinusoidalPositionEncoding2D
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.positions import bicubic_resize_matrix
 from keras_tfm.models.model import Model
 
@@ -66,6 +67,7 @@ class ViT(Model):
         remat: bool = False,
         **kwargs,
     ):
+        check_arguments("ViT", locals(), optional=("intermediate_dim",))
         kwargs.setdefault("name", "vit")
         self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)

@@ -555,7 +555,11 @@ def test_numeric_flags_are_checked_when_read():
         # LoRA on BERT's pretraining would fine-tune random weights (see also test_lora_flags_need_pretrained_weights)
         ("bert_mlm.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH"),
         # refused after the tokenizer is fitted, but before it is written: a rerun must not reuse it
-        ("gpt_lm.py", ["--data", "{tmp}/short.txt"], "--data: the training text has 11 tokens, fewer than one window of 65"),
+        (
+            "gpt_lm.py",
+            ["--data", "{tmp}/short.txt"],
+            "--data: the training text has 11 tokens, fewer than one window of 65",
+        ),
         ("bert_mlm.py", ["--num-heads", "3"], "--model: bert_mini: .*hidden_dim must be a multiple of num_heads"),
         (
             "translator.py",

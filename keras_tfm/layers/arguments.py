@@ -1,0 +1,114 @@
+"""The checks of constructor arguments that layers and models share, by argument name.
+
+Every layer and model of the zoo checks its arguments when it is constructed, so that a bad value is
+refused with the zoo's own argument name (not Keras' `units` or `output_dim`, nor at the first call
+deep inside `fit`). The rule of an argument follows from its name, so one name means one thing
+everywhere: `num_layers` is an integer >= 1 wherever it appears.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import keras
+import numpy as np
+
+
+def _integer(minimum: int):
+    return (
+        f"an integer >= {minimum}",
+        lambda value: isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum,
+    )
+
+
+def _number(expected: str, within):
+    return (
+        expected,
+        lambda value: (
+            isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and within(value)
+        ),
+    )
+
+
+_RATE = _number("a rate in [0, 1)", lambda value: 0.0 <= value < 1.0)
+_POSITIVE = _number("a number > 0", lambda value: value > 0.0)
+_BOOLEAN = ("True or False", lambda value: isinstance(value, (bool, np.bool_)))
+
+
+def _known_to(get):
+    def holds(value) -> bool:
+        try:
+            return get(value) is not None
+        except (ValueError, TypeError):
+            return False
+
+    return holds
+
+
+_ACTIVATION = (
+    "a Keras activation (a name or a function) or 'gelu_approximate'",
+    lambda value: value == "gelu_approximate" or _known_to(keras.activations.get)(value),
+)
+_INITIALIZER = ("a Keras initializer (a name, a config or an instance)", _known_to(keras.initializers.get))
+
+RULES = {
+    **dict.fromkeys(
+        (
+            "vocabulary_size",
+            "source_vocabulary_size",
+            "target_vocabulary_size",
+            "max_length",
+            "num_layers",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "num_heads",
+            "key_dim",
+            "value_dim",
+            "output_dim",
+            "hidden_dim",
+            "intermediate_dim",
+            "num_classes",
+            "image_size",
+            "patch_size",
+            "num_channels",
+            "num_segments",
+        ),
+        _integer(1),
+    ),
+    **dict.fromkeys(("pad_token_id", "start_token_id", "end_token_id"), _integer(0)),
+    **dict.fromkeys(("dropout", "attention_dropout", "classifier_dropout"), _RATE),
+    **dict.fromkeys(("layer_norm_epsilon", "head_layer_norm_epsilon", "max_wavelength"), _POSITIVE),
+    **dict.fromkeys(("activation", "head_activation"), _ACTIVATION),
+    **dict.fromkeys(("initializer", "kernel_initializer", "bias_initializer", "embeddings_initializer"), _INITIALIZER),
+    **dict.fromkeys(
+        (
+            "remat",
+            "tie_embeddings",
+            "include_top",
+            "norm_first",
+            "share_embeddings",
+            "scale_embeddings",
+            "use_output_bias",
+            "use_bias",
+            "mask_zero",
+            "interleave",
+            "use_cross_attention",
+        ),
+        _BOOLEAN,
+    ),
+}
+
+
+def check_arguments(owner: str, arguments: dict, optional: tuple = ()) -> None:
+    """Refuses the first value of `arguments` that breaks the rule of its name (`RULES`), with a
+    `ValueError` that names `owner`, the argument, what was expected and what came; the names in
+    `optional` may also be `None` (their defaults)."""
+    for name, value in arguments.items():
+        if name not in RULES or (value is None and name in optional):
+            continue
+        expected, holds = RULES[name]
+        if not holds(value):
+            raise ValueError(
+                f"{owner}: {name} must be {expected}{' or None' if name in optional else ''}; received {value!r}."
+            )

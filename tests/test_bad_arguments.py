@@ -1,0 +1,99 @@
+"""Every public layer and model refuses a bad constructor argument when it is made, naming the argument.
+
+The table is the rules of `keras_tfm.layers.arguments` plus the arguments checked in their own way; a
+constructor argument that is in neither fails `test_every_constructor_argument_is_in_the_table`, so a
+new argument joins the table. Nothing is built: constructing is cheap.
+"""
+
+import inspect
+import math
+
+import pytest
+
+import keras_tfm
+from keras_tfm import layers
+from keras_tfm.layers.arguments import RULES
+
+# The smallest valid arguments of each public class.
+CLASSES = {
+    layers.MultiHeadAttention: dict(num_heads=2, key_dim=4),
+    layers.FeedForward: dict(intermediate_dim=8),
+    layers.TokenEmbedding: dict(vocabulary_size=10, hidden_dim=4),
+    layers.PatchEmbedding: dict(patch_size=2, hidden_dim=4),
+    layers.LearnedPositionEmbedding: dict(max_length=8),
+    layers.SinusoidalPositionEncoding: dict(),
+    layers.SinusoidalPositionEncoding2D: dict(),
+    layers.EncoderBlock: dict(num_heads=2, intermediate_dim=8),
+    layers.DecoderBlock: dict(num_heads=2, intermediate_dim=8),
+    keras_tfm.GPT: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.ViT: dict(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=4, num_classes=2),
+    keras_tfm.Bert: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.BertMLM: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.BertClassifier: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.Translator: dict(
+        source_vocabulary_size=10, num_encoder_layers=1, num_decoder_layers=1, num_heads=2, hidden_dim=4
+    ),
+}
+
+# Bad values of each kind of rule (by what RULES expects).
+BAD = {
+    "an integer >= 1": [0, -1, 2.5, "4", True, None],
+    "an integer >= 0": [-1, 1.0, "0", None],
+    "a rate in [0, 1)": [1.0, -0.1, math.nan, "0.1", None],
+    "a number > 0": [0.0, -1e-6, math.inf, math.nan, "1e-5", None],
+    "True or False": [1, "yes", None],
+    "a Keras activation (a name or a function) or 'gelu_approximate'": ["no_such_activation", 3],
+    "a Keras initializer (a name, a config or an instance)": ["no_such_initializer", 3],
+}
+
+# Arguments checked in their own way, each with a bad value and words its message must hold.
+OTHER = {
+    "positions": ("rotary", "positions"),
+    "pooling": ("max", "pooling"),
+}
+
+
+def _arguments(cls) -> dict:
+    """The named constructor arguments of `cls` and of its bases that it passes `**kwargs` on to."""
+    found = {}
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("keras_tfm") and "__init__" in vars(klass):
+            for parameter in inspect.signature(klass.__init__).parameters.values():
+                if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+                    found.setdefault(parameter.name, parameter.default)
+    for name in ("self", "default_name"):
+        found.pop(name, None)
+    if cls in (keras_tfm.BertMLM, keras_tfm.BertClassifier):  # the encoder's, through **kwargs
+        found = {**_arguments(keras_tfm.Bert), **found}
+    return found
+
+
+def _cases():
+    for cls, valid in CLASSES.items():
+        for name, default in _arguments(cls).items():
+            if name in RULES:
+                for value in BAD[RULES[name][0]]:
+                    if value is None and default is None:
+                        continue  # None is this argument's default
+                    yield pytest.param(cls, valid, name, value, RULES[name][0], id=f"{cls.__name__}-{name}-{value!r}")
+            elif name in OTHER:
+                value, words = OTHER[name]
+                yield pytest.param(cls, valid, name, value, words, id=f"{cls.__name__}-{name}-{value!r}")
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("cls", CLASSES)
+def test_every_constructor_argument_is_in_the_table(cls):
+    valid = CLASSES[cls]
+    assert cls(**valid) is not None
+    unknown = [name for name in _arguments(cls) if name not in RULES and name not in OTHER]
+    assert not unknown, f"{cls.__name__}: add {unknown} to keras_tfm.layers.arguments.RULES or to OTHER here"
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("cls, valid, name, value, expected", list(_cases()))
+def test_a_bad_argument_is_refused_by_name(cls, valid, name, value, expected):
+    with pytest.raises(ValueError) as caught:
+        cls(**{**valid, name: value})
+    message = str(caught.value)
+    assert name in message and expected in message and repr(value) in message, message
