@@ -154,6 +154,9 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         else:
             given.update(zip(names, args))
         for name, (limit, setting) in id_inputs.items():
+            kind = _dtype_name(given.get(name))
+            if kind is not None and not kind.startswith(("int", "uint")):  # a cast would truncate 1.9 to 1
+                raise ValueError(f"{type(self).__name__}: `{name}` must hold integer ids; received {kind} values.")
             ids = _numbers(given.get(name), "iu")
             if ids is None:
                 continue
@@ -203,9 +206,20 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
                 f"for a sparse cross-entropy loss; received {outside.flat[0]}."
             )
 
-    def _check_data(self, x, args: tuple, kwargs: dict) -> None:
+    def _check_not_empty(self, x, method: str) -> None:
+        """Refuses NumPy (or list) inputs without a row: Keras' JAX trainer loses the model's weights
+        when `fit`, `evaluate` or `predict` sees no batch at all."""
+        values = x.values() if isinstance(x, dict) else x if isinstance(x, tuple) else [x]  # tuple: (source, target)
+        for value in values:
+            if isinstance(value, (np.ndarray, list)) and len(value) == 0:
+                raise ValueError(
+                    f"{type(self).__name__}.{method}: `x` has no rows (an empty batch); give at least one."
+                )
+
+    def _check_data(self, method: str, x, args: tuple, kwargs: dict) -> None:
         """The inputs `x`, the labels `y` (the first of `args`, or a keyword) and the
         `validation_data` of a call to `fit`, `evaluate` or `*_on_batch`."""
+        self._check_not_empty(x, method)
         self._check_ids((x,), {})
         self._check_labels(args[0] if args else kwargs.get("y"))
         validation_data = kwargs.get("validation_data")
@@ -218,26 +232,28 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         return super().__call__(*args, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
-        self._check_data(x, args, kwargs)
+        self._check_data("fit", x, args, kwargs)
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        self._check_data(x, args, kwargs)
+        self._check_data("evaluate", x, args, kwargs)
         return super().evaluate(x, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
+        self._check_not_empty(x, "predict")
         self._check_ids((x,), {})
         return super().predict(x, *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
-        self._check_data(x, args, kwargs)
+        self._check_data("train_on_batch", x, args, kwargs)
         return super().train_on_batch(x, *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):
-        self._check_data(x, args, kwargs)
+        self._check_data("test_on_batch", x, args, kwargs)
         return super().test_on_batch(x, *args, **kwargs)
 
     def predict_on_batch(self, x):
+        self._check_not_empty(x, "predict_on_batch")
         self._check_ids((x,), {})
         return super().predict_on_batch(x)
 
@@ -268,6 +284,23 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
     def export(self, filepath, *args, **kwargs):
         self._build_on_demand()
         return super().export(filepath, *args, **kwargs)
+
+
+def _dtype_name(value) -> str | None:
+    """The dtype of an array, list or tensor (backend or symbolic), as Keras names it; None if it has
+    none (a dataset, a generator). Reads no values."""
+    if isinstance(value, list):
+        try:
+            value = np.asarray(value)
+        except ValueError:
+            return None
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        return keras.backend.standardize_dtype(dtype)
+    except (ValueError, TypeError):
+        return None
 
 
 def _numbers(value, kinds: str) -> np.ndarray | None:

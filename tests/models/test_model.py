@@ -324,3 +324,41 @@ def test_the_config_holds_every_constructor_argument(name):
             if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
                 assert parameter.name in config or parameter.name in ("self", "default_name"), parameter.name
     assert type(model).from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert_classifier", "translator"])
+def test_non_integer_ids_are_refused_not_truncated(rng, name):
+    """A call would cast 1.9 to 1 and run; `generate` already refused such ids. Arrays, lists and backend
+    tensors are checked by their dtype, without reading their values."""
+    make, make_inputs = MODELS[name]
+    model = make()
+    inputs = make_inputs(rng)
+    first = list(model._id_inputs())[0]
+    for bad in (inputs[0] + 0.9, (inputs[0] + 0.9).tolist(), keras.ops.convert_to_tensor(inputs[0], "float32")):
+        with pytest.raises(ValueError, match=rf"`{first}` must hold integer ids; received float\d+ values"):
+            model(bad, *inputs[1:])
+    with pytest.raises(ValueError, match=rf"`{first}` must hold integer ids; received float\d+ values"):
+        model.predict((inputs[0] + 0.9, *inputs[1:]) if len(inputs) > 1 else inputs[0] + 0.9, verbose=0)
+
+
+@pytest.mark.parametrize("name", ["gpt", "vit"])
+def test_empty_inputs_are_refused_and_the_weights_kept(rng, name):
+    """Keras' JAX trainer lost a trained model's weights on an empty array (0 rows); refused before
+    Keras sees it, on every backend, with the weights as they were."""
+    make, make_inputs = MODELS[name]
+    model = make()
+    inputs = make_inputs(rng)[0]
+    labels = np.zeros(len(inputs), "int32") if name == "vit" else inputs
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(inputs, labels, epochs=1, verbose=0)
+    trained = model.get_weights()
+    empty, no_labels = inputs[:0], labels[:0]
+    for method, call in (
+        ("predict", lambda: model.predict(empty, verbose=0)),
+        ("evaluate", lambda: model.evaluate(empty, no_labels, verbose=0)),
+        ("fit", lambda: model.fit(empty, no_labels, verbose=0)),
+    ):
+        with pytest.raises(ValueError, match=rf"\.{method}: `x` has no rows"):
+            call()
+    for after, before in zip(model.get_weights(), trained):
+        np.testing.assert_array_equal(after, before)
