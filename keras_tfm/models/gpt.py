@@ -13,7 +13,7 @@ from keras import ops
 
 from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.sampling import Sampler
+from keras_tfm.generation.sampling import Sampler, check_decoding
 from keras_tfm.layers import DecoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.model import Model
@@ -199,9 +199,15 @@ class GPT(Model):
         TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
         recorded once with `torch.jit.trace` and replayed.
         """
+        check_decoding(
+            "GPT.generate",
+            max_new_tokens=max_new_tokens,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            pad_token_id=pad_token_id,
+            vocabulary_size=self.vocabulary_size,
+        )
         self._build_on_demand()  # weights must exist before the loop is traced
-        if num_beams < 1:
-            raise ValueError(f"`num_beams` must be >= 1; received {num_beams}.")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         buffer, prompt_mask, lengths = decoding.prepare_prompts(
             token_ids, padding_mask, max_new_tokens, pad_token_id, self.vocabulary_size

@@ -20,7 +20,7 @@ from keras import ops
 
 from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.sampling import Sampler
+from keras_tfm.generation.sampling import Sampler, check_decoding
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -306,9 +306,10 @@ class Translator(Model):
             int array `(batch, max_length)`: each translation (without the start token), ending with
             `end_token_id` unless cut at `max_length`, then `pad_token_id`.
         """
+        check_decoding(
+            "Translator.translate", max_length=max_length, beam_size=beam_size, length_penalty=length_penalty
+        )
         self._build_on_demand()
-        if beam_size < 1:
-            raise ValueError(f"Translator.translate: `beam_size` must be >= 1; received {beam_size}.")
         source = self._prepare_source(source_ids)
         for name, length in (("source length", source.shape[1]), ("max_length + 1", max_length + 1)):
             if length > self.max_length:

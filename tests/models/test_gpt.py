@@ -178,8 +178,21 @@ def test_bad_generation_arguments():
         model.generate([[1, 2], []], max_new_tokens=2)
     with pytest.raises(ValueError, match=r"`token_ids` must hold at least one prompt; received shape \(0, 3\)"):
         model.generate(np.zeros((0, 3), "int32"), max_new_tokens=2)
-    with pytest.raises(ValueError, match="`top_p` must be in"):
+    with pytest.raises(ValueError, match="`top_p` must be a number in"):
         model.generate([[1]], max_new_tokens=2, top_p=0.0)
+    # Each ran (NaN scores, or another row's tokens changed on JAX by an id outside the table).
+    for settings, message in (
+        ({"temperature": float("nan")}, "`temperature` must be a finite number >= 0; received nan"),
+        ({"top_k": 2.5}, "`top_k` must be an integer >= 0; received 2.5"),
+        ({"num_beams": 2, "length_penalty": float("nan")}, "`length_penalty` must be a finite number; received nan"),
+        ({"pad_token_id": 40}, r"`pad_token_id` must be an id in \[0, vocabulary_size=40\); received 40"),
+        ({"pad_token_id": -1}, r"`pad_token_id` must be an id in \[0, vocabulary_size=40\); received -1"),
+        ({"num_beams": 1.5}, "`num_beams` must be an integer >= 1; received 1.5"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            model.generate([[1]], max_new_tokens=2, **settings)
+    with pytest.raises(ValueError, match="`max_new_tokens` must be an integer >= 1; received 2.0"):
+        model.generate([[1]], max_new_tokens=2.0)
     with pytest.raises(ValueError, match="padding on the right"):
         model.generate(np.array([[0, 1, 2]]), padding_mask=np.array([[0, 1, 1]], bool), max_new_tokens=2)
     with pytest.raises(ValueError, match="max_length=24"):

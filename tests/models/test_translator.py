@@ -164,3 +164,9 @@ def test_sizes_and_errors():
         model.translate(np.array([[5, 30, 0]]))
     with pytest.raises(ValueError, match="positions must be 'sinusoidal' or 'learned'"):
         tiny_translator(positions="rotary")
+    with pytest.raises(ValueError, match="`length_penalty` must be a finite number; received nan"):
+        model.translate([[5, 6]], beam_size=2, length_penalty=float("nan"))
+    with pytest.raises(ValueError, match="`beam_size` must be an integer >= 1; received 0"):
+        model.translate([[5, 6]], beam_size=0)
+    with pytest.raises(ValueError, match="`max_length` must be an integer >= 1; received 0"):
+        model.translate([[5, 6]], max_length=0)
