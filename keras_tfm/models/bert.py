@@ -142,6 +142,8 @@ class Bert(Model):
         return {
             "token_ids": (self.vocabulary_size, "vocabulary_size"),
             "segment_ids": (self.num_segments, "num_segments"),
+            "padding_mask": None,
+            "output_positions": ("token_ids", "length"),
         }
 
 
@@ -202,6 +204,11 @@ class BertMLM(_BertWithHead):
         )
         epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
         self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
+
+    def _id_inputs(self) -> dict:
+        ids = dict(self.encoder._id_inputs())
+        ids["mask_positions"] = ids.pop("output_positions")  # where the head reads the encoder
+        return ids
 
     def _label_range(self) -> tuple[int, str]:
         return self.encoder.vocabulary_size, "vocabulary_size"

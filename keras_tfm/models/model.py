@@ -127,9 +127,10 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         self._build_on_demand()
         lora.load_lora_weights(self, filepath)
 
-    def _id_inputs(self) -> dict[str, tuple[int, str]]:
+    def _id_inputs(self) -> dict[str, tuple[int | str, str] | None]:
         """The inputs that hold ids, in the order of `call`'s arguments: name -> (how many ids its
-        table has, that setting's name)."""
+        table has, that setting's name); or (the name of the input whose length bounds it, "length")
+        for positions; or None for an input between them that holds no ids."""
         return {}
 
     def _check_ids(self, args: tuple, kwargs: dict) -> None:
@@ -153,7 +154,15 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             given.update(zip(names, args[0]))  # a (source_ids, target_ids) pair
         else:
             given.update(zip(names, args))
-        for name, (limit, setting) in id_inputs.items():
+        for name, spec in id_inputs.items():
+            if spec is None:
+                continue
+            limit, setting = spec
+            if isinstance(limit, str):  # positions in another input's sequence
+                bound = given.get(limit)
+                if not hasattr(bound, "shape") and not isinstance(bound, list):
+                    continue
+                limit = np.shape(bound)[-1]
             kind = _dtype_name(given.get(name))
             if kind is not None and not kind.startswith(("int", "uint")):  # a cast would truncate 1.9 to 1
                 raise ValueError(f"{type(self).__name__}: `{name}` must hold integer ids; received {kind} values.")
@@ -164,7 +173,8 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             if lowest < 0 or highest >= limit:
                 wrong = lowest if lowest < 0 else highest
                 raise ValueError(
-                    f"{type(self).__name__}: `{name}` must hold ids in [0, {setting}={limit}); received {wrong}."
+                    f"{type(self).__name__}: `{name}` must hold {'positions' if setting == 'length' else 'ids'} in "
+                    f"[0, {setting}={limit}); received {wrong}."
                 )
 
     def _label_range(self) -> tuple[int, str] | None:

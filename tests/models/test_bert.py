@@ -34,6 +34,19 @@ def test_heads_and_errors():
         keras_tfm.bert_tiny(head="qa")
     with pytest.raises(ValueError, match="max_length=16"):
         mlm(np.ones((1, 17), "int32"))
+    # A gather outside the sequence was NaN on JAX and some other row's vector on PyTorch.
+    ids = np.ones((3, 8), "int32")
+    for wrong in (8, -1):
+        positions = np.zeros((3, 2), "int32")
+        positions[1, 1] = wrong
+        with pytest.raises(
+            ValueError, match=rf"`mask_positions` must hold positions in \[0, length=8\); received {wrong}"
+        ):
+            mlm(ids, mask_positions=positions)
+        with pytest.raises(ValueError, match=r"`mask_positions` must hold positions in \[0, length=8\)"):
+            mlm.predict({"token_ids": ids, "mask_positions": positions}, verbose=0)
+        with pytest.raises(ValueError, match=r"`output_positions` must hold positions in \[0, length=8\)"):
+            mlm.encoder(ids, None, None, positions)
 
 
 @pytest.mark.parametrize("head", ["mlm", "classifier", None])
