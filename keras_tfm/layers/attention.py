@@ -5,6 +5,7 @@ results are merged by one output projection (W_o)."""
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu
@@ -149,6 +150,14 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         the cache that `call(query, value, key, cache=cache, cache_update_index=...)` returns, without
         computing queries or attention. A prefill needs nothing else from the last decoder layer."""
         self._check_cacheable(cache)
+        index = cache_update_index
+        if isinstance(index, (int, np.integer)) and isinstance(cache.shape[3], int) and isinstance(value.shape[1], int):
+            if not 0 <= index <= cache.shape[3] - value.shape[1]:  # a write there would be clamped, silently
+                raise ValueError(
+                    f"MultiHeadAttention: `cache_update_index` must leave room for the {value.shape[1]} new "
+                    f"positions in the cache of length {cache.shape[3]}: in [0, {cache.shape[3] - value.shape[1]}]; "
+                    f"received {index}."
+                )
         new_entries = self.precompute_key_value(value, key)
         # one update of the joint cache: a functional update copies its input (PyTorch)
         return ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
@@ -238,6 +247,17 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             value = query
             value_mask = query_mask if value_mask is None else value_mask
         key = value if key is None else key
+        for name, tensor in (("value", value), ("key", key)):
+            if len(tensor.shape) != 3 or _static_dims_differ(tensor.shape[:1], query.shape[:1]):
+                raise ValueError(
+                    f"MultiHeadAttention: `{name}` must have shape (batch, length, features) with the query's "
+                    f"batch {_shown(query.shape[:1])[0]}; received shape {tuple(tensor.shape)}."
+                )
+        if _static_dims_differ(key.shape[:2], value.shape[:2]):  # PyTorch's einsum would broadcast a length of 1
+            raise ValueError(
+                f"MultiHeadAttention: `key` and `value` must have the same batch and length; received shapes "
+                f"{tuple(key.shape)} and {tuple(value.shape)}."
+            )
         if value_mask is None:
             value_mask = get_keras_mask(value)
 

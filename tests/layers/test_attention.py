@@ -171,6 +171,38 @@ def test_cache_of_the_wrong_layout_is_refused(x):
         layer(x[:, :1], cache=np.zeros((2, 2, 10, 2, 8), "float32"), cache_update_index=0)  # length before heads
 
 
+def test_keys_and_values_of_other_lengths_or_batches_are_refused(x):
+    """PyTorch broadcast a length-1 value over the keys and returned numbers."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=8)
+    with pytest.raises(
+        ValueError, match=r"`key` and `value` must have the same batch and length; .*\(2, 5, 16\) and \(2, 1, 16\)"
+    ):
+        layer(x, x[:, :1], key=x[:, :5])
+    with pytest.raises(
+        ValueError, match=r"`value` must have shape \(batch, length, features\) with the query's batch 2"
+    ):
+        layer(x, x[:1])
+
+
+def test_a_cache_write_beyond_the_cache_is_refused(x):
+    """The write was clamped into the cache: the step's keys overwrote the last positions silently."""
+    from keras_tfm.layers import DecoderBlock
+
+    layer = MultiHeadAttention(num_heads=2, key_dim=8)
+    cache = np.zeros((2, 2, 2, 4, 8), "float32")
+    layer(x[:, :1], use_causal_mask=True, cache=cache, cache_update_index=3)  # the last position: fine
+    for index, new in ((4, 1), (3, 2), (-1, 1)):
+        with pytest.raises(
+            ValueError, match=rf"`cache_update_index` must leave room .* in \[0, {4 - new}\]; received {index}"
+        ):
+            layer(x[:, :new], use_causal_mask=True, cache=cache, cache_update_index=index)
+    block = DecoderBlock(num_heads=2, intermediate_dim=32)
+    with pytest.raises(ValueError, match="`cache_update_index` must leave room for the 1 new positions"):
+        block(x[:, :1], self_attention_cache=cache, cache_update_index=4)
+    with pytest.raises(ValueError, match="`cache_update_index` must leave room"):
+        block.update_cache(x[:, :2], cache, 3)
+
+
 def test_dropout_on_weights_only_in_training(x):
     layer = MultiHeadAttention(num_heads=2, key_dim=8, dropout=0.5)
     inference = to_numpy(layer(x))
