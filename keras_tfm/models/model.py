@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import math
+import os
 import warnings
 
 import keras
@@ -287,9 +289,45 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         self._build_on_demand()
         super().set_weights(weights)
 
+    def save_weights(self, filepath, *args, **kwargs):
+        self._build_on_demand()
+        return super().save_weights(filepath, *args, **kwargs)
+
     def load_weights(self, filepath, *args, **kwargs):
         self._build_on_demand()
+        if str(filepath).endswith(".weights.h5"):
+            self._check_weights_file(str(filepath))
         return super().load_weights(filepath, *args, **kwargs)
+
+    def _check_weights_file(self, path: str) -> None:
+        """Refuses a `.weights.h5` file that is missing, damaged or holds another model's weights:
+        Keras loads what matches (the first block of a deeper model, say) without a word."""
+        import h5py
+
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{type(self).__name__}.load_weights: there is no file {path!r}.")
+        shapes = []
+        try:
+            with h5py.File(path, "r") as file:
+                file.visititems(
+                    lambda name, item: (
+                        shapes.append(tuple(item.shape))
+                        if isinstance(item, h5py.Dataset) and not name.startswith("optimizer/")
+                        else None
+                    )
+                )
+        except (OSError, ValueError) as error:
+            raise ValueError(
+                f"{type(self).__name__}.load_weights: {path!r} is damaged or not a Keras weights file ({error})."
+            ) from None
+        # LoRA pairs are not written by `save_weights` (the merged kernel is)
+        expected = [tuple(weight.shape) for weight in self.weights if "lora_" not in weight.path]
+        if sorted(shapes) != sorted(expected):
+            raise ValueError(
+                f"{type(self).__name__}.load_weights: {path!r} holds the weights of another model: "
+                f"{len(shapes)} arrays of {sum(math.prod(s) for s in shapes):,} numbers, where this "
+                f"{type(self).__name__} has {len(expected)} of {sum(math.prod(s) for s in expected):,}."
+            )
 
     def export(self, filepath, *args, **kwargs):
         self._build_on_demand()

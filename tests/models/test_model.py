@@ -362,3 +362,24 @@ def test_empty_inputs_are_refused_and_the_weights_kept(rng, name):
             call()
     for after, before in zip(model.get_weights(), trained):
         np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert_mlm"])
+def test_load_weights_refuses_another_model_and_a_damaged_file(tmp_path, name):
+    """Keras loaded the first block of a deeper model's file into a shallower one without a word."""
+    make = MODELS[name][0]
+    deeper = make()
+    deeper.save_weights(str(tmp_path / "deeper.weights.h5"))
+    shallower = type(deeper).from_config({**deeper.get_config(), "num_layers": 1})
+    with pytest.raises(ValueError, match=r"deeper.weights.h5' holds the weights of another model: \d+ arrays"):
+        shallower.load_weights(str(tmp_path / "deeper.weights.h5"))
+    same = make()
+    same.load_weights(str(tmp_path / "deeper.weights.h5"))
+    for loaded, saved in zip(same.get_weights(), deeper.get_weights()):
+        np.testing.assert_array_equal(loaded, saved)
+    damaged = tmp_path / "damaged.weights.h5"
+    damaged.write_bytes((tmp_path / "deeper.weights.h5").read_bytes()[:200])
+    with pytest.raises(ValueError, match="damaged.weights.h5' is damaged or not a Keras weights file"):
+        same.load_weights(str(damaged))
+    with pytest.raises(FileNotFoundError, match="there is no file '.*missing.weights.h5'"):
+        same.load_weights(str(tmp_path / "missing.weights.h5"))
