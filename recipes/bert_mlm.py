@@ -94,6 +94,12 @@ def main() -> None:
             "pretraining) or --from-huggingface DIR; pretraining trains every weight.",
             argument="lora_rank",
         )
+    if args.max_length is not None and args.max_length < args.sequence_length:
+        raise training.InputError(
+            f"the model's positions must hold a sequence of `sequence_length` {args.sequence_length}; "
+            f"got {args.max_length}.",
+            argument="max_length",
+        )
     config = training.training_config(args)
     training.setup(config)
 
@@ -153,7 +159,7 @@ def main() -> None:
             "data": text.source,
         }
 
-    encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=length)
+    encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=args.max_length or length)
     training.build_model(sizes, args, **encoder_config)  # refused now, before anything lasting is written
     save_tokenizer(tokenizer, args.output_dir)
     result = training.train(

@@ -37,6 +37,8 @@ def test_read_text_file_gzip_and_directory(tmp_path):
     [
         (b"\xff\xfe\x00binary", "not UTF-8 text"),
         (b"", "is empty"),
+        # an IDX file of labels (0-9): every byte is valid UTF-8, and it trained as text
+        (bytes([0, 0, 8, 1, 0, 0, 0, 100]) + bytes(i % 10 for i in range(100)), "looks binary, not text"),
     ],
 )
 def test_read_text_bad_files(tmp_path, content, message):
@@ -292,6 +294,46 @@ def test_npz_and_image_folder(tmp_path):
     np.testing.assert_array_equal(splits.test[0][-1], np.asarray(Image.fromarray(big).resize((6, 6), Image.BILINEAR)))
     single = load_images(str(tmp_path / "folder" / "test"), log=lambda m: None, image_size=6)  # one folder, split 90/10
     assert single.train[0].shape == (6, 6, 6, 3) and single.test[0].shape == (1, 6, 6, 3)
+
+
+def test_npz_arrays_that_would_train_wrong_are_refused_or_read_right(tmp_path):
+    """A label -1 indexed the last class, 2.7 became 2, images in [0, 1] were divided by 255 again, a
+    channels-first array trained a wrong model, and one class scored a test accuracy of 1.0."""
+    rng = np.random.default_rng(0)
+    good = dict(
+        x_train=rng.integers(0, 255, (6, 5, 5, 3), dtype=np.uint8),
+        y_train=np.arange(6) % 2,
+        x_test=rng.integers(0, 255, (2, 5, 5, 3), dtype=np.uint8),
+        y_test=np.array([0, 1]),
+    )
+
+    def load(**changes):
+        np.savez(tmp_path / "d.npz", **{**good, **changes})
+        return load_images(str(tmp_path / "d.npz"), log=lambda m: None)
+
+    for changes, message in (
+        ({"y_train": np.array([0, 1, -1, 0, 1, 0])}, r"labels must be class numbers >= 0; received -1"),
+        ({"y_train": np.array([0, 1, 2.7, 0, 1, 0])}, r"labels must be whole class numbers; received 2.7"),
+        ({"x_train": good["x_train"].transpose(0, 3, 1, 2)}, r"look channels-first \(6, 3, 5, 5\)"),
+        ({"x_train": good["x_train"] / 255.0 - 0.5}, r"float images must hold values in \[0, 1\] or \[0, 255\]"),
+        (
+            {"x_train": good["x_train"][:5]},
+            r"expected images .* one label each; received shapes \(5, 5, 5, 3\) and \(6,\)",
+        ),
+        ({"y_train": np.zeros(6, int), "y_test": np.zeros(2, int)}, r"at least two classes; found \['0'\]"),
+    ):
+        with pytest.raises(DataError, match="^data: .*" + message):
+            load(**changes)
+    scaled = load(x_train=good["x_train"] / 255.0, y_train=np.arange(6.0) % 2)  # floats in [0, 1]; whole labels
+    np.testing.assert_allclose(scaled.train[0], good["x_train"], atol=1e-4)
+    assert scaled.train[1].dtype == np.int32 and scaled.train[1].tolist() == [0, 1, 0, 1, 0, 1]
+    from PIL import Image
+
+    (tmp_path / "one" / "cat").mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(good["x_train"][i]).save(tmp_path / "one" / "cat" / f"{i}.png")
+    with pytest.raises(DataError, match=r"^data: local images .*at least two classes; found \['cat'\]"):
+        load_images(str(tmp_path / "one"), log=lambda m: None)
 
 
 def test_offline_digits():

@@ -7,7 +7,8 @@ Local files (`data`) may be
   - an image folder `PATH/<class>/*.png|jpg` (or `PATH/train/<class>/...` and `PATH/test/<class>/...`);
     images of different sizes are resized to `image_size` as they are read.
 The offline default is scikit-learn's bundled handwritten digits (1,797 images, 8x8, 10 classes).
-Images come back as uint8 `(count, height, width, channels)` and int32 labels.
+Images come back as `(count, height, width, channels)` bytes (uint8; float 0-255 where an .npz held
+floats in [0, 1]) and int32 labels, at least two classes.
 """
 
 from __future__ import annotations
@@ -82,7 +83,53 @@ def _load_npz(path: str):
             splits = [(arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])]
     except (OSError, ValueError) as error:
         raise DataError(f"{path!r} is not a readable .npz file ({error}).", argument="data") from None
-    return [(x if x.ndim == 4 else x[..., None], y.astype("int32").reshape(-1)) for x, y in splits]
+    return [
+        _checked_arrays(x, y, f"{path!r} {split}")
+        for (x, y), split in zip(splits, ("x_train/y_train", "x_test/y_test"))
+    ]
+
+
+def _checked_arrays(images: np.ndarray, labels: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images `(count, height, width[, channels])` of bytes (0-255) and integer labels >= 0, as given in
+    an .npz file: float images in [0, 1] are scaled to 0-255, and what cannot be read right is refused
+    (a label -1 would index the last class, 2.7 would become 2, a channels-first array would train)."""
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4 or len(images) != len(labels.reshape(-1)):
+        raise DataError(
+            f"{where}: expected images (count, height, width[, channels]) and one label each; received "
+            f"shapes {images.shape} and {labels.shape}.",
+            argument="data",
+        )
+    if images.shape[-1] not in (1, 3, 4) and images.shape[1] in (1, 3, 4):
+        raise DataError(
+            f"{where}: the images look channels-first {images.shape}; expected channels last "
+            f"(count, height, width, channels): transpose them with x.transpose(0, 2, 3, 1).",
+            argument="data",
+        )
+    labels = labels.reshape(-1)
+    if labels.dtype.kind == "f" and not np.array_equal(labels, np.round(labels)):
+        raise DataError(
+            f"{where}: labels must be whole class numbers; received {labels[labels != np.round(labels)][0]}.",
+            argument="data",
+        )
+    if labels.dtype.kind not in "iuf" or labels.size and labels.min() < 0:
+        raise DataError(
+            f"{where}: labels must be class numbers >= 0; received {labels.min() if labels.dtype.kind in 'iuf' else labels.dtype}.",
+            argument="data",
+        )
+    if images.dtype.kind == "f":
+        if not np.isfinite(images).all() or images.min() < 0 or images.max() > 255:
+            raise DataError(f"{where}: float images must hold values in [0, 1] or [0, 255].", argument="data")
+        if images.max() <= 1.0:  # already scaled: the model's preprocessing divides by 255
+            images = images * 255.0
+    elif images.dtype != np.uint8:
+        if images.dtype.kind not in "iu" or images.min() < 0 or images.max() > 255:
+            raise DataError(
+                f"{where}: integer images must hold bytes (0-255); received {images.dtype}.", argument="data"
+            )
+        images = images.astype("uint8")
+    return images, labels.astype("int32")
 
 
 def _read_folder(path: str, class_names: list[str] | None = None):
@@ -181,6 +228,8 @@ def load_images(
         train, test = _split(x, digits.target.astype("int32"), 0.2)
         source = OFFLINE_IMAGES_SOURCE
     class_names = class_names or [str(i) for i in range(int(max(train[1].max(), test[1].max())) + 1)]
+    if len(class_names) < 2:  # every prediction would be right: a test accuracy of 1.0 that means nothing
+        raise DataError(f"{source}: a classifier needs at least two classes; found {class_names}.", argument="data")
     log(
         f"Data: {source}: {len(train[0]):,} training and {len(test[0]):,} test images of shape "
         f"{train[0].shape[1:]}, {len(class_names)} classes."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+import re
 import zipfile
 from collections.abc import Callable
 
@@ -32,6 +33,9 @@ def offline_text() -> str:
     from pydoc_data import topics
 
     return "\n\n".join(topics.topics[name].strip() for name in sorted(topics.topics))
+
+
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # control characters but tab and line breaks
 
 
 def read_text(path: str, argument: str = "path") -> str:
@@ -70,6 +74,14 @@ def read_text(path: str, argument: str = "path") -> str:
         ) from None
     if not text.strip():
         raise DataError(f"{path!r} is empty; expected text to train on.", argument)
+    sample = text[:100_000]
+    controls = len(_CONTROL.findall(sample))
+    if controls > 0.001 * len(sample):  # bytes 0-31 decode as UTF-8, so a gzip of labels "is" text
+        raise DataError(
+            f"{path!r} looks binary, not text: {controls:,} control characters in its first {len(sample):,}; "
+            "is it the right file?",
+            argument,
+        )
     return text
 
 

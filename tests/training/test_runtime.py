@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import re
@@ -554,6 +555,13 @@ def test_numeric_flags_are_checked_when_read():
         ),
         # LoRA on BERT's pretraining would fine-tune random weights (see also test_lora_flags_need_pretrained_weights)
         ("bert_mlm.py", ["--lora-rank", "4"], "--lora-rank: LoRA fine-tunes pretrained weights: give --finetune PATH"),
+        # was overridden by --sequence-length without a word
+        (
+            "bert_mlm.py",
+            ["--max-length", "4"],
+            "--max-length: the model's positions must hold a sequence of --sequence-length 128; got 4",
+        ),
+        ("gpt_lm.py", ["--data", "{tmp}/labels.gz"], "--data: '.*labels.gz' looks binary, not text"),
         # refused after the tokenizer is fitted, but before it is written: a rerun must not reuse it
         (
             "gpt_lm.py",
@@ -573,6 +581,8 @@ def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, script, flags, messag
     import re
 
     (tmp_path / "short.txt").write_text("to be or not\n")
+    with gzip.open(tmp_path / "labels.gz", "wb") as file:  # an IDX file of labels, as Fashion-MNIST's
+        file.write(bytes([0, 0, 8, 1, 0, 0, 0, 100]) + bytes(i % 10 for i in range(100)))
     flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
     done = recipe(script, "--output-dir", str(tmp_path / "run"), *flags, timeout=120)
     assert done.returncode == 2
