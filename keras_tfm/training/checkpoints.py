@@ -17,6 +17,8 @@ import hashlib
 import json
 import math
 import os
+import signal
+import threading
 
 import keras
 
@@ -26,6 +28,10 @@ from keras_tfm.layers import lora
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training was stopped by Ctrl-C (SIGINT) between two steps; the last checkpoint is kept."""
 
 
 class CheckpointManager:
@@ -148,3 +154,48 @@ class StopOnNaN(keras.callbacks.Callback):
             self.bad_step = int(batch)
             self.model._keras_tfm_diverged = self.bad_step
             self.model.stop_training = True
+
+
+class StopOnInterrupt(keras.callbacks.Callback):
+    """Turns Ctrl-C during `fit` into a stop after the current step, with a message that says where the
+    last checkpoint is. The signal only sets a flag, which the next step end reads: an interrupt that
+    arrives while a backend runs compiled code is not lost, and nothing is half-written. A second
+    Ctrl-C interrupts at once."""
+
+    def __init__(self, manager: CheckpointManager):
+        super().__init__()
+        self.manager = manager
+        self.requested = False
+        self._previous = None
+
+    def _request(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self._previous = signal.signal(signal.SIGINT, self._request)
+
+    def on_train_end(self, logs=None):
+        self._restore()
+
+    def _restore(self):
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.requested:
+            self._restore()
+            state = self.manager.state()
+            raise TrainingInterrupted(
+                "interrupted (Ctrl-C); "
+                + (
+                    f"the last checkpoint (epoch {state['epoch']}) is kept in {self.manager.directory}; "
+                    if state
+                    else "no epoch had finished, so there is no checkpoint yet; "
+                )
+                + "run the same command again to resume."
+            )
+
+    on_test_batch_end = on_train_batch_end

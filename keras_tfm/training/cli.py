@@ -19,7 +19,7 @@ from collections.abc import Callable
 import keras
 
 from keras_tfm.errors import DataError, InputError
-from keras_tfm.training.checkpoints import TrainingDiverged
+from keras_tfm.training.checkpoints import TrainingDiverged, TrainingInterrupted
 from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
 
 MODEL_OVERRIDES = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "max_length")
@@ -334,11 +334,15 @@ def checkpoint_config(
 
 
 def run_main(main: Callable[[], None]) -> None:
-    """Runs a recipe's `main`, turning bad input and divergence into one clear line (speaking of the
-    recipe's flags) and exit status 2 (bad input) or 3 (the loss diverged)."""
+    """Runs a recipe's `main`, turning bad input, divergence and Ctrl-C into one clear line (speaking of
+    the recipe's flags) and exit status 2 (bad input), 3 (the loss diverged) or 130 (interrupted)."""
     RecipeParser.parsed = None
     try:
         main()
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: during training, after the step it was in
+        message = str(interrupt) if isinstance(interrupt, TrainingInterrupted) else "interrupted (Ctrl-C)."
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(130) from None
     except (InputError, TrainingDiverged) as error:
         status = 3 if isinstance(error, TrainingDiverged) else 2
         error = error if isinstance(error, InputError) else InputError(str(error))

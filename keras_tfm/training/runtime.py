@@ -26,7 +26,13 @@ from keras_tfm.compat import sublayers
 from keras_tfm.errors import InputError
 from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
-from keras_tfm.training.checkpoints import CheckpointManager, EpochCheckpoint, StopOnNaN, TrainingDiverged
+from keras_tfm.training.checkpoints import (
+    CheckpointManager,
+    EpochCheckpoint,
+    StopOnInterrupt,
+    StopOnNaN,
+    TrainingDiverged,
+)
 from keras_tfm.training.config import RESULT_FIELDS, HuggingFaceCheckpoint, TrainingConfig
 from keras_tfm.training.distribute import distribution_scope, use_cpu_devices
 
@@ -264,6 +270,7 @@ def _fit(
         _truncate_log(csv_path, initial_epoch)
     nan_stop = StopOnNaN()
     run_callbacks = [
+        StopOnInterrupt(manager),
         nan_stop,
         EpochCheckpoint(manager, {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "settings": settings}),
         keras.callbacks.CSVLogger(csv_path, append=initial_epoch > 0),

@@ -201,12 +201,8 @@ def test_character_level_gpt_recipe_is_written_for_transformers(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
-    flags = ["--data", SHAKESPEARE, "--steps", "24", "--steps-per-epoch", "4", "--sample-every", "0", *TINY_GPT]
-    straight = recipe("gpt_lm.py", *flags, "--output-dir", str(tmp_path / "straight"))
-    assert straight.returncode == 0, straight.stdout + straight.stderr
-
-    out = tmp_path / "killed"
+def _stopped_after_two_epochs(out, flags, signal_number) -> subprocess.Popen:
+    """A GPT recipe run in its own process, sent `signal_number` once its second checkpoint is written."""
     process = recipe("gpt_lm.py", *flags, "--output-dir", str(out), wait=False)
     state_path = out / "checkpoint" / "state.json"
     deadline = time.time() + 300
@@ -214,22 +210,44 @@ def test_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
         if state_path.exists() and json.loads(state_path.read_text())["epoch"] >= 2:
             break
         time.sleep(0.05)
-    assert process.poll() is None, "the run ended before it could be killed:\n" + process.stdout.read()
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    killed_at = json.loads(state_path.read_text())["epoch"]
-    assert 2 <= killed_at < 6 and not (out / "metrics.json").exists()
+    assert process.poll() is None, "the run ended before it could be stopped:\n" + process.stdout.read()
+    os.kill(process.pid, signal_number)
+    process.wait(timeout=120)
+    return process
 
-    resumed = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{killed_at} epochs done, optimizer step {4 * killed_at}" in resumed.stdout
+
+def test_kill_9_or_ctrl_c_and_rerun_resumes_to_the_same_result(tmp_path):
+    flags = ["--data", SHAKESPEARE, "--steps", "24", "--steps-per-epoch", "4", "--sample-every", "0", *TINY_GPT]
+    straight = recipe("gpt_lm.py", *flags, "--output-dir", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+
     expected = json.loads((tmp_path / "straight" / "metrics.json").read_text())
-    got = json.loads((out / "metrics.json").read_text())
-    assert got["validation_loss"] == pytest.approx(expected["validation_loss"], rel=1e-5, abs=1e-6)
     assert expected["validation_loss"] < 3.6  # it learned: an untrained model scores about ln(65) = 4.17
     straight_log = (tmp_path / "straight" / "log.csv").read_text().splitlines()
-    resumed_log = (out / "log.csv").read_text().splitlines()
-    assert len(resumed_log) == len(straight_log) == 7  # header + 6 epochs, none repeated or lost
+
+    # Ctrl-C (SIGINT) stops after the step it came in, with one line; it was lost on JAX and the run went on
+    for name, signal_number in (("killed", signal.SIGKILL), ("interrupted", signal.SIGINT)):
+        out = tmp_path / name
+        process = _stopped_after_two_epochs(out, flags, signal_number)
+        stopped_at = json.loads((out / "checkpoint" / "state.json").read_text())["epoch"]
+        assert 2 <= stopped_at < 6 and not (out / "metrics.json").exists()
+        if signal_number == signal.SIGINT:
+            output = process.stdout.read()
+            assert process.returncode == 130, output[-3000:]
+            assert re.search(
+                rf"error: interrupted \(Ctrl-C\); the last checkpoint \(epoch {stopped_at}\) is kept in .*; run the "
+                r"same command again to resume\.",
+                output,
+            ), output[-3000:]
+            assert "Traceback" not in output
+
+        resumed = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert f"{stopped_at} epochs done, optimizer step {4 * stopped_at}" in resumed.stdout
+        got = json.loads((out / "metrics.json").read_text())
+        assert got["validation_loss"] == pytest.approx(expected["validation_loss"], rel=1e-5, abs=1e-6), name
+        resumed_log = (out / "log.csv").read_text().splitlines()
+        assert len(resumed_log) == len(straight_log) == 7  # header + 6 epochs, none repeated or lost
 
 
 def _args(tmp_path, **overrides):
