@@ -156,6 +156,27 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             given.update(zip(names, args[0]))  # a (source_ids, target_ids) pair
         else:
             given.update(zip(names, args))
+        batches = {}
+        for name, spec in id_inputs.items():
+            shape = _static_shape(given.get(name))
+            if spec is None or shape is None:
+                continue
+            if len(shape) != 2:
+                raise ValueError(
+                    f"{type(self).__name__}: `{name}` must have shape (batch, length); received shape {shape}."
+                )
+            if shape[1] == 0 and not isinstance(spec[0], str):
+                raise ValueError(
+                    f"{type(self).__name__}: `{name}` must hold at least one id per row; received shape {shape}."
+                )
+            if isinstance(shape[0], int):
+                batches[name] = shape[0]
+            if len(set(batches.values())) > 1:
+                raise ValueError(
+                    f"{type(self).__name__}: every input must have the same batch size; received "
+                    + ", ".join(f"`{key}` {value}" for key, value in batches.items())
+                    + "."
+                )
         for name, spec in id_inputs.items():
             if spec is None:
                 continue
@@ -332,6 +353,23 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
     def export(self, filepath, *args, **kwargs):
         self._build_on_demand()
         return super().export(filepath, *args, **kwargs)
+
+
+def _static_shape(value) -> tuple | None:
+    """The shape of an array, list or tensor (backend or symbolic; unknown dimensions None); None for
+    anything else. Reads no values."""
+    if isinstance(value, list):
+        try:
+            return np.shape(value)
+        except ValueError:  # ragged: Keras refuses it itself
+            return None
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(d) if d is not None else None for d in shape)
+    except TypeError:
+        return None
 
 
 def _dtype_name(value) -> str | None:

@@ -2,6 +2,7 @@
 
 import gc
 import io
+import re
 import warnings
 from contextlib import redirect_stdout
 
@@ -383,3 +384,23 @@ def test_load_weights_refuses_another_model_and_a_damaged_file(tmp_path, name):
         same.load_weights(str(damaged))
     with pytest.raises(FileNotFoundError, match="there is no file '.*missing.weights.h5'"):
         same.load_weights(str(tmp_path / "missing.weights.h5"))
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert", "translator"])
+def test_ids_of_the_wrong_rank_length_or_batch_are_refused_by_name(rng, name):
+    """Each ended deep in a layer (a position table's broadcast, PyTorch's einsum) without our names."""
+    make, make_inputs = MODELS[name]
+    model = make()
+    inputs = make_inputs(rng)
+    first, rest = inputs[0], inputs[1:]
+    label = f"{type(model).__name__}: `{list(model._id_inputs())[0]}`"
+    for bad, message in (
+        (first[0], r"must have shape \(batch, length\); received shape \(6,\)"),
+        (first[..., None], r"must have shape \(batch, length\); received shape \(2, 6, 1\)"),
+        (first[:, :0], r"must hold at least one id per row; received shape \(2, 0\)"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(label) + " " + message):
+            model(bad, *rest)
+    if rest:  # the translator's target
+        with pytest.raises(ValueError, match=r"same batch size; received `source_ids` 2, `target_ids` 1"):
+            model(first, rest[0][:1])
