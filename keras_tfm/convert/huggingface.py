@@ -63,7 +63,7 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
     ):
         raise ValueError(f"from_huggingface: num_classes must be a positive integer or None; received {num_classes!r}.")
-    adapter_config = None
+    adapter_config, base = None, None
     if adapters.is_peft_model(model_or_directory):
         if adapter is not None:
             raise ValueError(
@@ -84,7 +84,16 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
     if adapter_config is not None:
         num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = {**weights, **adapter_weights}
-    model, w = convert_checkpoint(config, weights, num_classes)
+    try:
+        model, w = convert_checkpoint(config, weights, num_classes)
+    except KeyError as missing:
+        if str(missing.args[0]).startswith("from_huggingface:"):  # a weight the checkpoint lacks
+            raise
+        where = "the configuration" if base is None else repr(os.path.join(checkpoint_directory(base), "config.json"))
+        raise ValueError(
+            f"from_huggingface: {where} lacks the field {missing.args[0]!r}, which a {config.get('model_type')!r} "
+            "checkpoint needs."
+        ) from None
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
     return model
@@ -155,6 +164,10 @@ def save_huggingface(
         raise ValueError(
             f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
             "checkpoints hold float weights. Save the model before quantize(), or its .keras file."
+        )
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise FileExistsError(
+            f"save_huggingface: {os.fspath(directory)!r} is a file; expected a directory to write the checkpoint in."
         )
     stale = (
         sorted(name for name in os.listdir(directory) if _OTHER_WEIGHTS.fullmatch(name))

@@ -1,5 +1,6 @@
 """keras_tfm GPT vs Hugging Face GPT-2 built from small random configurations (no network)."""
 
+import json
 import os
 
 import numpy as np
@@ -147,6 +148,16 @@ def test_directory_errors(tmp_path):
                 (tmp_path / name).write_text(text)
         with pytest.raises(error, match=message):
             keras_tfm.from_huggingface(str(tmp_path))
+
+
+def test_a_config_without_a_field_names_the_file_and_the_field(tmp_path):
+    """It was a bare KeyError: 'n_embd'."""
+    hf_gpt2().save_pretrained(str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["n_embd"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json' lacks the field 'n_embd', which a 'gpt2' checkpoint needs"):
+        keras_tfm.from_huggingface(str(tmp_path))
 
 
 @pytest.mark.parametrize("num_beams", [2, 4])

@@ -187,6 +187,8 @@ def test_a_directory_with_other_weights_is_refused_and_ours_are_overwritten(tmp_
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(FileExistsError, match="already holds other weights \\(pytorch_model.bin\\)"):
         save_huggingface(model, tmp_path)
+    with pytest.raises(FileExistsError, match="pytorch_model.bin' is a file; expected a directory"):
+        save_huggingface(model, tmp_path / "pytorch_model.bin")
 
 
 def test_class_names_become_id2label(tmp_path):
