@@ -321,6 +321,7 @@ def test_npz_arrays_that_would_train_wrong_are_refused_or_read_right(tmp_path):
             r"expected images .* one label each; received shapes \(5, 5, 5, 3\) and \(6,\)",
         ),
         ({"y_train": np.zeros(6, int), "y_test": np.zeros(2, int)}, r"at least two classes; found \['0'\]"),
+        ({"x_test": good["x_test"][:0], "y_test": good["y_test"][:0]}, r"the test split has no images"),
     ):
         with pytest.raises(DataError, match="^data: .*" + message):
             load(**changes)

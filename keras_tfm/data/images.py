@@ -227,6 +227,9 @@ def load_images(
         x = np.round(digits.images * (255 / 16)).astype("uint8")[..., None]
         train, test = _split(x, digits.target.astype("int32"), 0.2)
         source = OFFLINE_IMAGES_SOURCE
+    for split, (images, _) in (("training", train), ("test", test)):
+        if len(images) == 0:
+            raise DataError(f"{source}: the {split} split has no images; give more images.", argument="data")
     class_names = class_names or [str(i) for i in range(int(max(train[1].max(), test[1].max())) + 1)]
     if len(class_names) < 2:  # every prediction would be right: a test accuracy of 1.0 that means nothing
         raise DataError(f"{source}: a classifier needs at least two classes; found {class_names}.", argument="data")

@@ -54,9 +54,19 @@ def setup(config: TrainingConfig) -> None:
         if keras.backend.backend() == "torch":
             raise InputError("virtual CPU devices need the jax or tensorflow backend, not torch.", "cpu_devices")
         use_cpu_devices(config.cpu_devices)
+    try:  # before anything is trained: a run that cannot write its checkpoints would lose them
+        os.makedirs(config.output_dir, exist_ok=True)
+        probe = os.path.join(config.output_dir, ".keras_tfm_write_test")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise InputError(
+            f"cannot write to {config.output_dir!r} ({error.strerror or error}); give a directory this user can write.",
+            "output_dir",
+        ) from None
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(config.precision)
-    os.makedirs(config.output_dir, exist_ok=True)
     log(f"Backend: {keras.backend.backend()}, precision {config.precision}, output in {config.output_dir}")
 
 

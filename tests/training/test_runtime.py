@@ -580,6 +580,8 @@ def test_numeric_flags_are_checked_when_read():
             "--max-length: the model's positions must hold a sequence of --sequence-length 128; got 4",
         ),
         ("gpt_lm.py", ["--data", "{tmp}/labels.gz"], "--data: '.*labels.gz' looks binary, not text"),
+        # a traceback, where checkpoints could not have been written
+        ("vit.py", ["--output-dir", "{tmp}/short.txt/run"], "--output-dir: cannot write to '.*short.txt/run'"),
         # refused after the tokenizer is fitted, but before it is written: a rerun must not reuse it
         (
             "gpt_lm.py",
