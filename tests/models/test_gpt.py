@@ -295,3 +295,45 @@ def test_beam_search_batches_ragged_prompts_and_stops():
     for row, prompt in zip(stopped, prompts):
         n = len(prompt)
         assert row[:n].tolist() == prompt and row[n] != 39 and np.all(row[n + 1 :] == 39)
+
+
+INT8_ON_OTHER_BACKEND = """
+import sys, numpy as np, keras
+import keras_tfm
+data = np.load(sys.argv[1] + "/io.npz")
+out = keras.ops.convert_to_numpy(keras.saving.load_model(sys.argv[1] + "/int8.keras")(data["ids"]))
+print(keras.backend.backend(), float(np.abs(out - data["int8"]).max()))
+"""
+
+
+@pytest.mark.backend_independent
+def test_an_int8_model_on_another_backend_differs_by_less_than_quantization_itself(rng, tmp_path):
+    """int8 layers quantize their inputs on the fly (abs-max, per row): a float difference of 1e-7 between
+    backends moves an input across a rounding boundary, which changes that product by a whole
+    quantization step. So an int8 model's logits differ across backends by far more than a float
+    model's 1e-6, but by less than quantizing changed them in the first place."""
+    import os
+    import subprocess
+    import sys
+
+    keras.utils.set_random_seed(0)
+    model = keras_tfm.GPT(vocabulary_size=1000, max_length=32, num_layers=2, num_heads=12, hidden_dim=768)
+    ids = rng.integers(0, 1000, (2, 32))
+    float_logits = to_numpy(model(ids))
+    model.quantize("int8")
+    int8_logits = to_numpy(model(ids))
+    model.save(tmp_path / "int8.keras")
+    np.savez(tmp_path / "io.npz", ids=ids, int8=int8_logits)
+    other = "jax" if keras.backend.backend() != "jax" else "torch"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run(
+        [sys.executable, "-c", INT8_ON_OTHER_BACKEND, str(tmp_path)],
+        env=dict(os.environ, KERAS_BACKEND=other, PYTHONPATH=root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    backend, difference = result.stdout.split()[-2:]
+    quantization_error = np.abs(int8_logits - float_logits).max()
+    assert backend == other and float(difference) < quantization_error, (difference, quantization_error)
