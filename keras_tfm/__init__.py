@@ -32,5 +32,6 @@ from keras_tfm.models import (
     vit_small_images,
     vit_tiny,
 )
+from keras_tfm.saving import load_model
 
 __version__ = "0.1.0"

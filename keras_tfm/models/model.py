@@ -310,6 +310,10 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         self._build_on_demand()
         super().set_weights(weights)
 
+    def save(self, filepath, *args, **kwargs):
+        self._build_on_demand()
+        return super().save(filepath, *args, **kwargs)
+
     def save_weights(self, filepath, *args, **kwargs):
         self._build_on_demand()
         return super().save_weights(filepath, *args, **kwargs)

@@ -404,3 +404,21 @@ def test_ids_of_the_wrong_rank_length_or_batch_are_refused_by_name(rng, name):
     if rest:  # the translator's target
         with pytest.raises(ValueError, match=r"same batch size; received `source_ids` 2, `target_ids` 1"):
             model(first, rest[0][:1])
+
+
+def test_load_model_names_a_damaged_or_missing_keras_file(tmp_path, rng):
+    """Keras said "File not found" of a truncated, empty or random file that was there."""
+    make, make_inputs = MODELS["gpt"]
+    model = make()
+    inputs = make_inputs(rng)
+    model.save(tmp_path / "model.keras")  # builds it first, as the other methods that read weights
+    np.testing.assert_allclose(
+        to_numpy(keras_tfm.load_model(tmp_path / "model.keras")(*inputs)), to_numpy(model(*inputs)), atol=1e-6
+    )
+    whole = (tmp_path / "model.keras").read_bytes()
+    for name, content in (("truncated", whole[: len(whole) // 2]), ("empty", b""), ("random", rng.bytes(4000))):
+        (tmp_path / f"{name}.keras").write_bytes(content)
+        with pytest.raises(ValueError, match=rf"load_model: '.*{name}.keras' is damaged or not a .keras file"):
+            keras_tfm.load_model(tmp_path / f"{name}.keras")
+    with pytest.raises(FileNotFoundError, match="load_model: there is no file '.*missing.keras'"):
+        keras_tfm.load_model(tmp_path / "missing.keras")

@@ -1,0 +1,36 @@
+"""Loading a `.keras` file with a message that names a missing or damaged file.
+
+`keras.saving.load_model` says "File not found" for a file that exists but is truncated, empty or not
+a `.keras` archive; `load_model` here says which it is, then lets Keras load it.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import keras
+
+
+def load_model(filepath, **kwargs) -> keras.Model:
+    """`keras.saving.load_model(filepath, **kwargs)` after checking that `filepath` is a readable
+    `.keras` archive. Any keras_tfm model saved with `model.save(path)` loads on any backend.
+
+    Example:
+    >>> model = keras_tfm.load_model("shakespeare.keras")
+    """
+    path = os.fspath(filepath)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"load_model: there is no file {path!r}.")
+    if path.endswith(".keras"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                damaged = archive.testzip()
+                names = set(archive.namelist())
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            raise ValueError(f"load_model: {path!r} is damaged or not a .keras file ({error}).") from None
+        missing = {"config.json", "model.weights.h5"} - names
+        if damaged is not None or missing:
+            problem = f"its member {damaged!r} is damaged" if damaged else f"it lacks {sorted(missing)}"
+            raise ValueError(f"load_model: {path!r} is not a complete .keras file: {problem}.")
+    return keras.saving.load_model(path, **kwargs)
