@@ -16,11 +16,16 @@ import keras
 # There is no public accessor yet (Keras 3.15).
 from keras.src.backend import get_keras_mask, get_stateless_scope, set_keras_mask
 
+# `compute_output_spec` (shape inference, and TensorFlow's symbolic build under a distribution) calls a
+# model on placeholders whose dtype need not be the data's: there is no public flag for it (Keras 3.15).
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
 __all__ = [
     "BuildBeforeQuantizeCheck",
     "child_layers",
     "get_keras_mask",
     "get_stateless_scope",
+    "in_symbolic_scope",
     "on_xla_cpu",
     "one_garbage_collection",
     "set_keras_mask",

@@ -94,3 +94,13 @@ def test_keras_collects_garbage_per_deleted_variable_and_the_shim_defers_it(monk
 
 def test_on_xla_cpu_is_true_on_this_machine_for_xla_backends():
     assert compat.on_xla_cpu() == (keras.backend.backend() in ("jax", "tensorflow"))
+
+
+def test_the_symbolic_scope_is_found_inside_shape_inference_only():
+    from keras_tfm.compat import in_symbolic_scope
+
+    seen = []
+    layer = keras.layers.Lambda(lambda x: (seen.append(in_symbolic_scope()), x)[1])
+    keras.ops.convert_to_numpy(layer(keras.ops.ones((2, 3))))
+    layer(keras.KerasTensor((2, 3)))  # a symbolic call: its output shape inferred
+    assert seen == [False, True]

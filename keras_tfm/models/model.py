@@ -10,7 +10,7 @@ import warnings
 import keras
 import numpy as np
 
-from keras_tfm.compat import BuildBeforeQuantizeCheck, sublayers
+from keras_tfm.compat import BuildBeforeQuantizeCheck, in_symbolic_scope, sublayers
 from keras_tfm.layers import lora
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
@@ -186,7 +186,8 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
                 if not hasattr(bound, "shape") and not isinstance(bound, list):
                     continue
                 limit = np.shape(bound)[-1]
-            kind = _dtype_name(given.get(name))
+            # placeholders of shape inference may be float: TensorFlow's distributed build averages the ids
+            kind = None if in_symbolic_scope() else _dtype_name(given.get(name))
             if kind is not None and not kind.startswith(("int", "uint")):  # a cast would truncate 1.9 to 1
                 raise ValueError(f"{type(self).__name__}: `{name}` must hold integer ids; received {kind} values.")
             ids = _numbers(given.get(name), "iu")
@@ -370,8 +371,8 @@ def _static_shape(value) -> tuple | None:
     shape = getattr(value, "shape", None)
     if shape is None:
         return None
-    try:
-        return tuple(int(d) if d is not None else None for d in shape)
+    try:  # a dimension the trace does not know (None, a JAX symbolic dimension, a tensor) stays None
+        return tuple(int(d) if isinstance(d, (int, np.integer)) else None for d in shape)
     except TypeError:
         return None
 
@@ -385,7 +386,7 @@ def _dtype_name(value) -> str | None:
         except ValueError:
             return None
     dtype = getattr(value, "dtype", None)
-    if dtype is None:
+    if dtype is None or isinstance(value, keras.KerasTensor):  # a spec: Keras' distributed build makes ids float
         return None
     try:
         return keras.backend.standardize_dtype(dtype)
