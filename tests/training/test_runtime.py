@@ -201,13 +201,14 @@ def test_character_level_gpt_recipe_is_written_for_transformers(tmp_path):
 
 
 @pytest.mark.slow
-def _stopped_after_two_epochs(out, flags, signal_number) -> subprocess.Popen:
-    """A GPT recipe run in its own process, sent `signal_number` once its second checkpoint is written."""
+def _stopped_after(out, flags, epochs, signal_number) -> subprocess.Popen:
+    """A GPT recipe run in its own process, sent `signal_number` once it has written the checkpoint of
+    epoch `epochs`."""
     process = recipe("gpt_lm.py", *flags, "--output-dir", str(out), wait=False)
     state_path = out / "checkpoint" / "state.json"
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if state_path.exists() and json.loads(state_path.read_text())["epoch"] >= 2:
+        if state_path.exists() and json.loads(state_path.read_text())["epoch"] >= epochs:
             break
         time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be stopped:\n" + process.stdout.read()
@@ -216,38 +217,42 @@ def _stopped_after_two_epochs(out, flags, signal_number) -> subprocess.Popen:
     return process
 
 
-def test_kill_9_or_ctrl_c_and_rerun_resumes_to_the_same_result(tmp_path):
+def test_ctrl_c_then_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
+    """Ctrl-C (SIGINT) stops after the step it came in, with one line (it was lost on JAX, and the run
+    went on); the same command resumes, is killed with kill -9, and resumes again: the validation loss is
+    the uninterrupted run's."""
     flags = ["--data", SHAKESPEARE, "--steps", "24", "--steps-per-epoch", "4", "--sample-every", "0", *TINY_GPT]
     straight = recipe("gpt_lm.py", *flags, "--output-dir", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stdout + straight.stderr
-
     expected = json.loads((tmp_path / "straight" / "metrics.json").read_text())
     assert expected["validation_loss"] < 3.6  # it learned: an untrained model scores about ln(65) = 4.17
+
+    out = tmp_path / "stopped"
+    state_path = out / "checkpoint" / "state.json"
+    interrupted = _stopped_after(out, flags, 2, signal.SIGINT)
+    output = interrupted.stdout.read()
+    interrupted_at = json.loads(state_path.read_text())["epoch"]
+    assert interrupted.returncode == 130 and 2 <= interrupted_at < 5, output[-3000:]
+    assert re.search(
+        rf"error: interrupted \(Ctrl-C\); the last checkpoint \(epoch {interrupted_at}\) is kept in .*; run the "
+        r"same command again to resume\.",
+        output,
+    ), output[-3000:]
+    assert "Traceback" not in output and not (out / "metrics.json").exists()
+
+    killed = _stopped_after(out, flags, interrupted_at + 1, signal.SIGKILL)
+    assert f"Resuming from {state_path}: {interrupted_at} epochs done" in killed.stdout.read()
+    killed_at = json.loads(state_path.read_text())["epoch"]
+    assert interrupted_at < killed_at < 6 and not (out / "metrics.json").exists()
+
+    resumed = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{killed_at} epochs done, optimizer step {4 * killed_at}" in resumed.stdout
+    got = json.loads((out / "metrics.json").read_text())
+    assert got["validation_loss"] == pytest.approx(expected["validation_loss"], rel=1e-5, abs=1e-6)
     straight_log = (tmp_path / "straight" / "log.csv").read_text().splitlines()
-
-    # Ctrl-C (SIGINT) stops after the step it came in, with one line; it was lost on JAX and the run went on
-    for name, signal_number in (("killed", signal.SIGKILL), ("interrupted", signal.SIGINT)):
-        out = tmp_path / name
-        process = _stopped_after_two_epochs(out, flags, signal_number)
-        stopped_at = json.loads((out / "checkpoint" / "state.json").read_text())["epoch"]
-        assert 2 <= stopped_at < 6 and not (out / "metrics.json").exists()
-        if signal_number == signal.SIGINT:
-            output = process.stdout.read()
-            assert process.returncode == 130, output[-3000:]
-            assert re.search(
-                rf"error: interrupted \(Ctrl-C\); the last checkpoint \(epoch {stopped_at}\) is kept in .*; run the "
-                r"same command again to resume\.",
-                output,
-            ), output[-3000:]
-            assert "Traceback" not in output
-
-        resumed = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert f"{stopped_at} epochs done, optimizer step {4 * stopped_at}" in resumed.stdout
-        got = json.loads((out / "metrics.json").read_text())
-        assert got["validation_loss"] == pytest.approx(expected["validation_loss"], rel=1e-5, abs=1e-6), name
-        resumed_log = (out / "log.csv").read_text().splitlines()
-        assert len(resumed_log) == len(straight_log) == 7  # header + 6 epochs, none repeated or lost
+    resumed_log = (out / "log.csv").read_text().splitlines()
+    assert len(resumed_log) == len(straight_log) == 7  # header + 6 epochs, none repeated or lost
 
 
 def _args(tmp_path, **overrides):
