@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import keras
 from keras import ops
 
+from keras_tfm.layers.arguments import is_integer, is_number
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 
@@ -28,11 +27,11 @@ class Sampler:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not _real(self.temperature) or self.temperature < 0:
+        if not is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"`temperature` must be a finite number >= 0; received {self.temperature!r}.")
-        if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, bool) or self.top_k < 0:
+        if not is_integer(self.top_k) or self.top_k < 0:
             raise ValueError(f"`top_k` must be an integer >= 0; received {self.top_k!r}.")
-        if not _real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"`top_p` must be a number in (0, 1]; received {self.top_p!r}.")
 
     @property
@@ -60,10 +59,6 @@ class Sampler:
         return choice[:, 0]
 
 
-def _real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_decoding(owner: str, **arguments) -> None:
     """Refuses decoding settings that would run silently wrong: `max_new_tokens`, `max_length`,
     `num_beams` and `beam_size` (integers >= 1), `length_penalty` (finite), `pad_token_id` (an id of
@@ -71,12 +66,11 @@ def check_decoding(owner: str, **arguments) -> None:
     vocabulary_size = arguments.pop("vocabulary_size", None)
     for name, value in arguments.items():
         if name == "length_penalty":
-            if not _real(value):
+            if not is_number(value):
                 raise ValueError(f"{owner}: `length_penalty` must be a finite number; received {value!r}.")
             continue
         low = 0 if name == "pad_token_id" else 1
-        integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        if not integer or value < low or (name == "pad_token_id" and value >= vocabulary_size):
+        if not is_integer(value) or value < low or (name == "pad_token_id" and value >= vocabulary_size):
             expected = (
                 f"an id in [0, vocabulary_size={vocabulary_size})" if name == "pad_token_id" else "an integer >= 1"
             )

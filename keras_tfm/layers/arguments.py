@@ -15,20 +15,22 @@ import keras
 import numpy as np
 
 
+def is_integer(value) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """A finite Python or NumPy number, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _integer(minimum: int):
-    return (
-        f"an integer >= {minimum}",
-        lambda value: isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum,
-    )
+    return f"an integer >= {minimum}", lambda value: is_integer(value) and value >= minimum
 
 
 def _number(expected: str, within):
-    return (
-        expected,
-        lambda value: (
-            isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and within(value)
-        ),
-    )
+    return expected, lambda value: is_number(value) and within(value)
 
 
 _RATE = _number("a rate in [0, 1)", lambda value: 0.0 <= value < 1.0)

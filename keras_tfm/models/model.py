@@ -158,39 +158,37 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             given.update(zip(names, args))
         batches = {}
         for name, spec in id_inputs.items():
-            shape = _static_shape(given.get(name))
+            value = given.get(name)
+            shape = _static_shape(value)
             if spec is None or shape is None:
                 continue
+            limit, setting = spec
             if len(shape) != 2:
                 raise ValueError(
                     f"{type(self).__name__}: `{name}` must have shape (batch, length); received shape {shape}."
                 )
-            if shape[1] == 0 and not isinstance(spec[0], str):
+            if shape[1] == 0 and setting != "length":
                 raise ValueError(
                     f"{type(self).__name__}: `{name}` must hold at least one id per row; received shape {shape}."
                 )
-            if isinstance(shape[0], int):
+            if shape[0] is not None:
                 batches[name] = shape[0]
             if len(set(batches.values())) > 1:
                 raise ValueError(
                     f"{type(self).__name__}: every input must have the same batch size; received "
-                    + ", ".join(f"`{key}` {value}" for key, value in batches.items())
+                    + ", ".join(f"`{key}` {size}" for key, size in batches.items())
                     + "."
                 )
-        for name, spec in id_inputs.items():
-            if spec is None:
-                continue
-            limit, setting = spec
             if isinstance(limit, str):  # positions in another input's sequence
-                bound = given.get(limit)
-                if not hasattr(bound, "shape") and not isinstance(bound, list):
+                bound = _static_shape(given.get(limit))
+                if bound is None or bound[-1] is None:
                     continue
-                limit = np.shape(bound)[-1]
+                limit = bound[-1]
             # placeholders of shape inference may be float: TensorFlow's distributed build averages the ids
-            kind = None if in_symbolic_scope() else _dtype_name(given.get(name))
+            kind = None if in_symbolic_scope() else _dtype_name(value)
             if kind is not None and not kind.startswith(("int", "uint")):  # a cast would truncate 1.9 to 1
                 raise ValueError(f"{type(self).__name__}: `{name}` must hold integer ids; received {kind} values.")
-            ids = _numbers(given.get(name), "iu")
+            ids = _numbers(value, "iu")
             if ids is None:
                 continue
             lowest, highest = ids.min(), ids.max()  # one pass each over what may be a whole dataset
@@ -371,10 +369,8 @@ def _static_shape(value) -> tuple | None:
     shape = getattr(value, "shape", None)
     if shape is None:
         return None
-    try:  # a dimension the trace does not know (None, a JAX symbolic dimension, a tensor) stays None
-        return tuple(int(d) if isinstance(d, (int, np.integer)) else None for d in shape)
-    except TypeError:
-        return None
+    # a dimension the trace does not know (None, a JAX symbolic dimension, a tensor) stays None
+    return tuple(int(d) if isinstance(d, (int, np.integer)) else None for d in shape)
 
 
 def _dtype_name(value) -> str | None:

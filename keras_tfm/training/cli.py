@@ -20,7 +20,7 @@ import keras
 
 from keras_tfm.errors import DataError, InputError
 from keras_tfm.training.checkpoints import TrainingDiverged, TrainingInterrupted
-from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
+from keras_tfm.training.config import RESULT_FIELDS, HuggingFaceCheckpoint, TrainingConfig
 
 MODEL_OVERRIDES = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "max_length")
 
@@ -264,16 +264,10 @@ def training_config(
     return TrainingConfig(**{**values, "model_name": model_name, **changes})
 
 
-# Flags that cannot change what a run computes: a run may resume with them changed.
+# Flags that cannot change what a run computes (a run may resume with them changed): the runtime's
+# settings outside `RESULT_FIELDS`, and where tensorflow-datasets keeps its downloads.
 NOT_RECORDED = (
-    "output_dir",
-    "verbose",
-    "tensorboard",
-    "jit_compile",
-    "distribute",
-    "model_parallel",
-    "cpu_devices",
-    "remat",
+    *(field.name for field in dataclasses.fields(TrainingConfig) if field.name not in RESULT_FIELDS),
     "data_dir",
 )
 
@@ -287,7 +281,7 @@ def recipe_settings(args: argparse.Namespace, ignore: tuple = ()) -> dict:
 def build_model(sizes: dict, args: argparse.Namespace, **fixed):
     """Calls the size function named by `--model` with `fixed` arguments and the overrides given."""
     if args.model not in sizes:
-        raise DataError(f"expected one of {', '.join(sizes)}; got {args.model!r}.", argument="model")
+        raise InputError(f"expected one of {', '.join(sizes)}; got {args.model!r}.", argument="model")
     size = sizes[args.model]
     model_class = typing.get_type_hints(size).get("return")  # size functions are `name(**overrides) -> Class`
     accepted = inspect.signature(model_class).parameters if model_class not in (None, keras.Model) else {}

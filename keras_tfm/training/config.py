@@ -9,10 +9,9 @@ A recipe builds it from its flags (`keras_tfm.training.cli.training_config`); a 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 
 from keras_tfm.errors import InputError
+from keras_tfm.layers.arguments import is_integer, is_number
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 # The settings that change what a run computes: a checkpoint records them, and resuming with others is refused.
@@ -129,13 +128,13 @@ class TrainingConfig:
 def _check_integer(name: str, value, minimum: int | None, optional: bool) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (minimum is not None and value < minimum):
+    if not is_integer(value) or (minimum is not None and value < minimum):
         expected = "an integer" + (f" >= {minimum}" if minimum is not None else "") + (" or None" if optional else "")
         raise InputError(f"expected {expected}; got {value!r}.", name)
 
 
 def _check_number(name: str, value, expected: str, within) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not within(value):
+    if not is_number(value) or not within(value):
         raise InputError(f"expected {expected}; got {value!r}.", name)
 
 
