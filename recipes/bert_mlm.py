@@ -117,9 +117,8 @@ def main() -> None:
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
-    labelled = (
-        load_labelled_text(args.finetune, "finetune") if args.finetune else None
-    )  # refused now, not after pretraining
+    # read now, so that a bad --finetune is refused before pretraining, not after it
+    labelled = load_labelled_text(args.finetune, "finetune") if args.finetune else None
     text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
     validation_text = read_text(args.validation_data, "validation_data") if args.validation_data else text.validation
     tokenizer = load_or_fit_tokenizer(
