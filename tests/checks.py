@@ -105,6 +105,17 @@ def all_layers_model(vocabulary_size=50, hidden_dim=32, length=8, image_size=16)
     patches = patches + layers.SinusoidalPositionEncoding2D()(patches, grid_shape=(grid, grid))
     patches = layers.EncoderBlock(4, 2 * hidden_dim)(patches)
     decoded = layers.DecoderBlock(4, 2 * hidden_dim, use_cross_attention=True)(tokens, patches)
+    decoded = layers.DecoderBlock(  # the Llama form: RMSNorm, grouped-query attention with RoPE, SwiGLU
+        4,
+        2 * hidden_dim,
+        num_key_value_heads=2,
+        normalization="rms_norm",
+        gated_feed_forward=True,
+        activation="silu",
+        rotary_embedding={"max_wavelength": 100.0},
+        sliding_window=length // 2,
+        query_key_norm_epsilon=1e-6,
+    )(decoded)
     decoded = decoded + layers.MultiHeadAttention(2, 8)(decoded, patches)
     decoded = layers.FeedForward(2 * hidden_dim, activation="gelu_approximate")(decoded)
     logits = embedding(decoded, reverse=True)

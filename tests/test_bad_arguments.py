@@ -18,6 +18,8 @@ from keras_tfm.layers.arguments import RULES
 CLASSES = {
     layers.MultiHeadAttention: dict(num_heads=2, key_dim=4),
     layers.FeedForward: dict(intermediate_dim=8),
+    layers.GatedFeedForward: dict(intermediate_dim=8),
+    layers.RotaryEmbedding: dict(),
     layers.TokenEmbedding: dict(vocabulary_size=10, hidden_dim=4),
     layers.PatchEmbedding: dict(patch_size=2, hidden_dim=4),
     layers.LearnedPositionEmbedding: dict(max_length=8),
@@ -26,6 +28,9 @@ CLASSES = {
     layers.EncoderBlock: dict(num_heads=2, intermediate_dim=8),
     layers.DecoderBlock: dict(num_heads=2, intermediate_dim=8),
     keras_tfm.GPT: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.DecoderLM: dict(
+        vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4, intermediate_dim=8
+    ),
     keras_tfm.ViT: dict(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=4, num_classes=2),
     keras_tfm.Bert: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.BertMLM: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
@@ -42,6 +47,9 @@ BAD = {
     "a rate in [0, 1)": [1.0, -0.1, math.nan, "0.1", None],
     "a number > 0": [0.0, -1e-6, math.inf, math.nan, "1e-5", None],
     "True or False": [1, "yes", None],
+    "a number >= 1": [0.5, math.nan, "2", None],
+    "a fraction in (0, 1]": [0.0, 1.5, math.nan, None],
+    "a dict of RotaryEmbedding arguments": ["max_wavelength", 3],
     "a Keras activation (a name or a function) or 'gelu_approximate'": ["no_such_activation", 3],
     "a Keras initializer (a name, a config or an instance)": ["no_such_initializer", 3],
 }
@@ -50,6 +58,9 @@ BAD = {
 OTHER = {
     "positions": ("rotary", "positions"),
     "pooling": ("max", "pooling"),
+    "scaling": ("ntk", "scaling"),
+    "normalization": ("batch_norm", "normalization"),
+    "sliding_window_layers": ([5], "sliding_window_layers"),
 }
 
 

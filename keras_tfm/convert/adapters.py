@@ -185,6 +185,7 @@ def enable_adapter(model, w: WeightReader, config: dict) -> None:
 # class whose weights the model has, and its peft task type.
 _TASKS = {
     "GPT": ("transformer.", "CAUSAL_LM"),
+    "DecoderLM": ("model.", "CAUSAL_LM"),
     "Translator": ("model.", "SEQ_2_SEQ_LM"),
     "BertClassifier": ("bert.", "SEQ_CLS"),
     "BertMLM": ("bert.", None),

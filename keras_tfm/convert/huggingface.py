@@ -20,7 +20,7 @@ import re
 from keras_tfm.compat import sublayers
 
 # Importing each model type's module registers its converter and exporter.
-from keras_tfm.convert import adapters, bert, gpt2, marian, vit  # noqa: F401
+from keras_tfm.convert import adapters, bert, gpt2, llama, marian, vit  # noqa: F401
 from keras_tfm.convert.files import checkpoint_directory, read_checkpoint
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
 from keras_tfm.convert.weights import WeightWriter
@@ -48,8 +48,9 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
 
     Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`, `BertForPreTraining`, the
     layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
-    `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), Marian (`MarianMTModel`),
-    ViT (`ViTModel` without its pooler, as `include_top=False`, and `ViTForImageClassification`).
+    `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and
+    Qwen3 (`*Model`, `*ForCausalLM`, as a `DecoderLM`), Marian (`MarianMTModel`), ViT (`ViTModel` without
+    its pooler, as `include_top=False`, and `ViTForImageClassification`).
 
     Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -118,7 +119,9 @@ def save_huggingface(
 ) -> None:
     """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
     `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
-    `GPT` as `GPT2LMHeadModel`, `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
+    `GPT` as `GPT2LMHeadModel`, `DecoderLM` as `LlamaForCausalLM` (`MistralForCausalLM` with a sliding
+    window, `Qwen2ForCausalLM` with query/key/value biases, `Qwen3ForCausalLM` with QK-norm),
+    `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
     `BertForSequenceClassification`, `Bert` as `BertModel`, `ViT` as `ViTForImageClassification`
     (`ViTModel` with `include_top=False`), `Translator` as `MarianMTModel`. A model with LoRA enabled
     is written with its pairs merged into the kernels (`save_peft_adapter` writes the pairs alone).

@@ -53,6 +53,9 @@ class WeightWriter:
     def layer_norm(self, name: str, norm) -> None:
         self[name + ".weight"], self[name + ".bias"] = norm.gamma, norm.beta
 
+    def rms_norm(self, name: str, norm) -> None:
+        self[name + ".weight"] = norm.scale
+
 
 class WeightReader:
     """Hands out checkpoint arrays by name, so a converter can check at the end that it used them all.
@@ -97,6 +100,9 @@ class WeightReader:
 
     def layer_norm(self, name: str, norm) -> None:
         set_layer_norm(norm, self(name + ".weight"), self(name + ".bias"))
+
+    def rms_norm(self, name: str, norm) -> None:
+        norm.set_weights([self(name + ".weight")])
 
     def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
         return sorted(k for k in self.weights if k not in self.used and not ignore(k))

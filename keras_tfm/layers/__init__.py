@@ -4,20 +4,23 @@ JAX and PyTorch."""
 from keras_tfm.layers.attention import MultiHeadAttention
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
-from keras_tfm.layers.feed_forward import FeedForward
+from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
 from keras_tfm.layers.positions import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
     SinusoidalPositionEncoding2D,
 )
+from keras_tfm.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "DecoderBlock",
     "EncoderBlock",
     "FeedForward",
+    "GatedFeedForward",
     "LearnedPositionEmbedding",
     "MultiHeadAttention",
     "PatchEmbedding",
+    "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "SinusoidalPositionEncoding2D",
     "TokenEmbedding",

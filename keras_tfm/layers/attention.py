@@ -9,9 +9,11 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu
+from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.feed_forward import projection
 from keras_tfm.layers.quantization import QuantizationConfigMixin
+from keras_tfm.layers.rotary import RotaryEmbedding
 
 # Masked logits, and scores of what must never be chosen in decoding; softmax is taken in float32,
 # where exp(-1e9) == 0 exactly.
@@ -48,9 +50,21 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         key_dim: size of each head's queries and keys.
         value_dim: size of each head's values; defaults to `key_dim`.
         dropout: dropout rate on the attention weights (training only).
-        use_bias: whether the four projections have biases.
+        use_bias: whether the query, key and value projections have biases (and the output
+            projection, unless `output_use_bias` says otherwise).
         output_dim: size of the output; defaults to the last dimension of `query`.
         kernel_initializer, bias_initializer: of the four projections.
+        num_key_value_heads: grouped-query attention: keys and values have this many heads, each
+            shared by `num_heads // num_key_value_heads` query heads (1: multi-query attention). The
+            cache stores only these heads. Defaults to `num_heads`.
+        output_use_bias: whether the output projection has a bias; defaults to `use_bias` (Qwen2:
+            biases on queries, keys and values only).
+        rotary_embedding: None, or the arguments of a `RotaryEmbedding` (a dict, e.g.
+            `{"max_wavelength": 500000.0}`) that rotates queries and keys by their positions.
+        sliding_window: None, or with a causal mask: query `i` sees only the keys at positions
+            `i - sliding_window + 1 ... i` (Mistral; Qwen where enabled).
+        query_key_norm_epsilon: None, or an RMS normalisation (with this epsilon and a learned
+            scale) of each head's queries and keys before the rotation (Qwen3's QK-norm).
 
     Call arguments:
         query: `(batch, query_length, query_dim)`.
@@ -64,7 +78,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             `(batch, num_heads | 1, query_length, key_length)`, True where a query may attend.
         use_causal_mask: forbid attending to later positions. With a cache, query `i` sits at
             position `cache_update_index + i`.
-        cache: `(batch, 2, num_heads, cache_length, key_dim)` keys and values of earlier steps
+        cache: `(batch, 2, num_key_value_heads, cache_length, key_dim)` keys and values of earlier steps
             (heads before positions, as Hugging Face's caches).
             With `cache_update_index`, this call's keys and values are written at that index and
             the attention runs over the whole cache (self-attention decoding). Without it, the cache
@@ -88,6 +102,9 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
     >>> x = np.random.rand(2, 10, 64).astype("float32")
     >>> y = attention(x, use_causal_mask=True)                                 # (2, 10, 64)
     >>> y, weights = attention(x, return_attention_weights=True)              # (2, 4, 10, 10)
+    >>> llama = MultiHeadAttention(num_heads=8, key_dim=8, num_key_value_heads=2,
+    ...                            rotary_embedding={"max_wavelength": 500000.0}, use_bias=False)
+    >>> y = llama(x, use_causal_mask=True)                                     # (2, 10, 64)
     """
 
     def __init__(
@@ -100,10 +117,43 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         output_dim: int | None = None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        num_key_value_heads: int | None = None,
+        output_use_bias: bool | None = None,
+        rotary_embedding: dict | None = None,
+        sliding_window: int | None = None,
+        query_key_norm_epsilon: float | None = None,
         **kwargs,
     ):
-        check_arguments("MultiHeadAttention", locals(), optional=("value_dim", "output_dim"))
+        check_arguments(
+            "MultiHeadAttention",
+            locals(),
+            optional=(
+                "value_dim",
+                "output_dim",
+                "num_key_value_heads",
+                "output_use_bias",
+                "rotary_embedding",
+                "sliding_window",
+                "query_key_norm_epsilon",
+            ),
+        )
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise InputError(
+                f"MultiHeadAttention: num_heads must be a multiple of num_key_value_heads; received num_heads="
+                f"{num_heads}, num_key_value_heads={num_key_value_heads}.",
+                "num_key_value_heads",
+            )
         super().__init__(**kwargs)
+        self.num_key_value_heads = num_key_value_heads or num_heads
+        self.output_use_bias = use_bias if output_use_bias is None else output_use_bias
+        self.rotary_embedding = None if rotary_embedding is None else dict(rotary_embedding)
+        self.sliding_window = sliding_window
+        self.query_key_norm_epsilon = query_key_norm_epsilon
+        self.rotary = (
+            None
+            if rotary_embedding is None
+            else RotaryEmbedding(**self.rotary_embedding, dtype=self.dtype_policy, name="rotary_embedding")
+        )
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim or key_dim
@@ -118,32 +168,52 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
+        kv_heads = self.num_key_value_heads
         self.query_dense = projection(self, self.num_heads * self.key_dim, "query")
-        self.key_dense = projection(self, self.num_heads * self.key_dim, "key")
-        self.value_dense = projection(self, self.num_heads * self.value_dim, "value")
-        self.output_dense = projection(self, self.output_dim or query_shape[-1], "output")
+        self.key_dense = projection(self, kv_heads * self.key_dim, "key")
+        self.value_dense = projection(self, kv_heads * self.value_dim, "value")
+        self.output_dense = projection(self, self.output_dim or query_shape[-1], "output", self.output_use_bias)
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
         self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
+        if self.query_key_norm_epsilon is not None:
+            self.query_norm = keras.layers.RMSNormalization(
+                epsilon=self.query_key_norm_epsilon, dtype=self.dtype_policy, name="query_norm"
+            )
+            self.key_norm = keras.layers.RMSNormalization(
+                epsilon=self.query_key_norm_epsilon, dtype=self.dtype_policy, name="key_norm"
+            )
+            self.query_norm.build((None, None, self.num_heads, self.key_dim))
+            self.key_norm.build((None, None, kv_heads, self.key_dim))
         self.built = True
 
-    def _split_heads(self, x, head_dim: int):
+    def _split_heads(self, x, head_dim: int, num_heads: int | None = None):
         # -1 for the batch keeps a known length known (TensorFlow loses it next to an unknown batch)
-        return ops.reshape(x, (-1, ops.shape(x)[1], self.num_heads, head_dim))
+        return ops.reshape(x, (-1, ops.shape(x)[1], num_heads or self.num_heads, head_dim))
 
-    def precompute_key_value(self, value, key=None):
+    def _positioned(self, heads, norm, start_index):
+        """Queries or keys `(batch, length, heads, key_dim)` after the QK-norm and the rotation."""
+        if self.query_key_norm_epsilon is not None:
+            heads = norm(heads)
+        if self.rotary is not None:
+            heads = self.rotary(heads, start_index=start_index)
+        return heads
+
+    def _key_value_heads(self, value, key, start_index=0):
+        keys = self._split_heads(self.key_dense(key), self.key_dim, self.num_key_value_heads)
+        keys = self._positioned(keys, getattr(self, "key_norm", None), start_index)
+        values = self._split_heads(self.value_dense(value), self.value_dim, self.num_key_value_heads)
+        return keys, values
+
+    def precompute_key_value(self, value, key=None, start_index=0):
         """Keys and values of `value` (and `key`) as a cache for cross-attention decoding:
-        `(batch, 2, num_heads, key_length, key_dim)`. Requires `value_dim == key_dim`."""
+        `(batch, 2, num_key_value_heads, key_length, key_dim)`. Requires `value_dim == key_dim`.
+        `start_index`: the position of the first key (for the rotation)."""
         self._check_cacheable()
         key = value if key is None else key
-        return ops.stack(
-            [
-                _to_cache_layout(self._split_heads(self.key_dense(key), self.key_dim)),
-                _to_cache_layout(self._split_heads(self.value_dense(value), self.value_dim)),
-            ],
-            axis=1,
-        )
+        keys, values = self._key_value_heads(value, key, start_index)
+        return ops.stack([_to_cache_layout(keys), _to_cache_layout(values)], axis=1)
 
     def update_cache(self, value, cache, cache_update_index, key=None):
         """`cache` with the keys and values of `value` (and `key`) written at `cache_update_index`:
@@ -158,7 +228,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     f"positions in the cache of length {cache.shape[3]}: in [0, {cache.shape[3] - value.shape[1]}]; "
                     f"received {index}."
                 )
-        new_entries = self.precompute_key_value(value, key)
+        new_entries = self.precompute_key_value(value, key, start_index=cache_update_index)
         # one update of the joint cache: a functional update copies its input (PyTorch)
         return ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
 
@@ -169,11 +239,12 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 f"key_dim={self.key_dim}, value_dim={self.value_dim}."
             )
         if cache is not None and (
-            len(cache.shape) != 5 or _static_dims_differ(cache.shape, (None, 2, self.num_heads, None, self.key_dim))
+            len(cache.shape) != 5
+            or _static_dims_differ(cache.shape, (None, 2, self.num_key_value_heads, None, self.key_dim))
         ):
             raise ValueError(
-                f"MultiHeadAttention: `cache` must have shape (batch, 2, num_heads, cache_length, "
-                f"key_dim) = (batch, 2, {self.num_heads}, cache_length, {self.key_dim}); received "
+                f"MultiHeadAttention: `cache` must have shape (batch, 2, num_key_value_heads, cache_length, "
+                f"key_dim) = (batch, 2, {self.num_key_value_heads}, cache_length, {self.key_dim}); received "
                 f"shape {tuple(cache.shape)}."
             )
 
@@ -219,6 +290,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             key_positions = ops.arange(key_length)
             if use_causal_mask:
                 visible = key_positions[None, :] <= query_positions[:, None]
+                if self.sliding_window is not None:
+                    visible = ops.logical_and(
+                        visible, key_positions[None, :] > query_positions[:, None] - self.sliding_window
+                    )
             else:  # a cache is only filled up to the current step
                 visible = ops.broadcast_to(key_positions[None, :] < offset + query_length, (query_length, key_length))
             masks.append(visible[None, None])
@@ -261,21 +336,31 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         if value_mask is None:
             value_mask = get_keras_mask(value)
 
+        start_index = 0 if cache_update_index is None else cache_update_index
         query_heads = self._split_heads(self.query_dense(query), self.key_dim)
+        query_heads = self._positioned(query_heads, getattr(self, "query_norm", None), start_index)
         if cache is not None:
             self._check_cacheable(cache)
             if cache_update_index is not None:
                 cache = self.update_cache(value, cache, cache_update_index, key)
             key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
         else:
-            key_heads = self._split_heads(self.key_dense(key), self.key_dim)
-            value_heads = self._split_heads(self.value_dense(value), self.value_dim)
+            key_heads, value_heads = self._key_value_heads(value, key)
 
         # ints, or tensors where a traced function leaves them unknown (TensorFlow's `fit` and
         # `predict` retrace with unknown batch and length once shapes vary)
         batch, query_length = ops.shape(query)[0], ops.shape(query)[1]
         key_length = ops.shape(key_heads)[1]
-        self_attention_only_causal = use_causal_mask and cache is None and value_mask is None and attention_mask is None
+        window_hides_keys = self.sliding_window is not None and not (
+            isinstance(key_length, int) and key_length <= self.sliding_window
+        )
+        self_attention_only_causal = (
+            use_causal_mask
+            and cache is None
+            and value_mask is None
+            and attention_mask is None
+            and not window_hides_keys
+        )
         mask = None
         if not self_attention_only_causal:
             mask = self._combined_mask(
@@ -301,14 +386,24 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         if explicit or self.value_dim != self.key_dim or jax_unfused:
             if self_attention_only_causal:
                 mask = self._combined_mask(batch, query_length, key_length, None, None, True, None, False)
-            logits = ops.einsum("bqhd,bkhd->bhqk", query_heads, key_heads)
+            # query heads in groups that share a key/value head (one group each without GQA), so
+            # that the keys and values are read as they are, not repeated
+            groups = self.num_heads // self.num_key_value_heads
+            grouped = ops.reshape(query_heads, (-1, query_length, self.num_key_value_heads, groups, self.key_dim))
+            logits = ops.einsum("bqhgd,bkhd->bhgqk", grouped, key_heads)
+            logits = ops.reshape(logits, (-1, self.num_heads, query_length, key_length))
             logits = ops.cast(logits, "float32") * scale
             if mask is not None:
                 logits = ops.where(mask, logits, LARGE_NEGATIVE)
             weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
             dropped = self.weights_dropout(weights, training=training)
-            attended = ops.einsum("bhqk,bkhd->bqhd", dropped, ops.cast(value_heads, self.compute_dtype))
+            dropped = ops.reshape(dropped, (-1, self.num_key_value_heads, groups, query_length, key_length))
+            attended = ops.einsum("bhgqk,bkhd->bqhgd", dropped, ops.cast(value_heads, self.compute_dtype))
         else:
+            if self.num_key_value_heads != self.num_heads:  # the fused kernels want one key head per query head
+                groups = self.num_heads // self.num_key_value_heads
+                key_heads = ops.repeat(key_heads, groups, axis=2)
+                value_heads = ops.repeat(value_heads, groups, axis=2)
             # Fused kernels (flash attention on GPU) where the backend has them.
             attended = ops.dot_product_attention(
                 query_heads,
@@ -342,5 +437,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             output_dim=self.output_dim,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            num_key_value_heads=self.num_key_value_heads,
+            output_use_bias=self.output_use_bias,
+            rotary_embedding=self.rotary_embedding,
+            sliding_window=self.sliding_window,
+            query_key_norm_epsilon=self.query_key_norm_epsilon,
         )
         return config

@@ -9,9 +9,10 @@ from __future__ import annotations
 import keras
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu, set_keras_mask
+from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ
-from keras_tfm.layers.feed_forward import FeedForward
+from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 from keras_tfm.layers.remat import rematerializable
 
@@ -57,6 +58,9 @@ def _computed_once(x):
     return keras.ops.cond(keras.ops.isfinite(first), lambda: x, lambda: keras.ops.copy(x))
 
 
+NORMALIZATIONS = ("layer_norm", "rms_norm")
+
+
 class _Block(QuantizationConfigMixin, keras.layers.Layer):
     """What encoder and decoder blocks share: arguments, config, and the sub-layer factories."""
 
@@ -74,9 +78,37 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         remat: bool = False,
+        num_key_value_heads: int | None = None,
+        normalization: str = "layer_norm",
+        gated_feed_forward: bool = False,
+        attention_use_bias: bool | None = None,
+        attention_output_use_bias: bool | None = None,
+        feed_forward_use_bias: bool | None = None,
+        rotary_embedding: dict | None = None,
+        sliding_window: int | None = None,
+        query_key_norm_epsilon: float | None = None,
         **kwargs,
     ):
-        check_arguments(type(self).__name__, locals(), optional=("key_dim",))
+        check_arguments(
+            type(self).__name__,
+            locals(),
+            optional=(
+                "key_dim",
+                "num_key_value_heads",
+                "attention_use_bias",
+                "attention_output_use_bias",
+                "feed_forward_use_bias",
+                "rotary_embedding",
+                "sliding_window",
+                "query_key_norm_epsilon",
+            ),
+        )
+        if normalization not in NORMALIZATIONS:
+            raise InputError(
+                f"{type(self).__name__}: normalization must be one of {list(NORMALIZATIONS)}; received "
+                f"{normalization!r}.",
+                "normalization",
+            )
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
@@ -90,6 +122,15 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.remat = remat
+        self.num_key_value_heads = num_key_value_heads
+        self.normalization = normalization
+        self.gated_feed_forward = gated_feed_forward
+        self.attention_use_bias = attention_use_bias
+        self.attention_output_use_bias = attention_output_use_bias
+        self.feed_forward_use_bias = feed_forward_use_bias
+        self.rotary_embedding = None if rotary_embedding is None else dict(rotary_embedding)
+        self.sliding_window = sliding_window
+        self.query_key_norm_epsilon = query_key_norm_epsilon
         self.supports_masking = True
         self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
@@ -103,27 +144,37 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
             )
         return hidden_dim // self.num_heads
 
-    def _attention(self, hidden_dim: int, name: str) -> MultiHeadAttention:
+    def _attention(self, hidden_dim: int, name: str, positional: bool = True) -> MultiHeadAttention:
+        """Self-attention (`positional`: with the block's rotation, window and key/value heads) or
+        cross-attention (over an encoder output, without them)."""
+        use_bias = self.use_bias if self.attention_use_bias is None else self.attention_use_bias
         return MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self._head_dim(hidden_dim),
             dropout=self.attention_dropout,
-            use_bias=self.use_bias,
+            use_bias=use_bias,
             output_dim=hidden_dim,
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
+            num_key_value_heads=self.num_key_value_heads if positional else None,
+            output_use_bias=self.attention_output_use_bias,
+            rotary_embedding=self.rotary_embedding if positional else None,
+            sliding_window=self.sliding_window if positional else None,
+            query_key_norm_epsilon=self.query_key_norm_epsilon,
             dtype=self.dtype_policy,
             name=name,
         )
 
-    def _norm(self, name: str) -> keras.layers.LayerNormalization:
+    def _norm(self, name: str) -> keras.layers.Layer:
+        if self.normalization == "rms_norm":
+            return keras.layers.RMSNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
         return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
 
-    def _feed_forward(self) -> FeedForward:
-        return FeedForward(
+    def _feed_forward(self) -> FeedForward | GatedFeedForward:
+        return (GatedFeedForward if self.gated_feed_forward else FeedForward)(
             self.intermediate_dim,
             activation=self.activation,
-            use_bias=self.use_bias,
+            use_bias=self.use_bias if self.feed_forward_use_bias is None else self.feed_forward_use_bias,
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
             dtype=self.dtype_policy,
@@ -148,6 +199,15 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
             remat=self.remat,
+            num_key_value_heads=self.num_key_value_heads,
+            normalization=self.normalization,
+            gated_feed_forward=self.gated_feed_forward,
+            attention_use_bias=self.attention_use_bias,
+            attention_output_use_bias=self.attention_output_use_bias,
+            feed_forward_use_bias=self.feed_forward_use_bias,
+            rotary_embedding=self.rotary_embedding,
+            sliding_window=self.sliding_window,
+            query_key_norm_epsilon=self.query_key_norm_epsilon,
         )
         return config
 
@@ -168,6 +228,16 @@ class EncoderBlock(_Block):
         layer_norm_epsilon, use_bias, kernel_initializer, bias_initializer.
         remat: in training, recompute the block's activations in the backward pass instead of
             storing them (`keras_tfm.layers.remat`): less memory, one more forward pass.
+        num_key_value_heads: grouped-query self-attention (see `MultiHeadAttention`).
+        normalization: "layer_norm" (`keras.layers.LayerNormalization`) or "rms_norm"
+            (`keras.layers.RMSNormalization`: computed in float32 and cast back, as Hugging Face's
+            Llama computes it), with `layer_norm_epsilon`.
+        gated_feed_forward: a `GatedFeedForward` (SwiGLU with "silu") instead of `FeedForward`.
+        attention_use_bias, attention_output_use_bias, feed_forward_use_bias: the biases of the
+            query/key/value projections, of the attention's output projection and of the
+            feed-forward network; each defaults to `use_bias` (the output's to `attention_use_bias`).
+        rotary_embedding, sliding_window, query_key_norm_epsilon: of the self-attention (see
+            `MultiHeadAttention`).
 
     Call arguments:
         inputs: `(batch, length, hidden_dim)`.
@@ -317,7 +387,7 @@ class DecoderBlock(_Block):
         self.self_attention_norm.build(decoder_sequence_shape)
         if self.use_cross_attention:
             encoder_sequence_shape = encoder_sequence_shape or decoder_sequence_shape
-            self.cross_attention = self._attention(hidden_dim, "cross_attention")
+            self.cross_attention = self._attention(hidden_dim, "cross_attention", positional=False)
             self.cross_attention_norm = self._norm("cross_attention_norm")
             self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
             self.cross_attention_norm.build(decoder_sequence_shape)

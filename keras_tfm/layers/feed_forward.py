@@ -1,4 +1,5 @@
-"""The token-wise MLP that refines each token on its own: Dense -> activation -> Dense."""
+"""The token-wise MLP that refines each token on its own: Dense -> activation -> Dense, or its gated
+form (GLU): Dense_down(activation(Dense_gate(x)) * Dense_up(x))."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ def get_activation(name):
     return _approximate_gelu if name == "gelu_approximate" else keras.activations.get(name)
 
 
-def projection(owner: keras.layers.Layer, units: int, name: str) -> keras.layers.Dense:
-    """A `Dense(units)` made with `owner`'s `use_bias`, initializers and dtype policy: the projections
-    of `FeedForward` and `MultiHeadAttention`."""
+def projection(owner: keras.layers.Layer, units: int, name: str, use_bias: bool | None = None) -> keras.layers.Dense:
+    """A `Dense(units)` made with `owner`'s `use_bias` (unless given), initializers and dtype policy:
+    the projections of the feed-forward networks and `MultiHeadAttention`."""
     return keras.layers.Dense(
         units,
-        use_bias=owner.use_bias,
+        use_bias=owner.use_bias if use_bias is None else use_bias,
         kernel_initializer=owner.kernel_initializer,
         bias_initializer=owner.bias_initializer,
         dtype=owner.dtype_policy,
@@ -58,7 +59,7 @@ class FeedForward(QuantizationConfigMixin, keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
-        check_arguments("FeedForward", locals(), optional=("output_dim",))
+        check_arguments(type(self).__name__, locals(), optional=("output_dim",))
         super().__init__(**kwargs)
         self.intermediate_dim = intermediate_dim
         self.activation = activation
@@ -97,3 +98,47 @@ class FeedForward(QuantizationConfigMixin, keras.layers.Layer):
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
         )
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class GatedFeedForward(FeedForward):
+    """The gated feed-forward network of Llama, Mistral and Qwen (SwiGLU with `activation="silu"`,
+    GeGLU with "gelu" or "gelu_approximate"): `down(activation(gate(x)) * up(x))`, applied to each token.
+
+    Args: as `FeedForward` (`intermediate_dim` is the width of the gate and up projections, about
+        8/3 x hidden_dim in Llama), with the defaults of those models: `activation="silu"` and
+        `use_bias=False`.
+
+    Masks: passes the input's Keras mask through unchanged.
+
+    Example:
+    >>> y = GatedFeedForward(intermediate_dim=172)(np.zeros((2, 10, 64), "float32"))  # (2, 10, 64)
+    """
+
+    def __init__(
+        self,
+        intermediate_dim: int,
+        activation: str = "silu",
+        dropout: float = 0.0,
+        output_dim: int | None = None,
+        use_bias: bool = False,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(
+            intermediate_dim, activation, dropout, output_dim, use_bias, kernel_initializer, bias_initializer, **kwargs
+        )
+
+    def build(self, inputs_shape):
+        self.gate_dense = projection(self, self.intermediate_dim, "gate")
+        self.up_dense = projection(self, self.intermediate_dim, "up")
+        self.output_dense = projection(self, self.output_dim or inputs_shape[-1], "output")
+        self.gate_dense.build(inputs_shape)
+        self.up_dense.build(inputs_shape)
+        self.output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        hidden = self.activation_fn(self.gate_dense(inputs)) * self.up_dense(inputs)
+        return self.output_dense(self.hidden_dropout(hidden, training=training))

@@ -11,6 +11,19 @@ from keras_tfm.models.bert import (
     bert_small,
     bert_tiny,
 )
+from keras_tfm.models.causal_lm import CausalLM
+from keras_tfm.models.decoder_lm import (
+    DecoderLM,
+    llama3_2_1b,
+    llama3_8b,
+    llama_shakespeare_char,
+    llama_shakespeare_char_cpu,
+    mistral_7b,
+    qwen2_5_0_5b,
+    qwen3_0_6b,
+    smollm2_135m,
+    smollm2_360m,
+)
 from keras_tfm.models.gpt import (
     GPT,
     gpt2_large,

@@ -138,7 +138,7 @@ def test_directory_errors(tmp_path):
             FileNotFoundError,
             f"shard '{shard}', listed in .* is missing",
         ),
-        ({"config.json": '{"model_type": "llama"}'}, ValueError, "unsupported model_type 'llama'"),
+        ({"config.json": '{"model_type": "gemma"}'}, ValueError, "unsupported model_type 'gemma'"),
     ]
     for files, error, message in steps:
         for name, text in files.items():

@@ -1,0 +1,182 @@
+"""What every decoder-only language model shares: next-token logits, the key/value cache, and `generate`.
+
+A subclass (`GPT`, `DecoderLM`) makes `token_embedding`, `blocks` (`DecoderBlock`s), `final_norm` and
+`lm_head` (None with `tie_embeddings`), and says how tokens become vectors at their positions (`_embed`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from keras_tfm.generation import compiled, decoding
+from keras_tfm.generation.beam_search import beam_decode
+from keras_tfm.generation.sampling import Sampler, check_decoding
+from keras_tfm.models.model import Model
+
+
+class CausalLM(Model):
+    """A decoder-only language model: `model(token_ids)` gives next-token logits at every position,
+    and `generate` continues prompts with a key/value cache (see `GPT` and `DecoderLM`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._generate_functions: dict = {}
+
+    def build(self, token_ids_shape=None):
+        self.call(ops.zeros((1, min(2, self.max_length)), "int32"))  # builds every sub-layer
+        self.built = True
+
+    def _id_inputs(self) -> dict:
+        return {"token_ids": (self.vocabulary_size, "vocabulary_size")}
+
+    def _label_range(self) -> tuple[int, str]:
+        return self.vocabulary_size, "vocabulary_size"
+
+    def _embed(self, token_ids, start_index=0, training=None):
+        """Token vectors of `token_ids` at positions `start_index, ...` (the model's embeddings)."""
+        raise NotImplementedError
+
+    def _logits(self, hidden):
+        """Next-token logits of the last block's output: the final norm, then the token table
+        (`tie_embeddings`) or the `lm_head`."""
+        hidden = self.final_norm(hidden)
+        if self.tie_embeddings:
+            return self.token_embedding(hidden, reverse=True)
+        return self.lm_head(hidden)
+
+    def call(self, token_ids, padding_mask=None, training=None):
+        x = self._embed(token_ids, training=training)
+        for block in self.blocks:
+            x = block(x, decoder_padding_mask=padding_mask, training=training)
+        return self._logits(x)
+
+    def call_with_cache(self, token_ids, cache, cache_update_index, output_logits: bool = True):
+        """Logits for `token_ids` placed at positions `cache_update_index, ...`, reading and
+        updating `cache`: one `(batch, 2, key/value heads, cache_length, head_dim)` key/value tensor per
+        layer (a tuple, not one stacked tensor, so a step copies no layer's cache twice).
+        `output_logits=False` returns `None` instead of the logits: a prefill that only fills the
+        cache skips the vocabulary projection and, in the last block, everything but the keys and
+        values (`DecoderBlock.update_cache`)."""
+        x = self._embed(token_ids, start_index=cache_update_index)
+        updated = []
+        for i, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
+            if not output_logits and i == len(self.blocks) - 1:  # nothing reads the last block's output
+                updated.append(block.update_cache(x, layer_cache, cache_update_index))
+                return None, tuple(updated)
+            x, layer_cache = block(x, self_attention_cache=layer_cache, cache_update_index=cache_update_index)
+            updated.append(layer_cache)
+        return self._logits(x), tuple(updated)
+
+    def empty_cache(self, batch_size: int, length: int) -> tuple:
+        attention = self.blocks[0].self_attention
+        shape = (batch_size, 2, attention.num_key_value_heads, length, attention.key_dim)
+        return tuple(ops.zeros(shape, self.compute_dtype) for _ in self.blocks)
+
+    def generate(
+        self,
+        token_ids,
+        max_new_tokens: int,
+        padding_mask=None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids=(),
+        pad_token_id: int = 0,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+    ) -> np.ndarray:
+        """Continues each prompt by up to `max_new_tokens` tokens with a key/value cache.
+
+        Args:
+            token_ids: a list of prompts (lists of ids, lengths may differ), or an int array
+                `(batch, length)` with `padding_mask` (True at real tokens, padding on the right).
+            max_new_tokens: tokens to add to each prompt.
+            temperature, top_k, top_p: sampling; `temperature=0` (default) is greedy.
+            seed: makes sampling reproducible.
+            stop_token_ids: an id or ids; a row stops after generating one of them (it is kept).
+            pad_token_id: fills a row after it stops, and the tail of shorter rows.
+            num_beams: > 1 runs beam search (deterministic; the sampling arguments are ignored).
+            length_penalty: beams are ranked by log-probability / length ** length_penalty.
+
+        Returns:
+            int array `(batch, prompt_length + max_new_tokens)`: row `i` holds its prompt followed
+            directly by its new tokens, then `pad_token_id`.
+
+        The decoding loop is compiled once per sampler setting and reused: XLA on JAX and
+        TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
+        recorded once with `torch.jit.trace` and replayed.
+        """
+        check_decoding(
+            f"{type(self).__name__}.generate",
+            max_new_tokens=max_new_tokens,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            pad_token_id=pad_token_id,
+            vocabulary_size=self.vocabulary_size,
+        )
+        self._build_on_demand()  # weights must exist before the loop is traced
+        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
+        buffer, prompt_mask, lengths = decoding.prepare_prompts(
+            token_ids, padding_mask, max_new_tokens, pad_token_id, self.vocabulary_size
+        )
+        if isinstance(stop_token_ids, (int, np.integer)):
+            stop_token_ids = [stop_token_ids]
+        stop_token_ids = decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
+        if buffer.shape[1] > self.max_length:
+            raise ValueError(
+                f"{type(self).__name__}.generate: prompt length {buffer.shape[1] - max_new_tokens} + max_new_tokens "
+                f"{max_new_tokens} exceeds max_length={self.max_length}."
+            )
+        prompt_width = buffer.shape[1] - max_new_tokens
+        key = (sampler, prompt_width, num_beams, length_penalty)
+        if key not in self._generate_functions:
+            step, while_loop = compiled.decoding_functions(
+                self.call_with_cache, self, traceable=sampler.greedy or num_beams > 1
+            )
+
+            def run(buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
+                cache = self.empty_cache(buffer.shape[0] * num_beams, buffer.shape[1])
+                if num_beams > 1:
+                    best = beam_decode(
+                        step,
+                        cache,
+                        buffer,
+                        prompt_mask,
+                        lengths,
+                        prompt_width,
+                        max_new,
+                        stops,
+                        pad,
+                        num_beams,
+                        length_penalty,
+                        while_loop,
+                    )
+                    return best, seed_state
+                return decoding.decode(
+                    step,
+                    cache,
+                    buffer,
+                    prompt_mask,
+                    lengths,
+                    prompt_width,
+                    max_new,
+                    stops,
+                    pad,
+                    seed_state,
+                    sampler,
+                    while_loop,
+                )
+
+            self._generate_functions[key] = compiled.compile_function(run, self)
+        output, _ = self._generate_functions[key](
+            ops.convert_to_tensor(buffer),
+            ops.convert_to_tensor(prompt_mask),
+            ops.convert_to_tensor(lengths),
+            ops.convert_to_tensor(max_new_tokens, "int32"),
+            ops.convert_to_tensor(stop_token_ids if stop_token_ids.size else np.array([-1], "int32")),
+            ops.convert_to_tensor(pad_token_id, "int32"),
+            decoding.initial_seed_state(seed),
+        )
+        return ops.convert_to_numpy(output)

@@ -1,0 +1,194 @@
+"""keras_tfm DecoderLM vs transformers' Llama, Mistral, Qwen2 and Qwen3 built from small random
+configurations (no network): logits, greedy decoding, checkpoints both ways and peft adapters."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCABULARY = 97
+COMMON = dict(
+    vocab_size=VOCABULARY,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+# Each variant switches on what one family brings, and a RoPE scaling.
+VARIANTS = {
+    "llama_gqa_llama3_untied": (
+        "LlamaForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            attention_bias=True,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+    ),
+    "mistral_window_mqa_linear": (
+        "MistralForCausalLM",
+        dict(
+            num_key_value_heads=1,
+            sliding_window=6,  # shorter than the sequences
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0),
+        ),
+    ),
+    "qwen2_bias_tied_window_dynamic": (
+        "Qwen2ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=1,  # the second layer only
+            max_position_embeddings=12,  # the sequences are longer: the dynamic base grows
+            rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0),
+        ),
+    ),
+    "qwen3_qk_norm_head_dim_yarn": (
+        "Qwen3ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16),
+        ),
+    ),
+}
+
+
+def hf_model(variant: str, initializer_range=0.02):
+    class_name, options = VARIANTS[variant]
+    model_class = getattr(transformers, class_name)
+    torch.manual_seed(0)
+    config = model_class.config_class(**{**COMMON, **options, "initializer_range": initializer_range})
+    hf = model_class(config).eval()
+    with torch.no_grad():  # norms away from 1, so that a weight read into the wrong norm shows
+        for name, parameter in hf.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+    return hf
+
+
+def hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_and_parameter_count_match(rng, variant):
+    hf = hf_model(variant)
+    model = keras_tfm.from_huggingface(hf)
+    ids = rng.integers(0, VOCABULARY, size=(2, 20))
+    np.testing.assert_allclose(to_numpy(model(ids)), hf_logits(hf, ids), atol=1e-4, rtol=0)
+    assert model.count_params() == sum(p.numel() for p in hf.parameters())
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa_llama3_untied", "mistral_window_mqa_linear"])
+def test_greedy_generate_of_ragged_prompts_matches_transformers(rng, variant):
+    hf = hf_model(variant, initializer_range=0.3)  # peaked logits: argmax decided by the model, not float noise
+    model = keras_tfm.from_huggingface(hf)
+    prompts = [rng.integers(1, VOCABULARY, size=9).tolist(), rng.integers(1, VOCABULARY, size=4).tolist()]
+    ours = model.generate(prompts, max_new_tokens=10)
+    for row, prompt in zip(ours, prompts):
+        with torch.no_grad():
+            expected = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None
+            )[0].numpy()
+        np.testing.assert_array_equal(row[: len(expected)], expected)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_save_huggingface_writes_what_transformers_loads(rng, tmp_path, variant):
+    model = keras_tfm.from_huggingface(hf_model(variant))
+    keras_tfm.save_huggingface(model, str(tmp_path))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    assert type(loaded).__name__ == VARIANTS[variant][0]
+    ids = rng.integers(0, VOCABULARY, size=(2, 20))
+    expected = to_numpy(model(ids))
+    np.testing.assert_allclose(hf_logits(loaded, ids), expected, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(to_numpy(keras_tfm.from_huggingface(str(tmp_path))(ids)), expected, atol=1e-5)
+
+
+@pytest.mark.backend_independent
+def test_sharded_checkpoint_directory_loads(rng, tmp_path):
+    hf = hf_model("llama_gqa_llama3_untied")
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    ids = rng.integers(0, VOCABULARY, size=(1, 12))
+    np.testing.assert_allclose(to_numpy(keras_tfm.from_huggingface(str(tmp_path))(ids)), hf_logits(hf, ids), atol=1e-4)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(rope_scaling=dict(rope_type="longrope", short_factor=[1.0], long_factor=[1.0])), "rope_type='longrope'"),
+        (dict(partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
+        (dict(hidden_act="tanh"), "activation 'tanh'"),
+    ],
+)
+def test_settings_it_does_not_compute_are_refused_by_name(tmp_path, change, message):
+    hf_model("llama_gqa_llama3_untied").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config.update(change)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        keras_tfm.from_huggingface(str(tmp_path))
+
+
+@pytest.mark.backend_independent
+def test_a_model_no_transformers_class_computes_is_not_written(tmp_path):
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=10,
+        max_length=8,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=8,
+        sliding_window=4,
+        sliding_window_layers=[1],
+    )
+    with pytest.raises(ValueError, match="sliding window on some layers only"):
+        keras_tfm.save_huggingface(model, str(tmp_path))
+
+
+def test_peft_adapter_both_ways(rng, tmp_path):
+    peft = pytest.importorskip("peft")
+    hf = hf_model("llama_gqa_llama3_untied")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"], task_type="CAUSAL_LM")
+    tuned = peft.get_peft_model(copy.deepcopy(hf), config).eval()
+    with torch.no_grad():
+        for name, parameter in tuned.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(torch.randn_like(parameter) * 0.5)
+    ids = rng.integers(0, VOCABULARY, size=(2, 11))
+    expected = hf_logits(tuned, ids)
+    assert np.abs(expected - hf_logits(hf, ids)).max() > 1e-2
+    model = keras_tfm.from_huggingface(tuned)
+    np.testing.assert_allclose(to_numpy(model(ids)), expected, atol=1e-4, rtol=0)
+    assert model.blocks[0].feed_forward.gate_dense.lora_rank == 4
+    hf.save_pretrained(tmp_path / "base")
+    keras_tfm.convert.save_peft_adapter(model, str(tmp_path / "adapter"), base=str(tmp_path / "base"))
+    loaded = peft.PeftModel.from_pretrained(copy.deepcopy(hf), str(tmp_path / "adapter")).eval()
+    np.testing.assert_allclose(hf_logits(loaded, ids), expected, atol=1e-4, rtol=0)

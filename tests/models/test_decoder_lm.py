@@ -1,0 +1,97 @@
+"""DecoderLM: the shared checks, cached decoding with grouped keys and values and a sliding window, and
+the named sizes (their parameter counts are transformers' own for the same configuration)."""
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import run_layer_checks, to_numpy
+from tests.models.test_gpt import full_forward_greedy, peaked
+
+
+def tiny_lm(**overrides):
+    config = dict(
+        vocabulary_size=40,
+        max_length=32,
+        num_layers=2,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=24,
+        sliding_window=5,  # shorter than the sequences below
+        query_key_norm=True,
+        attention_use_bias=True,
+        attention_output_use_bias=False,
+        rotary_embedding=dict(max_wavelength=100.0, scaling="llama3", scaling_factor=4.0, original_max_length=8),
+    )
+    return keras_tfm.DecoderLM(**{**config, **overrides})
+
+
+def test_decoder_lm_passes_common_checks(tmp_path, rng):
+    ids = rng.integers(0, 40, size=(2, 12)).astype("int32")
+    run_layer_checks(lambda **kw: tiny_lm(tie_embeddings=False, dropout=0.1, **kw), (ids,), tmp_path=tmp_path)
+
+
+def test_cached_decoding_of_ragged_prompts_equals_full_forward_greedy():
+    model = peaked(tiny_lm())
+    prompts = [[3, 17, 5, 9, 11, 2, 30], [7, 8]]
+    batch = model.generate(prompts, max_new_tokens=12)
+    for row, prompt in zip(batch, prompts):
+        n = len(prompt) + 12
+        assert row[:n].tolist() == full_forward_greedy(model, prompt, 12)
+    assert model.empty_cache(1, 8)[0].shape == (1, 2, 2, 8, 4)  # only the key/value heads are cached
+
+
+def test_beam_search_and_sampling_decode_from_the_grouped_cache():
+    model = peaked(tiny_lm())
+    prompt = [3, 17, 5, 9]
+    beams = model.generate([prompt], max_new_tokens=6, num_beams=3)[0]
+    greedy = model.generate([prompt], max_new_tokens=6)[0]
+
+    def log_probability(row):
+        logits = to_numpy(model(row[None]))[0].astype("float64")
+        log_probs = (
+            logits
+            - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+            - logits.max(-1, keepdims=True)
+        )
+        return sum(log_probs[t - 1, row[t]] for t in range(len(prompt), len(row)))
+
+    assert log_probability(beams) >= log_probability(greedy) - 1e-4
+    first = model.generate([prompt], max_new_tokens=6, temperature=1.0, seed=3)
+    assert np.array_equal(first, model.generate([prompt], max_new_tokens=6, temperature=1.0, seed=3))
+
+
+SIZES = {
+    "smollm2_135m": 134_515_008,
+    "smollm2_360m": None,
+    "qwen2_5_0_5b": 494_032_768,
+    "qwen3_0_6b": None,
+    "llama3_2_1b": 1_235_814_400,
+    "llama3_8b": None,
+    "mistral_7b": None,
+}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_a_named_size_has_the_parameters_of_its_transformers_model(size):
+    """Counted without making the whole model: one block and the embeddings of a one-token vocabulary
+    are built; the rest is blocks of the same shape and vocabulary rows."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from keras_tfm.convert.llama import huggingface_config
+
+    model = getattr(keras_tfm, size)()
+    assert not model.built  # constructing a size costs nothing
+    config = huggingface_config(model)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    expected = sum(p.numel() for p in hf.parameters())
+    one_block = getattr(keras_tfm, size)(num_layers=1, vocabulary_size=1)
+    small = one_block.count_params()
+    block = sum(int(np.prod(w.shape)) for w in one_block.blocks[0].weights)
+    rows = (model.vocabulary_size - 1) * model.hidden_dim * (1 if model.tie_embeddings else 2)
+    assert small + (model.num_layers - 1) * block + rows == expected
+    if SIZES[size] is not None:  # the published count
+        assert expected == SIZES[size]
