@@ -13,15 +13,21 @@ windows of the model's context, as nanoGPT does. Reports validation loss and per
 leaves checkpoints, log.csv, metrics.json, learning_curves.png and samples.txt in --output-dir.
 Rerunning the same command resumes an interrupted run.
 
---from-huggingface DIR fine-tunes a Hugging Face GPT-2 checkpoint (a local directory saved by
-`save_pretrained` with its tokenizer, or a Hub model id such as gpt2, read from the local Hugging Face
-cache or downloaded into it) on the text instead of training a new model: its
-weights and its byte-pair tokenizer (vocab.json, merges.txt); windows of --max-length tokens (default:
-the checkpoint's context).
+--model picks a GPT-2 size or a Llama-family one (`DecoderLM`: smollm2_135m, qwen2_5_0_5b, llama3_2_1b,
+llama_shakespeare_char_cpu, ...), trained from scratch with the tokenizer above.
+
+--from-huggingface DIR fine-tunes a Hugging Face checkpoint (a local directory saved by `save_pretrained`
+with its tokenizer, or a Hub model id such as gpt2 or HuggingFaceTB/SmolLM2-135M, read from the local
+Hugging Face cache or downloaded into it) on the text instead of training a new model: GPT-2 with its
+byte-pair tokenizer (vocab.json, merges.txt), or Llama, Mistral, Qwen2 or Qwen3 with its tokenizer.json;
+windows of --max-length tokens (default: the checkpoint's context, at most 1024). With --lora-rank only
+LoRA pairs train. The run writes OUTPUT_DIR/huggingface, which transformers loads.
 
     python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt --steps 2000 --batch-size 12
     python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt --from-huggingface gpt2 \
         --max-length 256 --steps 200 --learning-rate 1e-4
+    python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt \
+        --from-huggingface HuggingFaceTB/SmolLM2-135M --lora-rank 8 --max-length 256 --steps 200
 """
 
 from __future__ import annotations
@@ -34,18 +40,17 @@ import numpy as np
 
 def main() -> None:
     from keras_tfm import training
-    from keras_tfm.models import gpt
+    from keras_tfm.models import decoder_lm, gpt
 
     sizes = {
-        name: getattr(gpt, name)
-        for name in (
-            "gpt_shakespeare_char_cpu",
-            "gpt_shakespeare_char",
-            "gpt2_small",
-            "gpt2_medium",
-            "gpt2_large",
-            "gpt2_xl",
+        name: getattr(module, name)
+        for module, names in (
+            (gpt, ("gpt_shakespeare_char_cpu", "gpt_shakespeare_char", "gpt2_small", "gpt2_medium", "gpt2_large")),
+            (gpt, ("gpt2_xl",)),
+            (decoder_lm, ("llama_shakespeare_char_cpu", "llama_shakespeare_char", "smollm2_135m", "smollm2_360m")),
+            (decoder_lm, ("qwen2_5_0_5b", "qwen3_0_6b", "llama3_2_1b", "llama3_8b", "mistral_7b")),
         )
+        for name in names
     }
     parser = training.recipe_parser(__doc__, sizes, "gpt_shakespeare_char_cpu", "runs/gpt_lm")
     parser.set_defaults(batch_size=12, learning_rate=3e-3, weight_decay=0.1, epochs=5)
@@ -81,7 +86,7 @@ def main() -> None:
     recipe.add_argument(
         "--from-huggingface",
         metavar="DIR",
-        help="fine-tune this Hugging Face GPT-2 checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
+        help="fine-tune this Hugging Face GPT-2 or Llama-family checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
     )
     parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
     args = parser.parse_args()
@@ -101,7 +106,7 @@ def main() -> None:
         )
     train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
     if checkpoint:
-        context = args.max_length or checkpoint.config["n_positions"]
+        context = args.max_length or checkpoint_positions(checkpoint.config, cap=1024)
     else:  # constructing a size is cheap (weights are made at build time); it tells the default context
         context = (
             args.max_length or training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size).max_length
@@ -182,25 +187,35 @@ def main() -> None:
 def checkpoint_settings(args):
     """The --from-huggingface checkpoint and its tokenizer, after refusing the flags it fixes."""
     from keras_tfm import training
-    from keras_tfm.data import BytePairTokenizer, DataError
+    from keras_tfm.data import BytePairTokenizer, DataError, HuggingFaceTokenizer
 
     checkpoint = training.checkpoint_config(
         args,
-        "gpt2",
+        ("gpt2", "llama", "mistral", "qwen2", "qwen3"),
         {"model": "gpt_shakespeare_char_cpu", "tokenizer": "char", "vocabulary_size": 8192},
         "takes the model and its tokenizer from the checkpoint",
         keep=("max_length",),
     )
-    positions, embeddings = checkpoint.config["n_positions"], checkpoint.config["vocab_size"]
+    positions, embeddings = checkpoint_positions(checkpoint.config), checkpoint.config["vocab_size"]
     if args.max_length and args.max_length > positions:
         raise DataError(f"the checkpoint has {positions} positions; got {args.max_length}.", argument="max_length")
-    tokenizer = BytePairTokenizer.from_huggingface(checkpoint.directory)
+    if checkpoint.config["model_type"] == "gpt2":
+        tokenizer = BytePairTokenizer.from_huggingface(checkpoint.directory)
+    else:
+        tokenizer = HuggingFaceTokenizer.from_huggingface(checkpoint.directory)
     if tokenizer.vocabulary_size > embeddings:
         raise DataError(
             f"the tokenizer has {tokenizer.vocabulary_size} tokens, more than the checkpoint's {embeddings} embeddings.",
             argument="from_huggingface",
         )
     return checkpoint, tokenizer
+
+
+def checkpoint_positions(config: dict, cap: int | None = None) -> int:
+    """The context of a checkpoint's config (GPT-2's `n_positions`, the others' `max_position_embeddings`),
+    at most `cap`: Llama-family contexts (8192 to 131072 tokens) are longer than a window to train on here."""
+    positions = config["n_positions"] if config["model_type"] == "gpt2" else config["max_position_embeddings"]
+    return positions if cap is None else min(positions, cap)
 
 
 if __name__ == "__main__":

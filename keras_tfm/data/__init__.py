@@ -9,6 +9,7 @@ from keras_tfm.data.text import TextSplits, load_labelled_text, load_text, offli
 from keras_tfm.data.tokenizers import (
     BytePairTokenizer,
     CharacterTokenizer,
+    HuggingFaceTokenizer,
     SentencePieceTokenizer,
     WordPieceTokenizer,
     load_or_fit_tokenizer,

@@ -1,5 +1,5 @@
 """Tokenizers for the recipes: characters (nanoGPT's), or subwords through keras-hub's WordPiece,
-byte-pair (GPT-2's byte-level BPE) or SentencePiece tokenizers.
+byte-pair (GPT-2's byte-level BPE) or SentencePiece tokenizers, or a checkpoint's own `tokenizer.json`.
 
 All expose `encode(text) -> int32 array`, `decode(ids) -> str`, `vocabulary_size` and `save(path)`;
 `load_or_fit_tokenizer` saves the fitted vocabulary in the output directory and reuses it on resume,
@@ -353,11 +353,76 @@ class SentencePieceTokenizer(_KerasHubTokenizer):
             json.dump({"kind": self.kind, "proto": base64.b64encode(self.proto).decode("ascii")}, file)
 
 
+class HuggingFaceTokenizer:
+    """A checkpoint's `tokenizer.json` (the byte-level BPE of Llama 3, Qwen, Mistral and SmolLM, or any
+    other), read and run by Hugging Face `tokenizers`, the library transformers' fast tokenizers run on:
+    the same ids as `transformers.AutoTokenizer` of that checkpoint.
+
+    Args:
+        tokenizer_json: the content of a `tokenizer.json` file.
+
+    `encode(text)` encodes a whole text without special tokens (a corpus to train on; give
+    `add_special_tokens=True` for transformers' default, e.g. Llama 3's `<|begin_of_text|>`).
+
+    Example:
+    >>> tokenizer = HuggingFaceTokenizer.from_huggingface("path/to/SmolLM2-135M")
+    >>> tokenizer.decode(tokenizer.encode("To be, or not to be"))
+    'To be, or not to be'
+    """
+
+    kind = "huggingface"
+
+    def __init__(self, tokenizer_json: str):
+        from tokenizers import Tokenizer
+
+        self.tokenizer_json = tokenizer_json
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+
+    @classmethod
+    def from_huggingface(cls, directory: str) -> HuggingFaceTokenizer:
+        """The `tokenizer.json` of a checkpoint directory (or Hub model id, as in
+        `keras_tfm.convert.checkpoint_directory`)."""
+        directory = _checkpoint_directory(directory)
+        path = os.path.join(directory, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise DataError(f"no tokenizer.json in {directory!r}.", argument="from_huggingface")
+        with open(path, encoding="utf-8") as file:
+            content = file.read()
+        try:
+            return cls(content)
+        except Exception as error:  # tokenizers raises its own Exception for a malformed file
+            raise DataError(f"cannot read {path!r} ({error}).", argument="from_huggingface") from None
+
+    @property
+    def vocabulary_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> np.ndarray:
+        return np.asarray(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids, "int32")
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "tokenizer_json": self.tokenizer_json}, file)
+
+    def save_huggingface(self, directory: str) -> None:
+        """Writes `tokenizer.json`, which `transformers.AutoTokenizer` reads as a fast tokenizer."""
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "tokenizer.json"), "w", encoding="utf-8") as file:
+            file.write(self.tokenizer_json)
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, file, indent=2)
+
+
 TOKENIZERS = {
     "char": CharacterTokenizer,
     "wordpiece": WordPieceTokenizer,
     "bpe": BytePairTokenizer,
     "sentencepiece": SentencePieceTokenizer,
+    "huggingface": HuggingFaceTokenizer,
 }
 
 

@@ -296,7 +296,7 @@ def build_model(sizes: dict, args: argparse.Namespace, **fixed):
 
 
 def checkpoint_config(
-    args: argparse.Namespace, model_type: str, fixed: dict, reason: str, keep: tuple = ()
+    args: argparse.Namespace, model_type: str | tuple[str, ...], fixed: dict, reason: str, keep: tuple = ()
 ) -> HuggingFaceCheckpoint:
     """For `--from-huggingface DIR`: refuses the model overrides (except those in `keep`) and every flag
     in `fixed` that differs from its default there, each with `reason`; returns DIR resolved, with its
@@ -319,9 +319,10 @@ def checkpoint_config(
         config = read_config(directory)
     except (OSError, ValueError) as error:
         raise DataError(str(error).removeprefix("from_huggingface: "), argument="from_huggingface") from None
-    if config["model_type"] != model_type:
+    model_types = (model_type,) if isinstance(model_type, str) else tuple(model_type)
+    if config["model_type"] not in model_types:
         raise DataError(
-            f"expected a {model_type} checkpoint; {name!r} holds a {config['model_type']!r} model.",
+            f"expected a {' or '.join(model_types)} checkpoint; {name!r} holds a {config['model_type']!r} model.",
             argument="from_huggingface",
         )
     return HuggingFaceCheckpoint(name, directory, config, base_model_name, adapter)

@@ -326,8 +326,10 @@ def _fit(
 
 def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing) -> dict:
     """Writes the trained model for transformers or peft users where it can be; returns where, for
-    metrics.json. A failure is logged, not raised: the trained run is recorded all the same."""
-    if lora_rank and huggingface:  # LoRA on a Hugging Face checkpoint: for peft too
+    metrics.json. A failure is logged, not raised: the trained run is recorded all the same. LoRA on a
+    Hugging Face checkpoint gives both a peft adapter (the pairs alone) and the merged checkpoint."""
+    written = {}
+    if lora_rank and huggingface:
         from keras_tfm.convert import save_peft_adapter
 
         path = os.path.join(config.output_dir, "peft_adapter")
@@ -335,11 +337,10 @@ def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, la
             save_peft_adapter(
                 _zoo_model(model), path, base=huggingface.directory, base_model_name_or_path=huggingface.base_model_name
             )
+            log(f"LoRA pairs written as a peft adapter for {huggingface.base_model_name!r}: {path}")
+            written["peft_adapter"] = path
         except (OSError, ValueError) as error:
             log(f"No peft adapter written: {error}")
-            return {}
-        log(f"LoRA pairs written as a peft adapter for {huggingface.base_model_name!r}: {path}")
-        return {"peft_adapter": path}
     if huggingface or hasattr(tokenizer, "save_huggingface") or image_preprocessing:
         from keras_tfm.convert import save_huggingface
 
@@ -356,13 +357,13 @@ def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, la
                 tokenizer.save_huggingface(path)
         except (OSError, ValueError) as error:
             log(f"No Hugging Face checkpoint written: {error}")
-            return {}
+            return written
         log(
-            f"Trained model and its {'image processor' if image_preprocessing else 'tokenizer'} written as a "
-            f"Hugging Face checkpoint: {path}"
+            f"Trained model{' (LoRA pairs merged)' if lora_rank else ''} and its "
+            f"{'image processor' if image_preprocessing else 'tokenizer'} written as a Hugging Face checkpoint: {path}"
         )
-        return {"huggingface_checkpoint": path}
-    return {}
+        written["huggingface_checkpoint"] = path
+    return written
 
 
 def _zoo_model(model: keras.Model) -> ZooModel:

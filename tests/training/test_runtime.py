@@ -1325,3 +1325,118 @@ def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
     config = training_config(argparse.Namespace(**vars(args), output_dir=str(tmp_path)), checkpoint)
     assert config.model_name == f"from_huggingface {tmp_path}"
     assert args.model == "small"  # the flags are left as given
+
+
+def llama_family_checkpoint(tmp_path):
+    """A small random Qwen2 checkpoint (query/key/value biases, grouped keys and values) with a
+    tokenizer.json learned on Shakespeare in Llama 3's form (byte-level BPE, a begin-of-text token added
+    in front), in tmp_path/checkpoint; the text in tmp_path/text.txt."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    with open(SHAKESPEARE, encoding="utf-8") as file:
+        text = file.read()[:100_000]
+    (tmp_path / "text.txt").write_text(text)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    learner = ByteLevelBPETokenizer()
+    learner.train_from_iterator([text], vocab_size=400, special_tokens=["<|begin_of_text|>"], show_progress=False)
+    learner.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
+    )
+    learner.save(str(checkpoint / "tokenizer.json"))
+    (checkpoint / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>"})
+    )
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=400,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    hf = transformers.Qwen2ForCausalLM(config)
+    hf.save_pretrained(str(checkpoint))
+    return checkpoint, hf, text
+
+
+@pytest.mark.backend_independent
+def test_a_checkpoints_tokenizer_json_gives_transformers_ids(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from keras_tfm.data import HuggingFaceTokenizer, load_tokenizer, save_tokenizer
+
+    checkpoint, _, text = llama_family_checkpoint(tmp_path)
+    ours = HuggingFaceTokenizer.from_huggingface(str(checkpoint))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+    sample = text[:2000] + " naïve café — 東京\n\n"
+    assert ours.encode(sample).tolist() == theirs(sample, add_special_tokens=False)["input_ids"]
+    assert ours.encode(sample, add_special_tokens=True).tolist() == theirs(sample)["input_ids"]
+    assert ours.encode(sample, add_special_tokens=True)[0] == 0  # Llama 3's <|begin_of_text|> in front
+    assert ours.decode(ours.encode(sample)) == sample and ours.vocabulary_size == 400
+    reloaded = load_tokenizer(save_tokenizer(ours, str(tmp_path)))
+    assert reloaded.encode(sample).tolist() == ours.encode(sample).tolist()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="^from_huggingface: no tokenizer.json in"):
+        HuggingFaceTokenizer.from_huggingface(str(tmp_path / "empty"))
+
+
+@pytest.mark.backend_independent
+def test_gpt_recipe_lora_fine_tunes_a_llama_family_checkpoint_for_transformers(tmp_path):
+    """--from-huggingface with a Qwen2 checkpoint and --lora-rank: its tokenizer.json, its weights with the
+    pairs trained, written back as a checkpoint transformers loads and as a peft adapter."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    checkpoint, hf, _ = llama_family_checkpoint(tmp_path)
+    out = tmp_path / "run"
+    done = recipe(
+        "gpt_lm.py",
+        "--from-huggingface",
+        str(checkpoint),
+        "--data",
+        str(tmp_path / "text.txt"),
+        "--max-length",
+        "32",
+        "--steps",
+        "2",
+        "--steps-per-epoch",
+        "2",
+        "--batch-size",
+        "8",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "8",
+        "--sample-every",
+        "0",
+        "--learning-rate",
+        "1e-2",
+        "--lora-rank",
+        "4",
+        "--verbose",
+        "2",
+        "--output-dir",
+        str(out),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trained = 32 * 4 + 4 * 32 + 32 * 4 + 4 * 16  # query (32 -> 32) and value (32 -> 16: two key/value heads)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["trainable_parameters"] == trained and metrics["vocabulary_size"] == 400
+    assert 4.0 < metrics["validation_loss"] < 8.0  # random weights over 400 tokens: about log(400) = 6.0
+    import keras_tfm
+
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out / "huggingface").eval()
+    assert type(exported).__name__ == "Qwen2ForCausalLM"
+    tuned = keras_tfm.from_huggingface(str(out / "peft_adapter"))  # the checkpoint with the run's pairs
+    ids = np.arange(12).reshape(2, 6)
+    with torch.no_grad():
+        expected = exported(torch.tensor(ids)).logits.numpy()
+        untuned = hf(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(tuned(ids)), expected, atol=1e-4, rtol=0)
+    assert np.abs(expected - untuned).max() > 1e-4  # the pairs moved
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "huggingface")
+    assert tokenizer("To be")["input_ids"][0] == 0
