@@ -24,6 +24,43 @@ def run_worker(script: str, backend: str, args: list[str], timeout: int = 900) -
     return json.loads(lines[-1])
 
 
+def write_results(name: str, results: list[dict]) -> str:
+    """Writes `results` as benchmarks/results/{name}.json with the date, the machine, the library versions
+    and the command that produced them (a re-measurement replaces the file); returns its path."""
+    import datetime
+    import importlib.metadata
+    import platform
+
+    versions = {}
+    for package in ("keras", "keras-hub", "jax", "tensorflow", "torch", "transformers", "numpy"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    processor = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo") as file:
+            processor = next(line.split(":", 1)[1].strip() for line in file if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    backend = f"KERAS_BACKEND={os.environ['KERAS_BACKEND']} " if "KERAS_BACKEND" in os.environ else ""
+    record = {
+        "benchmark": name,
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{processor or platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}",
+        "versions": versions,
+        "command": backend + "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+        "results": results,
+    }
+    path = os.path.join(REPO, "benchmarks", "results", f"{name}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as file:
+        json.dump(record, file, indent=2)
+        file.write("\n")
+    print(f"results written to {path}")
+    return path
+
+
 def report(result: dict) -> None:
     print(json.dumps(result), flush=True)
 
@@ -86,7 +123,8 @@ def side_by_side(
     script: str, title: str, unit: str, task: str, contenders=DEFAULT_CONTENDERS, baselines=BASELINES, rounds: int = 1
 ) -> None:
     """Runs `script --worker CONTENDER BACKEND TASK` for each (row name, contender, backend) in its own
-    process, `rounds` times over in turn, then prints the table of each contender's best round.
+    process, `rounds` times over in turn, then prints the table of each contender's best round and
+    returns those rows.
 
     Several rounds in turn give every contender the same chances on a machine whose speed drifts
     (on the 2-core CPU one process of the same code can be 10-30% off another)."""
@@ -94,7 +132,9 @@ def side_by_side(
     for _ in range(rounds):
         for name, contender, backend in contenders:
             runs[name].append(run_worker(script, backend, [contender, backend, task]))
-    print_table(title, unit, [(name, _best_round(results)) for name, results in runs.items()], baselines)
+    rows = [(name, _best_round(results)) for name, results in runs.items()]
+    print_table(title, unit, rows, baselines)
+    return [{"contender": name, "task": task, "unit": unit, **result} for name, result in rows]
 
 
 def _best_round(results: list[dict]) -> dict:
@@ -112,11 +152,13 @@ def main(
     contenders=DEFAULT_CONTENDERS,
     baselines=BASELINES,
     task_contenders: dict[str, tuple[list, dict]] | None = None,
+    results_name: str | None = None,
 ) -> None:
     """The command line of every speed benchmark: `script [--only TASK]` prints one side-by-side table
     per task (`tasks`: name -> (title, unit)); `script --worker CONTENDER BACKEND TASK`, which the
     driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON.
-    `task_contenders`: task -> (contenders, baselines) for a task that compares others."""
+    `task_contenders`: task -> (contenders, baselines) for a task that compares others. With
+    `results_name`, the rows are also written as benchmarks/results/{results_name}.json."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(tasks), help="run one task's table")
     parser.add_argument(
@@ -131,9 +173,10 @@ def main(
         contender, _, task = args.worker
         report(worker(contender, task))
         return
+    rows = []
     for task, (title, unit) in tasks.items():
         if args.only in (None, task):
-            side_by_side(
+            rows += side_by_side(
                 script,
                 title,
                 unit,
@@ -141,6 +184,8 @@ def main(
                 *(task_contenders or {}).get(task, (contenders, baselines)),
                 rounds=args.rounds,
             )
+    if results_name:
+        write_results(results_name, rows)
 
 
 def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per_step: int, per_example: float) -> dict:

@@ -1,10 +1,12 @@
-"""GPT quality against nanoGPT's published CPU run on tiny Shakespeare (characters).
+"""Language-model quality against nanoGPT's published CPU run on tiny Shakespeare (characters).
 
 nanoGPT (4 layers, 4 heads, 128 wide, context 64, batch 12, 2000 iterations, no dropout, AdamW
 lr 1e-3 with warmup and cosine decay, first 90% of the text for training) reports validation loss
-1.88. This trains `keras_tfm.gpt_shakespeare_char_cpu()` on the same number of tokens (2000 x 12 x
-64, random windows, as nanoGPT samples them) and evaluates on the last 10%; then evaluates the same
-trained model again quantized to int8 and to int4 weights (`model.quantize`).
+1.88. This trains `keras_tfm.gpt_shakespeare_char_cpu()` (GPT-2's form) and
+`keras_tfm.llama_shakespeare_char_cpu()` (the Llama form: RoPE, RMSNorm, SwiGLU; the same 0.80M
+parameters) in turn on the same number of tokens (2000 x 12 x 64, the same random windows, as nanoGPT
+samples them) and evaluates each on the last 10%; then evaluates each trained model again quantized to
+int8 and to int4 weights (`model.quantize`). Writes benchmarks/results/gpt_quality.json.
 
     python benchmarks/gpt_quality.py [--data ../shared/data/tinyshakespeare/input.txt] [--learning-rate 3e-3]
 """
@@ -14,10 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_results  # noqa: E402
+
+MODELS = ("gpt_shakespeare_char_cpu", "llama_shakespeare_char_cpu")
 
 DEFAULT_DATA = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "tinyshakespeare", "input.txt"
@@ -33,10 +41,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--eval-batches", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     args = parser.parse_args()
     if not os.path.isfile(args.data):
         raise SystemExit(f"--data: no file at {args.data!r}; pass the path of tiny Shakespeare's input.txt.")
+    results = [train_and_evaluate(name, args) for name in args.models]
+    write_results("gpt_quality", results)
 
+
+def train_and_evaluate(name: str, args) -> dict:
     import keras
 
     import keras_tfm
@@ -48,7 +61,7 @@ def main() -> None:
     ids = np.array([index[c] for c in text], "int32")
     split = int(0.9 * len(ids))
     train, validation = ids[:split], ids[split:]
-    model = keras_tfm.gpt_shakespeare_char_cpu(vocabulary_size=len(vocabulary))
+    model = getattr(keras_tfm, name)(vocabulary_size=len(vocabulary))
     context = model.max_length
     rng = np.random.default_rng(args.seed)
 
@@ -87,6 +100,7 @@ def main() -> None:
         [[vocabulary.index("\n")]], max_new_tokens=model.max_length - 1, temperature=0.8, top_k=20, seed=0
     )[0]
     result = {
+        "model": name,
         "backend": keras.backend.backend(),
         "parameters": model.count_params(),
         "iterations": args.iterations,
@@ -97,7 +111,8 @@ def main() -> None:
         "train_seconds": round(seconds, 1),
     }
     print("".join(vocabulary[i] for i in sample))
-    print(json.dumps(result))
+    print(json.dumps(result), flush=True)
+    return result
 
 
 if __name__ == "__main__":

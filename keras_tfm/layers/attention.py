@@ -192,30 +192,37 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         # -1 for the batch keeps a known length known (TensorFlow loses it next to an unknown batch)
         return ops.reshape(x, (-1, ops.shape(x)[1], num_heads or self.num_heads, head_dim))
 
-    def _positioned(self, heads, norm, start_index):
+    def _angles(self, x, start_index, angles=None):
+        """The rotation of positions `start_index, ...` for `x` `(batch, length, ...)`; None without
+        rotary positions. `angles`: ones already computed for these positions."""
+        if self.rotary is None or angles is not None:
+            return angles
+        return self.rotary.angles(ops.shape(x)[1], self.key_dim, self.compute_dtype, start_index)
+
+    def _positioned(self, heads, norm, angles):
         """Queries or keys `(batch, length, heads, key_dim)` after the QK-norm and the rotation."""
         if self.query_key_norm_epsilon is not None:
             heads = norm(heads)
-        if self.rotary is not None:
-            heads = self.rotary(heads, start_index=start_index)
+        if angles is not None:
+            heads = self.rotary.rotate(heads, angles)
         return heads
 
-    def _key_value_heads(self, value, key, start_index=0):
+    def _key_value_heads(self, value, key, start_index=0, angles=None):
         keys = self._split_heads(self.key_dense(key), self.key_dim, self.num_key_value_heads)
-        keys = self._positioned(keys, getattr(self, "key_norm", None), start_index)
+        keys = self._positioned(keys, getattr(self, "key_norm", None), self._angles(key, start_index, angles))
         values = self._split_heads(self.value_dense(value), self.value_dim, self.num_key_value_heads)
         return keys, values
 
-    def precompute_key_value(self, value, key=None, start_index=0):
+    def precompute_key_value(self, value, key=None, start_index=0, angles=None):
         """Keys and values of `value` (and `key`) as a cache for cross-attention decoding:
         `(batch, 2, num_key_value_heads, key_length, key_dim)`. Requires `value_dim == key_dim`.
         `start_index`: the position of the first key (for the rotation)."""
         self._check_cacheable()
         key = value if key is None else key
-        keys, values = self._key_value_heads(value, key, start_index)
+        keys, values = self._key_value_heads(value, key, start_index, angles)
         return ops.stack([_to_cache_layout(keys), _to_cache_layout(values)], axis=1)
 
-    def update_cache(self, value, cache, cache_update_index, key=None):
+    def update_cache(self, value, cache, cache_update_index, key=None, angles=None):
         """`cache` with the keys and values of `value` (and `key`) written at `cache_update_index`:
         the cache that `call(query, value, key, cache=cache, cache_update_index=...)` returns, without
         computing queries or attention. A prefill needs nothing else from the last decoder layer."""
@@ -228,7 +235,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     f"positions in the cache of length {cache.shape[3]}: in [0, {cache.shape[3] - value.shape[1]}]; "
                     f"received {index}."
                 )
-        new_entries = self.precompute_key_value(value, key, start_index=cache_update_index)
+        new_entries = self.precompute_key_value(value, key, start_index=cache_update_index, angles=angles)
         # one update of the joint cache: a functional update copies its input (PyTorch)
         return ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
 
@@ -337,15 +344,18 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             value_mask = get_keras_mask(value)
 
         start_index = 0 if cache_update_index is None else cache_update_index
+        angles = self._angles(query, start_index)
         query_heads = self._split_heads(self.query_dense(query), self.key_dim)
-        query_heads = self._positioned(query_heads, getattr(self, "query_norm", None), start_index)
+        query_heads = self._positioned(query_heads, getattr(self, "query_norm", None), angles)
+        # self-attention's keys sit where its queries do: the same rotation
+        key_angles = angles if key is query else None
         if cache is not None:
             self._check_cacheable(cache)
             if cache_update_index is not None:
-                cache = self.update_cache(value, cache, cache_update_index, key)
+                cache = self.update_cache(value, cache, cache_update_index, key, angles=key_angles)
             key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
         else:
-            key_heads, value_heads = self._key_value_heads(value, key)
+            key_heads, value_heads = self._key_value_heads(value, key, angles=key_angles)
 
         # ints, or tensors where a traced function leaves them unknown (TensorFlow's `fit` and
         # `predict` retrace with unknown batch and length once shapes vary)

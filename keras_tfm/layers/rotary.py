@@ -203,6 +203,8 @@ class RotaryEmbedding(keras.layers.Layer):
             inv_freq = 1.0 / ops.power(base, exponents)
         angles = positions[:, None] * inv_freq[None, :]
         angles = ops.concatenate([angles, angles], axis=-1)
+        if scale == 1.0:  # one op less each (PyTorch dispatches every op of a decoding step)
+            return ops.cos(angles), ops.sin(angles)
         return ops.cos(angles) * scale, ops.sin(angles) * scale
 
     def call(self, inputs, start_index=0):
@@ -211,12 +213,19 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"RotaryEmbedding: `inputs` must have shape (batch, length, num_heads, head_dim); received shape "
                 f"{tuple(inputs.shape)}."
             )
-        head_dim = inputs.shape[-1]
-        dim = self.rotary_dim(head_dim)
-        cos, sin = self.cos_sin(ops.shape(inputs)[1], head_dim, start_index)
-        cos = ops.cast(cos, inputs.dtype)[None, :, None, :]
-        sin = ops.cast(sin, inputs.dtype)[None, :, None, :]
-        rotated, passed = (inputs, None) if dim == head_dim else (inputs[..., :dim], inputs[..., dim:])
+        return self.rotate(inputs, self.angles(ops.shape(inputs)[1], inputs.shape[-1], inputs.dtype, start_index))
+
+    def angles(self, length, head_dim: int, dtype, start_index=0) -> tuple:
+        """`(cos, sin)` of positions `start_index, ...`, shaped `(1, length, 1, rotary_dim)` in `dtype`:
+        what `rotate` applies (computed once for the queries and keys of one attention)."""
+        cos, sin = self.cos_sin(length, head_dim, start_index)
+        return ops.cast(cos, dtype)[None, :, None, :], ops.cast(sin, dtype)[None, :, None, :]
+
+    def rotate(self, inputs, angles: tuple):
+        """`inputs` `(batch, length, num_heads, head_dim)` rotated by `angles` (from `angles`)."""
+        cos, sin = angles
+        dim = cos.shape[-1]
+        rotated, passed = (inputs, None) if dim == inputs.shape[-1] else (inputs[..., :dim], inputs[..., dim:])
         first, second = rotated[..., : dim // 2], rotated[..., dim // 2 :]
         rotated = rotated * cos + ops.concatenate([-second, first], axis=-1) * sin
         return rotated if passed is None else ops.concatenate([rotated, passed], axis=-1)

@@ -1,0 +1,182 @@
+"""Llama-family generation speed on this machine: greedy new tokens/s of a SmolLM2-135M-shaped model
+(30 layers, 9 query and 3 key/value heads, 576 wide, SwiGLU 1536, vocabulary 49152, tied output;
+random weights), batch 1, a 128-token prompt, 128 new tokens: keras_tfm's `DecoderLM` vs keras-hub's
+`LlamaCausalLM` (each Keras backend) vs transformers' `LlamaForCausalLM.generate` (PyTorch), and the
+bound of this machine: the same matrix products alone in JAX (`matmul_ceiling`).
+
+    python benchmarks/decoder_lm.py [--rounds 2]
+
+Writes benchmarks/results/decoder_lm.json.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BACKENDS, DEFAULT_CONTENDERS, Timer, main  # noqa: E402
+
+CONFIG = dict(
+    vocabulary_size=49152,
+    num_layers=30,
+    num_heads=9,
+    num_key_value_heads=3,
+    hidden_dim=576,
+    intermediate_dim=1536,
+    rope_theta=100000.0,
+    layer_norm_epsilon=1e-5,
+)
+GENERATE = dict(prompt=128, new_tokens=128, repeats=3)
+
+
+def prompt_ids():
+    import numpy as np
+
+    return np.random.default_rng(0).integers(0, CONFIG["vocabulary_size"], size=(1, GENERATE["prompt"]))
+
+
+def timed(generate) -> dict:
+    """Tokens/s of the fastest of `repeats` calls after one that compiles."""
+    generate()
+    rates = []
+    for _ in range(GENERATE["repeats"]):
+        with Timer() as timer:
+            generate()
+        rates.append(GENERATE["new_tokens"] / timer.seconds)
+    return {"value": max(rates), "windows": [round(rate, 1) for rate in rates]}
+
+
+def matmul_ceiling() -> dict:
+    """The speed bound of this task on this machine: only the model's matrix products (the prefill of the
+    prompt, then one token at a time through every projection and the tied output), in one `jax.jit`
+    loop, with nothing else: no attention, norms or cache. At batch 1 they read every weight once per
+    token, so memory bandwidth bounds them."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    hidden, inner = CONFIG["hidden_dim"], CONFIG["intermediate_dim"]
+    kv = hidden // CONFIG["num_heads"] * CONFIG["num_key_value_heads"]
+    rng = np.random.default_rng(0)
+    shapes = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, inner), (hidden, inner)]
+    layers = [
+        [jnp.asarray(rng.normal(size=shape).astype("float32") * 0.02) for shape in [*shapes, (inner, hidden)]]
+        for _ in range(CONFIG["num_layers"])
+    ]
+    table = jnp.asarray(rng.normal(size=(CONFIG["vocabulary_size"], hidden)).astype("float32") * 0.02)
+
+    def forward(h):
+        for query, key, value, output, gate, up, down in layers:
+            h = h + (h @ query + jnp.pad(h @ key + h @ value, ((0, 0), (0, 0), (0, hidden - kv)))) @ output
+            h = h + (jax.nn.silu(h @ gate) * (h @ up)) @ down
+        return h
+
+    @jax.jit
+    def generate(prompt):
+        h = forward(prompt)[:, -1:]
+
+        def step(_, h):
+            logits = forward(h) @ table.T
+            return h + logits[..., :hidden] * 1e-3
+
+        return jax.lax.fori_loop(0, GENERATE["new_tokens"], step, h)
+
+    prompt = jnp.ones((1, GENERATE["prompt"], hidden), "float32")
+    return timed(lambda: generate(prompt).block_until_ready())
+
+
+def worker(contender: str, task: str) -> dict:
+    import numpy as np
+
+    prompt = prompt_ids().astype("int32")
+    total = GENERATE["prompt"] + GENERATE["new_tokens"]
+    if contender == "keras_tfm":
+        import keras_tfm
+
+        model = keras_tfm.DecoderLM(
+            vocabulary_size=CONFIG["vocabulary_size"],
+            max_length=total,
+            num_layers=CONFIG["num_layers"],
+            num_heads=CONFIG["num_heads"],
+            num_key_value_heads=CONFIG["num_key_value_heads"],
+            hidden_dim=CONFIG["hidden_dim"],
+            intermediate_dim=CONFIG["intermediate_dim"],
+            rotary_embedding={"max_wavelength": CONFIG["rope_theta"]},
+            layer_norm_epsilon=CONFIG["layer_norm_epsilon"],
+        )
+
+        def generate():
+            out = model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])
+            assert out.shape == (1, total)
+
+        return timed(generate)
+
+    if contender == "keras_hub":
+        import keras_hub
+
+        backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=CONFIG["vocabulary_size"],
+            num_layers=CONFIG["num_layers"],
+            num_query_heads=CONFIG["num_heads"],
+            num_key_value_heads=CONFIG["num_key_value_heads"],
+            hidden_dim=CONFIG["hidden_dim"],
+            intermediate_dim=CONFIG["intermediate_dim"],
+            rope_max_wavelength=CONFIG["rope_theta"],
+            layer_norm_epsilon=CONFIG["layer_norm_epsilon"],
+            tie_word_embeddings=True,
+        )
+        model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+        ids = np.zeros((1, total), "int32")
+        ids[:, : GENERATE["prompt"]] = prompt
+        mask = np.zeros((1, total), bool)
+        mask[:, : GENERATE["prompt"]] = True
+        inputs = {"token_ids": ids, "padding_mask": mask}
+        return timed(lambda: model.generate(inputs, stop_token_ids=None))
+
+    if contender == "matmul_ceiling":
+        return matmul_ceiling()
+
+    if contender == "hugging_face":
+        import torch
+        import transformers
+
+        config = transformers.LlamaConfig(
+            vocab_size=CONFIG["vocabulary_size"],
+            num_hidden_layers=CONFIG["num_layers"],
+            num_attention_heads=CONFIG["num_heads"],
+            num_key_value_heads=CONFIG["num_key_value_heads"],
+            hidden_size=CONFIG["hidden_dim"],
+            intermediate_size=CONFIG["intermediate_dim"],
+            rope_theta=CONFIG["rope_theta"],
+            rms_norm_eps=CONFIG["layer_norm_epsilon"],
+            max_position_embeddings=total,
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        model = transformers.LlamaForCausalLM(config).eval()
+        prompt = torch.tensor(prompt, dtype=torch.long)
+        kwargs = dict(
+            max_new_tokens=GENERATE["new_tokens"],
+            min_new_tokens=GENERATE["new_tokens"],
+            do_sample=False,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(prompt),
+        )
+        with torch.no_grad():
+            return timed(lambda: model.generate(prompt, **kwargs))
+    raise ValueError(contender)
+
+
+if __name__ == "__main__":
+    main(
+        __doc__,
+        os.path.abspath(__file__),
+        worker,
+        {"generate": ("Greedy generation, SmolLM2-135M shape, batch 1, 128 + 128 tokens", "new tokens/s")},
+        contenders=[*DEFAULT_CONTENDERS, ("matrix products only (jax)", "matmul_ceiling", "jax")],
+        baselines={f"keras-hub {backend}": f"keras_hub ({backend})" for backend in BACKENDS}
+        | {"Hugging Face": "hugging_face (torch)"},
+        results_name="decoder_lm",
+    )
