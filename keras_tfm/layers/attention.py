@@ -177,6 +177,8 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
         self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
+        if self.rotary is not None:  # no weights; built, it is a finished layer to Keras (quantize, saving)
+            self.rotary.build((None, None, self.num_heads, self.key_dim))
         if self.query_key_norm_epsilon is not None:
             self.query_norm = keras.layers.RMSNormalization(
                 epsilon=self.query_key_norm_epsilon, dtype=self.dtype_policy, name="query_norm"

@@ -18,6 +18,20 @@ MODELS = {
         lambda: keras_tfm.GPT(vocabulary_size=30, max_length=16, num_layers=2, num_heads=2, hidden_dim=16),
         lambda rng: (rng.integers(0, 30, (2, 6)),),
     ),
+    "decoder_lm": (
+        lambda: keras_tfm.DecoderLM(
+            vocabulary_size=30,
+            max_length=16,
+            num_layers=2,
+            num_heads=2,
+            num_key_value_heads=1,
+            hidden_dim=16,
+            intermediate_dim=24,
+            sliding_window=4,
+            query_key_norm=True,
+        ),
+        lambda rng: (rng.integers(0, 30, (2, 6)),),
+    ),
     "bert_mlm": (
         lambda: keras_tfm.bert_tiny(vocabulary_size=30, max_length=16, num_layers=2),
         lambda rng: (rng.integers(1, 30, (2, 6)),),
@@ -79,6 +93,7 @@ def test_keras_methods_that_read_weights_build_a_new_model_first(tmp_path, rng, 
 
 EXPORTS = {  # inputs of two batch sizes and (but ViT) two lengths
     "gpt": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
+    "decoder_lm": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
     "bert_mlm": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
     "bert_classifier": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
     "translator": lambda rng: [
@@ -133,7 +148,15 @@ def test_a_width_the_heads_cannot_split_is_refused_at_construction(size, model):
 
 # the bare BERT encoder and the classifier are BertMLM's encoder and plain Dense layers: left out for time
 @pytest.mark.parametrize(
-    "name, mode", [("gpt", "int8"), ("bert_mlm", "int8"), ("translator", "int8"), ("vit", "int8"), ("gpt", "int4")]
+    "name, mode",
+    [
+        ("gpt", "int8"),
+        ("decoder_lm", "int8"),
+        ("bert_mlm", "int8"),
+        ("translator", "int8"),
+        ("vit", "int8"),
+        ("gpt", "int4"),
+    ],
 )
 def test_a_quantized_model_keeps_its_outputs_and_its_keras_file_loads_again(tmp_path, rng, name, mode):
     make, make_inputs = MODELS[name]
@@ -194,6 +217,7 @@ def test_a_quantized_mixed_precision_model_computes_in_bfloat16(rng, name):
     [
         ("gpt", lambda ids, _: ids.__setitem__((1, 2), 30), "token_ids", "vocabulary_size=30\\); received 30"),
         ("gpt", lambda ids, _: ids.__setitem__((0, 0), -1), "token_ids", "vocabulary_size=30\\); received -1"),
+        ("decoder_lm", lambda ids, _: ids.__setitem__((1, 2), 30), "token_ids", "vocabulary_size=30\\); received 30"),
         ("bert_mlm", lambda ids, _: ids.__setitem__((0, 3), 31), "token_ids", "vocabulary_size=30\\); received 31"),
         (
             "bert_classifier",
