@@ -1131,6 +1131,15 @@ def gpt2_checkpoint(tmp_path):
     return checkpoint, hf
 
 
+def short_fine_tuning(checkpoint, tmp_path, out) -> list[str]:
+    """gpt_lm.py's flags for two steps of fine-tuning `checkpoint` on tmp_path/text.txt into `out`."""
+    return [
+        *("--from-huggingface", str(checkpoint), "--data", str(tmp_path / "text.txt"), "--max-length", "32"),
+        *("--steps", "2", "--steps-per-epoch", "2", "--batch-size", "8", "--eval-batches", "2"),
+        *("--sample-tokens", "8", "--sample-every", "0", "--verbose", "2", "--output-dir", str(out)),
+    ]
+
+
 def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: the checkpoint's weights and its byte-pair tokenizer, windows of --max-length."""
     checkpoint, hf = gpt2_checkpoint(tmp_path)
@@ -1150,33 +1159,7 @@ def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     # Learning rate 0: the weights stay the checkpoint's, to be compared below.
-    done = recipe(
-        "gpt_lm.py",
-        "--from-huggingface",
-        str(checkpoint),
-        "--data",
-        str(tmp_path / "text.txt"),
-        "--max-length",
-        "32",
-        "--steps",
-        "2",
-        "--steps-per-epoch",
-        "2",
-        "--batch-size",
-        "8",
-        "--eval-batches",
-        "2",
-        "--sample-tokens",
-        "8",
-        "--sample-every",
-        "0",
-        "--learning-rate",
-        "0",
-        "--verbose",
-        "2",
-        "--output-dir",
-        str(out),
-    )
+    done = recipe("gpt_lm.py", *short_fine_tuning(checkpoint, tmp_path, out), "--learning-rate", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{sum(p.numel() for p in hf.parameters()):,} parameters" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -1394,33 +1377,7 @@ def test_gpt_recipe_lora_fine_tunes_a_llama_family_checkpoint_for_transformers(t
     checkpoint, hf, _ = llama_family_checkpoint(tmp_path)
     out = tmp_path / "run"
     done = recipe(
-        "gpt_lm.py",
-        "--from-huggingface",
-        str(checkpoint),
-        "--data",
-        str(tmp_path / "text.txt"),
-        "--max-length",
-        "32",
-        "--steps",
-        "2",
-        "--steps-per-epoch",
-        "2",
-        "--batch-size",
-        "8",
-        "--eval-batches",
-        "2",
-        "--sample-tokens",
-        "8",
-        "--sample-every",
-        "0",
-        "--learning-rate",
-        "1e-2",
-        "--lora-rank",
-        "4",
-        "--verbose",
-        "2",
-        "--output-dir",
-        str(out),
+        "gpt_lm.py", *short_fine_tuning(checkpoint, tmp_path, out), "--learning-rate", "1e-2", "--lora-rank", "4"
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     trained = 32 * 4 + 4 * 32 + 32 * 4 + 4 * 16  # query (32 -> 32) and value (32 -> 16: two key/value heads)
