@@ -46,6 +46,10 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
             adapter's `modules_to_save` (a classification head) are trainable
             (`keras_tfm.convert.adapters`).
 
+    A checkpoint read from a directory or Hub id comes with its tokenizer as `model.tokenizer`
+    (`keras_tfm.data.checkpoint_tokenizer`: its `tokenizer.json`, GPT-2's `vocab.json` and
+    `merges.txt`, or BERT's `vocab.txt`), so that `generate` takes and returns text.
+
     Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`, `BertForPreTraining`, the
     layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
     `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and
@@ -97,6 +101,10 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
         ) from None
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
+    if isinstance(base, (str, os.PathLike)):
+        from keras_tfm.data.tokenizers import checkpoint_tokenizer
+
+        model.tokenizer = checkpoint_tokenizer(checkpoint_directory(base))
     return model
 
 

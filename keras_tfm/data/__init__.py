@@ -12,6 +12,7 @@ from keras_tfm.data.tokenizers import (
     HuggingFaceTokenizer,
     SentencePieceTokenizer,
     WordPieceTokenizer,
+    checkpoint_tokenizer,
     load_or_fit_tokenizer,
     load_tokenizer,
     save_tokenizer,

@@ -404,6 +404,15 @@ class HuggingFaceTokenizer:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def encode_prompt(self, text: str) -> np.ndarray:
+        """A prompt's ids as transformers' tokenizer gives them by default: with the special tokens the
+        checkpoint puts in front (Llama 3's `<|begin_of_text|>`)."""
+        return self.encode(text, add_special_tokens=True)
+
+    def decode_text(self, ids) -> str:
+        """Generated ids as text, without special tokens."""
+        return self.decode(ids, skip_special_tokens=True)
+
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
             json.dump({"kind": self.kind, "tokenizer_json": self.tokenizer_json}, file)
@@ -424,6 +433,19 @@ TOKENIZERS = {
     "sentencepiece": SentencePieceTokenizer,
     "huggingface": HuggingFaceTokenizer,
 }
+
+
+def checkpoint_tokenizer(directory: str):
+    """The tokenizer of a Hugging Face checkpoint directory, or None where it has none: its
+    `tokenizer.json` (any fast tokenizer), else GPT-2's `vocab.json` and `merges.txt`, else BERT's
+    `vocab.txt`."""
+    if os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        return HuggingFaceTokenizer.from_huggingface(directory)
+    if all(os.path.isfile(os.path.join(directory, name)) for name in ("vocab.json", "merges.txt")):
+        return BytePairTokenizer.from_huggingface(directory)
+    if os.path.isfile(os.path.join(directory, "vocab.txt")):
+        return WordPieceTokenizer.from_huggingface(directory)
+    return None
 
 
 def load_tokenizer(path: str):

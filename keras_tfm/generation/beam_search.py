@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from keras import ops, tree
 
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 
@@ -30,10 +31,15 @@ def beam_decode(
     length_penalty: float,
     while_loop: Callable = ops.while_loop,
     context: tuple = (),
+    controls: LogitsControls = NO_CONTROLS,
+    vocabulary_size: int | None = None,
+    num_return_sequences: int = 1,
 ):
     """`buffer`, `prompt_mask`: `(batch, total)`; `cache` and `context` sized for `batch * num_beams`
-    rows. Returns the best beam of each row, `(batch, total)`. `step`, `while_loop`, `context`: as
-    in `decoding.decode`; `context` is the same for every beam of a row, so it is never reordered."""
+    rows. Returns the best `num_return_sequences` beams of each row, best first, `(batch *
+    num_return_sequences, total)`. `step`, `while_loop`, `context`, `controls`, `vocabulary_size`: as
+    in `decoding.decode` (the controls change the log-probabilities, as transformers' beam search
+    does); `context` is the same for every beam of a row, so it is never reordered."""
     batch, total = buffer.shape
     beams = batch * num_beams
     buffer = ops.repeat(buffer, num_beams, axis=0)
@@ -44,14 +50,18 @@ def beam_decode(
     scores = ops.tile(ops.convert_to_tensor([[0.0] + [LARGE_NEGATIVE] * (num_beams - 1)]), (batch, 1))
     finished = ops.zeros((batch, num_beams), "bool")
     beam_range = ops.arange(num_beams, dtype="int32")
+    seen = controls.initial_seen(buffer, start, vocabulary_size)
 
     def cond(t, *rest):
         return t < total
 
-    def body(t, buffer, cache, scores, finished, prompt_mask, end, stop_token_ids, pad_token_id, context):
+    def body(t, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context):
         previous = ops.slice(buffer, (0, t - 1), (beams, 1))
         logits, cache = step(previous, cache, t - 1, *context)
         log_probs = ops.log_softmax(ops.cast(logits[:, -1, :], "float32"), axis=-1)
+        if controls.penalizes or controls.min_new_tokens:
+            lengths = ops.repeat(ops.sum(ops.cast(prompt_mask, "int32"), axis=1), num_beams, axis=0)
+            log_probs = controls(log_probs, seen, t - lengths, stop_token_ids)
         vocabulary = log_probs.shape[-1]
         log_probs = ops.reshape(log_probs, (batch, num_beams, vocabulary))
         pad_only = ops.where(ops.arange(vocabulary) == pad_token_id, 0.0, LARGE_NEGATIVE)
@@ -74,12 +84,14 @@ def beam_decode(
         buffer = ops.take(buffer, rows, axis=0)
         cache = tree.map_structure(lambda part: ops.take(part, rows, axis=0), cache)
         finished = ops.take_along_axis(finished, origin, axis=1)
+        if controls.penalizes:
+            seen = controls.seen_with(ops.take(seen, rows, axis=0), ops.reshape(token, (beams,)), vocabulary)
         buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (beams, 1)))
         is_stop = ops.any(ops.equal(token[..., None], stop_token_ids[None, None, :]), axis=-1)
         finished = ops.logical_or(finished, ops.logical_and(is_stop, ops.logical_not(frozen)))
-        return t + 1, buffer, cache, scores, finished, prompt_mask, end, stop_token_ids, pad_token_id, context
+        return t + 1, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context
 
-    loop_vars = (start, buffer, cache, scores, finished, prompt_mask, end, stop_token_ids, pad_token_id, context)
+    loop_vars = (start, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context)
     _, buffer, _, scores, *_ = while_loop(cond, body, loop_vars)
 
     # rank by length-normalized score: log-probability / (new tokens up to the stop token) ** penalty
@@ -88,5 +100,6 @@ def beam_decode(
     generated = ops.logical_and(positions >= prompt_lengths[:, None, None], positions < end[:, None, None])
     generated = ops.logical_and(generated, tokens != pad_token_id)
     lengths = ops.maximum(ops.sum(ops.cast(generated, "float32"), axis=-1), 1.0)
-    best = ops.argmax(scores / lengths**length_penalty, axis=-1)
-    return ops.take_along_axis(tokens, ops.cast(best, "int32")[:, None, None], axis=1)[:, 0]
+    _, best = ops.top_k(scores / lengths**length_penalty, num_return_sequences)
+    best = ops.take_along_axis(tokens, ops.cast(best, "int32")[..., None], axis=1)
+    return ops.reshape(best, (batch * num_return_sequences, total))

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_tfm.generation.sampling import Sampler
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler
 
 
 def as_token_ids(values, argument: str, vocabulary_size: int, mask=None) -> np.ndarray:
@@ -108,13 +108,16 @@ def decode(
     sampler: Sampler,
     while_loop: Callable = ops.while_loop,
     context: tuple = (),
+    controls: LogitsControls = NO_CONTROLS,
+    vocabulary_size: int | None = None,
 ):
     """Runs the loop in `keras.ops`; returns the filled buffer and the advanced seed state.
 
     `step(token_ids, cache, index, *context) -> (logits, cache)` runs the model on `token_ids`
     placed at positions `index, index + 1, ...` (with `output_logits=False`, the prefill, it returns
     `None` for the logits, which nothing reads); `context` holds what it reads but never changes
-    (a translator's encoder keys/values and source mask). `while_loop` is `ops.while_loop` or a
+    (a translator's encoder keys/values and source mask). `controls` change the scores before the
+    sampler chooses (`vocabulary_size`: the logits' width, which a repetition penalty needs). `while_loop` is `ops.while_loop` or a
     drop-in (see `compiled.decoding_functions`); every per-call value is a loop variable, so that a
     traced body can be replayed on the next call."""
     batch, total = buffer.shape
@@ -125,14 +128,17 @@ def decode(
     end = prompt_lengths + max_new_tokens  # (batch,) first position a row no longer writes
     done = ops.zeros((batch,), "bool")
 
-    def cond(t, buffer, cache, done, seed_state, *constants):
+    def cond(t, buffer, cache, done, seed_state, seen, *constants):
         return ops.logical_and(t < total, ops.logical_not(ops.all(done)))
 
-    def body(t, buffer, cache, done, seed_state, prompt_mask, end, stop_token_ids, pad_token_id, context):
+    def body(t, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, context):
         previous = ops.slice(buffer, (0, t - 1), (batch, 1))
         logits, cache = step(previous, cache, t - 1, *context)
+        vocabulary = logits.shape[-1]
+        new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if controls.min_new_tokens else None
+        scores = controls(logits[:, -1, :], seen, new_tokens, stop_token_ids)
         with keras.StatelessScope(state_mapping=[(vessel.state, seed_state)]) as scope:
-            sampled = sampler(logits[:, -1, :], vessel)
+            sampled = sampler(scores, vessel)
         advanced = scope.get_current_value(vessel.state)
         seed_state = seed_state if advanced is None else advanced
         from_prompt = ops.take(prompt_mask, t, axis=1)
@@ -144,8 +150,10 @@ def decode(
         stopped = ops.any(ops.equal(token[:, None], stop_token_ids[None, :]), axis=-1)
         done = ops.logical_or(done, ops.logical_and(generated, stopped))
         done = ops.logical_or(done, t + 1 >= end)
-        return t + 1, buffer, cache, done, seed_state, prompt_mask, end, stop_token_ids, pad_token_id, context
+        seen = controls.seen_with(seen, token, vocabulary)
+        return t + 1, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, context
 
-    loop_vars = (start, buffer, cache, done, seed_state, prompt_mask, end, stop_token_ids, pad_token_id, context)
+    seen = controls.initial_seen(buffer, start, vocabulary_size)
+    loop_vars = (start, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, context)
     _, buffer, _, _, seed_state, *_ = while_loop(cond, body, loop_vars)
     return buffer, seed_state

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import keras
 from keras import ops
 
+from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import is_integer, is_number
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
@@ -59,6 +60,60 @@ class Sampler:
         return choice[:, 0]
 
 
+@dataclass(frozen=True)
+class LogitsControls:
+    """What changes the next-token scores before a token is chosen, with transformers' meanings.
+
+    Args:
+        repetition_penalty: every token already in the sequence (prompt included) has its score
+            divided by this where positive and multiplied where negative (> 1 discourages repeats;
+            1 changes nothing).
+        min_new_tokens: the stop tokens are forbidden until a row has this many new tokens.
+    """
+
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+
+    def __post_init__(self):
+        if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"`repetition_penalty` must be a number > 0; received {self.repetition_penalty!r}.")
+        if not is_integer(self.min_new_tokens) or self.min_new_tokens < 0:
+            raise ValueError(f"`min_new_tokens` must be an integer >= 0; received {self.min_new_tokens!r}.")
+
+    @property
+    def penalizes(self) -> bool:
+        return self.repetition_penalty != 1.0
+
+    def initial_seen(self, buffer, start, vocabulary_size: int):
+        """`(rows, vocabulary)`: which tokens `buffer[:, :start]` holds (a placeholder without a penalty)."""
+        if not self.penalizes:
+            return ops.zeros((buffer.shape[0], 1), "bool")
+        positions = ops.arange(buffer.shape[1])[None, :] < start
+        hits = ops.logical_and(ops.one_hot(buffer, vocabulary_size, dtype="int32") > 0, positions[..., None])
+        return ops.any(hits, axis=1)
+
+    def seen_with(self, seen, token, vocabulary_size: int):
+        if not self.penalizes:
+            return seen
+        return ops.logical_or(seen, ops.one_hot(token, vocabulary_size, dtype="int32") > 0)
+
+    def __call__(self, scores, seen, new_tokens, stop_token_ids):
+        """`scores` `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated."""
+        scores = ops.cast(scores, "float32")
+        if self.penalizes:
+            penalized = ops.where(scores < 0, scores * self.repetition_penalty, scores / self.repetition_penalty)
+            scores = ops.where(seen, penalized, scores)
+        if self.min_new_tokens:
+            vocabulary = ops.arange(scores.shape[-1])
+            is_stop = ops.any(vocabulary[:, None] == stop_token_ids[None, :], axis=-1)
+            too_early = (new_tokens < self.min_new_tokens)[:, None]
+            scores = ops.where(ops.logical_and(too_early, is_stop[None, :]), LARGE_NEGATIVE, scores)
+        return scores
+
+
+NO_CONTROLS = LogitsControls()
+
+
 def check_decoding(owner: str, **arguments) -> None:
     """Refuses decoding settings that would run silently wrong: `max_new_tokens`, `max_length`,
     `num_beams` and `beam_size` (integers >= 1), `length_penalty` (finite), `pad_token_id` (an id of
@@ -75,3 +130,25 @@ def check_decoding(owner: str, **arguments) -> None:
                 f"an id in [0, vocabulary_size={vocabulary_size})" if name == "pad_token_id" else "an integer >= 1"
             )
             raise ValueError(f"{owner}: `{name}` must be {expected}; received {value!r}.")
+
+
+def check_return_sequences(owner: str, num_return_sequences, num_beams: int, temperature: float) -> None:
+    """Refuses more continuations than the decoding can give: beams hold at most `num_beams`, and greedy
+    decoding (temperature 0, one beam) has one."""
+    if not is_integer(num_return_sequences) or num_return_sequences < 1:
+        raise InputError(
+            f"{owner}: `num_return_sequences` must be an integer >= 1; received {num_return_sequences!r}.",
+            "num_return_sequences",
+        )
+    if num_beams > 1 and num_return_sequences > num_beams:
+        raise InputError(
+            f"{owner}: beam search returns at most its `num_beams`={num_beams} beams; received "
+            f"num_return_sequences={num_return_sequences}.",
+            "num_return_sequences",
+        )
+    if num_beams == 1 and temperature == 0 and num_return_sequences > 1:
+        raise InputError(
+            f"{owner}: greedy decoding has one continuation per prompt; received num_return_sequences="
+            f"{num_return_sequences} (sample with a `temperature` > 0, or search with `num_beams`).",
+            "num_return_sequences",
+        )

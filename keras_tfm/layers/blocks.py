@@ -230,8 +230,9 @@ class EncoderBlock(_Block):
             storing them (`keras_tfm.layers.remat`): less memory, one more forward pass.
         num_key_value_heads: grouped-query self-attention (see `MultiHeadAttention`).
         normalization: "layer_norm" (`keras.layers.LayerNormalization`) or "rms_norm"
-            (`keras.layers.RMSNormalization`: computed in float32 and cast back, as Hugging Face's
-            Llama computes it), with `layer_norm_epsilon`.
+            (Keras' `keras.layers.RMSNormalization`: Hugging Face's Llama numbers in float32. Both
+            normalise in float32; Keras scales before casting back, Hugging Face after, which under
+            bfloat16 differs by a rounding), with `layer_norm_epsilon`.
         gated_feed_forward: a `GatedFeedForward` (SwiGLU with "silu") instead of `FeedForward`.
         attention_use_bias, attention_output_use_bias, feed_forward_use_bias: the biases of the
             query/key/value projections, of the attention's output projection and of the

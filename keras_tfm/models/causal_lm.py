@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.sampling import Sampler, check_decoding
+from keras_tfm.generation.sampling import LogitsControls, Sampler, check_decoding, check_return_sequences
 from keras_tfm.models.model import Model
 
 
@@ -86,12 +87,16 @@ class CausalLM(Model):
         pad_token_id: int = 0,
         num_beams: int = 1,
         length_penalty: float = 1.0,
+        repetition_penalty: float = 1.0,
+        min_new_tokens: int = 0,
+        num_return_sequences: int = 1,
     ) -> np.ndarray:
         """Continues each prompt by up to `max_new_tokens` tokens with a key/value cache.
 
         Args:
             token_ids: a list of prompts (lists of ids, lengths may differ), or an int array
-                `(batch, length)` with `padding_mask` (True at real tokens, padding on the right).
+                `(batch, length)` with `padding_mask` (True at real tokens, padding on the right);
+                or text: a string or a list of strings, encoded with `model.tokenizer`.
             max_new_tokens: tokens to add to each prompt.
             temperature, top_k, top_p: sampling; `temperature=0` (default) is greedy.
             seed: makes sampling reproducible.
@@ -99,15 +104,26 @@ class CausalLM(Model):
             pad_token_id: fills a row after it stops, and the tail of shorter rows.
             num_beams: > 1 runs beam search (deterministic; the sampling arguments are ignored).
             length_penalty: beams are ranked by log-probability / length ** length_penalty.
+            repetition_penalty: > 1 discourages tokens already in the sequence, prompt included
+                (transformers' meaning: positive scores divided, negative ones multiplied).
+            min_new_tokens: the stop tokens are forbidden before a row has this many new tokens.
+            num_return_sequences: continuations per prompt: the best beams (at most `num_beams`),
+                or that many samples; greedy decoding has one.
 
         Returns:
-            int array `(batch, prompt_length + max_new_tokens)`: row `i` holds its prompt followed
-            directly by its new tokens, then `pad_token_id`.
+            int array `(batch * num_return_sequences, prompt_length + max_new_tokens)`: row `i` holds
+            its prompt followed directly by its new tokens, then `pad_token_id` (a prompt's
+            continuations are consecutive rows). For text, the text of each prompt and its new tokens
+            (up to and with a stop token), decoded by `model.tokenizer` without special tokens: a
+            string for a string, a list for a list (lists of `num_return_sequences` strings when > 1).
 
         The decoding loop is compiled once per sampler setting and reused: XLA on JAX and
         TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
         recorded once with `torch.jit.trace` and replayed.
         """
+        texts = _texts(token_ids)
+        if texts is not None:
+            token_ids = self._encode_prompts(texts)
         check_decoding(
             f"{type(self).__name__}.generate",
             max_new_tokens=max_new_tokens,
@@ -116,11 +132,21 @@ class CausalLM(Model):
             pad_token_id=pad_token_id,
             vocabulary_size=self.vocabulary_size,
         )
+        owner = f"{type(self).__name__}.generate"
+        try:
+            controls = LogitsControls(repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens)
+        except ValueError as error:
+            raise InputError(f"{owner}: {error}") from None
+        check_return_sequences(owner, num_return_sequences, num_beams, temperature)
         self._build_on_demand()  # weights must exist before the loop is traced
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         buffer, prompt_mask, lengths = decoding.prepare_prompts(
             token_ids, padding_mask, max_new_tokens, pad_token_id, self.vocabulary_size
         )
+        if num_beams == 1 and num_return_sequences > 1:  # samples: each prompt that many times
+            buffer, prompt_mask, lengths = (
+                np.repeat(a, num_return_sequences, axis=0) for a in (buffer, prompt_mask, lengths)
+            )
         if isinstance(stop_token_ids, (int, np.integer)):
             stop_token_ids = [stop_token_ids]
         stop_token_ids = decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
@@ -130,7 +156,7 @@ class CausalLM(Model):
                 f"{max_new_tokens} exceeds max_length={self.max_length}."
             )
         prompt_width = buffer.shape[1] - max_new_tokens
-        key = (sampler, prompt_width, num_beams, length_penalty)
+        key = (sampler, prompt_width, num_beams, length_penalty, controls, num_return_sequences)
         if key not in self._generate_functions:
             step, while_loop = compiled.decoding_functions(
                 self.call_with_cache, self, traceable=sampler.greedy or num_beams > 1
@@ -152,6 +178,9 @@ class CausalLM(Model):
                         num_beams,
                         length_penalty,
                         while_loop,
+                        controls=controls,
+                        vocabulary_size=self.vocabulary_size,
+                        num_return_sequences=num_return_sequences,
                     )
                     return best, seed_state
                 return decoding.decode(
@@ -167,6 +196,8 @@ class CausalLM(Model):
                     seed_state,
                     sampler,
                     while_loop,
+                    controls=controls,
+                    vocabulary_size=self.vocabulary_size,
                 )
 
             self._generate_functions[key] = compiled.compile_function(run, self)
@@ -179,4 +210,51 @@ class CausalLM(Model):
             ops.convert_to_tensor(pad_token_id, "int32"),
             decoding.initial_seed_state(seed),
         )
-        return ops.convert_to_numpy(output)
+        output = ops.convert_to_numpy(output)
+        if texts is None:
+            return output
+        if num_beams > 1:  # one prompt length per returned beam
+            lengths = np.repeat(lengths, num_return_sequences)
+        decoded = [
+            self._decode_text(row[: _generated_end(row, int(length), max_new_tokens, stop_token_ids)])
+            for row, length in zip(output, lengths)
+        ]
+        if num_return_sequences > 1:
+            decoded = [decoded[i : i + num_return_sequences] for i in range(0, len(decoded), num_return_sequences)]
+        return decoded[0] if isinstance(texts, str) else decoded
+
+    def _encode_prompts(self, texts: str | list[str]) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise InputError(
+                f"{type(self).__name__}.generate: text needs a tokenizer, and `model.tokenizer` is None; set one "
+                "(keras_tfm.data's tokenizers), load the model with `from_huggingface`, or give token ids.",
+                "token_ids",
+            )
+        encode = getattr(self.tokenizer, "encode_prompt", self.tokenizer.encode)
+        prompts = [np.asarray(encode(text)).tolist() for text in ([texts] if isinstance(texts, str) else texts)]
+        if not prompts or not all(prompts):
+            raise InputError(
+                f"{type(self).__name__}.generate: every prompt needs at least one token; received "
+                f"{'no prompt' if not prompts else repr(texts)}.",
+                "token_ids",
+            )
+        return prompts
+
+    def _decode_text(self, ids) -> str:
+        return getattr(self.tokenizer, "decode_text", self.tokenizer.decode)(ids)
+
+
+def _texts(token_ids) -> str | list[str] | None:
+    """`token_ids` if it is text (a string, or a non-empty list of strings), else None."""
+    if isinstance(token_ids, str):
+        return token_ids
+    if isinstance(token_ids, (list, tuple)) and token_ids and all(isinstance(text, str) for text in token_ids):
+        return list(token_ids)
+    return None
+
+
+def _generated_end(row: np.ndarray, prompt_length: int, max_new_tokens: int, stop_token_ids) -> int:
+    """Where a generated row ends: after its first stop token, or after all its new tokens."""
+    new = row[prompt_length : prompt_length + max_new_tokens]
+    stops = np.flatnonzero(np.isin(new, np.asarray(stop_token_ids).reshape(-1)))
+    return prompt_length + (int(stops[0]) + 1 if stops.size else len(new))

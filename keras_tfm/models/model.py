@@ -293,6 +293,25 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         if not self.built:
             self.build()
 
+    # The tokenizer that turns text into this model's ids (`keras_tfm.data`'s tokenizers), or None. Set by
+    # `from_huggingface` from the checkpoint's files, by the recipes, or by hand; a `.keras` file keeps it.
+    tokenizer = None
+
+    def save_assets(self, dir_path: str) -> None:
+        """Keras' saving calls this: the tokenizer goes into the `.keras` file beside the weights."""
+        if self.tokenizer is not None:
+            from keras_tfm.data.tokenizers import save_tokenizer
+
+            save_tokenizer(self.tokenizer, dir_path)
+
+    def load_assets(self, dir_path: str) -> None:
+        """Keras' loading calls this: a tokenizer saved with the model comes back with it."""
+        path = os.path.join(dir_path, "tokenizer.json")
+        if os.path.isfile(path):
+            from keras_tfm.data.tokenizers import load_tokenizer
+
+            self.tokenizer = load_tokenizer(path)
+
     def count_params(self) -> int:
         self._build_on_demand()
         return super().count_params()

@@ -192,3 +192,78 @@ def test_peft_adapter_both_ways(rng, tmp_path):
     keras_tfm.convert.save_peft_adapter(model, str(tmp_path / "adapter"), base=str(tmp_path / "base"))
     loaded = peft.PeftModel.from_pretrained(copy.deepcopy(hf), str(tmp_path / "adapter")).eval()
     np.testing.assert_allclose(hf_logits(loaded, ids), expected, atol=1e-4, rtol=0)
+
+
+def test_a_checkpoint_directory_brings_its_tokenizer_and_generates_transformers_text(tmp_path):
+    from keras_tfm.data import HuggingFaceTokenizer
+    from tests.training.test_runtime import llama_family_checkpoint
+
+    checkpoint, hf, _ = llama_family_checkpoint(tmp_path, initializer_range=0.5)  # peaked: argmax is the model's
+    model = keras_tfm.from_huggingface(str(checkpoint))
+    assert isinstance(model.tokenizer, HuggingFaceTokenizer)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+    prompts = ["To be, or not", "Good morrow"]
+    texts = model.generate(prompts, max_new_tokens=8)
+    for prompt, text in zip(prompts, texts):
+        encoded = tokenizer(prompt, return_tensors="pt")  # with Llama 3's <|begin_of_text|> in front
+        with torch.no_grad():
+            ids = hf.generate(**encoded, max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+        assert text == tokenizer.decode(ids[0], skip_special_tokens=True)
+    assert model.generate(prompts[1], max_new_tokens=8) == texts[1]  # a string gives a string
+
+
+@pytest.mark.parametrize(
+    "controls",
+    [
+        dict(repetition_penalty=3.0),
+        dict(min_new_tokens=6, stop_first_greedy_token=True),
+        dict(num_beams=3, num_return_sequences=2),
+        dict(num_beams=2, repetition_penalty=1.5, min_new_tokens=3, stop_first_greedy_token=True),
+    ],
+    ids=["repetition", "min_new_tokens", "beams_returned", "beams_with_controls"],
+)
+def test_generation_controls_give_transformers_tokens(rng, controls):
+    hf = hf_model("llama_gqa_llama3_untied", initializer_range=0.3)
+    model = keras_tfm.from_huggingface(hf)
+    for _ in range(20):  # a prompt whose greedy continuation repeats a token: where a penalty matters
+        prompt = rng.integers(1, VOCABULARY, size=(1, 6))
+        plain = model.generate(prompt, max_new_tokens=8)[0]
+        if len(set(plain.tolist())) < len(plain):
+            break
+    controls = dict(controls)
+    stop = []
+    if controls.pop("stop_first_greedy_token", False):  # a stop token greedy decoding would emit at once
+        stop = [int(model.generate(prompt, max_new_tokens=1)[0, -1])]
+    ours = model.generate(prompt, max_new_tokens=8, stop_token_ids=stop, **controls)
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor(prompt),
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=stop or None,
+            early_stopping=False,
+            **controls,
+        ).numpy()
+    assert ours.shape[0] == expected.shape[0] == controls.get("num_return_sequences", 1)
+    np.testing.assert_array_equal(ours[:, : expected.shape[1]], expected)
+    assert np.all(ours[:, expected.shape[1] :] == 0)  # rows that stopped early are padded
+    if "repetition_penalty" in controls:  # and it changed something
+        plain = model.generate(prompt, max_new_tokens=8, stop_token_ids=stop, num_beams=controls.get("num_beams", 1))
+        assert not np.array_equal(plain, ours[:1])
+    if "min_new_tokens" in controls:  # the stop token came no earlier than allowed
+        new = ours[0, 6:]
+        assert stop[0] not in new[: controls["min_new_tokens"]].tolist()
+
+
+@pytest.mark.backend_independent
+def test_bad_generation_controls_are_refused_by_name():
+    model = keras_tfm.from_huggingface(hf_model("llama_gqa_llama3_untied"))
+    for kwargs, message in [
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(min_new_tokens=-1), "min_new_tokens"),
+        (dict(num_return_sequences=2), "^num_return_sequences: .*greedy decoding has one"),
+        (dict(num_beams=2, num_return_sequences=3), "^num_return_sequences: .*at most its `num_beams`=2"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model.generate([[1, 2]], max_new_tokens=2, **kwargs)

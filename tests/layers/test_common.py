@@ -27,24 +27,6 @@ CASES = {
         {},
     ),
     "decoder_block": (lambda **kw: layers.DecoderBlock(4, 64, **kw), (SEQUENCE,), {}),
-    "decoder_block_llama": (
-        lambda **kw: layers.DecoderBlock(
-            4,
-            48,
-            num_key_value_heads=2,
-            normalization="rms_norm",
-            gated_feed_forward=True,
-            activation="silu",
-            attention_use_bias=True,
-            attention_output_use_bias=False,
-            rotary_embedding={"max_wavelength": 100.0, "scaling": "linear", "scaling_factor": 2.0},
-            sliding_window=5,
-            query_key_norm_epsilon=1e-6,
-            **kw,
-        ),
-        (SEQUENCE,),
-        {},
-    ),
     "decoder_block_cross": (
         lambda **kw: layers.DecoderBlock(4, 64, use_cross_attention=True, norm_first=False, **kw),
         (SEQUENCE, SOURCE),
@@ -57,6 +39,8 @@ CASES = {
     ),
 }
 # Fixed encodings have no weights to train; they get the config and saving checks in test_positions.
+# The Llama form of DecoderBlock (RMSNorm, GQA, RoPE, window, QK-norm, SwiGLU) gets them inside DecoderLM
+# (tests/models/test_decoder_lm.py) and in the every-layer model (test_all_layers.py).
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

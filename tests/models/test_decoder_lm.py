@@ -60,6 +60,35 @@ def test_beam_search_and_sampling_decode_from_the_grouped_cache():
     assert log_probability(beams) >= log_probability(greedy) - 1e-4
     first = model.generate([prompt], max_new_tokens=6, temperature=1.0, seed=3)
     assert np.array_equal(first, model.generate([prompt], max_new_tokens=6, temperature=1.0, seed=3))
+    samples = model.generate([prompt, [7]], max_new_tokens=6, temperature=2.0, seed=3, num_return_sequences=3)
+    assert samples.shape == (6, 10) and len({tuple(row) for row in samples[:3]}) > 1  # three draws of prompt 1
+    assert all(row[:4].tolist() == prompt for row in samples[:3]) and all(row[0] == 7 for row in samples[3:])
+    two_best = model.generate([prompt], max_new_tokens=6, num_beams=3, num_return_sequences=2)
+    assert two_best.shape == (2, 10) and np.array_equal(two_best[0], beams)
+
+
+def test_text_in_text_out_with_the_models_tokenizer_which_its_keras_file_keeps(tmp_path):
+    from keras_tfm.data import CharacterTokenizer
+
+    tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
+    model = peaked(tiny_lm(vocabulary_size=tokenizer.vocabulary_size))
+    with pytest.raises(ValueError, match="^token_ids: .*`model.tokenizer` is None"):
+        model.generate("hello", max_new_tokens=6)
+    model.tokenizer = tokenizer
+    text = model.generate("hello", max_new_tokens=6)
+    ids = model.generate([tokenizer.encode("hello").tolist()], max_new_tokens=6)[0]
+    assert isinstance(text, str) and text == tokenizer.decode(ids) and text.startswith("hello") and len(text) == 11
+    assert model.generate(["hello", "a b"], max_new_tokens=6) == [text, model.generate("a b", max_new_tokens=6)]
+    first_new = int(ids[5])
+    assert model.generate("hello", max_new_tokens=6, stop_token_ids=first_new) == "hello" + tokenizer.decode(
+        [first_new]
+    )
+    with pytest.raises(ValueError, match="^token_ids: .*at least one token"):
+        model.generate(["hello", ""], max_new_tokens=2)
+    model.save(tmp_path / "lm.keras")
+    loaded = keras_tfm.load_model(str(tmp_path / "lm.keras"))
+    assert loaded.tokenizer.vocabulary == tokenizer.vocabulary
+    assert loaded.generate("hello", max_new_tokens=6) == text
 
 
 SIZES = {

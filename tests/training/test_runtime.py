@@ -1310,7 +1310,7 @@ def test_checkpoint_config_refuses_what_a_checkpoint_fixes(tmp_path):
     assert args.model == "small"  # the flags are left as given
 
 
-def llama_family_checkpoint(tmp_path):
+def llama_family_checkpoint(tmp_path, initializer_range: float = 0.02):
     """A small random Qwen2 checkpoint (query/key/value biases, grouped keys and values) with a
     tokenizer.json learned on Shakespeare in Llama 3's form (byte-level BPE, a begin-of-text token added
     in front), in tmp_path/checkpoint; the text in tmp_path/text.txt."""
@@ -1342,6 +1342,7 @@ def llama_family_checkpoint(tmp_path):
         num_key_value_heads=2,
         max_position_embeddings=64,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,
     )
     hf = transformers.Qwen2ForCausalLM(config)
     hf.save_pretrained(str(checkpoint))
