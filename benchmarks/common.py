@@ -185,6 +185,14 @@ def main(
                 rounds=args.rounds,
             )
     if results_name:
+        path = os.path.join(REPO, "benchmarks", "results", f"{results_name}.json")
+        command = "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+        rows = [{**row, "command": command} for row in rows]
+        if args.only and os.path.isfile(path):  # keep the other tasks' rows, each with the command that made it
+            with open(path) as file:
+                earlier = json.load(file)
+            kept = [row for row in earlier["results"] if row.get("task") != args.only]
+            rows = [{"command": earlier["command"], "date": earlier["date"], **row} for row in kept] + rows
         write_results(results_name, rows)
 
 

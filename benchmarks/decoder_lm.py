@@ -2,9 +2,10 @@
 (30 layers, 9 query and 3 key/value heads, 576 wide, SwiGLU 1536, vocabulary 49152, tied output;
 random weights), batch 1, a 128-token prompt, 128 new tokens: keras_tfm's `DecoderLM` vs keras-hub's
 `LlamaCausalLM` (each Keras backend) vs transformers' `LlamaForCausalLM.generate` (PyTorch), and the
-bound of this machine: the same matrix products alone in JAX (`matmul_ceiling`).
+bound of this machine: the same matrix products alone in JAX (`matmul_ceiling`). `stream`: what
+`DecoderLM.stream` (chunks of 16) costs against `generate` for 200 new tokens, each backend.
 
-    python benchmarks/decoder_lm.py [--rounds 2]
+    python benchmarks/decoder_lm.py [--rounds 2] [--only generate | stream]
 
 Writes benchmarks/results/decoder_lm.json.
 """
@@ -28,6 +29,7 @@ CONFIG = dict(
     layer_norm_epsilon=1e-5,
 )
 GENERATE = dict(prompt=128, new_tokens=128, repeats=3)
+STREAM = dict(prompt=16, new_tokens=200)  # what streaming costs: `stream` against `generate`
 
 
 def prompt_ids():
@@ -86,25 +88,56 @@ def matmul_ceiling() -> dict:
     return timed(lambda: generate(prompt).block_until_ready())
 
 
+def smollm_shaped(max_length: int):
+    """keras_tfm's DecoderLM of CONFIG, random weights."""
+    import keras_tfm
+
+    return keras_tfm.DecoderLM(
+        vocabulary_size=CONFIG["vocabulary_size"],
+        max_length=max_length,
+        num_layers=CONFIG["num_layers"],
+        num_heads=CONFIG["num_heads"],
+        num_key_value_heads=CONFIG["num_key_value_heads"],
+        hidden_dim=CONFIG["hidden_dim"],
+        intermediate_dim=CONFIG["intermediate_dim"],
+        rotary_embedding={"max_wavelength": CONFIG["rope_theta"]},
+        layer_norm_epsilon=CONFIG["layer_norm_epsilon"],
+    )
+
+
+def streaming(stream: bool) -> dict:
+    """keras_tfm's `generate` or `stream` (chunks of 16) of STREAM["new_tokens"] greedy tokens."""
+    import numpy as np
+
+    prompt = prompt_ids()[0, : STREAM["prompt"]].astype("int32")
+    total = STREAM["prompt"] + STREAM["new_tokens"]
+    model = smollm_shaped(total)
+
+    def run():
+        if stream:
+            new = np.concatenate(list(model.stream(prompt, max_new_tokens=STREAM["new_tokens"], chunk_size=16)))
+        else:
+            new = model.generate(prompt, max_new_tokens=STREAM["new_tokens"])[0, STREAM["prompt"] :]
+        assert len(new) == STREAM["new_tokens"]
+
+    run()
+    rates = []
+    for _ in range(GENERATE["repeats"]):
+        with Timer() as timer:
+            run()
+        rates.append(STREAM["new_tokens"] / timer.seconds)
+    return {"value": max(rates), "windows": [round(rate, 1) for rate in rates]}
+
+
 def worker(contender: str, task: str) -> dict:
     import numpy as np
 
+    if task == "stream":
+        return streaming(contender == "keras_tfm_stream")
     prompt = prompt_ids().astype("int32")
     total = GENERATE["prompt"] + GENERATE["new_tokens"]
     if contender == "keras_tfm":
-        import keras_tfm
-
-        model = keras_tfm.DecoderLM(
-            vocabulary_size=CONFIG["vocabulary_size"],
-            max_length=total,
-            num_layers=CONFIG["num_layers"],
-            num_heads=CONFIG["num_heads"],
-            num_key_value_heads=CONFIG["num_key_value_heads"],
-            hidden_dim=CONFIG["hidden_dim"],
-            intermediate_dim=CONFIG["intermediate_dim"],
-            rotary_embedding={"max_wavelength": CONFIG["rope_theta"]},
-            layer_norm_epsilon=CONFIG["layer_norm_epsilon"],
-        )
+        model = smollm_shaped(total)
 
         def generate():
             out = model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])
@@ -174,9 +207,22 @@ if __name__ == "__main__":
         __doc__,
         os.path.abspath(__file__),
         worker,
-        {"generate": ("Greedy generation, SmolLM2-135M shape, batch 1, 128 + 128 tokens", "new tokens/s")},
+        {
+            "generate": ("Greedy generation, SmolLM2-135M shape, batch 1, 128 + 128 tokens", "new tokens/s"),
+            "stream": ("Streaming in chunks of 16 against generate, 16 + 200 tokens", "new tokens/s"),
+        },
         contenders=[*DEFAULT_CONTENDERS, ("matrix products only (jax)", "matmul_ceiling", "jax")],
         baselines={f"keras-hub {backend}": f"keras_hub ({backend})" for backend in BACKENDS}
         | {"Hugging Face": "hugging_face (torch)"},
         results_name="decoder_lm",
+        task_contenders={
+            "stream": (
+                [
+                    (f"keras_tfm {how} ({backend})", f"keras_tfm_{how}", backend)
+                    for backend in BACKENDS
+                    for how in ("generate", "stream")
+                ],
+                {f"generate {backend}": f"keras_tfm generate ({backend})" for backend in BACKENDS},
+            )
+        },
     )

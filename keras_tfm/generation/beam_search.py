@@ -59,9 +59,9 @@ def beam_decode(
         previous = ops.slice(buffer, (0, t - 1), (beams, 1))
         logits, cache = step(previous, cache, t - 1, *context)
         log_probs = ops.log_softmax(ops.cast(logits[:, -1, :], "float32"), axis=-1)
-        if controls.penalizes or controls.min_new_tokens:
+        if controls != NO_CONTROLS:
             lengths = ops.repeat(ops.sum(ops.cast(prompt_mask, "int32"), axis=1), num_beams, axis=0)
-            log_probs = controls(log_probs, seen, t - lengths, stop_token_ids)
+            log_probs = controls(log_probs, seen, t - lengths, stop_token_ids, buffer, t)
         vocabulary = log_probs.shape[-1]
         log_probs = ops.reshape(log_probs, (batch, num_beams, vocabulary))
         pad_only = ops.where(ops.arange(vocabulary) == pad_token_id, 0.0, LARGE_NEGATIVE)

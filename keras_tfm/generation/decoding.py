@@ -121,22 +121,53 @@ def decode(
     drop-in (see `compiled.decoding_functions`); every per-call value is a loop variable, so that a
     traced body can be replayed on the next call."""
     batch, total = buffer.shape
-    vessel = _seed_vessel()
-    # prefill every prompt position at once; eager PyTorch would compute their unused logits
+    t, cache, done, seen = prefill(
+        step, cache, buffer, prompt_lengths, prompt_width, context, controls, vocabulary_size
+    )
+    end = prompt_lengths + max_new_tokens  # (batch,) first position a row no longer writes
+    _, buffer, _, _, seed_state, _ = decode_until(
+        step,
+        (t, buffer, cache, done, seed_state, seen),
+        (prompt_mask, end, stop_token_ids, pad_token_id, ops.convert_to_tensor(total, "int32")),
+        sampler,
+        while_loop,
+        context,
+        controls,
+    )
+    return buffer, seed_state
+
+
+def prefill(
+    step, cache, buffer, prompt_lengths, prompt_width: int, context=(), controls=NO_CONTROLS, vocabulary_size=None
+):
+    """Runs every prompt position through the model at once, filling the cache; returns the state
+    `decode_until` starts from: `(first position to write, cache, done rows, tokens seen)`."""
+    # eager PyTorch would compute the prompt positions' unused logits: the step skips them
     _, cache = step(buffer[:, :prompt_width], cache, 0, *context, output_logits=False)
     start = ops.min(prompt_lengths)
-    end = prompt_lengths + max_new_tokens  # (batch,) first position a row no longer writes
-    done = ops.zeros((batch,), "bool")
+    done = ops.zeros((buffer.shape[0],), "bool")
+    return start, cache, done, controls.initial_seen(buffer, start, vocabulary_size)
 
-    def cond(t, buffer, cache, done, seed_state, seen, *constants):
-        return ops.logical_and(t < total, ops.logical_not(ops.all(done)))
 
-    def body(t, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, context):
+def decode_until(
+    step, state: tuple, constants: tuple, sampler, while_loop=ops.while_loop, context=(), controls=NO_CONTROLS
+):
+    """Writes positions from `state`'s `t` on, until position `until` (the last of `constants`), the end
+    of the buffer, or every row is done; returns the new state `(t, buffer, cache, done, seed_state,
+    seen)`. `constants`: `(prompt_mask, end, stop_token_ids, pad_token_id, until)`. `decode` runs it
+    once to the end; `CausalLM.stream` runs it a chunk at a time."""
+    batch, total = state[1].shape
+    vessel = _seed_vessel()
+
+    def cond(t, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, until, context):
+        return ops.logical_and(ops.logical_and(t < total, t < until), ops.logical_not(ops.all(done)))
+
+    def body(t, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, until, context):
         previous = ops.slice(buffer, (0, t - 1), (batch, 1))
         logits, cache = step(previous, cache, t - 1, *context)
         vocabulary = logits.shape[-1]
         new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if controls.min_new_tokens else None
-        scores = controls(logits[:, -1, :], seen, new_tokens, stop_token_ids)
+        scores = controls(logits[:, -1, :], seen, new_tokens, stop_token_ids, buffer, t)
         with keras.StatelessScope(state_mapping=[(vessel.state, seed_state)]) as scope:
             sampled = sampler(scores, vessel)
         advanced = scope.get_current_value(vessel.state)
@@ -151,9 +182,20 @@ def decode(
         done = ops.logical_or(done, ops.logical_and(generated, stopped))
         done = ops.logical_or(done, t + 1 >= end)
         seen = controls.seen_with(seen, token, vocabulary)
-        return t + 1, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, context
+        return (
+            t + 1,
+            buffer,
+            cache,
+            done,
+            seed_state,
+            seen,
+            prompt_mask,
+            end,
+            stop_token_ids,
+            pad_token_id,
+            until,
+            context,
+        )
 
-    seen = controls.initial_seen(buffer, start, vocabulary_size)
-    loop_vars = (start, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, context)
-    _, buffer, _, _, seed_state, *_ = while_loop(cond, body, loop_vars)
-    return buffer, seed_state
+    loop_vars = (*state, *constants, context)
+    return tuple(while_loop(cond, body, loop_vars)[:6])

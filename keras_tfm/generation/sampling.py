@@ -69,12 +69,18 @@ class LogitsControls:
             divided by this where positive and multiplied where negative (> 1 discourages repeats;
             1 changes nothing).
         min_new_tokens: the stop tokens are forbidden until a row has this many new tokens.
+        no_repeat_ngram_size: n > 0 forbids a token that would repeat an n-gram already in the
+            sequence (prompt included). Each step compares every earlier n-gram: it costs a
+            `(rows, length, vocabulary)` comparison per token.
     """
 
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
+    no_repeat_ngram_size: int = 0
 
     def __post_init__(self):
+        if not is_integer(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+            raise ValueError(f"`no_repeat_ngram_size` must be an integer >= 0; received {self.no_repeat_ngram_size!r}.")
         if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise ValueError(f"`repetition_penalty` must be a number > 0; received {self.repetition_penalty!r}.")
         if not is_integer(self.min_new_tokens) or self.min_new_tokens < 0:
@@ -97,9 +103,29 @@ class LogitsControls:
             return seen
         return ops.logical_or(seen, ops.one_hot(token, vocabulary_size, dtype="int32") > 0)
 
-    def __call__(self, scores, seen, new_tokens, stop_token_ids):
-        """`scores` `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated."""
+    def banned_ngrams(self, buffer, t, vocabulary_size: int):
+        """`(rows, vocabulary)`: the tokens that, written at position `t`, would repeat an n-gram of
+        `buffer[:, :t]`."""
+        n = self.no_repeat_ngram_size
+        rows, total = buffer.shape
+        starts = total - n + 1  # n-grams that fit in the buffer, by their first position
+        if starts < 1:
+            return ops.zeros((rows, vocabulary_size), "bool")
+        last = ops.slice(buffer, (0, ops.maximum(t - n + 1, 0)), (rows, n - 1)) if n > 1 else None
+        matches = (ops.arange(starts) + n - 1 < t)[None, :]  # the n-gram is already written
+        matches = ops.logical_and(matches, t >= n - 1)
+        for k in range(n - 1):
+            matches = ops.logical_and(matches, buffer[:, k : k + starts] == last[:, k : k + 1])
+        following = buffer[:, n - 1 : n - 1 + starts]  # each n-gram's last token
+        hits = ops.logical_and(ops.one_hot(following, vocabulary_size, dtype="int32") > 0, matches[..., None])
+        return ops.any(hits, axis=1)
+
+    def __call__(self, scores, seen, new_tokens, stop_token_ids, buffer=None, t=None):
+        """`scores` `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
+        `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`)."""
         scores = ops.cast(scores, "float32")
+        if self.no_repeat_ngram_size:
+            scores = ops.where(self.banned_ngrams(buffer, t, scores.shape[-1]), LARGE_NEGATIVE, scores)
         if self.penalizes:
             penalized = ops.where(scores < 0, scores * self.repetition_penalty, scores / self.repetition_penalty)
             scores = ops.where(seen, penalized, scores)

@@ -13,6 +13,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
 from keras_tfm.generation.sampling import LogitsControls, Sampler, check_decoding, check_return_sequences
+from keras_tfm.layers.arguments import is_integer
 from keras_tfm.models.model import Model
 
 
@@ -89,6 +90,7 @@ class CausalLM(Model):
         length_penalty: float = 1.0,
         repetition_penalty: float = 1.0,
         min_new_tokens: int = 0,
+        no_repeat_ngram_size: int = 0,
         num_return_sequences: int = 1,
     ) -> np.ndarray:
         """Continues each prompt by up to `max_new_tokens` tokens with a key/value cache.
@@ -107,6 +109,7 @@ class CausalLM(Model):
             repetition_penalty: > 1 discourages tokens already in the sequence, prompt included
                 (transformers' meaning: positive scores divided, negative ones multiplied).
             min_new_tokens: the stop tokens are forbidden before a row has this many new tokens.
+            no_repeat_ngram_size: n > 0 forbids tokens that would repeat an n-gram of the sequence.
             num_return_sequences: continuations per prompt: the best beams (at most `num_beams`),
                 or that many samples; greedy decoding has one.
 
@@ -134,7 +137,7 @@ class CausalLM(Model):
         )
         owner = f"{type(self).__name__}.generate"
         try:
-            controls = LogitsControls(repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens)
+            controls = LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         except ValueError as error:
             raise InputError(f"{owner}: {error}") from None
         check_return_sequences(owner, num_return_sequences, num_beams, temperature)
@@ -222,6 +225,107 @@ class CausalLM(Model):
         if num_return_sequences > 1:
             decoded = [decoded[i : i + num_return_sequences] for i in range(0, len(decoded), num_return_sequences)]
         return decoded[0] if isinstance(texts, str) else decoded
+
+    def stream(
+        self,
+        token_ids,
+        max_new_tokens: int,
+        chunk_size: int = 16,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids=(),
+        repetition_penalty: float = 1.0,
+        min_new_tokens: int = 0,
+        no_repeat_ngram_size: int = 0,
+    ):
+        """Yields the continuation of one prompt as it is made: text pieces for a string (their
+        concatenation is what `generate` adds to the prompt's text), arrays of new token ids for ids.
+
+        The arguments are `generate`'s (greedy or sampling; beam search chooses its tokens only at the
+        end). The compiled decoding loop runs `chunk_size` tokens at a time and hands them over between
+        chunks, keeping its cache: larger chunks cost less, smaller ones arrive sooner.
+
+        Example:
+        >>> for piece in lm.stream("Once upon a time", max_new_tokens=50):
+        ...     print(piece, end="", flush=True)
+        """
+        owner = f"{type(self).__name__}.stream"
+        text = isinstance(token_ids, str)
+        prompt = self._encode_prompts(token_ids)[0] if text else token_ids
+        if not is_integer(chunk_size) or chunk_size < 1:
+            raise InputError(f"{owner}: `chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size")
+        check_decoding(owner, max_new_tokens=max_new_tokens, pad_token_id=0, vocabulary_size=self.vocabulary_size)
+        try:
+            controls = LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+        except ValueError as error:
+            raise InputError(f"{owner}: {error}") from None
+        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
+        self._build_on_demand()
+        buffer, prompt_mask, lengths = decoding.prepare_prompts(prompt, None, max_new_tokens, 0, self.vocabulary_size)
+        if buffer.shape[0] != 1:
+            raise InputError(f"{owner}: streams one prompt; received {buffer.shape[0]}.", "token_ids")
+        stops = decoding.as_token_ids(
+            [stop_token_ids] if isinstance(stop_token_ids, (int, np.integer)) else list(stop_token_ids),
+            "stop_token_ids",
+            self.vocabulary_size,
+        )
+        total = buffer.shape[1]
+        if total > self.max_length:
+            raise InputError(
+                f"{owner}: prompt length {total - max_new_tokens} + max_new_tokens {max_new_tokens} exceeds "
+                f"max_length={self.max_length}.",
+                "max_new_tokens",
+            )
+        prompt_width = total - max_new_tokens
+        key = ("stream", sampler, prompt_width, controls)
+        if key not in self._generate_functions:
+            step, while_loop = compiled.decoding_functions(self.call_with_cache, self, traceable=sampler.greedy)
+
+            def start(buffer, lengths):
+                cache = self.empty_cache(1, buffer.shape[1])
+                return decoding.prefill(step, cache, buffer, lengths, prompt_width, (), controls, self.vocabulary_size)
+
+            def advance(state, constants):
+                return decoding.decode_until(step, state, constants, sampler, while_loop, (), controls)
+
+            self._generate_functions[key] = (
+                compiled.compile_function(start, self),
+                compiled.compile_function(advance, self),
+            )
+        start, advance = self._generate_functions[key]
+        t, cache, done, seen = start(ops.convert_to_tensor(buffer), ops.convert_to_tensor(lengths))
+        state = (t, ops.convert_to_tensor(buffer), cache, done, decoding.initial_seed_state(seed), seen)
+        constants = [
+            ops.convert_to_tensor(prompt_mask),
+            ops.convert_to_tensor(lengths + max_new_tokens),
+            ops.convert_to_tensor(stops if stops.size else np.array([-1], "int32")),
+            ops.convert_to_tensor(0, "int32"),
+        ]
+        prompt_length = int(lengths[0])
+        written, shown = prompt_length, self._decode_text(buffer[0, :prompt_length]) if text else ""
+        while True:
+            position = int(ops.convert_to_numpy(state[0]))
+            until = ops.convert_to_tensor(min(position + chunk_size, total), "int32")
+            state = advance(state, (*constants, until))
+            position = int(ops.convert_to_numpy(state[0]))
+            finished = bool(np.all(ops.convert_to_numpy(state[3]))) or position >= total
+            row = ops.convert_to_numpy(state[1])[0]
+            end = _generated_end(row[:position], prompt_length, max_new_tokens, stops)
+            if not text:
+                if end > written:
+                    yield row[written:end].copy()
+                written = end
+            else:
+                decoded = self._decode_text(row[:end])
+                # a token may end inside a character; hold back a replacement character until the next chunk
+                ready = decoded if finished else decoded.rstrip("\ufffd")
+                if len(ready) > len(shown) and ready.startswith(shown):
+                    yield ready[len(shown) :]
+                    shown = ready
+            if finished:
+                return
 
     def _encode_prompts(self, texts: str | list[str]) -> list[list[int]]:
         if self.tokenizer is None:

@@ -216,19 +216,22 @@ def test_a_checkpoint_directory_brings_its_tokenizer_and_generates_transformers_
     "controls",
     [
         dict(repetition_penalty=3.0),
+        dict(no_repeat_ngram_size=2),
         dict(min_new_tokens=6, stop_first_greedy_token=True),
         dict(num_beams=3, num_return_sequences=2),
         dict(num_beams=2, repetition_penalty=1.5, min_new_tokens=3, stop_first_greedy_token=True),
+        dict(num_beams=2, no_repeat_ngram_size=3),
     ],
-    ids=["repetition", "min_new_tokens", "beams_returned", "beams_with_controls"],
+    ids=["repetition", "no_repeat_ngram", "min_new_tokens", "beams_returned", "beams_with_controls", "beams_ngram"],
 )
 def test_generation_controls_give_transformers_tokens(rng, controls):
     hf = hf_model("llama_gqa_llama3_untied", initializer_range=0.3)
     model = keras_tfm.from_huggingface(hf)
-    for _ in range(20):  # a prompt whose greedy continuation repeats a token: where a penalty matters
+    for _ in range(30):  # a prompt whose greedy continuation repeats a pair of tokens: where the controls matter
         prompt = rng.integers(1, VOCABULARY, size=(1, 6))
-        plain = model.generate(prompt, max_new_tokens=8)[0]
-        if len(set(plain.tolist())) < len(plain):
+        plain = model.generate(prompt, max_new_tokens=8)[0].tolist()
+        pairs = list(zip(plain, plain[1:]))
+        if len(set(pairs)) < len(pairs):
             break
     controls = dict(controls)
     stop = []
@@ -248,6 +251,9 @@ def test_generation_controls_give_transformers_tokens(rng, controls):
     assert ours.shape[0] == expected.shape[0] == controls.get("num_return_sequences", 1)
     np.testing.assert_array_equal(ours[:, : expected.shape[1]], expected)
     assert np.all(ours[:, expected.shape[1] :] == 0)  # rows that stopped early are padded
+    if "no_repeat_ngram_size" in controls and "num_beams" not in controls:  # no pair twice, and it changed something
+        pairs = list(zip(ours[0].tolist(), ours[0, 1:].tolist()))
+        assert len(set(pairs)) == len(pairs) and ours[0].tolist() != plain
     if "repetition_penalty" in controls:  # and it changed something
         plain = model.generate(prompt, max_new_tokens=8, stop_token_ids=stop, num_beams=controls.get("num_beams", 1))
         assert not np.array_equal(plain, ours[:1])
@@ -262,6 +268,7 @@ def test_bad_generation_controls_are_refused_by_name():
     for kwargs, message in [
         (dict(repetition_penalty=0.0), "repetition_penalty"),
         (dict(min_new_tokens=-1), "min_new_tokens"),
+        (dict(no_repeat_ngram_size=1.5), "no_repeat_ngram_size"),
         (dict(num_return_sequences=2), "^num_return_sequences: .*greedy decoding has one"),
         (dict(num_beams=2, num_return_sequences=3), "^num_return_sequences: .*at most its `num_beams`=2"),
     ]:

@@ -124,3 +124,27 @@ def test_a_named_size_has_the_parameters_of_its_transformers_model(size):
     assert small + (model.num_layers - 1) * block + rows == expected
     if SIZES[size] is not None:  # the published count
         assert expected == SIZES[size]
+
+
+def test_stream_yields_what_generate_adds_chunk_by_chunk():
+    from keras_tfm.data import CharacterTokenizer
+
+    tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
+    model = peaked(tiny_lm(vocabulary_size=tokenizer.vocabulary_size))
+    model.tokenizer = tokenizer
+    prompt = tokenizer.encode("hello").tolist()
+    expected = model.generate([prompt], max_new_tokens=11)[0, 5:]
+    chunks = list(model.stream(prompt, max_new_tokens=11, chunk_size=4))
+    assert [len(chunk) for chunk in chunks] == [4, 4, 3]
+    np.testing.assert_array_equal(np.concatenate(chunks), expected)
+    stop = int(expected[5])  # a stop token ends the stream after it, as it ends generate's row
+    stopped = list(model.stream(prompt, max_new_tokens=11, chunk_size=4, stop_token_ids=stop))
+    np.testing.assert_array_equal(np.concatenate(stopped), expected[: list(expected).index(stop) + 1])
+    pieces = list(model.stream("hello", max_new_tokens=11, chunk_size=3))
+    assert len(pieces) == 4 and "hello" + "".join(pieces) == model.generate("hello", max_new_tokens=11)
+    sampled = np.concatenate(list(model.stream(prompt, max_new_tokens=11, temperature=1.0, seed=5)))
+    np.testing.assert_array_equal(sampled, model.generate([prompt], max_new_tokens=11, temperature=1.0, seed=5)[0, 5:])
+    with pytest.raises(ValueError, match="^token_ids: .*streams one prompt; received 2"):
+        next(model.stream([prompt, prompt], max_new_tokens=2))
+    with pytest.raises(ValueError, match="^chunk_size: "):
+        next(model.stream(prompt, max_new_tokens=2, chunk_size=0))

@@ -1,0 +1,72 @@
+"""Continue a prompt from the shell, streaming the text as it is made.
+
+    python -m keras_tfm.generate CHECKPOINT "Once upon a time" [--max-new-tokens 50] [--temperature 0.8]
+
+CHECKPOINT: a Hugging Face checkpoint directory or Hub model id (`keras_tfm.from_huggingface`, with its
+tokenizer), or a `.keras` file saved with a tokenizer (a recipe's, or any model with `model.tokenizer` set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_tfm.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("checkpoint", help="a Hugging Face directory or Hub id, or a .keras file")
+    parser.add_argument("prompt", help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=50, help="(default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens; 0: all")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sample within this probability mass")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats")
+    parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    parser.add_argument("--chunk-size", type=int, default=8, help="tokens per streamed piece (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def load(checkpoint: str):
+    """The model of a `.keras` file, or of a Hugging Face checkpoint."""
+    import keras_tfm
+
+    if checkpoint.endswith(".keras"):
+        return keras_tfm.load_model(checkpoint)
+    return keras_tfm.from_huggingface(checkpoint)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        model = load(args.checkpoint)
+        if not hasattr(model, "stream"):
+            raise ValueError(f"{args.checkpoint!r} holds a {type(model).__name__}, not a language model.")
+        sys.stdout.write(args.prompt)
+        for piece in model.stream(
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            chunk_size=args.chunk_size,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            repetition_penalty=args.repetition_penalty,
+        ):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    except (ValueError, OSError) as error:
+        message = str(error).replace("token_ids: ", "prompt: ", 1)
+        for name in ("max_new_tokens", "chunk_size", "temperature", "top_k", "top_p", "repetition_penalty"):
+            message = message.replace(f"`{name}`", "--" + name.replace("_", "-"))
+            if message.startswith(f"{name}: "):
+                message = "--" + name.replace("_", "-") + message[len(name) :]
+        print(f"\nerror: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

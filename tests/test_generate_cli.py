@@ -1,0 +1,33 @@
+"""`python -m keras_tfm.generate`: a prompt continued from the shell, streamed."""
+
+import contextlib
+import io
+
+import pytest
+
+import keras_tfm
+from keras_tfm import generate
+from keras_tfm.data import CharacterTokenizer
+
+
+@pytest.mark.backend_independent
+def test_the_command_streams_what_generate_returns(tmp_path):
+    tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=tokenizer.vocabulary_size,
+        max_length=32,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+    )
+    model.tokenizer = tokenizer
+    model.save(tmp_path / "lm.keras")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = generate.main([str(tmp_path / "lm.keras"), "hello", "--max-new-tokens", "9", "--chunk-size", "4"])
+    assert status == 0, err.getvalue()
+    assert out.getvalue() == model.generate("hello", max_new_tokens=9) + "\n"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        status = generate.main([str(tmp_path / "lm.keras"), "hello", "--max-new-tokens", "0"])
+    assert status == 2 and "error: " in err.getvalue() and "--max-new-tokens" in err.getvalue()
