@@ -173,7 +173,8 @@ def train(
     use it: fine-tuned from `huggingface` (with that checkpoint's tokenizer files), read by a `tokenizer`
     that writes itself for transformers (characters, byte-pair, WordPiece), or a ViT given its
     `image_preprocessing` (`save_huggingface`'s), with a classifier's class names `labels`. A LoRA run on
-    a Hugging Face checkpoint writes its peft adapter instead.
+    a Hugging Face checkpoint also writes its peft adapter. The returned model carries `tokenizer`
+    (`model.tokenizer`), so that its `generate` takes text and its `.keras` file keeps the tokenizer.
     """
     pretrained = pretrained or huggingface is not None
     if config.lora_rank and not pretrained:
@@ -222,6 +223,9 @@ def train(
         "train_seconds_this_run": round(seconds, 1),
         **results,
     }
+    zoo_model = next((layer for layer in (model, *sublayers(model)) if isinstance(layer, ZooModel)), None)
+    if tokenizer is not None and zoo_model is not None:  # the trained model takes and returns text
+        zoo_model.tokenizer = tokenizer
     record.update(_export(config, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing))
     with open(os.path.join(config.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
         json.dump(record, file, indent=2)

@@ -1398,3 +1398,36 @@ def test_gpt_recipe_lora_fine_tunes_a_llama_family_checkpoint_for_transformers(t
     assert np.abs(expected - untuned).max() > 1e-4  # the pairs moved
     tokenizer = transformers.AutoTokenizer.from_pretrained(out / "huggingface")
     assert tokenizer("To be")["input_ids"][0] == 0
+
+
+@pytest.mark.backend_independent
+def test_the_trained_model_carries_its_tokenizer(tmp_path):
+    """train(..., tokenizer=...) returns a model that takes and returns text, and whose .keras file keeps
+    the tokenizer."""
+    import keras_tfm
+    from keras_tfm.data import CharacterTokenizer
+    from keras_tfm.training import train
+
+    tokenizer = CharacterTokenizer.fit("abcdefghij ")
+    ids = np.random.default_rng(0).integers(0, tokenizer.vocabulary_size, size=(16, 9)).astype("int32")
+    result = train(
+        TrainingConfig(output_dir=str(tmp_path / "run"), steps=2, batch_size=8, verbose=0),
+        build_model=lambda: keras_tfm.DecoderLM(
+            vocabulary_size=tokenizer.vocabulary_size,
+            max_length=16,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=16,
+        ),
+        train_batch=lambda epoch, step: (ids[:8, :-1], ids[:8, 1:]),
+        steps_per_pass=2,
+        validation_data=(ids[8:, :-1], ids[8:, 1:]),
+        loss=keras_tfm.TokenCrossEntropy(),
+        tokenizer=tokenizer,
+    )
+    assert result.model.tokenizer is tokenizer
+    text = result.model.generate("abc", max_new_tokens=4)
+    assert isinstance(text, str) and text.startswith("abc") and len(text) == 7
+    result.model.save(tmp_path / "lm.keras")
+    assert keras_tfm.load_model(str(tmp_path / "lm.keras")).generate("abc", max_new_tokens=4) == text
