@@ -117,6 +117,7 @@ def test_greedy_generate_of_ragged_prompts_matches_transformers(rng, variant):
         np.testing.assert_array_equal(row[: len(expected)], expected)
 
 
+@pytest.mark.backend_independent  # the logits of each variant on every backend: test_logits_and_parameter_count_match
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_save_huggingface_writes_what_transformers_loads(rng, tmp_path, variant):
     model = keras_tfm.from_huggingface(hf_model(variant))
@@ -173,6 +174,7 @@ def test_a_model_no_transformers_class_computes_is_not_written(tmp_path):
         keras_tfm.save_huggingface(model, str(tmp_path))
 
 
+@pytest.mark.backend_independent
 def test_peft_adapter_both_ways(rng, tmp_path):
     peft = pytest.importorskip("peft")
     hf = hf_model("llama_gqa_llama3_untied")
@@ -194,6 +196,7 @@ def test_peft_adapter_both_ways(rng, tmp_path):
     np.testing.assert_allclose(hf_logits(loaded, ids), expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.backend_independent  # generation on every backend: the tests above
 def test_a_checkpoint_directory_brings_its_tokenizer_and_generates_transformers_text(tmp_path):
     from keras_tfm.data import HuggingFaceTokenizer
     from tests.training.test_runtime import llama_family_checkpoint
@@ -212,17 +215,33 @@ def test_a_checkpoint_directory_brings_its_tokenizer_and_generates_transformers_
     assert model.generate(prompts[1], max_new_tokens=8) == texts[1]  # a string gives a string
 
 
+# Each control alone in one process; combined, in greedy decoding and in beam search, on every backend.
+ONCE = pytest.mark.backend_independent
+
+
 @pytest.mark.parametrize(
     "controls",
     [
-        dict(repetition_penalty=3.0),
-        dict(no_repeat_ngram_size=2),
-        dict(min_new_tokens=6, stop_first_greedy_token=True),
-        dict(num_beams=3, num_return_sequences=2),
-        dict(num_beams=2, repetition_penalty=1.5, min_new_tokens=3, stop_first_greedy_token=True),
-        dict(num_beams=2, no_repeat_ngram_size=3),
+        pytest.param(dict(repetition_penalty=3.0), marks=ONCE, id="repetition"),
+        pytest.param(dict(no_repeat_ngram_size=2), marks=ONCE, id="no_repeat_ngram"),
+        pytest.param(dict(min_new_tokens=6, stop_first_greedy_token=True), marks=ONCE, id="min_new_tokens"),
+        pytest.param(dict(num_beams=2, no_repeat_ngram_size=3), marks=ONCE, id="beams_ngram"),
+        pytest.param(
+            dict(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=3, stop_first_greedy_token=True),
+            id="greedy_with_controls",
+        ),
+        pytest.param(
+            dict(
+                num_beams=3,
+                num_return_sequences=2,
+                repetition_penalty=1.5,
+                no_repeat_ngram_size=3,
+                min_new_tokens=3,
+                stop_first_greedy_token=True,
+            ),
+            id="beams_with_controls",
+        ),
     ],
-    ids=["repetition", "no_repeat_ngram", "min_new_tokens", "beams_returned", "beams_with_controls", "beams_ngram"],
 )
 def test_generation_controls_give_transformers_tokens(rng, controls):
     hf = hf_model("llama_gqa_llama3_untied", initializer_range=0.3)
@@ -251,7 +270,9 @@ def test_generation_controls_give_transformers_tokens(rng, controls):
     assert ours.shape[0] == expected.shape[0] == controls.get("num_return_sequences", 1)
     np.testing.assert_array_equal(ours[:, : expected.shape[1]], expected)
     assert np.all(ours[:, expected.shape[1] :] == 0)  # rows that stopped early are padded
-    if "no_repeat_ngram_size" in controls and "num_beams" not in controls:  # no pair twice, and it changed something
+    if (
+        controls.get("no_repeat_ngram_size") == 2 and "num_beams" not in controls
+    ):  # no pair twice, and it changed something
         pairs = list(zip(ours[0].tolist(), ours[0, 1:].tolist()))
         assert len(set(pairs)) == len(pairs) and ours[0].tolist() != plain
     if "repetition_penalty" in controls:  # and it changed something
