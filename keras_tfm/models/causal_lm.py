@@ -6,6 +6,7 @@ A subclass (`GPT`, `DecoderLM`) makes `token_embedding`, `blocks` (`DecoderBlock
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -38,6 +39,18 @@ class CausalLM(Model):
     def _embed(self, token_ids, start_index=0, training=None):
         """Token vectors of `token_ids` at positions `start_index, ...` (the model's embeddings)."""
         raise NotImplementedError
+
+    def _output_head(self, tie_embeddings: bool, initializer) -> keras.layers.Dense | None:
+        """The `lm_head` of an untied model (a `Dense` to the vocabulary without bias), or None."""
+        if tie_embeddings:
+            return None
+        return keras.layers.Dense(
+            self.vocabulary_size,
+            use_bias=False,
+            kernel_initializer=initializer,
+            dtype=self.dtype_policy,
+            name="lm_head",
+        )
 
     def _logits(self, hidden):
         """Next-token logits of the last block's output: the final norm, then the token table
@@ -136,10 +149,7 @@ class CausalLM(Model):
             vocabulary_size=self.vocabulary_size,
         )
         owner = f"{type(self).__name__}.generate"
-        try:
-            controls = LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-        except ValueError as error:
-            raise InputError(f"{owner}: {error}") from None
+        controls = _controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         check_return_sequences(owner, num_return_sequences, num_beams, temperature)
         self._build_on_demand()  # weights must exist before the loop is traced
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -150,14 +160,8 @@ class CausalLM(Model):
             buffer, prompt_mask, lengths = (
                 np.repeat(a, num_return_sequences, axis=0) for a in (buffer, prompt_mask, lengths)
             )
-        if isinstance(stop_token_ids, (int, np.integer)):
-            stop_token_ids = [stop_token_ids]
-        stop_token_ids = decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
-        if buffer.shape[1] > self.max_length:
-            raise ValueError(
-                f"{type(self).__name__}.generate: prompt length {buffer.shape[1] - max_new_tokens} + max_new_tokens "
-                f"{max_new_tokens} exceeds max_length={self.max_length}."
-            )
+        stop_token_ids = self._stop_ids(stop_token_ids)
+        self._check_fits(owner, buffer.shape[1], max_new_tokens)
         prompt_width = buffer.shape[1] - max_new_tokens
         key = (sampler, prompt_width, num_beams, length_penalty, controls, num_return_sequences)
         if key not in self._generate_functions:
@@ -257,27 +261,15 @@ class CausalLM(Model):
         if not is_integer(chunk_size) or chunk_size < 1:
             raise InputError(f"{owner}: `chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size")
         check_decoding(owner, max_new_tokens=max_new_tokens, pad_token_id=0, vocabulary_size=self.vocabulary_size)
-        try:
-            controls = LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-        except ValueError as error:
-            raise InputError(f"{owner}: {error}") from None
+        controls = _controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         self._build_on_demand()
         buffer, prompt_mask, lengths = decoding.prepare_prompts(prompt, None, max_new_tokens, 0, self.vocabulary_size)
         if buffer.shape[0] != 1:
             raise InputError(f"{owner}: streams one prompt; received {buffer.shape[0]}.", "token_ids")
-        stops = decoding.as_token_ids(
-            [stop_token_ids] if isinstance(stop_token_ids, (int, np.integer)) else list(stop_token_ids),
-            "stop_token_ids",
-            self.vocabulary_size,
-        )
+        stops = self._stop_ids(stop_token_ids)
         total = buffer.shape[1]
-        if total > self.max_length:
-            raise InputError(
-                f"{owner}: prompt length {total - max_new_tokens} + max_new_tokens {max_new_tokens} exceeds "
-                f"max_length={self.max_length}.",
-                "max_new_tokens",
-            )
+        self._check_fits(owner, total, max_new_tokens)
         prompt_width = total - max_new_tokens
         key = ("stream", sampler, prompt_width, controls)
         if key not in self._generate_functions:
@@ -327,6 +319,21 @@ class CausalLM(Model):
             if finished:
                 return
 
+    def _stop_ids(self, stop_token_ids) -> np.ndarray:
+        """An id or ids as an int32 array of ids of the vocabulary."""
+        if isinstance(stop_token_ids, (int, np.integer)):
+            stop_token_ids = [stop_token_ids]
+        return decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
+
+    def _check_fits(self, owner: str, total: int, max_new_tokens: int) -> None:
+        """Refuses prompts and new tokens longer together than `max_length`."""
+        if total > self.max_length:
+            raise InputError(
+                f"{owner}: prompt length {total - max_new_tokens} + max_new_tokens {max_new_tokens} exceeds "
+                f"max_length={self.max_length}.",
+                "max_new_tokens",
+            )
+
     def _encode_prompts(self, texts: str | list[str]) -> list[list[int]]:
         if self.tokenizer is None:
             raise InputError(
@@ -346,6 +353,13 @@ class CausalLM(Model):
 
     def _decode_text(self, ids) -> str:
         return getattr(self.tokenizer, "decode_text", self.tokenizer.decode)(ids)
+
+
+def _controls(owner: str, repetition_penalty, min_new_tokens, no_repeat_ngram_size) -> LogitsControls:
+    try:
+        return LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+    except ValueError as error:
+        raise InputError(f"{owner}: {error}") from None
 
 
 def _texts(token_ids) -> str | list[str] | None:

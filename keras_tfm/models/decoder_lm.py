@@ -176,13 +176,7 @@ class DecoderLM(CausalLM):
         self.final_norm = keras.layers.RMSNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
         )
-        self.lm_head = (
-            None
-            if tie_embeddings
-            else keras.layers.Dense(
-                vocabulary_size, use_bias=False, kernel_initializer=init, dtype=self.dtype_policy, name="lm_head"
-            )
-        )
+        self.lm_head = self._output_head(tie_embeddings, init)
 
     def _window_of(self, layer: int) -> int | None:
         if self.sliding_window_layers is None or layer in self.sliding_window_layers:

@@ -101,13 +101,7 @@ class GPT(CausalLM):
         self.final_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
         )
-        self.lm_head = (
-            None
-            if tie_embeddings
-            else keras.layers.Dense(
-                vocabulary_size, use_bias=False, kernel_initializer=init, dtype=self.dtype_policy, name="lm_head"
-            )
-        )
+        self.lm_head = self._output_head(tie_embeddings, init)
 
     def _embed(self, token_ids, start_index=0, training=None):
         x = self.token_embedding(token_ids)
