@@ -17,6 +17,8 @@ import json
 import os
 import re
 
+import keras
+
 from keras_tfm.compat import sublayers
 
 # Importing each model type's module registers its converter and exporter.
@@ -24,6 +26,9 @@ from keras_tfm.convert import adapters, bert, gpt2, llama, marian, vit  # noqa: 
 from keras_tfm.convert.files import checkpoint_directory, read_checkpoint
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
 from keras_tfm.convert.weights import WeightWriter
+
+# keras-hub's task models fine-tune at 5e-5 by default too; 1e-3 (from scratch) would wreck a checkpoint.
+FINE_TUNING_LEARNING_RATE = 5e-5
 
 
 def from_huggingface(model_or_directory, num_classes: int | None = None, adapter=None):
@@ -48,7 +53,8 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
 
     A checkpoint read from a directory or Hub id comes with its tokenizer as `model.tokenizer`
     (`keras_tfm.data.checkpoint_tokenizer`: its `tokenizer.json`, GPT-2's `vocab.json` and
-    `merges.txt`, or BERT's `vocab.txt`), so that `generate` takes and returns text.
+    `merges.txt`, or BERT's `vocab.txt`), so that `generate` takes and returns text. A model with a
+    task comes compiled for fine-tuning: its default loss and metric, AdamW at 5e-5.
 
     Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`, `BertForPreTraining`, the
     layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
@@ -105,6 +111,8 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
         from keras_tfm.data.tokenizers import checkpoint_tokenizer
 
         model.tokenizer = checkpoint_tokenizer(checkpoint_directory(base))
+    if model.compiled:  # pretrained weights: the models' default AdamW, at a fine-tuning rate
+        model.compile(optimizer=keras.optimizers.AdamW(FINE_TUNING_LEARNING_RATE))
     return model
 
 

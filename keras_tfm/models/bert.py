@@ -204,6 +204,7 @@ class BertMLM(_BertWithHead):
         )
         epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
         self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
+        self._compile_defaults()
 
     def _id_inputs(self) -> dict:
         ids = dict(self.encoder._id_inputs())
@@ -212,6 +213,11 @@ class BertMLM(_BertWithHead):
 
     def _label_range(self) -> tuple[int, str]:
         return self.encoder.vocabulary_size, "vocabulary_size"
+
+    def default_loss(self) -> keras.losses.Loss:
+        from keras_tfm.losses import TokenCrossEntropy
+
+        return TokenCrossEntropy()
 
     def build(self, token_ids_shape=None):
         self.encoder.build()
@@ -262,9 +268,13 @@ class BertClassifier(_BertWithHead):
         )
         self.pooled_dropout = keras.layers.Dropout(self.classifier_dropout, dtype=policy, name="pooled_dropout")
         self.classifier = keras.layers.Dense(num_classes, kernel_initializer=init, dtype=policy, name="classifier")
+        self._compile_defaults()
 
     def _label_range(self) -> tuple[int, str]:
         return self.num_classes, "num_classes"
+
+    def default_loss(self) -> keras.losses.Loss:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def build(self, token_ids_shape=None):
         self.encoder.build()

@@ -26,6 +26,11 @@ class CausalLM(Model):
         super().__init__(**kwargs)
         self._generate_functions: dict = {}
 
+    def default_loss(self) -> keras.losses.Loss:
+        from keras_tfm.losses import TokenCrossEntropy
+
+        return TokenCrossEntropy()
+
     def build(self, token_ids_shape=None):
         self.call(ops.zeros((1, min(2, self.max_length)), "int32"))  # builds every sub-layer
         self.built = True

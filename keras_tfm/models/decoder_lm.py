@@ -177,6 +177,7 @@ class DecoderLM(CausalLM):
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
         )
         self.lm_head = self._output_head(tie_embeddings, init)
+        self._compile_defaults()
 
     def _window_of(self, layer: int) -> int | None:
         if self.sliding_window_layers is None or layer in self.sliding_window_layers:

@@ -102,6 +102,7 @@ class GPT(CausalLM):
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
         )
         self.lm_head = self._output_head(tie_embeddings, init)
+        self._compile_defaults()
 
     def _embed(self, token_ids, start_index=0, training=None):
         x = self.token_embedding(token_ids)

@@ -34,6 +34,51 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
 
     # Layers that a LoRA fine-tuning trains whole by default: a task head made new for the task.
     lora_trainable_layer_names: tuple = ()
+    # The learning rate of the AdamW that `compile()` gives by default.
+    default_learning_rate: float = 1e-3
+
+    def default_loss(self) -> keras.losses.Loss | None:
+        """The loss `compile()` gives by default: the model's natural loss (None: no default)."""
+        return None
+
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs) -> None:
+        """Keras' `compile`, with this model's defaults for each argument left `"auto"`: AdamW at
+        `default_learning_rate`, `default_loss()` and, with that loss, accuracy. Every model with a task
+        comes compiled so, so that `model.fit(x, y)` works at once; an explicit `compile(...)` replaces
+        the defaults.
+
+        Example:
+        >>> vit = keras_tfm.vit_tiny(num_classes=10, image_size=32, patch_size=8)
+        >>> vit.compile(optimizer=keras.optimizers.AdamW(1e-4))  # the default loss and metric stay
+        """
+        if isinstance(optimizer, str) and optimizer == "auto":
+            optimizer = keras.optimizers.AdamW(self.default_learning_rate)
+        default_loss = isinstance(loss, str) and loss == "auto"
+        if default_loss:
+            loss = self.default_loss()
+        if isinstance(metrics, str) and metrics == "auto":  # accuracy goes with the default loss only
+            metrics = [keras.metrics.SparseCategoricalAccuracy("accuracy")] if default_loss and loss else None
+        # Keras keeps the metrics of an earlier compile when given None: [] replaces them with none.
+        super().compile(optimizer=optimizer, loss=loss, metrics=[] if metrics is None else metrics, **kwargs)
+
+    def get_compile_config(self) -> dict:
+        config = super().get_compile_config()
+        if config:  # whether there is optimizer state in the file to load (a model compiled, never trained: none)
+            config["optimizer_built"] = bool(getattr(self.optimizer, "built", False))
+        return config
+
+    def compile_from_config(self, config: dict) -> None:
+        # Keras skips a custom `compile` when loading a `.keras` file; this one does what Keras' does.
+        config = dict(config)
+        optimizer_built = config.pop("optimizer_built", True)
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built and optimizer_built:
+            self.optimizer.build(self.trainable_variables)  # so that the saved optimizer state loads
+
+    def _compile_defaults(self) -> None:
+        """Compiles with the defaults at the end of construction (a subclass's `__init__` calls it)."""
+        if self.default_loss() is not None:
+            self.compile()
 
     @staticmethod
     def _check_heads(model: str, hidden_dim: int, num_heads: int) -> None:
@@ -118,6 +163,8 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             present = {layer.name for layer in sublayers(self)}
             trainable_layer_names = [name for name in self.lora_trainable_layer_names if name in present]
         lora.enable_lora(self, rank, target_layer_names, lora_alpha, trainable_layer_names)
+        if self.compiled:  # Keras reads which weights train at compile: again, with a new optimizer of the same config
+            self.compile_from_config({**self.get_compile_config(), "optimizer_built": False})
 
     def save_lora_weights(self, filepath: str) -> None:
         """Writes only the LoRA pairs to a `.npz` file (1.2 MB for GPT-2 small at rank 8: 294,912 floats)."""

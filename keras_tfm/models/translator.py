@@ -175,6 +175,7 @@ class Translator(Model):
             else keras.layers.Dense(target_vocabulary_size, use_bias=False, dtype=policy, name="lm_head")
         )
         self._translate_functions: dict = {}
+        self._compile_defaults()
 
     def build(self, inputs_shape=None):
         if self.use_output_bias:
@@ -190,6 +191,11 @@ class Translator(Model):
             "source_ids": (self.source_vocabulary_size, "source_vocabulary_size"),
             "target_ids": (self.target_vocabulary_size, "target_vocabulary_size"),
         }
+
+    def default_loss(self) -> keras.losses.Loss:
+        from keras_tfm.losses import TokenCrossEntropy
+
+        return TokenCrossEntropy(ignore_class=self.pad_token_id)  # padded targets teach nothing
 
     def _label_range(self) -> tuple[int, str]:
         return self.target_vocabulary_size, "target_vocabulary_size"

@@ -126,6 +126,10 @@ class ViT(Model):
         ]
         self.final_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="final_norm")
         self.head = keras.layers.Dense(num_classes, dtype=policy, name="head") if include_top else None
+        self._compile_defaults()
+
+    def default_loss(self) -> keras.losses.Loss | None:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True) if self.include_top else None
 
     def _label_range(self) -> tuple[int, str] | None:
         return (self.num_classes, "num_classes") if self.include_top else None

@@ -326,6 +326,49 @@ def test_labels_outside_the_logits_are_refused_by_sparse_losses(rng, name):
                 call(bad)
 
 
+DEFAULT_LOSSES = {  # name -> the loss a model comes compiled with (None: not compiled)
+    "gpt": "TokenCrossEntropy",
+    "decoder_lm": "TokenCrossEntropy",
+    "bert_mlm": "TokenCrossEntropy",
+    "bert_classifier": "SparseCategoricalCrossentropy",
+    "bert": None,  # an encoder has no task, hence no loss
+    "translator": "TokenCrossEntropy",
+    "vit": "SparseCategoricalCrossentropy",
+}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_with_a_task_comes_compiled_with_its_loss_adamw_and_accuracy(name):
+    model = MODELS[name][0]()
+    assert model.compiled == (DEFAULT_LOSSES[name] is not None)
+    if not model.compiled:
+        return
+    assert type(model.loss).__name__ == DEFAULT_LOSSES[name]
+    assert model.loss.from_logits
+    assert isinstance(model.optimizer, keras.optimizers.AdamW)
+    assert float(model.optimizer.learning_rate) == pytest.approx(model.default_learning_rate)
+    if name == "translator":  # padded targets are ignored
+        assert model.loss.ignore_class == model.pad_token_id
+    model.compile(optimizer="sgd", loss="mse")  # an explicit compile replaces the defaults
+    assert isinstance(model.optimizer, keras.optimizers.SGD) and model.loss == "mse"
+
+
+@pytest.mark.parametrize("name", ["vit", "translator"])
+def test_a_model_fits_as_made_and_its_keras_file_resumes_the_optimizer(tmp_path, rng, name):
+    """`model.fit(x, y)` right after construction, as keras-hub's task models allow."""
+    make, make_inputs = MODELS[name]
+    model = make()
+    inputs = make_inputs(rng)
+    x = {"source_ids": inputs[0], "target_ids": inputs[1]} if name == "translator" else inputs[0]
+    history = model.fit(x, LABELS[name][0](rng), epochs=2, batch_size=2, verbose=0).history
+    assert np.all(np.isfinite(history["loss"])) and len(history["accuracy"]) == 2
+    model.save(tmp_path / "model.keras")
+    loaded = keras_tfm.load_model(tmp_path / "model.keras")
+    assert type(loaded.loss).__name__ == DEFAULT_LOSSES[name]
+    assert int(loaded.optimizer.iterations) == 2  # the optimizer's state came back with it
+
+
 def test_labels_are_left_to_other_losses(rng):
     """Only a sparse cross-entropy reads labels as class ids: a ViT regressing to numbers trains on."""
     make, make_inputs = MODELS["vit"]
