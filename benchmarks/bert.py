@@ -3,7 +3,7 @@ Hugging Face transformers (PyTorch), same configuration.
 
     python benchmarks/bert.py
 
-Configuration (issue 5): 4 layers, 4 heads, 256 wide, FFN 1024, sequence 128, batch 16, vocabulary 8192,
+Configuration: 4 layers, 4 heads, 256 wide, FFN 1024, sequence 128, batch 16, vocabulary 8192,
 20 masked positions per sequence, AdamW, random tokens. keras_tfm and keras-hub compute logits only at the
 masked positions; Hugging Face's BertForMaskedLM computes them everywhere (its design) and ignores the rest
 in the loss.

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, Timer, report, run_worker  # noqa: E402
+from common import REPO, Timer, report, run_worker, write_results  # noqa: E402
 
 DATA = os.path.join(REPO, "..", "shared", "data")
 TRAIN_TEXT = f"{DATA}/wikitext-2/valid.txt,{DATA}/movie_reviews/movie_reviews.zip"
@@ -206,6 +206,13 @@ def main() -> None:
             f"{ours['finetune_test_reviews']} held-out reviews"
         )
     print(json.dumps(results))
+    rows = [
+        {"contender": name, "task": "quality", "unit": "masked-token accuracy", **result}
+        for name, result in results.items()
+        if "error" not in result
+    ]
+    title = f"BERT masked LM against keras-hub, {args.backend} backend, seed {args.seed}"
+    write_results(f"bert_quality_seed{args.seed}", rows, {"quality": title})
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ def run_worker(script: str, backend: str, args: list[str], timeout: int = 900) -
     return json.loads(lines[-1])
 
 
-def write_results(name: str, results: list[dict]) -> str:
+def write_results(name: str, results: list[dict], tasks: dict[str, str] | None = None) -> str:
     """Writes `results` as benchmarks/results/{name}.json with the date, the machine, the library versions
-    and the command that produced them (a re-measurement replaces the file); returns its path."""
+    and the command that produced them (a re-measurement replaces the file); returns its path. `tasks`:
+    the title of each task's table (the rows' "task"), which the performance page shows."""
     import datetime
     import importlib.metadata
     import platform
@@ -50,6 +51,7 @@ def write_results(name: str, results: list[dict]) -> str:
         "machine": f"{processor or platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}",
         "versions": versions,
         "command": backend + "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+        "tasks": tasks or {},
         "results": results,
     }
     path = os.path.join(REPO, "benchmarks", "results", f"{name}.json")
@@ -157,8 +159,9 @@ def main(
     """The command line of every speed benchmark: `script [--only TASK]` prints one side-by-side table
     per task (`tasks`: name -> (title, unit)); `script --worker CONTENDER BACKEND TASK`, which the
     driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON.
-    `task_contenders`: task -> (contenders, baselines) for a task that compares others. With
-    `results_name`, the rows are also written as benchmarks/results/{results_name}.json."""
+    `task_contenders`: task -> (contenders, baselines) for a task that compares others. The rows are
+    also written as benchmarks/results/{results_name}.json (default: the script's name), from which
+    the documentation's performance page is made."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(tasks), help="run one task's table")
     parser.add_argument(
@@ -184,16 +187,17 @@ def main(
                 *(task_contenders or {}).get(task, (contenders, baselines)),
                 rounds=args.rounds,
             )
-    if results_name:
-        path = os.path.join(REPO, "benchmarks", "results", f"{results_name}.json")
-        command = "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
-        rows = [{**row, "command": command} for row in rows]
-        if args.only and os.path.isfile(path):  # keep the other tasks' rows, each with the command that made it
-            with open(path) as file:
-                earlier = json.load(file)
-            kept = [row for row in earlier["results"] if row.get("task") != args.only]
-            rows = [{"command": earlier["command"], "date": earlier["date"], **row} for row in kept] + rows
-        write_results(results_name, rows)
+    results_name = results_name or os.path.splitext(os.path.basename(script))[0]
+    path = os.path.join(REPO, "benchmarks", "results", f"{results_name}.json")
+    command = "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+    rows = [{**row, "command": command} for row in rows]
+    titles = {task: title for task, (title, _) in tasks.items()}
+    if args.only and os.path.isfile(path):  # keep the other tasks' rows, each with the command that made it
+        with open(path) as file:
+            earlier = json.load(file)
+        kept = [row for row in earlier["results"] if row.get("task") != args.only]
+        rows = [{"command": earlier["command"], "date": earlier["date"], **row} for row in kept] + rows
+    write_results(results_name, rows, titles)
 
 
 def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per_step: int, per_example: float) -> dict:

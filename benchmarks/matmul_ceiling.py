@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import run_worker  # noqa: E402
+from common import run_worker, write_results  # noqa: E402
 
 
 def shapes(model: str) -> list[tuple[int, int, int]]:
@@ -181,6 +181,7 @@ def main() -> None:
     header = " | ".join(f"{m}x{k} @ {k}x{n}" for m, k, n in shapes(model))
     print(f"| backend | {header} (GFLOP/s) | {unit}/s at the fastest product |")
     print("|---|" + "---|" * (len(shapes(model)) + 1))
+    rows = []
     for backend in ("numpy", "jax", "tensorflow", "torch"):
         result = run_worker(__file__, "jax" if backend == "numpy" else backend, ["-", backend, "products", model])
         if "error" in result:
@@ -188,6 +189,17 @@ def main() -> None:
             continue
         rates = result["rates"]
         print(f"| {backend} | " + " | ".join(f"{rate:.0f}" for rate in rates) + f" | {max(rates) / per_example:,.0f} |")
+        rows.append(
+            {
+                "contender": backend,
+                "task": "ceiling",
+                "unit": f"{unit}/s at the fastest product",
+                "value": max(rates) / per_example,
+                **{f"{m}x{k} @ {k}x{n} GFLOP/s": rate for (m, k, n), rate in zip(shapes(model), rates)},
+            }
+        )
+    title = f"The {model} training step's bound: {counted['gflop']:.2f} GFLOP a step at its backend's fastest product"
+    write_results(f"matmul_ceiling_{model}", rows, {"ceiling": title})
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ same configuration: training tokens/s and beam-search (beam 4) sentences/s.
 
     python benchmarks/translator.py [--only train|translate]
 
-Configuration (issue 7, the Multi30k-sized model): 3 + 3 layers, 8 heads, 256 wide, FFN 512, one shared
+Configuration (the Multi30k-sized model): 3 + 3 layers, 8 heads, 256 wide, FFN 512, one shared
 vocabulary of 8000, source and target 24 tokens, training batch 64 (AdamW); translation: 32 sentences of
 24 tokens, beam 4, exactly 24 new tokens each (no end token: Hugging Face gets min_new_tokens).
 """

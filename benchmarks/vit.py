@@ -3,7 +3,7 @@ Hugging Face transformers (PyTorch), same configuration.
 
     python benchmarks/vit.py
 
-Configuration (issue 4): 32x32x3 images, patch 4, 6 layers, 3 heads, 192 wide, MLP 768, batch 32,
+Configuration: 32x32x3 images, patch 4, 6 layers, 3 heads, 192 wide, MLP 768, batch 32,
 10 classes, class-token pooling, AdamW, random images.
 """
 

@@ -63,9 +63,9 @@ def set_pre_tokenizer(tokenizer, pre_tokenizer) -> None:
 @contextlib.contextmanager
 def one_garbage_collection():
     """Keras' `Layer.__delattr__` runs a full `gc.collect()` for every variable it deletes, so that
-    the device frees its buffer at once; quantization deletes each float kernel it replaces. With
-    the backends' objects in memory one collection takes 0.15-0.6 s on a CPU, and quantizing GPT-2
-    small spent 10-40 s in them. Here the variables are freed by one collection at the end instead.
+    the device frees its buffer at once; quantization deletes each float kernel it replaces, and most
+    of its time went to those collections (docs/performance.md). Here the variables are freed by one
+    collection at the end instead.
     For that time `gc.collect` is a no-op in every thread of the process."""
     collect = gc.collect
     gc.collect = lambda generation=2: 0

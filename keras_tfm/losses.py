@@ -17,9 +17,8 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
 
     The values, `ignore_class`, sample weights and reductions are Keras' own; only the layout
     differs. Keras' loss on PyTorch moves the vocabulary axis to position 1 of a 3-D tensor and takes
-    the log-softmax over that strided axis, which on this project's CPU took 22 ms against 8 ms for
-    BERT's masked-LM logits (16 x 20 x 8192) and 157 ms against 93 ms for the translator's
-    (64 x 24 x 8000), forward and backward. Flattening first is what Hugging Face's models do.
+    the log-softmax over that strided axis, about twice as slow forward and backward for BERT's and
+    the translator's logits. Flattening first is what Hugging Face's models do.
 
     Args:
         from_logits: whether `y_pred` are logits. Defaults to True (unlike Keras), since every
@@ -82,11 +81,8 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
             valid = ops.not_equal(labels, self.ignore_class)
             labels = ops.where(valid, labels, 0)
         if self.label_smoothing:
-            # One log-softmax serves both terms. Keras' one-hot formulation (CategoricalCrossentropy)
-            # materialises (positions, vocabulary) labels on PyTorch. Measured at the translator
-            # recipe's 2,048 x 3,045 logits, a training step of a Dense layer and the loss: PyTorch
-            # 41-49 ms this way against 55-105 ms one-hot; JAX about the same (85-93 against 84-94);
-            # TensorFlow slower (67-73 against 43-48, where the one-hot loss is TF's fused kernel).
+            # One log-softmax serves both terms; Keras' one-hot formulation (CategoricalCrossentropy)
+            # materialises (positions, vocabulary) labels, which costs PyTorch most.
             if self.from_logits:
                 log_probabilities = ops.log_softmax(scores, axis=-1)
             else:

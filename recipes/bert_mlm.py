@@ -240,7 +240,7 @@ def finetune(args, config, tokenizer, special, make_classifier, labelled=None, h
     texts, labels, class_names = labelled or load_labelled_text(args.finetune, "finetune")
     packer = keras_hub.layers.StartEndPacker(args.sequence_length, start_value=cls, end_value=sep, pad_value=pad)
     # WordPiece gives every word (bar one of control characters only) at least one token, so the first
-    # --sequence-length words give every token the packer keeps; whole movie reviews took 17 s to tokenize.
+    # --sequence-length words give every token the packer keeps; tokenizing whole reviews is slow.
     heads = [" ".join(text.split()[: args.sequence_length]) for text in texts]
     ids = np.asarray(packer(tokenizer.encode_lines(heads)), "int32")
     order = np.random.default_rng(args.seed).permutation(len(texts))

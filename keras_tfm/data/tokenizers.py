@@ -226,7 +226,7 @@ class BytePairTokenizer(_KerasHubTokenizer):
         # keras-hub encodes through Hugging Face `tokenizers` but splits words with Llama 3's pattern
         # ("speak'st" -> "'", "st"), not GPT-2's ("'s", "t"). GPT-2's own pre-tokenizer gives the ids of
         # Hugging Face's GPT2Tokenizer (tested). keras-hub's TensorFlow path splits as GPT-2 does too, but
-        # is 4-50x slower (31 s against 0.6 s for the GPT recipe's offline text with 300 tokens).
+        # many times slower.
         compat.set_pre_tokenizer(self._tokenizer, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
 
     @classmethod

@@ -91,8 +91,8 @@ def fast_step(step: Callable, model: keras.Model) -> Callable:
 
 
 def _plain_replay():
-    """Replays traces without TorchScript's profiling optimizer: with it, the first ~1,000 replays
-    of a small GPT's decoding body ran about 10x slower than plain replay."""
+    """Replays traces without TorchScript's profiling optimizer, which slows the first thousand or so
+    replays of a decoding body many times over."""
     import torch
 
     return torch.jit.optimized_execution(False)

@@ -391,8 +391,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         # The fused op needs equal key and value head sizes (JAX) and has no dropout on weights.
         # On JAX with XLA:CPU only bfloat16 takes it (cuDNN's flash attention on GPUs): its float16 form
         # accumulates logits in float32, whose gradient XLA:CPU lacks, and in float32, where it has
-        # no kernel, its XLA form is slower than the einsums below (causal attention of 8 x 1024
-        # tokens, 6 heads of 64, forward and backward on this CPU: 927 against 579 ms).
+        # no kernel, its XLA form is slower than the einsums below (docs/layers.md).
         explicit = return_attention_weights or (training and self.dropout > 0)
         jax_unfused = keras.backend.backend() == "jax" and query_heads.dtype != "bfloat16" and on_xla_cpu()
         if explicit or self.value_dim != self.key_dim or jax_unfused:

@@ -1,0 +1,81 @@
+"""The documentation runs as written: every Python example of the README and of docs/ executes, the
+README's results table is the one made from benchmarks/results/, and the example notebooks run top to
+bottom (with their small settings)."""
+
+import glob
+import json
+import os
+import re
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ["README.md", *sorted(glob.glob("docs/**/*.md", root_dir=REPO, recursive=True))]
+BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def _blocks(page: str) -> list[str]:
+    with open(os.path.join(REPO, page), encoding="utf-8") as file:
+        return BLOCK.findall(file.read())
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("page", [page for page in PAGES if _blocks(page)])
+def test_every_python_example_of_a_page_runs_as_written(page, tmp_path, monkeypatch):
+    """The blocks of one page run in order in one namespace, as a reader pastes them, in an empty
+    directory (they write their files there), offline."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    namespace: dict = {"__name__": "__docs__"}
+    for number, block in enumerate(_blocks(page), 1):
+        try:
+            exec(compile(block, f"{page} (Python block {number})", "exec"), namespace)
+        except Exception as error:
+            raise AssertionError(f"{page}: Python block {number} failed: {error!r}\n{block}") from error
+
+
+@pytest.mark.backend_independent
+def test_the_readme_results_are_the_benchmarks_current_files():
+    sys.path.insert(0, os.path.join(REPO, "docs", "hooks"))
+    try:
+        import results
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as file:
+        readme = file.read()
+    table = readme.split("<!-- summary -->\n", 1)[1].split("<!-- /summary -->", 1)[0]
+    assert table == results.summary(), "run `python docs/hooks/results.py` and paste its table into the README"
+    for path in glob.glob(os.path.join(REPO, "benchmarks", "results", "*.json")):
+        with open(path) as file:
+            record = json.load(file)
+        assert {"date", "machine", "command", "results"} <= set(record), path
+        assert results.tables(os.path.basename(path)[:-5]).count("|---") >= 1, path
+
+
+NOTEBOOKS = sorted(glob.glob("examples/*.ipynb", root_dir=REPO))
+EXAMPLES = os.path.join(REPO, "examples")  # where a reader opens them: they find ../../shared/data from there
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_every_example_notebook_runs_top_to_bottom(notebook):
+    """Executed as committed (no outputs), in a fresh kernel on this process's backend, with the
+    notebooks' small settings (KERAS_TFM_EXAMPLE_SMALL=1): a cell that fails, fails the test."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    with open(os.path.join(REPO, notebook), encoding="utf-8") as file:
+        book = nbformat.read(file, as_version=4)
+    assert not any(cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), (
+        f"{notebook} is committed with outputs"
+    )
+    env = dict(os.environ, KERAS_TFM_EXAMPLE_SMALL="1", HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
+    # nbclient starts the kernel with this environment (its kernel manager reads os.environ)
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": EXAMPLES}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
