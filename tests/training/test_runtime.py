@@ -163,6 +163,8 @@ def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
     assert (out / "samples.txt").read_text()
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_character_level_gpt_recipe_is_written_for_transformers(tmp_path):
     """The default, character-level GPT run leaves a checkpoint that transformers' text-generation
     pipeline uses as is: its tokenizer's ids and its greedy text are the run's own."""
@@ -735,6 +737,8 @@ def test_torch_refuses_distribute_clearly(tmp_path):
         distribution_scope("data")
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_vit_recipe_short_run_on_the_offline_digits(tmp_path):
     out = tmp_path / "run"
     done = recipe(
@@ -839,6 +843,8 @@ def test_translator_recipe_short_run_reports_bleu(tmp_path):
     assert (out / "learning_curves.png").exists() and (out / "tokenizer_source.json").exists()
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_translator_recipe_with_sentencepiece_scores_a_test_source_that_encodes_to_nothing(tmp_path):
     import gzip
 
@@ -888,6 +894,8 @@ def test_translator_recipe_with_sentencepiece_scores_a_test_source_that_encodes_
     assert json.loads((out / "tokenizer_target.json").read_text())["kind"] == "sentencepiece"
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_bert_recipe_pretrains_then_finetunes(tmp_path):
     out = tmp_path / "run"
     done = recipe(
