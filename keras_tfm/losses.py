@@ -38,9 +38,9 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
     apply as with Keras' loss.
 
     Example:
-    >>> lm = keras_tfm.gpt_shakespeare_char_cpu()
-    >>> lm.compile(optimizer="adamw", loss=keras_tfm.TokenCrossEntropy())
-    >>> translator.compile(optimizer="adamw", loss=keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.1))
+    >>> lm = keras_tfm.gpt_shakespeare_char_cpu()  # comes compiled with TokenCrossEntropy()
+    >>> translator = keras_tfm.transformer_small(source_vocabulary_size=100, target_vocabulary_size=100)
+    >>> translator.compile(loss=keras_tfm.TokenCrossEntropy(ignore_class=0, label_smoothing=0.1))
     """
 
     def __init__(

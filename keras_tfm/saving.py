@@ -17,7 +17,8 @@ def load_model(filepath, **kwargs) -> keras.Model:
     `.keras` archive. Any keras_tfm model saved with `model.save(path)` loads on any backend.
 
     Example:
-    >>> model = keras_tfm.load_model("shakespeare.keras")
+    >>> keras_tfm.gpt_shakespeare_char_cpu(num_layers=1).save("shakespeare.keras")
+    >>> model = keras_tfm.load_model("shakespeare.keras")  # on any backend
     """
     path = os.fspath(filepath)
     if not os.path.exists(path):

@@ -216,10 +216,13 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     and `lora_alpha` is k times ours, so that peft's scale `lora_alpha / r` is ours.
 
     Example:
-    >>> model = keras_tfm.from_huggingface("gpt2")
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100)).save_pretrained("tiny-gpt2")
+    >>> model = keras_tfm.from_huggingface("tiny-gpt2")  # or a Hub id: "gpt2"
     >>> model.enable_lora(rank=8)
-    >>> model.fit(...)
-    >>> keras_tfm.convert.save_peft_adapter(model, "gpt2-lora", base="gpt2")
+    >>> tokens = np.random.randint(0, 100, (4, 17))
+    >>> history = model.fit(tokens[:, :-1], tokens[:, 1:], verbose=0)
+    >>> keras_tfm.convert.save_peft_adapter(model, "gpt2-lora", base="tiny-gpt2")
     """
     from safetensors.numpy import save_file
 

@@ -34,7 +34,11 @@ def checkpoint_directory(name_or_path, caller: str = "from_huggingface") -> str:
     where a model (a peft adapter) has no safetensors.
 
     Example:
-    >>> directory = checkpoint_directory("google/vit-base-patch16-224")  # .../snapshots/<commit>
+    >>> import os
+    >>> os.makedirs("my-checkpoint", exist_ok=True)
+    >>> checkpoint_directory("my-checkpoint")  # a Hub id gives its snapshot: .../snapshots/<commit>
+    'my-checkpoint'
+
     """
     path = os.fspath(name_or_path)
     if os.path.isdir(path):

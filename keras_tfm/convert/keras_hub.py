@@ -39,6 +39,7 @@ def from_keras_hub(model_or_preset):
     Returns: the model, built, whose outputs equal the keras-hub model's.
 
     Example:
+    >>> import keras_hub
     >>> hub = keras_hub.models.GPT2Backbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=32,
     ...                                     intermediate_dim=64, max_sequence_length=64)
     >>> model = keras_tfm.from_keras_hub(hub)    # a keras_tfm.GPT: logits = hub's output @ token table.T

@@ -179,9 +179,16 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
     `directory`: the checkpoint's directory, or its Hub model id (see `checkpoint_directory`).
 
     Example:
-    >>> side, layers = keras_tfm.convert.image_preprocessing("google/vit-base-patch16-224")
+    >>> import transformers
+    >>> config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+    ...                                 num_attention_heads=2, intermediate_size=64)
+    >>> transformers.ViTForImageClassification(config).save_pretrained("tiny-vit")  # or a Hub id
+    >>> written = transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained("tiny-vit")
+    >>> side, layers = keras_tfm.convert.image_preprocessing("tiny-vit")
+    >>> side
+    32
     >>> model = keras.Sequential([keras.layers.Resizing(side, side), *layers,
-    ...                           keras_tfm.from_huggingface("google/vit-base-patch16-224", num_classes=10)])
+    ...                           keras_tfm.from_huggingface("tiny-vit", num_classes=10)])
     """
     path = os.path.join(checkpoint_directory(directory, "image_preprocessing"), "preprocessor_config.json")
     processor = read_json(path, "image_preprocessing") if os.path.isfile(path) else {}

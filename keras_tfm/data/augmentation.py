@@ -26,7 +26,8 @@ def augmentation_layers(
 
     Example:
         >>> layers = augmentation_layers(shift=0.1, flip=True)
-        >>> images, labels = augment(images, one_hot_labels, layers, seed_parts=[0, epoch, step])
+        >>> images, one_hot_labels = np.random.rand(8, 28, 28, 1), np.eye(10)[np.arange(8)]
+        >>> images, labels = augment(images, one_hot_labels, layers, seed_parts=[0, 1, 2])  # seed, epoch, step
     """
     layers = []
     if shift:
@@ -63,6 +64,8 @@ def flip_averaged_probabilities(model: keras.Model, images: np.ndarray, batch_si
     channels)` to logits; returns probabilities `(batch, num_classes)`.
 
     Example:
+        >>> model = keras_tfm.vit_tiny(image_size=28, patch_size=7, num_channels=1, num_classes=10, num_layers=1)
+        >>> test_images, test_labels = np.random.rand(8, 28, 28, 1), np.arange(8)
         >>> probabilities = flip_averaged_probabilities(model, test_images)
         >>> accuracy = np.mean(probabilities.argmax(-1) == test_labels)
     """

@@ -16,6 +16,7 @@ class EpochBatches:
     Example:
     >>> rows = EpochBatches(count=10, batch_size=4, seed=0)
     >>> rows(epoch=0, step=2)  # the last two rows of epoch 0's order, then its first two
+    array([8, 1, 4, 6])
     """
 
     def __init__(self, count: int, batch_size: int, seed, arrange=None):

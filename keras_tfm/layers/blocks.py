@@ -256,7 +256,8 @@ class EncoderBlock(_Block):
 
     Example:
     >>> block = EncoderBlock(num_heads=4, intermediate_dim=256)
-    >>> y = block(np.random.rand(2, 10, 64).astype("float32"))  # (2, 10, 64)
+    >>> x = np.random.rand(2, 10, 64).astype("float32")
+    >>> y = block(x)  # (2, 10, 64)
     >>> y = block(x, output_positions=np.array([[3, 7], [0, 1]]))  # (2, 2, 64)
     """
 

@@ -50,7 +50,8 @@ def enable_lora(
     Example:
     >>> model = keras_tfm.gpt_shakespeare_char_cpu()
     >>> model.build()
-    >>> enable_lora(model, rank=4)           # every attention's query and value projections
+    >>> enable_lora(model, rank=4)[:2]  # the layers it adapted: every attention's query and value
+    ['block_0/self_attention/query', 'block_0/self_attention/value']
     """
     if not model.built:  # its Dense layers are made when it builds: none to choose from yet
         raise ValueError(

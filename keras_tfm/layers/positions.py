@@ -40,7 +40,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
     Masks: passes the input's Keras mask through unchanged.
 
     Example:
-    >>> x = np.zeros((2, 10, 32), "float32")
+    >>> x = keras.ops.zeros((2, 10, 32))
     >>> x = x + LearnedPositionEmbedding(max_length=512)(x)
     """
 
@@ -102,7 +102,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     Masks: passes the input's Keras mask through unchanged.
 
     Example:
-    >>> x = np.zeros((2, 10, 32), "float32")
+    >>> x = keras.ops.zeros((2, 10, 32))
     >>> x = x + SinusoidalPositionEncoding()(x)
     """
 
@@ -151,7 +151,7 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
         grid_shape: `(rows, cols)` for rank-3 inputs (ints, or scalar tensors).
 
     Example:
-    >>> tokens = np.zeros((2, 64, 32), "float32")  # an 8 x 8 grid
+    >>> tokens = keras.ops.zeros((2, 64, 32))  # an 8 x 8 grid
     >>> tokens = tokens + SinusoidalPositionEncoding2D()(tokens, grid_shape=(8, 8))
     """
 

@@ -100,8 +100,7 @@ class RotaryEmbedding(keras.layers.Layer):
     >>> rope = RotaryEmbedding(max_wavelength=500000.0, scaling="llama3", scaling_factor=32.0,
     ...                        original_max_length=8192)
     >>> queries = np.zeros((2, 10, 8, 64), "float32")
-    >>> rope(queries, start_index=5).shape                      # positions 5 ... 14
-    (2, 10, 8, 64)
+    >>> rotated = rope(queries, start_index=5)  # (2, 10, 8, 64): positions 5 ... 14
     """
 
     def __init__(

@@ -55,7 +55,8 @@ class Bert(Model):
 
     Example:
     >>> encoder = bert_tiny(head=None)
-    >>> vectors = encoder(ids, padding_mask=ids != 0)     # (batch, length, 128)
+    >>> ids = np.random.randint(1, 30522, (2, 16))
+    >>> vectors = encoder(ids, padding_mask=ids != 0)  # (2, 16, 128)
     """
 
     def __init__(
@@ -184,8 +185,9 @@ class BertMLM(_BertWithHead):
     Returns: logits `(batch, num_masked or length, vocabulary_size)`.
 
     Example:
-    >>> mlm = bert_tiny()                                 # a BertMLM
-    >>> logits = mlm(ids, padding_mask=ids != 0, mask_positions=positions)
+    >>> mlm = bert_tiny()  # a BertMLM
+    >>> ids, positions = np.random.randint(1, 30522, (2, 16)), np.array([[1, 5], [2, 9]])
+    >>> logits = mlm(ids, padding_mask=ids != 0, mask_positions=positions)  # (2, 2, 30522)
     """
 
     def __init__(self, head_activation: str | None = None, head_layer_norm_epsilon: float | None = None, **kwargs):
@@ -251,7 +253,8 @@ class BertClassifier(_BertWithHead):
 
     Example:
     >>> classifier = bert_tiny(head="classifier", num_classes=2)
-    >>> logits = classifier(ids, padding_mask=ids != 0)       # (batch, 2)
+    >>> ids = np.random.randint(1, 30522, (2, 16))
+    >>> logits = classifier(ids, padding_mask=ids != 0)  # (2, 2)
     """
 
     lora_trainable_layer_names = ("classifier",)

@@ -39,7 +39,7 @@ class GPT(CausalLM):
     Example:
     >>> model = GPT(vocabulary_size=65, max_length=64, num_layers=4, num_heads=4, hidden_dim=128)
     >>> logits = model(np.zeros((2, 64), "int32"))               # (2, 64, 65)
-    >>> model.generate([[1, 2, 3]], max_new_tokens=20)            # (1, 23) token ids
+    >>> ids = model.generate([[1, 2, 3]], max_new_tokens=20)  # (1, 23) token ids
     """
 
     def __init__(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import os
 import warnings
@@ -153,10 +154,10 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         kernels; `save_lora_weights("x.npz")` writes only the small `A`, `B` pairs.
 
         Example:
-        >>> model = keras_tfm.from_huggingface("gpt2")
+        >>> model = keras_tfm.gpt2_small()  # or keras_tfm.from_huggingface("gpt2"), with its weights
         >>> model.enable_lora(rank=8)
-        >>> model.compile(optimizer="adamw", loss=keras_tfm.TokenCrossEntropy())
-        >>> sum(int(np.prod(w.shape)) for w in model.trainable_weights)   # 294,912 of 124 million
+        >>> sum(int(np.prod(w.shape)) for w in model.trainable_weights)  # of 124 million
+        294912
         """
         self._build_on_demand()
         if trainable_layer_names is None:
@@ -343,13 +344,20 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
     # The tokenizer that turns text into this model's ids (`keras_tfm.data`'s tokenizers), or None. Set by
     # `from_huggingface` from the checkpoint's files, by the recipes, or by hand; a `.keras` file keeps it.
     tokenizer = None
+    # A checkpoint's generation settings (transformers' `generation_config.json`: `eos_token_id`, one id or
+    # several, and `pad_token_id`), which `generate` uses where not told otherwise; or None.
+    generation_config = None
 
     def save_assets(self, dir_path: str) -> None:
-        """Keras' saving calls this: the tokenizer goes into the `.keras` file beside the weights."""
+        """Keras' saving calls this: the tokenizer and the generation settings go into the `.keras` file
+        beside the weights."""
         if self.tokenizer is not None:
             from keras_tfm.data.tokenizers import save_tokenizer
 
             save_tokenizer(self.tokenizer, dir_path)
+        if self.generation_config:
+            with open(os.path.join(dir_path, "generation_config.json"), "w") as file:
+                json.dump(self.generation_config, file)
 
     def load_assets(self, dir_path: str) -> None:
         """Keras' loading calls this: a tokenizer saved with the model comes back with it."""
@@ -358,6 +366,10 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             from keras_tfm.data.tokenizers import load_tokenizer
 
             self.tokenizer = load_tokenizer(path)
+        path = os.path.join(dir_path, "generation_config.json")
+        if os.path.isfile(path):
+            with open(path) as file:
+                self.generation_config = json.load(file)
 
     def count_params(self) -> int:
         self._build_on_demand()

@@ -66,8 +66,9 @@ class Translator(Model):
 
     Example:
     >>> model = transformer_small(source_vocabulary_size=8000, target_vocabulary_size=6000)
-    >>> logits = model({"source_ids": source, "target_ids": target})   # (batch, T, 6000)
-    >>> model.translate(source, max_length=40, beam_size=4)            # (batch, <= 40) token ids
+    >>> source, target = np.random.randint(1, 8000, (2, 12)), np.random.randint(1, 6000, (2, 9))
+    >>> logits = model({"source_ids": source, "target_ids": target})  # (2, 9, 6000)
+    >>> ids = model.translate(source, max_length=10, beam_size=4)  # (2, <= 10) token ids
     """
 
     def __init__(

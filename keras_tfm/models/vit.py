@@ -42,7 +42,8 @@ class ViT(Model):
     Example:
     >>> model = vit_tiny(num_classes=10, image_size=32, patch_size=4)
     >>> logits = model(np.zeros((2, 32, 32, 3), "float32"))                 # (2, 10)
-    >>> logits, weights = model(images, return_attention_weights=True)      # 12 x (2, 3, 65, 65)
+    >>> images = np.random.rand(2, 32, 32, 3).astype("float32")
+    >>> logits, weights = model(images, return_attention_weights=True)  # 12 x (2, 3, 65, 65)
     """
 
     lora_trainable_layer_names = ("head",)
