@@ -27,6 +27,19 @@ from keras_tfm.convert.files import checkpoint_directory, read_checkpoint
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
 from keras_tfm.convert.weights import WeightWriter
 
+
+def generation_settings(directory: str) -> dict | None:
+    """What `generate` takes from a checkpoint's `generation_config.json`: its end ids (`eos_token_id`,
+    one or several: Llama 3 Instruct and Qwen stop at either of two) and `pad_token_id`; None without one."""
+    path = os.path.join(directory, "generation_config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as file:
+        config = json.load(file)
+    settings = {key: config[key] for key in ("eos_token_id", "pad_token_id") if config.get(key) is not None}
+    return settings or None
+
+
 # keras-hub's task models fine-tune at 5e-5 by default too; 1e-3 (from scratch) would wreck a checkpoint.
 FINE_TUNING_LEARNING_RATE = 5e-5
 
@@ -64,11 +77,14 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
 
     Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
-    >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64))
-    >>> model = keras_tfm.from_huggingface(hf)   # a keras_tfm.GPT with the same logits
-    >>> vit = keras_tfm.from_huggingface("google/vit-base-patch16-224", num_classes=10)  # to fine-tune
-    >>> gpt2 = keras_tfm.from_huggingface("gpt2")                  # by Hub id, through the local cache
-    >>> tuned = keras_tfm.from_huggingface("gpt2", adapter="path/to/peft_adapter")  # GPT-2 + its LoRA
+    >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=100))
+    >>> model = keras_tfm.from_huggingface(hf)  # a keras_tfm.GPT with the same logits
+    >>> hf.save_pretrained("tiny-gpt2")
+    >>> model = keras_tfm.from_huggingface("tiny-gpt2")  # a directory, or a Hub id such as "gpt2"
+
+    A Hub id goes through the local cache (`from_huggingface("gpt2")`), `num_classes=10` gives a ViT
+    or BERT checkpoint a new head to fine-tune, and `adapter="path/to/peft_adapter"` adds a peft
+    adapter's LoRA pairs.
     """
     if num_classes is not None and (
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
@@ -111,6 +127,7 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
         from keras_tfm.data.tokenizers import checkpoint_tokenizer
 
         model.tokenizer = checkpoint_tokenizer(checkpoint_directory(base))
+        model.generation_config = generation_settings(checkpoint_directory(base))
     if model.compiled:  # pretrained weights: the models' default AdamW, at a fine-tuning rate
         model.compile(optimizer=keras.optimizers.AdamW(FINE_TUNING_LEARNING_RATE))
     return model
@@ -160,13 +177,16 @@ def save_huggingface(
     its positions resized as it used them: transformers then needs no `interpolate_pos_encoding`.
 
     Example:
-    >>> model = keras_tfm.gpt_shakespeare_char(vocabulary_size=65)
-    >>> model.fit(...)
+    >>> import transformers
+    >>> model = keras_tfm.gpt_shakespeare_char_cpu(num_layers=1)
     >>> keras_tfm.save_huggingface(model, "shakespeare-gpt")
-    >>> transformers.GPT2LMHeadModel.from_pretrained("shakespeare-gpt")   # the same logits
-    >>> keras_tfm.save_huggingface(tuned_gpt2, "gpt2-tuned", tokenizer_from="gpt2")
+    >>> hf = transformers.GPT2LMHeadModel.from_pretrained("shakespeare-gpt")  # the same logits
+    >>> vit = keras_tfm.vit_tiny(image_size=28, patch_size=7, num_channels=1, num_classes=10, num_layers=1)
     >>> keras_tfm.save_huggingface(vit, "digits-vit", image_preprocessing=(28, [keras.layers.Rescaling(1 / 255)]))
-    >>> transformers.pipeline("image-classification", "digits-vit")(image)
+    >>> classify = transformers.pipeline("image-classification", "digits-vit")  # raw pixels in, labels out
+
+    A model fine-tuned from a checkpoint takes that checkpoint's tokenizer along:
+    `save_huggingface(tuned, "gpt2-tuned", tokenizer_from="gpt2")`.
     """
     import shutil
 

@@ -360,23 +360,31 @@ class HuggingFaceTokenizer:
 
     Args:
         tokenizer_json: the content of a `tokenizer.json` file.
+        chat_template: the checkpoint's Jinja chat template (`tokenizer_config.json`'s
+            `chat_template`, or `chat_template.jinja`), or None.
+        special_tokens: the special tokens a chat template reads, e.g. `{"bos_token": "<s>"}`.
 
     `encode(text)` encodes a whole text without special tokens (a corpus to train on; give
     `add_special_tokens=True` for transformers' default, e.g. Llama 3's `<|begin_of_text|>`).
 
     Example:
-    >>> tokenizer = HuggingFaceTokenizer.from_huggingface("path/to/SmolLM2-135M")
-    >>> tokenizer.decode(tokenizer.encode("To be, or not to be"))
-    'To be, or not to be'
+    >>> import tokenizers
+    >>> words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "to": 1, "be": 2}, unk_token="[UNK]"))
+    >>> words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    >>> tokenizer = HuggingFaceTokenizer(words.to_str())  # or HuggingFaceTokenizer.from_huggingface(checkpoint)
+    >>> tokenizer.encode("to be or").tolist()
+    [1, 2, 0]
     """
 
     kind = "huggingface"
 
-    def __init__(self, tokenizer_json: str):
+    def __init__(self, tokenizer_json: str, chat_template: str | None = None, special_tokens: dict | None = None):
         from tokenizers import Tokenizer
 
         self.tokenizer_json = tokenizer_json
         self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
 
     @classmethod
     def from_huggingface(cls, directory: str) -> HuggingFaceTokenizer:
@@ -389,9 +397,28 @@ class HuggingFaceTokenizer:
         with open(path, encoding="utf-8") as file:
             content = file.read()
         try:
-            return cls(content)
+            tokenizer = cls(content)
         except Exception as error:  # tokenizers raises its own Exception for a malformed file
             raise DataError(f"cannot read {path!r} ({error}).", argument="from_huggingface") from None
+        tokenizer.chat_template, tokenizer.special_tokens = _chat_settings(directory)
+        return tokenizer
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation, as transformers' `apply_chat_template(messages,
+        tokenize=False)` renders it; `encode` of it gives transformers' ids (`tokenize=True`).
+
+        Args:
+            messages: `[{"role": "user", "content": "..."}, ...]`.
+            add_generation_prompt: end with what opens the assistant's reply.
+        """
+        from keras_tfm.data.chat import render_chat_template
+
+        if not self.chat_template:
+            raise DataError(
+                "this tokenizer has no chat template (its checkpoint's tokenizer_config.json has no chat_template).",
+                argument="messages",
+            )
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, **self.special_tokens)
 
     @property
     def vocabulary_size(self) -> int:
@@ -414,16 +441,52 @@ class HuggingFaceTokenizer:
         return self.decode(ids, skip_special_tokens=True)
 
     def save(self, path: str) -> None:
+        state = {"kind": self.kind, "tokenizer_json": self.tokenizer_json}
+        if self.chat_template:
+            state.update(chat_template=self.chat_template, special_tokens=self.special_tokens)
         with open(path, "w", encoding="utf-8") as file:
-            json.dump({"kind": self.kind, "tokenizer_json": self.tokenizer_json}, file)
+            json.dump(state, file)
 
     def save_huggingface(self, directory: str) -> None:
-        """Writes `tokenizer.json`, which `transformers.AutoTokenizer` reads as a fast tokenizer."""
+        """Writes `tokenizer.json`, which `transformers.AutoTokenizer` reads as a fast tokenizer, and its
+        chat template and special tokens in `tokenizer_config.json`."""
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "tokenizer.json"), "w", encoding="utf-8") as file:
             file.write(self.tokenizer_json)
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.special_tokens}
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
         with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, file, indent=2)
+            json.dump(config, file, indent=2)
+
+
+def _chat_settings(directory: str) -> tuple[str | None, dict]:
+    """A checkpoint's chat template (`chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`,
+    a string or a list of named templates: "default") and its special tokens as strings."""
+    config = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the second's tokens win, as in transformers
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as file:
+                    config.update(json.load(file))
+            except (OSError, ValueError) as error:
+                raise DataError(f"cannot read {path!r} ({error}).", argument="from_huggingface") from None
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}]
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    jinja = os.path.join(directory, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as file:
+            template = file.read()
+    special = {}
+    for key, value in config.items():
+        if key.endswith("_token") and isinstance(value, dict):  # {"content": "<s>", ...}
+            value = value.get("content")
+        if key.endswith("_token") and isinstance(value, str):
+            special[key] = value
+    return (template if isinstance(template, str) else None), special
 
 
 TOKENIZERS = {

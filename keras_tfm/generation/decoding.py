@@ -110,8 +110,11 @@ def decode(
     context: tuple = (),
     controls: LogitsControls = NO_CONTROLS,
     vocabulary_size: int | None = None,
+    with_scores: bool = False,
 ):
-    """Runs the loop in `keras.ops`; returns the filled buffer and the advanced seed state.
+    """Runs the loop in `keras.ops`; returns the filled buffer and the advanced seed state, and with
+    `with_scores` also `(batch, total)` float32: each generated token's log-probability under the
+    distribution it was chosen from (0 at prompt and padding positions).
 
     `step(token_ids, cache, index, *context) -> (logits, cache)` runs the model on `token_ids`
     placed at positions `index, index + 1, ...` (with `output_logits=False`, the prefill, it returns
@@ -125,16 +128,17 @@ def decode(
         step, cache, buffer, prompt_lengths, prompt_width, context, controls, vocabulary_size
     )
     end = prompt_lengths + max_new_tokens  # (batch,) first position a row no longer writes
-    _, buffer, _, _, seed_state, _ = decode_until(
+    _, buffer, _, _, seed_state, _, scores = decode_until(
         step,
-        (t, buffer, cache, done, seed_state, seen),
+        (t, buffer, cache, done, seed_state, seen, ops.zeros((batch, total), "float32")),
         (prompt_mask, end, stop_token_ids, pad_token_id, ops.convert_to_tensor(total, "int32")),
         sampler,
         while_loop,
         context,
         controls,
+        with_scores,
     )
-    return buffer, seed_state
+    return (buffer, seed_state, scores) if with_scores else (buffer, seed_state)
 
 
 def prefill(
@@ -150,26 +154,38 @@ def prefill(
 
 
 def decode_until(
-    step, state: tuple, constants: tuple, sampler, while_loop=ops.while_loop, context=(), controls=NO_CONTROLS
+    step,
+    state: tuple,
+    constants: tuple,
+    sampler,
+    while_loop=ops.while_loop,
+    context=(),
+    controls=NO_CONTROLS,
+    with_scores: bool = False,
 ):
     """Writes positions from `state`'s `t` on, until position `until` (the last of `constants`), the end
     of the buffer, or every row is done; returns the new state `(t, buffer, cache, done, seed_state,
-    seen)`. `constants`: `(prompt_mask, end, stop_token_ids, pad_token_id, until)`. `decode` runs it
-    once to the end; `CausalLM.stream` runs it a chunk at a time."""
+    seen, scores)`. `constants`: `(prompt_mask, end, stop_token_ids, pad_token_id, until)`. With
+    `with_scores`, `scores` (batch, total) receives each new token's log-probability. `decode` runs
+    it once to the end; `CausalLM.stream` runs it a chunk at a time."""
     batch, total = state[1].shape
     vessel = _seed_vessel()
 
-    def cond(t, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, until, context):
+    def cond(
+        t, buffer, cache, done, seed_state, seen, scores, prompt_mask, end, stop_token_ids, pad_token_id, until, context
+    ):
         return ops.logical_and(ops.logical_and(t < total, t < until), ops.logical_not(ops.all(done)))
 
-    def body(t, buffer, cache, done, seed_state, seen, prompt_mask, end, stop_token_ids, pad_token_id, until, context):
+    def body(
+        t, buffer, cache, done, seed_state, seen, scores, prompt_mask, end, stop_token_ids, pad_token_id, until, context
+    ):
         previous = ops.slice(buffer, (0, t - 1), (batch, 1))
         logits, cache = step(previous, cache, t - 1, *context)
         vocabulary = logits.shape[-1]
         new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if controls.min_new_tokens else None
-        scores = controls(logits[:, -1, :], seen, new_tokens, stop_token_ids, buffer, t)
+        warped = sampler.warp(controls(logits[:, -1, :], seen, new_tokens, stop_token_ids, buffer, t))
         with keras.StatelessScope(state_mapping=[(vessel.state, seed_state)]) as scope:
-            sampled = sampler(scores, vessel)
+            sampled = sampler.choose(warped, vessel)
         advanced = scope.get_current_value(vessel.state)
         seed_state = seed_state if advanced is None else advanced
         from_prompt = ops.take(prompt_mask, t, axis=1)
@@ -178,6 +194,10 @@ def decode_until(
         token = ops.where(done, pad_token_id, token)
         buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (batch, 1)))
         generated = ops.logical_and(ops.logical_not(from_prompt), ops.logical_not(done))
+        if with_scores:  # transformers' transition scores: log-softmax of the processed, warped logits
+            chosen = ops.take_along_axis(ops.log_softmax(warped, axis=-1), ops.maximum(token, 0)[:, None], axis=-1)
+            chosen = ops.where(generated[:, None], chosen, 0.0)
+            scores = ops.slice_update(scores, (0, t), ops.cast(chosen, scores.dtype))
         stopped = ops.any(ops.equal(token[:, None], stop_token_ids[None, :]), axis=-1)
         done = ops.logical_or(done, ops.logical_and(generated, stopped))
         done = ops.logical_or(done, t + 1 >= end)
@@ -189,6 +209,7 @@ def decode_until(
             done,
             seed_state,
             seen,
+            scores,
             prompt_mask,
             end,
             stop_token_ids,
@@ -198,4 +219,4 @@ def decode_until(
         )
 
     loop_vars = (*state, *constants, context)
-    return tuple(while_loop(cond, body, loop_vars)[:6])
+    return tuple(while_loop(cond, body, loop_vars)[:7])

@@ -41,9 +41,20 @@ class Sampler:
 
     def __call__(self, logits, seed_generator: keras.random.SeedGenerator | None = None):
         """`logits` (batch, vocabulary) -> token ids (batch,)."""
+        return self.choose(self.warp(logits), seed_generator)
+
+    def choose(self, warped, seed_generator: keras.random.SeedGenerator | None = None):
+        """A token of each row of `warp`'s logits: the argmax (greedy) or a draw."""
+        if self.greedy:
+            return ops.cast(ops.argmax(warped, axis=-1), "int32")
+        return keras.random.categorical(warped, 1, seed=seed_generator, dtype="int32")[:, 0]
+
+    def warp(self, logits):
+        """The logits a token is drawn from: divided by the temperature, those outside top-k and
+        top-p made very negative (transformers' warpers); greedy decoding leaves them as they are."""
         logits = ops.cast(logits, "float32")
         if self.greedy:
-            return ops.cast(ops.argmax(logits, axis=-1), "int32")
+            return logits
         logits = logits / self.temperature
         if self.top_k and self.top_k < logits.shape[-1]:  # a larger top_k keeps every token
             kth_largest = ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
@@ -56,8 +67,7 @@ class Sampler:
             kept = ops.where(mass_before < self.top_p, descending, -LARGE_NEGATIVE)
             threshold = ops.min(kept, axis=-1, keepdims=True)
             logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
-        choice = keras.random.categorical(logits, 1, seed=seed_generator, dtype="int32")
-        return choice[:, 0]
+        return logits
 
 
 @dataclass(frozen=True)

@@ -102,14 +102,15 @@ class CausalLM(Model):
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        stop_token_ids=(),
-        pad_token_id: int = 0,
+        stop_token_ids=None,
+        pad_token_id: int | None = None,
         num_beams: int = 1,
         length_penalty: float = 1.0,
         repetition_penalty: float = 1.0,
         min_new_tokens: int = 0,
         no_repeat_ngram_size: int = 0,
         num_return_sequences: int = 1,
+        return_scores: bool = False,
     ) -> np.ndarray:
         """Continues each prompt by up to `max_new_tokens` tokens with a key/value cache.
 
@@ -121,7 +122,10 @@ class CausalLM(Model):
             temperature, top_k, top_p: sampling; `temperature=0` (default) is greedy.
             seed: makes sampling reproducible.
             stop_token_ids: an id or ids; a row stops after generating one of them (it is kept).
-            pad_token_id: fills a row after it stops, and the tail of shorter rows.
+                None (default): the checkpoint's `eos_token_id`s (`model.generation_config`, read by
+                `from_huggingface` from its `generation_config.json`), as transformers stops; `()`: none.
+            pad_token_id: fills a row after it stops, and the tail of shorter rows; None (default):
+                the checkpoint's `pad_token_id`, else 0.
             num_beams: > 1 runs beam search (deterministic; the sampling arguments are ignored).
             length_penalty: beams are ranked by log-probability / length ** length_penalty.
             repetition_penalty: > 1 discourages tokens already in the sequence, prompt included
@@ -130,6 +134,10 @@ class CausalLM(Model):
             no_repeat_ngram_size: n > 0 forbids tokens that would repeat an n-gram of the sequence.
             num_return_sequences: continuations per prompt: the best beams (at most `num_beams`),
                 or that many samples; greedy decoding has one.
+            return_scores: also return each new token's log-probability under the distribution it was
+                chosen from (after the controls, temperature, top-k and top-p: transformers'
+                `compute_transition_scores(..., normalize_logits=True)`), float32 `(rows,
+                max_new_tokens)`, 0 after a row's end. Greedy decoding and sampling.
 
         Returns:
             int array `(batch * num_return_sequences, prompt_length + max_new_tokens)`: row `i` holds
@@ -137,6 +145,7 @@ class CausalLM(Model):
             continuations are consecutive rows). For text, the text of each prompt and its new tokens
             (up to and with a stop token), decoded by `model.tokenizer` without special tokens: a
             string for a string, a list for a list (lists of `num_return_sequences` strings when > 1).
+            With `return_scores`, the pair `(output, scores)`.
 
         The decoding loop is compiled once per sampler setting and reused: XLA on JAX and
         TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
@@ -145,6 +154,7 @@ class CausalLM(Model):
         texts = _texts(token_ids)
         if texts is not None:
             token_ids = self._encode_prompts(texts)
+        pad_token_id = self._pad_id(pad_token_id)
         check_decoding(
             f"{type(self).__name__}.generate",
             max_new_tokens=max_new_tokens,
@@ -156,6 +166,12 @@ class CausalLM(Model):
         owner = f"{type(self).__name__}.generate"
         controls = _controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         check_return_sequences(owner, num_return_sequences, num_beams, temperature)
+        if not isinstance(return_scores, bool) or (return_scores and num_beams > 1):
+            raise InputError(
+                f"{owner}: `return_scores` must be True or False, and True only without beam search (num_beams=1), "
+                f"which ranks whole sequences; received return_scores={return_scores!r} with num_beams={num_beams!r}.",
+                "return_scores",
+            )
         self._build_on_demand()  # weights must exist before the loop is traced
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         buffer, prompt_mask, lengths = decoding.prepare_prompts(
@@ -168,7 +184,7 @@ class CausalLM(Model):
         stop_token_ids = self._stop_ids(stop_token_ids)
         self._check_fits(owner, buffer.shape[1], max_new_tokens)
         prompt_width = buffer.shape[1] - max_new_tokens
-        key = (sampler, prompt_width, num_beams, length_penalty, controls, num_return_sequences)
+        key = (sampler, prompt_width, num_beams, length_penalty, controls, num_return_sequences, return_scores)
         if key not in self._generate_functions:
             step, while_loop = compiled.decoding_functions(
                 self.call_with_cache, self, traceable=sampler.greedy or num_beams > 1
@@ -210,10 +226,11 @@ class CausalLM(Model):
                     while_loop,
                     controls=controls,
                     vocabulary_size=self.vocabulary_size,
+                    with_scores=return_scores,
                 )
 
             self._generate_functions[key] = compiled.compile_function(run, self)
-        output, _ = self._generate_functions[key](
+        output, *scores = self._generate_functions[key](
             ops.convert_to_tensor(buffer),
             ops.convert_to_tensor(prompt_mask),
             ops.convert_to_tensor(lengths),
@@ -223,8 +240,11 @@ class CausalLM(Model):
             decoding.initial_seed_state(seed),
         )
         output = ops.convert_to_numpy(output)
+        if return_scores:  # each row's new positions: from its prompt's end on
+            every = ops.convert_to_numpy(scores[-1])
+            scores = np.stack([every[i, n : n + max_new_tokens] for i, n in enumerate(lengths.tolist())])
         if texts is None:
-            return output
+            return (output, scores) if return_scores else output
         if num_beams > 1:  # one prompt length per returned beam
             lengths = np.repeat(lengths, num_return_sequences)
         decoded = [
@@ -233,7 +253,8 @@ class CausalLM(Model):
         ]
         if num_return_sequences > 1:
             decoded = [decoded[i : i + num_return_sequences] for i in range(0, len(decoded), num_return_sequences)]
-        return decoded[0] if isinstance(texts, str) else decoded
+        decoded = decoded[0] if isinstance(texts, str) else decoded
+        return (decoded, scores) if return_scores else decoded
 
     def stream(
         self,
@@ -244,7 +265,7 @@ class CausalLM(Model):
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        stop_token_ids=(),
+        stop_token_ids=None,
         repetition_penalty: float = 1.0,
         min_new_tokens: int = 0,
         no_repeat_ngram_size: int = 0,
@@ -257,8 +278,13 @@ class CausalLM(Model):
         chunks, keeping its cache: larger chunks cost less, smaller ones arrive sooner.
 
         Example:
-        >>> for piece in lm.stream("Once upon a time", max_new_tokens=50):
-        ...     print(piece, end="", flush=True)
+        >>> lm = keras_tfm.gpt_shakespeare_char_cpu(num_layers=1)
+        >>> pieces = list(lm.stream([1, 2, 3], max_new_tokens=8, chunk_size=4))  # two arrays of 4 new ids
+        >>> len(pieces)
+        2
+
+        With a tokenizer (`lm.tokenizer`), a text prompt streams text:
+        `for piece in lm.stream("Once upon a time", max_new_tokens=50): print(piece, end="")`.
         """
         owner = f"{type(self).__name__}.stream"
         text = isinstance(token_ids, str)
@@ -293,7 +319,8 @@ class CausalLM(Model):
             )
         start, advance = self._generate_functions[key]
         t, cache, done, seen = start(ops.convert_to_tensor(buffer), ops.convert_to_tensor(lengths))
-        state = (t, ops.convert_to_tensor(buffer), cache, done, decoding.initial_seed_state(seed), seen)
+        unused_scores = ops.zeros(buffer.shape, "float32")
+        state = (t, ops.convert_to_tensor(buffer), cache, done, decoding.initial_seed_state(seed), seen, unused_scores)
         constants = [
             ops.convert_to_tensor(prompt_mask),
             ops.convert_to_tensor(lengths + max_new_tokens),
@@ -325,10 +352,52 @@ class CausalLM(Model):
                 return
 
     def _stop_ids(self, stop_token_ids) -> np.ndarray:
-        """An id or ids as an int32 array of ids of the vocabulary."""
+        """An id or ids as an int32 array of ids of the vocabulary; None: the checkpoint's end ids."""
+        if stop_token_ids is None:
+            stop_token_ids = (self.generation_config or {}).get("eos_token_id") or ()
         if isinstance(stop_token_ids, (int, np.integer)):
             stop_token_ids = [stop_token_ids]
         return decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
+
+    def _pad_id(self, pad_token_id: int | None) -> int:
+        if pad_token_id is None:
+            pad_token_id = (self.generation_config or {}).get("pad_token_id")
+        return 0 if pad_token_id is None else pad_token_id
+
+    def chat(self, messages: list[dict], max_new_tokens: int = 256, **generate_arguments) -> str:
+        """The model's reply to a conversation: the messages rendered with the checkpoint's chat template
+        as transformers' `apply_chat_template` renders them (the same text and ids), then generated up
+        to a stop id (by default the checkpoint's `eos_token_id`s) and decoded without special tokens.
+
+        Args:
+            messages: `[{"role": "system" | "user" | "assistant", "content": "..."}, ...]`.
+            max_new_tokens: the longest reply, in tokens.
+            **generate_arguments: `generate`'s (sampling, `repetition_penalty`, `stop_token_ids`, ...).
+
+        Example: `lm.chat([{"role": "user", "content": "What is a transformer?"}], max_new_tokens=64)`
+        returns the reply as a string.
+        """
+        owner = f"{type(self).__name__}.chat"
+        if not callable(getattr(self.tokenizer, "apply_chat_template", None)) or not getattr(
+            self.tokenizer, "chat_template", None
+        ):
+            raise InputError(
+                f"{owner}: needs a tokenizer with a chat template (`model.tokenizer.chat_template`), as "
+                "`from_huggingface` attaches for a checkpoint that has one; this model's tokenizer is "
+                f"{type(self.tokenizer).__name__ if self.tokenizer is not None else None} without one.",
+                "messages",
+            )
+        for name in ("num_return_sequences", "padding_mask"):
+            if name in generate_arguments:
+                raise InputError(f"{owner}: replies to one conversation; `{name}` is not taken.", name)
+        from keras_tfm.data.chat import check_messages
+
+        text = self.tokenizer.apply_chat_template(check_messages(messages, owner), add_generation_prompt=True)
+        prompt = np.asarray(self.tokenizer.encode(text)).tolist()  # the template holds the special tokens
+        stops = self._stop_ids(generate_arguments.pop("stop_token_ids", None))
+        output = self.generate([prompt], max_new_tokens, stop_token_ids=stops, **generate_arguments)[0]
+        reply = output[len(prompt) : _generated_end(output, len(prompt), max_new_tokens, stops)]
+        return self._decode_text(reply)
 
     def _check_fits(self, owner: str, total: int, max_new_tokens: int) -> None:
         """Refuses prompts and new tokens longer together than `max_length`."""

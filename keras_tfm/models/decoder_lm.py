@@ -58,7 +58,7 @@ class DecoderLM(CausalLM):
     134515008
     >>> small = DecoderLM(vocabulary_size=65, max_length=64, num_layers=2, num_heads=4,
     ...                   hidden_dim=64, intermediate_dim=172, num_key_value_heads=2)
-    >>> small.generate([[1, 2, 3]], max_new_tokens=20)      # (1, 23) token ids
+    >>> ids = small.generate([[1, 2, 3]], max_new_tokens=20)  # (1, 23) token ids
     """
 
     def __init__(

@@ -108,13 +108,21 @@ def test_greedy_generate_of_ragged_prompts_matches_transformers(rng, variant):
     hf = hf_model(variant, initializer_range=0.3)  # peaked logits: argmax decided by the model, not float noise
     model = keras_tfm.from_huggingface(hf)
     prompts = [rng.integers(1, VOCABULARY, size=9).tolist(), rng.integers(1, VOCABULARY, size=4).tolist()]
-    ours = model.generate(prompts, max_new_tokens=10)
-    for row, prompt in zip(ours, prompts):
+    ours, scores = model.generate(prompts, max_new_tokens=10, return_scores=True)
+    for row, row_scores, prompt in zip(ours, scores, prompts):
         with torch.no_grad():
-            expected = hf.generate(
-                torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None
-            )[0].numpy()
-        np.testing.assert_array_equal(row[: len(expected)], expected)
+            out = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=10,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        np.testing.assert_array_equal(row[: out.sequences.shape[1]], out.sequences[0].numpy())
+        transition = hf.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0].numpy()
+        np.testing.assert_allclose(row_scores, transition, atol=1e-4, rtol=0)  # log-probabilities of the tokens
 
 
 @pytest.mark.backend_independent  # the logits of each variant on every backend: test_logits_and_parameter_count_match
@@ -283,6 +291,28 @@ def test_generation_controls_give_transformers_tokens(rng, controls):
         assert stop[0] not in new[: controls["min_new_tokens"]].tolist()
 
 
+@pytest.mark.backend_independent  # greedy scores on every backend: the ragged test above
+def test_sampled_scores_are_the_log_probabilities_of_the_warped_distribution(rng):
+    model = keras_tfm.from_huggingface(hf_model("llama_gqa_llama3_untied", initializer_range=0.3))
+    prompt = rng.integers(1, VOCABULARY, size=(1, 5))
+    ids, scores = model.generate(prompt, max_new_tokens=6, temperature=0.7, top_k=5, seed=3, return_scores=True)
+    logits = to_numpy(model(ids[:, :-1]))[0, 4:] / 0.7  # the positions that chose the 6 new tokens
+    kth = np.sort(logits, axis=-1)[:, -5][:, None]
+    warped = np.where(logits < kth, -np.inf, logits)
+    log_probabilities = (
+        warped
+        - np.log(np.sum(np.exp(warped - warped.max(-1, keepdims=True)), -1, keepdims=True))
+        - warped.max(-1, keepdims=True)
+    )
+    expected = log_probabilities[np.arange(6), ids[0, 5:]]
+    np.testing.assert_allclose(scores[0], expected, atol=1e-4, rtol=0)
+    assert np.all(scores < 0) and np.all(np.isfinite(scores))
+    texts_or_ids = model.generate(prompt, max_new_tokens=6, temperature=0.7, top_k=5, seed=3)
+    np.testing.assert_array_equal(texts_or_ids, ids)  # asking for scores changes no token
+    with pytest.raises(ValueError, match="return_scores"):
+        model.generate(prompt, max_new_tokens=2, num_beams=2, return_scores=True)
+
+
 @pytest.mark.backend_independent
 def test_bad_generation_controls_are_refused_by_name():
     model = keras_tfm.from_huggingface(hf_model("llama_gqa_llama3_untied"))
@@ -295,3 +325,96 @@ def test_bad_generation_controls_are_refused_by_name():
     ]:
         with pytest.raises(ValueError, match=message):
             model.generate([[1, 2]], max_new_tokens=2, **kwargs)
+
+
+# ChatML, as Qwen's checkpoints write it, with a default system message, the bos token and a refusal.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}{% endif %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('Unknown role: ' + message['role']) }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+MESSAGES = [
+    {"role": "user", "content": "To be, or not to be?"},
+    {"role": "assistant", "content": "That is the question."},
+    {"role": "user", "content": "Whether 'tis nobler…"},
+]
+
+
+def _transformers_ids(tokenizer, messages):
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@pytest.mark.backend_independent  # the template and the stop ids; generation on every backend: the tests above
+def test_chat_renders_as_transformers_and_stops_at_the_checkpoints_end_ids(tmp_path):
+    from tests.training.test_runtime import llama_family_checkpoint
+
+    checkpoint, _, _ = llama_family_checkpoint(tmp_path, initializer_range=0.5)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 256}))  # room to talk
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+    model = keras_tfm.from_huggingface(str(checkpoint))
+    text = model.tokenizer.apply_chat_template(MESSAGES)
+    assert text == theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|begin_of_text|><|im_start|>system\nBe brief.") and text.endswith("assistant\n")
+    prompt = model.tokenizer.encode(text).tolist()
+    assert prompt == _transformers_ids(theirs, MESSAGES)
+
+    def transformers_reply(hf_model, **settings):
+        with torch.no_grad():
+            ids = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, **settings)
+        return theirs.decode(ids[0, len(prompt) :], skip_special_tokens=True), ids[0, len(prompt) :].tolist()
+
+    reply = model.chat(MESSAGES, max_new_tokens=8, stop_token_ids=())
+    expected, new_ids = transformers_reply(hf, eos_token_id=None, pad_token_id=0)
+    assert reply == expected
+    # The checkpoint's generation_config.json names two end ids: the third new token and another; both
+    # libraries stop at the first that comes.
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [new_ids[2], 0], "pad_token_id": 0}))
+    model = keras_tfm.from_huggingface(str(checkpoint))
+    assert model.generation_config == {"eos_token_id": [new_ids[2], 0], "pad_token_id": 0}
+    short = model.chat(MESSAGES, max_new_tokens=8)
+    assert short == transformers_reply(transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint)))[0]
+    assert len(short) < len(reply)
+    model.save(tmp_path / "chat.keras")  # the template and the end ids travel with the model
+    loaded = keras_tfm.load_model(tmp_path / "chat.keras")
+    assert loaded.tokenizer.chat_template == CHAT_TEMPLATE and loaded.generation_config == model.generation_config
+    assert loaded.chat(MESSAGES, max_new_tokens=8) == short
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "messages, message",
+    [
+        ([], "messages must be a non-empty list"),
+        ("Hello", "messages must be a non-empty list"),
+        ([{"role": "user"}], r"messages\[0\] must be a dict with a 'role' and a 'content'"),
+        ([{"role": "user", "content": "a"}, {"content": "b"}], r"messages\[1\] must be a dict"),
+        ([{"role": 3, "content": "a"}], r"messages\[0\] needs a string 'role'"),
+        ([{"role": "tool", "content": "a"}], "the chat template refused the messages: Unknown role: tool"),
+    ],
+)
+def test_bad_chat_messages_are_refused_by_name(messages, message):
+    import tokenizers
+
+    from keras_tfm.data import HuggingFaceTokenizer
+    from keras_tfm.errors import InputError
+
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tokenizer = HuggingFaceTokenizer(words.to_str(), chat_template=CHAT_TEMPLATE, special_tokens={"bos_token": "[UNK]"})
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=2, max_length=64, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+    )
+    model.tokenizer = tokenizer
+    with pytest.raises(InputError, match=message) as error:
+        model.chat(messages)
+    assert error.value.argument == "messages"
+    model.tokenizer = None
+    with pytest.raises(InputError, match="needs a tokenizer with a chat template"):
+        model.chat([{"role": "user", "content": "a"}])
