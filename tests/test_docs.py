@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+import keras
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,11 +29,14 @@ def test_every_python_example_of_a_page_runs_as_written(page, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     namespace: dict = {"__name__": "__docs__"}
-    for number, block in enumerate(_blocks(page), 1):
-        try:
-            exec(compile(block, f"{page} (Python block {number})", "exec"), namespace)
-        except Exception as error:
-            raise AssertionError(f"{page}: Python block {number} failed: {error!r}\n{block}") from error
+    try:
+        for number, block in enumerate(_blocks(page), 1):
+            try:
+                exec(compile(block, f"{page} (Python block {number})", "exec"), namespace)
+            except Exception as error:
+                raise AssertionError(f"{page}: Python block {number} failed: {error!r}\n{block}") from error
+    finally:
+        keras.backend.clear_session()  # the layer names a page used are free again, as in a new process
 
 
 @pytest.mark.backend_independent

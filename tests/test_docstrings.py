@@ -26,6 +26,9 @@ def test_every_docstring_example_of_a_module_runs(name, tmp_path, monkeypatch):
     module = importlib.import_module(name)
     report: list[str] = []
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in FINDER.find(module, extraglobs={"np": np, "keras": keras, "keras_tfm": keras_tfm}):
-        runner.run(test, out=report.append)
+    try:
+        for test in FINDER.find(module, extraglobs={"np": np, "keras": keras, "keras_tfm": keras_tfm}):
+            runner.run(test, out=report.append)
+    finally:
+        keras.backend.clear_session()  # the layer names the examples used are free again
     assert runner.failures == 0, "".join(report)

@@ -10,6 +10,7 @@ from keras_tfm.data.tokenizers import (
     BytePairTokenizer,
     CharacterTokenizer,
     HuggingFaceTokenizer,
+    MarianTokenizer,
     SentencePieceTokenizer,
     WordPieceTokenizer,
     checkpoint_tokenizer,

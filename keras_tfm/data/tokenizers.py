@@ -460,6 +460,118 @@ class HuggingFaceTokenizer:
             json.dump(config, file, indent=2)
 
 
+class MarianTokenizer:
+    """A Marian (opus-mt) checkpoint's tokenizer, run as transformers' `MarianTokenizer`: each side's
+    SentencePiece model (`source.spm`, `target.spm`) cuts the text into pieces, and the checkpoint's
+    vocabulary (`vocab.json`; `target_vocab.json` beside it for separate vocabularies) gives their ids,
+    `<unk>` for a piece it lacks. A source ends with `</s>`; a leading language code (`>>de<<`) is kept
+    whole. The same ids and text as transformers (tested).
+
+    Args:
+        source_model, target_model: the SentencePiece models (bytes, or base64 text).
+        vocabulary: piece -> id of the source side (and of the target side when it is shared).
+        target_vocabulary: piece -> id of the target side, for separate vocabularies; or None.
+        unk_token, eos_token, pad_token: the checkpoint's special tokens.
+
+    Example: `MarianTokenizer.from_huggingface("Helsinki-NLP/opus-mt-de-en")` (a directory or Hub id);
+    `from_huggingface` attaches it to the translator, whose `translate` then takes and returns text.
+    """
+
+    kind = "marian"
+
+    def __init__(
+        self,
+        source_model: bytes | str,
+        target_model: bytes | str,
+        vocabulary: dict,
+        target_vocabulary: dict | None = None,
+        unk_token: str = "<unk>",
+        eos_token: str = "</s>",
+        pad_token: str = "<pad>",
+    ):
+        import sentencepiece
+
+        self.source_model, self.target_model = (
+            base64.b64decode(model) if isinstance(model, str) else bytes(model)
+            for model in (source_model, target_model)
+        )
+        self.vocabulary, self.target_vocabulary = dict(vocabulary), target_vocabulary and dict(target_vocabulary)
+        self.unk_token, self.eos_token, self.pad_token = unk_token, eos_token, pad_token
+        if unk_token not in self.vocabulary:
+            raise DataError(f"the vocabulary has no {unk_token!r} (unk_token).", argument="vocabulary")
+        self._source = sentencepiece.SentencePieceProcessor(model_proto=self.source_model)
+        self._target = sentencepiece.SentencePieceProcessor(model_proto=self.target_model)
+        target = self.target_vocabulary or self.vocabulary
+        self._pieces = {index: piece for piece, index in target.items()}
+        self._special_ids = {target[token] for token in (unk_token, eos_token, pad_token) if token in target}
+
+    @classmethod
+    def from_huggingface(cls, directory: str) -> MarianTokenizer:
+        """The tokenizer files of a Marian checkpoint directory (or Hub model id)."""
+        directory = _checkpoint_directory(directory)
+
+        def read(name: str, binary: bool = False):
+            path = os.path.join(directory, name)
+            try:
+                with open(path, "rb") as file:
+                    content = file.read()
+                return content if binary else json.loads(content)
+            except (OSError, ValueError) as error:
+                raise DataError(f"cannot read {path!r} ({error}).", argument="from_huggingface") from None
+
+        config = (
+            read("tokenizer_config.json") if os.path.isfile(os.path.join(directory, "tokenizer_config.json")) else {}
+        )
+        separate = config.get("separate_vocabs", False)
+        return cls(
+            read("source.spm", binary=True),
+            read("target.spm", binary=True),
+            read("vocab.json"),
+            read("target_vocab.json") if separate else None,
+            **{key: config[key] for key in ("unk_token", "eos_token", "pad_token") if isinstance(config.get(key), str)},
+        )
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def encode_source(self, text: str) -> np.ndarray:
+        """A source sentence's ids, ending with `</s>`, as transformers' tokenizer gives them."""
+        code = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:
+            code, text = [text[: end + 2]], text[end + 2 :]
+        pieces = code + self._source.encode(text, out_type=str)
+        unknown = self.vocabulary[self.unk_token]
+        return np.asarray(
+            [self.vocabulary.get(piece, unknown) for piece in pieces] + [self.vocabulary[self.eos_token]], "int32"
+        )
+
+    def decode_target(self, ids) -> str:
+        """A translation's text, without special tokens (transformers' `decode(ids, skip_special_tokens=True)`)."""
+        # transformers decodes with the source model where the vocabulary is shared
+        model = self._target if self.target_vocabulary else self._source
+        pieces = []
+        for index in (int(i) for i in np.asarray(ids).reshape(-1)):
+            if index in self._special_ids:
+                continue
+            pieces.append(self._pieces.get(index) or model.IdToPiece(index) or self.unk_token)
+        return model.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    def save(self, path: str) -> None:
+        state = {
+            "kind": self.kind,
+            "source_model": base64.b64encode(self.source_model).decode("ascii"),
+            "target_model": base64.b64encode(self.target_model).decode("ascii"),
+            "vocabulary": self.vocabulary,
+            "target_vocabulary": self.target_vocabulary,
+            "unk_token": self.unk_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+        }
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(state, file)
+
+
 def _chat_settings(directory: str) -> tuple[str | None, dict]:
     """A checkpoint's chat template (`chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`,
     a string or a list of named templates: "default") and its special tokens as strings."""
@@ -495,15 +607,18 @@ TOKENIZERS = {
     "bpe": BytePairTokenizer,
     "sentencepiece": SentencePieceTokenizer,
     "huggingface": HuggingFaceTokenizer,
+    "marian": MarianTokenizer,
 }
 
 
 def checkpoint_tokenizer(directory: str):
     """The tokenizer of a Hugging Face checkpoint directory, or None where it has none: its
-    `tokenizer.json` (any fast tokenizer), else GPT-2's `vocab.json` and `merges.txt`, else BERT's
-    `vocab.txt`."""
+    `tokenizer.json` (any fast tokenizer), else Marian's `source.spm`, `target.spm` and `vocab.json`,
+    else GPT-2's `vocab.json` and `merges.txt`, else BERT's `vocab.txt`."""
     if os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return HuggingFaceTokenizer.from_huggingface(directory)
+    if all(os.path.isfile(os.path.join(directory, name)) for name in ("source.spm", "target.spm", "vocab.json")):
+        return MarianTokenizer.from_huggingface(directory)
     if all(os.path.isfile(os.path.join(directory, name)) for name in ("vocab.json", "merges.txt")):
         return BytePairTokenizer.from_huggingface(directory)
     if os.path.isfile(os.path.join(directory, "vocab.txt")):

@@ -31,6 +31,15 @@ def as_token_ids(values, argument: str, vocabulary_size: int, mask=None) -> np.n
     return array.astype("int32")
 
 
+def texts(inputs) -> str | list[str] | None:
+    """`inputs` if it is text (a string, or a non-empty list of strings), else None (token ids)."""
+    if isinstance(inputs, str):
+        return inputs
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(text, str) for text in inputs):
+        return list(inputs)
+    return None
+
+
 def right_padded(rows, argument: str, vocabulary_size: int, pad_token_id: int) -> np.ndarray:
     """A list of id lists as one `(batch, longest)` int32 array, padded on the right."""
     rows = [as_token_ids(row, argument, vocabulary_size) for row in rows]

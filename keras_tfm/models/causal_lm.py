@@ -151,7 +151,7 @@ class CausalLM(Model):
         TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
         recorded once with `torch.jit.trace` and replayed.
         """
-        texts = _texts(token_ids)
+        texts = decoding.texts(token_ids)
         if texts is not None:
             token_ids = self._encode_prompts(texts)
         pad_token_id = self._pad_id(pad_token_id)
@@ -354,7 +354,10 @@ class CausalLM(Model):
     def _stop_ids(self, stop_token_ids) -> np.ndarray:
         """An id or ids as an int32 array of ids of the vocabulary; None: the checkpoint's end ids."""
         if stop_token_ids is None:
-            stop_token_ids = (self.generation_config or {}).get("eos_token_id") or ()
+            ends = (self.generation_config or {}).get("eos_token_id")
+            ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+            # an end id outside the vocabulary is never generated (a small model made from a GPT-2 config)
+            stop_token_ids = [end for end in ends if 0 <= end < self.vocabulary_size]
         if isinstance(stop_token_ids, (int, np.integer)):
             stop_token_ids = [stop_token_ids]
         return decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
@@ -362,7 +365,9 @@ class CausalLM(Model):
     def _pad_id(self, pad_token_id: int | None) -> int:
         if pad_token_id is None:
             pad_token_id = (self.generation_config or {}).get("pad_token_id")
-        return 0 if pad_token_id is None else pad_token_id
+            if not isinstance(pad_token_id, int) or not 0 <= pad_token_id < self.vocabulary_size:
+                pad_token_id = 0
+        return pad_token_id
 
     def chat(self, messages: list[dict], max_new_tokens: int = 256, **generate_arguments) -> str:
         """The model's reply to a conversation: the messages rendered with the checkpoint's chat template
@@ -434,15 +439,6 @@ def _controls(owner: str, repetition_penalty, min_new_tokens, no_repeat_ngram_si
         return LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
     except ValueError as error:
         raise InputError(f"{owner}: {error}") from None
-
-
-def _texts(token_ids) -> str | list[str] | None:
-    """`token_ids` if it is text (a string, or a non-empty list of strings), else None."""
-    if isinstance(token_ids, str):
-        return token_ids
-    if isinstance(token_ids, (list, tuple)) and token_ids and all(isinstance(text, str) for text in token_ids):
-        return list(token_ids)
-    return None
 
 
 def _generated_end(row: np.ndarray, prompt_length: int, max_new_tokens: int, stop_token_ids) -> int:

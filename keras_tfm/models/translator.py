@@ -18,9 +18,10 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.sampling import Sampler, check_decoding
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, check_decoding
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -299,23 +300,41 @@ class Translator(Model):
         return ids
 
     def translate(
-        self, source_ids, max_length: int = 64, beam_size: int = 1, length_penalty: float = 1.0
-    ) -> np.ndarray:
+        self,
+        source_ids,
+        max_length: int = 64,
+        beam_size: int = 1,
+        length_penalty: float = 1.0,
+        repetition_penalty: float = 1.0,
+        min_new_tokens: int = 0,
+        no_repeat_ngram_size: int = 0,
+    ):
         """Translates a batch of sources (lists of ids of any lengths, or `(batch, length)` padded
-        with `pad_token_id`), or one source (a list or 1-D array of ids, translated as a batch of one).
+        with `pad_token_id`), or one source (a list or 1-D array of ids, translated as a batch of one);
+        or text: a string or a list of strings, with `model.tokenizer` (a Marian checkpoint's, attached
+        by `from_huggingface`: `encode_source`, `decode_target`).
 
         Args:
             max_length: most target tokens per sentence, the end token included.
             beam_size: 1 is greedy; more runs beam search.
             length_penalty: beams are ranked by log-probability / length ** length_penalty.
+            repetition_penalty, min_new_tokens, no_repeat_ngram_size: as in `CausalLM.generate`
+                (transformers' meanings), over the target tokens.
 
         Returns:
             int array `(batch, max_length)`: each translation (without the start token), ending with
-            `end_token_id` unless cut at `max_length`, then `pad_token_id`.
+            `end_token_id` unless cut at `max_length`, then `pad_token_id`. For text, the translations'
+            text: a string for a string, a list for a list.
         """
-        check_decoding(
-            "Translator.translate", max_length=max_length, beam_size=beam_size, length_penalty=length_penalty
-        )
+        owner = "Translator.translate"
+        check_decoding(owner, max_length=max_length, beam_size=beam_size, length_penalty=length_penalty)
+        try:
+            controls = LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+        except ValueError as error:
+            raise InputError(f"{owner}: {error}") from None
+        texts = decoding.texts(source_ids)
+        if texts is not None:
+            source_ids = self._encode_sources(owner, texts)
         self._build_on_demand()
         source = self._prepare_source(source_ids)
         for name, length in (("source length", source.shape[1]), ("max_length + 1", max_length + 1)):
@@ -327,10 +346,10 @@ class Translator(Model):
         buffer, prompt_mask, lengths = decoding.prepare_prompts(
             start, None, max_length, self.pad_token_id, self.target_vocabulary_size
         )
-        key = (beam_size, length_penalty)
+        key = (beam_size, length_penalty, controls)
         if key not in self._translate_functions:
             self._translate_functions[key] = compiled.compile_function(
-                self._translate_loop(beam_size, length_penalty), self
+                self._translate_loop(beam_size, length_penalty, controls), self
             )
         output = self._translate_functions[key](
             ops.convert_to_tensor(source),
@@ -342,9 +361,30 @@ class Translator(Model):
             ops.convert_to_tensor(self.pad_token_id, "int32"),
             decoding.initial_seed_state(0),
         )
-        return ops.convert_to_numpy(output)[:, 1:]
+        output = ops.convert_to_numpy(output)[:, 1:]
+        if texts is None:
+            return output
+        translations = []
+        for row in output.tolist():
+            end = row.index(self.end_token_id) if self.end_token_id in row else len(row)
+            translations.append(self.tokenizer.decode_target(row[:end]))
+        return translations[0] if isinstance(texts, str) else translations
 
-    def _translate_loop(self, beam_size: int, length_penalty: float):
+    def _encode_sources(self, owner: str, texts) -> list[list[int]]:
+        encode = getattr(self.tokenizer, "encode_source", None)
+        if encode is None:
+            raise InputError(
+                f"{owner}: text needs a tokenizer with both sides (`encode_source`, `decode_target`: a Marian "
+                f"checkpoint's, as `from_huggingface` attaches); `model.tokenizer` is "
+                f"{type(self.tokenizer).__name__ if self.tokenizer is not None else None}. Give token ids instead.",
+                "source_ids",
+            )
+        sources = [np.asarray(encode(text)).tolist() for text in ([texts] if isinstance(texts, str) else texts)]
+        if not sources or not all(sources):
+            raise InputError(f"{owner}: every source needs at least one token; received {texts!r}.", "source_ids")
+        return sources
+
+    def _translate_loop(self, beam_size: int, length_penalty: float, controls=NO_CONTROLS):
         step, while_loop = compiled.decoding_functions(self.call_with_cache, self)
         head_dim = self.hidden_dim // self.num_heads
 
@@ -377,6 +417,8 @@ class Translator(Model):
                     length_penalty,
                     while_loop,
                     context,
+                    controls=controls,
+                    vocabulary_size=self.target_vocabulary_size,
                 )
             output, _ = decoding.decode(
                 step,
@@ -392,6 +434,8 @@ class Translator(Model):
                 Sampler(),
                 while_loop,
                 context,
+                controls=controls,
+                vocabulary_size=self.target_vocabulary_size,
             )
             return output
 

@@ -121,3 +121,87 @@ def test_loads_a_saved_directory(rng, tmp_path, config):
             decoder_input_ids=torch.tensor(target),
         ).logits.numpy()
     np.testing.assert_allclose(to_numpy(model((source.astype("int32"), target.astype("int32")))), expected, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def marian_checkpoint(tmp_path_factory):
+    """A checkpoint laid out as opus-mt's: SentencePiece models learned on Multi30k (German source,
+    English target), one shared vocab.json of their pieces, and a small random MarianMTModel."""
+    import gzip
+    import io
+    import json
+    import os
+
+    import sentencepiece
+
+    from tests.training.test_runtime import MULTI30K
+
+    directory = tmp_path_factory.mktemp("marian")
+    pieces = []
+    for side, language in (("source", "de"), ("target", "en")):
+        with gzip.open(os.path.join(MULTI30K, f"train.{language}.gz"), "rt", encoding="utf-8") as file:
+            lines = [next(file).strip() for _ in range(2000)]
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model, vocab_size=200, hard_vocab_limit=False, minloglevel=2
+        )
+        (directory / f"{side}.spm").write_bytes(model.getvalue())
+        processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+        pieces += [processor.IdToPiece(i) for i in range(3, processor.GetPieceSize())]  # after <unk>, <s>, </s>
+    vocabulary = {"</s>": 0, "<unk>": 1, **{piece: 0 for piece in pieces}}
+    vocabulary = {piece: index for index, piece in enumerate(vocabulary)}
+    vocabulary["<pad>"] = len(vocabulary)
+    (directory / "vocab.json").write_text(json.dumps(vocabulary))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"separate_vocabs": False, "tokenizer_class": "MarianTokenizer"})
+    )
+    hf = hf_marian(
+        init_std=0.5,
+        vocab_size=len(vocabulary),
+        pad_token_id=len(vocabulary) - 1,
+        decoder_start_token_id=len(vocabulary) - 1,
+    )
+    hf.save_pretrained(str(directory))
+    return directory, hf
+
+
+SENTENCES = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball im Park", "Qx ☃ Żółw!", ">>en<< Ein Kind."]
+
+
+@pytest.mark.backend_independent
+def test_a_marian_checkpoints_tokenizer_gives_transformers_ids_and_text(marian_checkpoint, tmp_path, rng):
+    from keras_tfm.data import MarianTokenizer, load_tokenizer, save_tokenizer
+
+    directory, _ = marian_checkpoint
+    ours = MarianTokenizer.from_huggingface(str(directory))
+    theirs = transformers.MarianTokenizer.from_pretrained(str(directory))
+    for sentence in SENTENCES:
+        assert ours.encode_source(sentence).tolist() == theirs(sentence)["input_ids"], sentence
+    for _ in range(5):  # any ids, special ones among them
+        ids = rng.integers(0, ours.vocabulary_size, 12).tolist()
+        assert ours.decode_target(ids) == theirs.decode(ids, skip_special_tokens=True)
+    reloaded = load_tokenizer(save_tokenizer(ours, str(tmp_path)))
+    assert reloaded.encode_source(SENTENCES[0]).tolist() == ours.encode_source(SENTENCES[0]).tolist()
+
+
+@pytest.mark.backend_independent  # translation on every backend: the tests above
+def test_translate_takes_and_returns_text_with_the_checkpoints_tokenizer(marian_checkpoint):
+    from keras_tfm.errors import InputError
+
+    directory, hf = marian_checkpoint
+    theirs = transformers.MarianTokenizer.from_pretrained(str(directory))
+    model = keras_tfm.from_huggingface(str(directory))
+    inputs = theirs(SENTENCES[:2], return_tensors="pt", padding=True)
+    for controls in ({}, {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2, "min_new_tokens": 4}):
+        with torch.no_grad():
+            expected = hf.generate(
+                **inputs, max_new_tokens=10, num_beams=1, do_sample=False, forced_eos_token_id=None, **controls
+            )
+        assert model.translate(SENTENCES[:2], max_length=10, **controls) == theirs.batch_decode(
+            expected, skip_special_tokens=True
+        )
+    assert model.translate(SENTENCES[0], max_length=10) == model.translate(SENTENCES[:1], max_length=10)[0]
+    model.tokenizer = None
+    with pytest.raises(InputError, match="text needs a tokenizer with both sides") as error:
+        model.translate("Ein Hund.")
+    assert error.value.argument == "source_ids"

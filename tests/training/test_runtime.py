@@ -219,6 +219,10 @@ def _stopped_after(out, flags, epochs, signal_number) -> subprocess.Popen:
     return process
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() == "tensorflow",
+    reason="signals and resuming are the runtime's; TensorFlow's exact resume: the in-process resume tests",
+)
 def test_ctrl_c_then_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
     """Ctrl-C (SIGINT) stops after the step it came in, with one line (it was lost on JAX, and the run
     went on); the same command resumes, is killed with kill -9, and resumes again: the validation loss is
@@ -803,6 +807,8 @@ def _check_vit_written_for_transformers(out, metrics):
     np.testing.assert_allclose(logits, keras.ops.convert_to_numpy(ours), atol=1e-4, rtol=0)
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_translator_recipe_short_run_reports_bleu(tmp_path):
     out = tmp_path / "run"
     done = recipe(
@@ -982,6 +988,8 @@ def test_dynamic_masks_follow_the_bert_recipe():
     assert not np.array_equal(masker(rows, [0, 1, 3])[0]["mask_positions"], inputs["mask_positions"])
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: the checkpoint's architecture and weights, a head for the data's 10 classes,
     grayscale digits as RGB, resized and cropped as its image processor does; flags that would change the architecture are refused."""
@@ -1054,6 +1062,8 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     ].shape == (1, 3, 16, 16)
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_bert_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: no pretraining; the checkpoint's tokenizer, weights and pooler, a new head."""
     transformers = pytest.importorskip("transformers")
@@ -1148,6 +1158,8 @@ def short_fine_tuning(checkpoint, tmp_path, out) -> list[str]:
     ]
 
 
+# The recipe's pipeline, the same on every backend; each backend's training is the model tests'.
+@pytest.mark.backend_independent
 def test_gpt_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     """--from-huggingface: the checkpoint's weights and its byte-pair tokenizer, windows of --max-length."""
     checkpoint, hf = gpt2_checkpoint(tmp_path)
