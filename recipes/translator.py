@@ -82,7 +82,14 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import DataError, EpochBatches, load_or_fit_tokenizer, load_parallel, save_tokenizer
+    from keras_tfm.data import (
+        DataError,
+        EpochBatches,
+        TranslationTokenizer,
+        load_or_fit_tokenizer,
+        load_parallel,
+        save_tokenizer,
+    )
     from keras_tfm.data.text import read_text
     from keras_tfm.training import bleu
 
@@ -228,6 +235,7 @@ def main() -> None:
         loss=loss,
         metrics=[token_accuracy],
         evaluate=evaluate,
+        tokenizer=TranslationTokenizer(source_tokenizer, target_tokenizer, pad),  # translate() takes text
         # what is evaluated after training may change between runs of one model
         settings={
             **training.recipe_settings(args, ignore=("beam_size", "bleu_sentences", "tokenized_references")),

@@ -12,6 +12,7 @@ from keras_tfm.data.tokenizers import (
     HuggingFaceTokenizer,
     MarianTokenizer,
     SentencePieceTokenizer,
+    TranslationTokenizer,
     WordPieceTokenizer,
     checkpoint_tokenizer,
     load_or_fit_tokenizer,

@@ -572,6 +572,62 @@ class MarianTokenizer:
             json.dump(state, file)
 
 
+class TranslationTokenizer:
+    """A translator's two tokenizers as one, so that `Translator.translate` takes and returns text: the
+    source side's encodes sources, the target side's decodes translations (the translator recipe's
+    WordPiece or SentencePiece per language; it attaches this to the model it trains).
+
+    Args:
+        source, target: tokenizers of `keras_tfm.data` (or their saved states, as `load_tokenizer` gives).
+        pad_token_id: the padding id, left out of the decoded text.
+    """
+
+    kind = "translation"
+
+    def __init__(self, source, target, pad_token_id: int = 0):
+        self.source, self.target = (_from_state(side) if isinstance(side, dict) else side for side in (source, target))
+        self.pad_token_id = pad_token_id
+
+    @property
+    def vocabulary_size(self) -> int:
+        return self.source.vocabulary_size
+
+    def encode_source(self, text: str) -> np.ndarray:
+        return np.asarray(self.source.encode(text), "int32")
+
+    def decode_target(self, ids) -> str:
+        ids = [int(i) for i in np.asarray(ids).reshape(-1) if int(i) != self.pad_token_id]
+        return self.target.decode(ids) if ids else ""
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(
+                {
+                    "kind": self.kind,
+                    "source": _state(self.source),
+                    "target": _state(self.target),
+                    "pad_token_id": self.pad_token_id,
+                },
+                file,
+            )
+
+
+def _state(tokenizer) -> dict:
+    """What `tokenizer.save` writes, as a dict."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tokenizer.json")
+        tokenizer.save(path)
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+
+
+def _from_state(state: dict):
+    state = dict(state)
+    return TOKENIZERS[state.pop("kind")](**{key: value for key, value in state.items() if key != "fitted_on"})
+
+
 def _chat_settings(directory: str) -> tuple[str | None, dict]:
     """A checkpoint's chat template (`chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`,
     a string or a list of named templates: "default") and its special tokens as strings."""
@@ -608,6 +664,7 @@ TOKENIZERS = {
     "sentencepiece": SentencePieceTokenizer,
     "huggingface": HuggingFaceTokenizer,
     "marian": MarianTokenizer,
+    "translation": TranslationTokenizer,
 }
 
 

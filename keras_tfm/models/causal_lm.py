@@ -395,9 +395,8 @@ class CausalLM(Model):
         for name in ("num_return_sequences", "padding_mask"):
             if name in generate_arguments:
                 raise InputError(f"{owner}: replies to one conversation; `{name}` is not taken.", name)
-        from keras_tfm.data.chat import check_messages
-
-        text = self.tokenizer.apply_chat_template(check_messages(messages, owner), add_generation_prompt=True)
+        # the tokenizer checks the messages (an InputError naming `messages`) and renders them
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         prompt = np.asarray(self.tokenizer.encode(text)).tolist()  # the template holds the special tokens
         stops = self._stop_ids(generate_arguments.pop("stop_token_ids", None))
         output = self.generate([prompt], max_new_tokens, stop_token_ids=stops, **generate_arguments)[0]

@@ -170,3 +170,35 @@ def test_sizes_and_errors():
         model.translate([[5, 6]], beam_size=0)
     with pytest.raises(ValueError, match="`max_length` must be an integer >= 1; received 0"):
         model.translate([[5, 6]], max_length=0)
+
+
+@pytest.mark.backend_independent  # translation itself on every backend: the tests above
+def test_a_translator_with_its_two_tokenizers_translates_text_and_keeps_them_in_its_keras_file(tmp_path):
+    from keras_tfm.data import TranslationTokenizer, WordPieceTokenizer
+    from keras_tfm.errors import InputError
+
+    source = WordPieceTokenizer.fit("ein hund läuft\nzwei hunde laufen\n" * 20, vocabulary_size=60)
+    target = WordPieceTokenizer.fit("a dog runs\ntwo dogs run\n" * 20, vocabulary_size=60, lowercase=False)
+    model = keras_tfm.transformer_small(
+        source_vocabulary_size=source.vocabulary_size,
+        target_vocabulary_size=target.vocabulary_size,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        hidden_dim=16,
+        num_heads=2,
+        intermediate_dim=32,
+        start_token_id=target.token_id("[START]"),
+        end_token_id=target.token_id("[END]"),
+    )
+    ids = model.translate([source.encode("ein hund läuft").tolist()], max_length=6)[0].tolist()
+    with pytest.raises(InputError, match="text needs a tokenizer with both sides"):
+        model.translate("ein hund läuft")
+    model.tokenizer = TranslationTokenizer(source, target)
+    end = target.token_id("[END]")
+    expected = target.decode([i for i in (ids[: ids.index(end)] if end in ids else ids) if i])
+    assert model.translate("ein hund läuft", max_length=6) == expected
+    assert model.translate(["ein hund läuft", "zwei hunde"], max_length=6)[0] == expected
+    model.save(tmp_path / "translator.keras")
+    loaded = keras_tfm.load_model(tmp_path / "translator.keras")
+    assert isinstance(loaded.tokenizer, TranslationTokenizer)
+    assert loaded.translate("ein hund läuft", max_length=6) == expected
