@@ -24,10 +24,13 @@ def run_worker(script: str, backend: str, args: list[str], timeout: int = 900) -
     return json.loads(lines[-1])
 
 
-def write_results(name: str, results: list[dict], tasks: dict[str, str] | None = None) -> str:
+def write_results(
+    name: str, results: list[dict], tasks: dict[str, str] | None = None, baselines: dict[str, str] | None = None
+) -> str:
     """Writes `results` as benchmarks/results/{name}.json with the date, the machine, the library versions
     and the command that produced them (a re-measurement replaces the file); returns its path. `tasks`:
-    the title of each task's table (the rows' "task"), which the performance page shows."""
+    the title of each task's table (the rows' "task"), which the performance page shows; `baselines`:
+    task -> the contender prefix its rows are compared with on the same backend (default keras_hub)."""
     import datetime
     import importlib.metadata
     import platform
@@ -52,6 +55,7 @@ def write_results(name: str, results: list[dict], tasks: dict[str, str] | None =
         "versions": versions,
         "command": backend + "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
         "tasks": tasks or {},
+        **({"baselines": baselines} if baselines else {}),
         "results": results,
     }
     path = os.path.join(REPO, "benchmarks", "results", f"{name}.json")
@@ -155,13 +159,15 @@ def main(
     baselines=BASELINES,
     task_contenders: dict[str, tuple[list, dict]] | None = None,
     results_name: str | None = None,
+    same_backend: dict[str, str] | None = None,
 ) -> None:
     """The command line of every speed benchmark: `script [--only TASK]` prints one side-by-side table
     per task (`tasks`: name -> (title, unit)); `script --worker CONTENDER BACKEND TASK`, which the
     driver runs in a subprocess with KERAS_BACKEND set, prints `worker(contender, task)` as JSON.
     `task_contenders`: task -> (contenders, baselines) for a task that compares others. The rows are
     also written as benchmarks/results/{results_name}.json (default: the script's name), from which
-    the documentation's performance page is made."""
+    the documentation's performance page is made; `same_backend`: task -> the contender prefix the
+    page compares each row with on its backend (default keras_hub)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(tasks), help="run one task's table")
     parser.add_argument(
@@ -192,12 +198,13 @@ def main(
     command = "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
     rows = [{**row, "command": command} for row in rows]
     titles = {task: title for task, (title, _) in tasks.items()}
+    compared = dict(same_backend or {})
     if args.only and os.path.isfile(path):  # keep the other tasks' rows, each with the command that made it
         with open(path) as file:
             earlier = json.load(file)
         kept = [row for row in earlier["results"] if row.get("task") != args.only]
         rows = [{"command": earlier["command"], "date": earlier["date"], **row} for row in kept] + rows
-    write_results(results_name, rows, titles)
+    write_results(results_name, rows, titles, compared)
 
 
 def _best_window(step, warmup_steps: int, steps: int, windows: int, examples_per_step: int, per_example: float) -> dict:

@@ -215,6 +215,7 @@ if __name__ == "__main__":
         baselines={f"keras-hub {backend}": f"keras_hub ({backend})" for backend in BACKENDS}
         | {"Hugging Face": "hugging_face (torch)"},
         results_name="decoder_lm",
+        same_backend={"stream": "keras_tfm generate"},
         task_contenders={
             "stream": (
                 [

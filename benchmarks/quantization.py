@@ -63,6 +63,7 @@ if __name__ == "__main__":
         },
         contenders=[(f"{mode} ({backend})", mode, backend) for backend in BACKENDS for mode in MODES],
         baselines={f"float32 ({backend})": f"float32 ({backend})" for backend in BACKENDS},
+        same_backend={"size": "float32", "generate": "float32", "quantize": "keras"},
         task_contenders={
             "quantize": (
                 [(f"{how} ({backend})", how, backend) for backend in BACKENDS for how in ("keras_tfm", "keras")],
