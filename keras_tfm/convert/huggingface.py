@@ -167,7 +167,10 @@ def save_huggingface(
     `config.json` and `model.safetensors` are overwritten).
     `tokenizer_from`: a checkpoint (directory or Hub id) whose tokenizer, image processor and
     generation files to copy beside the weights, for a model fine-tuned from it: then
-    `transformers.pipeline(task, directory)` works. keras_tfm's own tokenizers are not converted.
+    `transformers.pipeline(task, directory)` works. Without it, the model's own tokenizer
+    (`model.tokenizer`, where it can write itself for transformers: `tokenizer.json` with its chat
+    template, GPT-2's or BERT's files) and its generation settings (`model.generation_config`) are
+    written.
     `labels`: a classifier's class names, in the order of its outputs (default: LABEL_0, ...), which
     transformers' `id2label` gives back (a pipeline's predictions name them).
     `image_preprocessing`: for a ViT, `(side, layers)`: raw 0-255 pixels resized to `side`, then
@@ -236,7 +239,11 @@ def save_huggingface(
     for name in sorted(os.listdir(source)) if source else []:
         if _PROCESSOR_FILES.fullmatch(name):
             shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
+    if source is None and getattr(model, "generation_config", None):  # its end ids, for transformers' generate
+        w.files["generation_config.json"] = dict(model.generation_config)
     for name, content in {**w.files, "config.json": config}.items():
         with open(os.path.join(directory, name), "w") as f:
             json.dump(content, f, indent=2, sort_keys=True)
+    if source is None and hasattr(getattr(model, "tokenizer", None), "save_huggingface"):
+        model.tokenizer.save_huggingface(directory)  # the model's own tokenizer, where transformers can read it
     save_file(w.weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})

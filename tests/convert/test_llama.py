@@ -386,6 +386,10 @@ def test_chat_renders_as_transformers_and_stops_at_the_checkpoints_end_ids(tmp_p
     loaded = keras_tfm.load_model(tmp_path / "chat.keras")
     assert loaded.tokenizer.chat_template == CHAT_TEMPLATE and loaded.generation_config == model.generation_config
     assert loaded.chat(MESSAGES, max_new_tokens=8) == short
+    keras_tfm.save_huggingface(loaded, tmp_path / "back")  # the tokenizer, template and end ids go with it
+    again = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "back"))
+    assert again.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == text
+    assert transformers.GenerationConfig.from_pretrained(str(tmp_path / "back")).eos_token_id == [new_ids[2], 0]
 
 
 @pytest.mark.backend_independent
