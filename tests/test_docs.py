@@ -63,7 +63,7 @@ EXAMPLES = os.path.join(REPO, "examples")  # where a reader opens them: they fin
 
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_every_example_notebook_runs_top_to_bottom(notebook):
+def test_every_example_notebook_runs_top_to_bottom(notebook, monkeypatch):
     """Executed as committed (no outputs), in a fresh kernel on this process's backend, with the
     notebooks' small settings (KERAS_TFM_EXAMPLE_SMALL=1): a cell that fails, fails the test."""
     import nbformat
@@ -74,12 +74,7 @@ def test_every_example_notebook_runs_top_to_bottom(notebook):
     assert not any(cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), (
         f"{notebook} is committed with outputs"
     )
-    env = dict(os.environ, KERAS_TFM_EXAMPLE_SMALL="1", HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
-    # nbclient starts the kernel with this environment (its kernel manager reads os.environ)
-    old = dict(os.environ)
-    os.environ.update(env)
-    try:
-        NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": EXAMPLES}}).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    # nbclient starts the kernel with this process's environment
+    for name, value in (("KERAS_TFM_EXAMPLE_SMALL", "1"), ("HF_HUB_OFFLINE", "1"), ("PYTHONPATH", REPO)):
+        monkeypatch.setenv(name, value)
+    NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": EXAMPLES}}).execute()

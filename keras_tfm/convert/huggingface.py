@@ -23,7 +23,7 @@ from keras_tfm.compat import sublayers
 
 # Importing each model type's module registers its converter and exporter.
 from keras_tfm.convert import adapters, bert, gpt2, llama, marian, vit  # noqa: F401
-from keras_tfm.convert.files import checkpoint_directory, read_checkpoint
+from keras_tfm.convert.files import checkpoint_directory, read_checkpoint, read_json
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
 from keras_tfm.convert.weights import WeightWriter
 
@@ -34,8 +34,7 @@ def generation_settings(directory: str) -> dict | None:
     path = os.path.join(directory, "generation_config.json")
     if not os.path.isfile(path):
         return None
-    with open(path) as file:
-        config = json.load(file)
+    config = read_json(path, "from_huggingface")
     settings = {key: config[key] for key in ("eos_token_id", "pad_token_id") if config.get(key) is not None}
     return settings or None
 

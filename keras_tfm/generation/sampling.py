@@ -188,3 +188,11 @@ def check_return_sequences(owner: str, num_return_sequences, num_beams: int, tem
             f"{num_return_sequences} (sample with a `temperature` > 0, or search with `num_beams`).",
             "num_return_sequences",
         )
+
+
+def logits_controls(owner: str, repetition_penalty, min_new_tokens, no_repeat_ngram_size) -> LogitsControls:
+    """`LogitsControls` of a decoding call, a bad value refused as an `InputError` naming `owner`."""
+    try:
+        return LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+    except ValueError as error:
+        raise InputError(f"{owner}: {error}") from None

@@ -13,7 +13,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.sampling import LogitsControls, Sampler, check_decoding, check_return_sequences
+from keras_tfm.generation.sampling import Sampler, check_decoding, check_return_sequences, logits_controls
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.models.model import Model
 
@@ -164,7 +164,7 @@ class CausalLM(Model):
             vocabulary_size=self.vocabulary_size,
         )
         owner = f"{type(self).__name__}.generate"
-        controls = _controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+        controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         check_return_sequences(owner, num_return_sequences, num_beams, temperature)
         if not isinstance(return_scores, bool) or (return_scores and num_beams > 1):
             raise InputError(
@@ -292,7 +292,7 @@ class CausalLM(Model):
         if not is_integer(chunk_size) or chunk_size < 1:
             raise InputError(f"{owner}: `chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size")
         check_decoding(owner, max_new_tokens=max_new_tokens, pad_token_id=0, vocabulary_size=self.vocabulary_size)
-        controls = _controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+        controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         self._build_on_demand()
         buffer, prompt_mask, lengths = decoding.prepare_prompts(prompt, None, max_new_tokens, 0, self.vocabulary_size)
@@ -431,13 +431,6 @@ class CausalLM(Model):
 
     def _decode_text(self, ids) -> str:
         return getattr(self.tokenizer, "decode_text", self.tokenizer.decode)(ids)
-
-
-def _controls(owner: str, repetition_penalty, min_new_tokens, no_repeat_ngram_size) -> LogitsControls:
-    try:
-        return LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-    except ValueError as error:
-        raise InputError(f"{owner}: {error}") from None
 
 
 def _generated_end(row: np.ndarray, prompt_length: int, max_new_tokens: int, stop_token_ids) -> int:

@@ -21,7 +21,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, check_decoding
+from keras_tfm.generation.sampling import NO_CONTROLS, Sampler, check_decoding, logits_controls
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -328,10 +328,7 @@ class Translator(Model):
         """
         owner = "Translator.translate"
         check_decoding(owner, max_length=max_length, beam_size=beam_size, length_penalty=length_penalty)
-        try:
-            controls = LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-        except ValueError as error:
-            raise InputError(f"{owner}: {error}") from None
+        controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         texts = decoding.texts(source_ids)
         if texts is not None:
             source_ids = self._encode_sources(owner, texts)
