@@ -88,10 +88,24 @@ def main() -> None:
         metavar="DIR",
         help="fine-tune this Hugging Face GPT-2 or Llama-family checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
     )
+    recipe.add_argument(
+        "--token-shards",
+        metavar="DIR",
+        help="train from token shards in DIR, read from disk batch by batch (for text larger than memory); prepared there from "
+        "--data (one text file) when DIR has none, with the tokenizer fitted on the first 64 MiB of its text",
+    )
+    recipe.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="prepare --token-shards and stop: run it once before starting several processes",
+    )
     parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
     args = parser.parse_args()
     checkpoint, tokenizer = checkpoint_settings(args) if args.from_huggingface else (None, None)
     config = training.training_config(args, checkpoint)
+    if args.prepare_only:
+        prepare_shards(args, tokenizer, print)
+        return
     training.setup(config)
 
     import keras
@@ -99,12 +113,16 @@ def main() -> None:
     from keras_tfm import TokenCrossEntropy, convert
     from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text, save_tokenizer
 
-    text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
-    if not checkpoint:
-        tokenizer = load_or_fit_tokenizer(
-            args.tokenizer, text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log, save=False
-        )
-    train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
+    if args.token_shards:
+        tokenizer, train_ids, validation_ids, source = prepare_shards(args, tokenizer, training.runtime.log)
+    else:
+        text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
+        source = text.source
+        if not checkpoint:
+            tokenizer = load_or_fit_tokenizer(
+                args.tokenizer, text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log, save=False
+            )
+        train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
     if checkpoint:
         context = args.max_length or checkpoint_positions(checkpoint.config, cap=1024)
     else:  # constructing a size is cheap (weights are made at build time); it tells the default context
@@ -119,16 +137,16 @@ def main() -> None:
                 argument="data",
             )
 
-    if not checkpoint:  # only now, with the data and the model accepted: a refused run leaves no tokenizer
+    if not checkpoint and training.is_writer():  # only now, with the data and the model accepted
         save_tokenizer(tokenizer, args.output_dir)
 
-    def windows(ids, count, rng):
-        starts = rng.integers(0, len(ids) - context - 1, size=count)
+    def windows(ids, count, rng, rows=slice(None)):
+        starts = rng.integers(0, len(ids) - context - 1, size=count)[rows]  # a process reads only its rows
         batch = np.stack([ids[s : s + context + 1] for s in starts])
         return batch[:, :-1], batch[:, 1:]
 
-    def train_batch(epoch: int, step: int):
-        return windows(train_ids, args.batch_size, np.random.default_rng([args.seed, epoch, step]))
+    def train_batch(epoch: int, step: int, rows: slice = slice(None)):
+        return windows(train_ids, args.batch_size, np.random.default_rng([args.seed, epoch, step]), rows)
 
     validation = windows(
         validation_ids, args.eval_batches * args.batch_size, np.random.default_rng([args.seed, 1 << 30])
@@ -154,7 +172,7 @@ def main() -> None:
             "validation_perplexity": math.exp(loss),
             "tokenizer": tokenizer.kind,
             "vocabulary_size": tokenizer.vocabulary_size,
-            "data": text.source,
+            "data": source,
         }
 
     result = training.train(
@@ -174,6 +192,10 @@ def main() -> None:
             args, ignore=("prompt", "sample_tokens", "sample_every", "temperature", "top_k")
         ),
     )
+    if training.processes().count > 1:  # sampling from a model spread over processes is not offered
+        if training.is_writer():
+            print(f"validation loss {result.metrics['validation_loss']:.4f}")
+        return
     text_out = sample(result.model)
     with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:
         file.write(text_out)
@@ -209,6 +231,43 @@ def checkpoint_settings(args):
             argument="from_huggingface",
         )
     return checkpoint, tokenizer
+
+
+def prepare_shards(args, tokenizer, log):
+    """(tokenizer, training ids, validation ids, source) from `--token-shards`, prepared from `--data` if
+    the directory has none yet; `tokenizer` (a checkpoint's, or an earlier run's in `--output-dir`) must
+    be the shards' own."""
+    from keras_tfm import training
+    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_tokenizer, shards
+
+    earlier = os.path.join(args.output_dir, "tokenizer.json")
+    if tokenizer is None and os.path.exists(earlier):
+        tokenizer = load_tokenizer(earlier)
+    if not os.path.exists(os.path.join(args.token_shards, "meta.json")):
+        if not args.data or args.dataset:
+            raise DataError("to prepare them, give `data`, one text file (not `dataset`).", "token_shards")
+        if training.processes().count > 1:
+            raise DataError(
+                "prepare them before starting several processes: run the command once with --prepare-only.",
+                "token_shards",
+            )
+        if tokenizer is None:
+            sample = shards.text_sample(args.data)
+            tokenizer = load_or_fit_tokenizer(
+                args.tokenizer, sample, args.output_dir, args.vocabulary_size, log=log, save=False
+            )
+        shards.prepare_token_shards(args.data, tokenizer, args.token_shards, log=log)
+    meta = shards.read_meta(args.token_shards, shards.tokenizer_digest(tokenizer) if tokenizer else None)
+    if tokenizer is None and meta["tokenizer"].get("kind") != args.tokenizer:
+        raise DataError(
+            f"the shards in {args.token_shards!r} were made by a {meta['tokenizer'].get('kind')} tokenizer, not "
+            f"{args.tokenizer}; give `tokenizer` {meta['tokenizer'].get('kind')}, or a new directory to prepare.",
+            "token_shards",
+        )
+    tokenizer = tokenizer or shards.shards_tokenizer(meta)
+    log(f"Data: token shards in {args.token_shards} (from {meta['source']}), read from disk as batches need them.")
+    train, validation = (shards.TokenShards(args.token_shards, split) for split in shards.SPLITS)
+    return tokenizer, train, validation, f"token shards of {meta['source']}"
 
 
 def checkpoint_positions(config: dict, cap: int | None = None) -> int:

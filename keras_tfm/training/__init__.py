@@ -17,5 +17,14 @@ from keras_tfm.training.cli import (
     training_config,
 )
 from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
-from keras_tfm.training.distribute import distribution_scope, layout_map, use_cpu_devices
+from keras_tfm.training.distribute import (
+    ProcessLost,
+    distribution_scope,
+    initialize_processes,
+    is_writer,
+    layout_map,
+    local_rows,
+    processes,
+    use_cpu_devices,
+)
 from keras_tfm.training.runtime import TrainResult, make_optimizer, plan_steps, setup, train

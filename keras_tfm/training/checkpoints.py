@@ -24,6 +24,7 @@ import keras
 
 from keras_tfm.errors import CheckpointError
 from keras_tfm.layers import lora
+from keras_tfm.training.distribute import alone
 
 
 class TrainingDiverged(RuntimeError):
@@ -35,10 +36,15 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class CheckpointManager:
-    def __init__(self, directory: str):
+    """The checkpoints in `directory`. In a run of several processes every process restores, from the
+    directory they share, and only the `writer` (process 0) saves: the weights are the same on all."""
+
+    def __init__(self, directory: str, writer: bool = True):
         self.directory = directory
+        self.writer = writer
         self.state_path = os.path.join(directory, "state.json")
-        os.makedirs(directory, exist_ok=True)
+        if writer:
+            os.makedirs(directory, exist_ok=True)
 
     def state(self) -> dict | None:
         if not os.path.exists(self.state_path):
@@ -61,12 +67,15 @@ class CheckpointManager:
     def save(self, model: keras.Model, epoch: int, extra: dict | None = None) -> str:
         name = f"epoch-{epoch:05d}.weights.h5"
         path = os.path.join(self.directory, name)
-        with lora.unmerged(model):
+        if not self.writer:
+            return path
+        with lora.unmerged(model), alone():
             model.save_weights(path, overwrite=True)
         files = {"weights": name}
         if lora.lora_layers(model):
             files["lora"] = f"epoch-{epoch:05d}.lora.npz"
-            lora.save_lora_weights(model, os.path.join(self.directory, files["lora"]))
+            with alone():
+                lora.save_lora_weights(model, os.path.join(self.directory, files["lora"]))
         previous = self.state()
         temporary = self.state_path + ".tmp"
         with open(temporary, "w", encoding="utf-8") as file:

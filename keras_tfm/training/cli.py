@@ -21,6 +21,7 @@ import keras
 from keras_tfm.errors import DataError, InputError
 from keras_tfm.training.checkpoints import TrainingDiverged, TrainingInterrupted
 from keras_tfm.training.config import RESULT_FIELDS, HuggingFaceCheckpoint, TrainingConfig
+from keras_tfm.training.distribute import ProcessLost
 
 MODEL_OVERRIDES = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "max_length")
 
@@ -242,6 +243,22 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
         metavar="N",
         help="split the CPU into N virtual devices, to try --distribute without accelerators",
     )
+    processes = parser.add_argument_group(
+        "several processes (JAX; on TensorFlow set TF_CONFIG instead)",
+        "Start the same command on every process, each with its --process-id; --distribute data or model then "
+        "spans the devices of all of them. Also read from KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES, "
+        "_PROCESS_ID or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID.",
+    )
+    processes.add_argument("--coordinator-address", metavar="HOST:PORT", help="process 0's address and a free port")
+    processes.add_argument("--num-processes", type=POSITIVE, metavar="N", help="processes in the run")
+    processes.add_argument("--process-id", type=integer(0), metavar="I", help="this process's index, 0 to N-1")
+    processes.add_argument(
+        "--process-timeout",
+        type=POSITIVE,
+        default=60,
+        metavar="SECONDS",
+        help="wait this long for every process to join; a process silent this long counts as lost (default: %(default)s)",
+    )
     runtime.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorflow)")
     runtime.add_argument(
         "--verbose",
@@ -329,11 +346,17 @@ def checkpoint_config(
 
 
 def run_main(main: Callable[[], None]) -> None:
-    """Runs a recipe's `main`, turning bad input, divergence and Ctrl-C into one clear line (speaking of
-    the recipe's flags) and exit status 2 (bad input), 3 (the loss diverged) or 130 (interrupted)."""
+    """Runs a recipe's `main`, turning bad input, divergence, a lost process and Ctrl-C into one clear
+    line (speaking of the recipe's flags) and exit status 2 (bad input), 3 (the loss diverged), 4 (another
+    process of the run stopped) or 130 (interrupted)."""
     RecipeParser.parsed = None
     try:
         main()
+    except ProcessLost as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Not `SystemExit`: JAX's exit handler would wait for the lost process at a shutdown barrier.
+        os._exit(4)
     except KeyboardInterrupt as interrupt:  # Ctrl-C: during training, after the step it was in
         message = str(interrupt) if isinstance(interrupt, TrainingInterrupted) else "interrupted (Ctrl-C)."
         print(f"error: {message}", file=sys.stderr)

@@ -62,6 +62,10 @@ class TrainingConfig:
             feed-forward widths; JAX).
         model_parallel: devices on the "model" axis for `distribute="model"`; `None`: all.
         cpu_devices: split the CPU into this many virtual devices (to try `distribute` without accelerators).
+        coordinator_address, num_processes, process_id: a run of several processes (JAX): process 0's
+            `HOST:PORT`, the number of processes and this one's index (`initialize_processes`); `None`: from
+            the environment, or one process.
+        process_timeout: seconds to wait for every process to join, and after which a silent one counts as lost.
         tensorboard: also write TensorBoard logs.
         verbose: Keras' progress output (0, 1 or 2); `None`: bars on a terminal, a line per epoch otherwise.
         model_name: the model's name in `metrics.json` and on the plots; `None`: the Keras model's name.
@@ -86,6 +90,10 @@ class TrainingConfig:
     distribute: str = "none"
     model_parallel: int | None = None
     cpu_devices: int | None = None
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    process_timeout: int = 60
     tensorboard: bool = False
     verbose: int | None = None
     model_name: str | None = None
@@ -102,6 +110,9 @@ class TrainingConfig:
             ("lora_rank", 1, True),
             ("model_parallel", 1, True),
             ("cpu_devices", 1, True),
+            ("num_processes", 1, True),
+            ("process_id", 0, True),
+            ("process_timeout", 1, False),
         ):
             _check_integer(name, getattr(self, name), minimum, optional)
         _check_integer("seed", self.seed, None, False)
@@ -121,6 +132,8 @@ class TrainingConfig:
         for name in ("remat", "tensorboard"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"expected True or False; got {getattr(self, name)!r}.", name)
+        if self.coordinator_address is not None and not isinstance(self.coordinator_address, str):
+            raise InputError(f"expected HOST:PORT or None; got {self.coordinator_address!r}.", "coordinator_address")
         if self.model_name is not None and not isinstance(self.model_name, str):
             raise InputError(f"expected a string or None; got {self.model_name!r}.", "model_name")
 

@@ -1,24 +1,276 @@
 """Scale-out on the engines that exist: `keras.distribution` on JAX, `tf.distribute` on TensorFlow.
 
 `distribute="data"` (`--distribute data`) replicates the model and splits each global batch over the devices:
-JAX `DataParallel` or TensorFlow `MirroredStrategy` (every local GPU, or the CPU's virtual devices).
+JAX `DataParallel`, or TensorFlow `MirroredStrategy` (every local GPU, or the CPU's virtual devices).
 `distribute="model"` (JAX) lays the devices out as a (batch, model) mesh and shards attention heads and
 the feed-forward width over the "model" axis with `layout_map`.
 
-The same flags run on a multi-GPU host unchanged (the devices are the GPUs). On several hosts, start the
-recipe on every host; on JAX call `keras.distribution.initialize(coordinator_address, num_processes,
-process_id)` first (or set the `KERAS_DISTRIBUTION_*` environment variables it reads), and on TensorFlow
-set `TF_CONFIG` and use `MultiWorkerMirroredStrategy`.
+Several processes (hosts): on JAX every process starts the same command with the coordinator's address,
+the number of processes and its own index (`initialize_processes`); on TensorFlow every worker sets
+`TF_CONFIG` and "data" becomes `MultiWorkerMirroredStrategy`. The devices of all processes then form one
+mesh; each process feeds only its rows of every global batch (`local_rows`), and process 0 alone writes
+(`is_writer`). The output directory must be one that every process sees (a shared filesystem).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
+import socket
+import time
 
 import keras
+import numpy as np
 
 from keras_tfm.errors import InputError
+
+
+class ProcessLost(RuntimeError):
+    """Another process of a multi-process run stopped (killed, crashed, or its host went away)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """This process's place in the run: `index` in `[0, count)`; process 0 writes."""
+
+    index: int = 0
+    count: int = 1
+    engine: str = "none"  # "jax" (jax.distributed) or "tf_config" (MultiWorkerMirroredStrategy)
+
+
+_processes = Processes()
+_strategy = None  # TensorFlow's MultiWorkerMirroredStrategy, made once, before any other TensorFlow op
+
+
+def processes() -> Processes:
+    return _processes
+
+
+def is_writer() -> bool:
+    """Whether this process writes the run's files (logs, checkpoints, metrics, exports): process 0."""
+    return _processes.index == 0
+
+
+@contextlib.contextmanager
+def alone():
+    """A block that one process runs by itself (writing the run's files). On JAX every variable made under
+    a distribution of several processes is made by all of them together (Keras' saving makes one), so the
+    block runs without the distribution; it only reads the weights, a whole copy of which every process has."""
+    if _processes.engine != "jax":
+        yield
+        return
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def local_rows(batch_size: int) -> slice:
+    """This process's rows of a global batch of `batch_size` rows (all of them with one process)."""
+    share = batch_size // _processes.count
+    return slice(_processes.index * share, (_processes.index + 1) * share)
+
+
+def process_settings(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> tuple:
+    """(coordinator_address, num_processes, process_id) from the arguments, else from Keras'
+    `KERAS_DISTRIBUTION_JOB_ADDRESSES` / `_NUM_PROCESSES` / `_PROCESS_ID`, else from `JAX_COORDINATOR_ADDRESS`,
+    `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`; (None, None, None) for a single process."""
+    environment = os.environ
+    for prefix, address_name in (("KERAS_DISTRIBUTION_", "JOB_ADDRESSES"), ("JAX_", "COORDINATOR_ADDRESS")):
+        coordinator_address = coordinator_address or environment.get(prefix + address_name)
+        for name, value in (("num_processes", num_processes), ("process_id", process_id)):
+            text = environment.get(prefix + name.upper())
+            if value is None and text is not None:
+                try:
+                    value = int(text)
+                except ValueError:
+                    raise InputError(f"expected an integer in ${prefix}{name.upper()}; got {text!r}.", name) from None
+                num_processes, process_id = (value, process_id) if name == "num_processes" else (num_processes, value)
+    if coordinator_address and "," in coordinator_address:  # Keras' list of every job's address: the first coordinates
+        coordinator_address = coordinator_address.split(",")[0]
+    given = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
+    if all(value is None for value in given.values()) or (num_processes == 1 and not process_id):
+        return None, None, None
+    missing = [name for name, value in given.items() if value is None]
+    if missing:
+        raise InputError(
+            "a run of several processes needs the coordinator's address, the number of processes and this "
+            f"process's index; `{missing[0]}` is missing.",
+            missing[0],
+        )
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise InputError(f"expected an integer >= 1; got {num_processes!r}.", "num_processes")
+    if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+        raise InputError(
+            f"expected an integer in [0, {num_processes}) (`num_processes` is {num_processes}); got {process_id!r}.",
+            "process_id",
+        )
+    host, _, port = str(coordinator_address).rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(
+            f"expected HOST:PORT, such as 10.0.0.1:1234; got {coordinator_address!r}.", "coordinator_address"
+        )
+    return coordinator_address, num_processes, process_id
+
+
+def initialize_processes(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    timeout: int = 60,
+) -> Processes:
+    """Joins a run of several processes (JAX), or of several TensorFlow workers when `TF_CONFIG` names
+    more than one; call before the backend first touches a device. Returns this process's place.
+
+    Args:
+        coordinator_address: `HOST:PORT` of process 0, which every process reaches.
+        num_processes: processes in the run.
+        process_id: this process's index in `[0, num_processes)`; process 0 coordinates and writes.
+        timeout: seconds to wait for all processes to join, and after which a process that stopped
+            answering counts as lost.
+
+    The arguments may come from the environment instead (see `process_settings`). JAX's own
+    `keras.distribution.initialize` is not used: it takes no timeouts, and a process whose peer never
+    comes would wait five minutes before failing, one whose peer dies, 100 seconds.
+    """
+    global _processes
+    coordinator_address, num_processes, process_id = process_settings(coordinator_address, num_processes, process_id)
+    backend = keras.backend.backend()
+    if num_processes is not None:
+        if backend != "jax":
+            raise InputError(
+                f"several processes join with the jax backend (on tensorflow, set TF_CONFIG); not {backend}.",
+                "num_processes",
+            )
+        import jax
+
+        start = time.monotonic()
+        if process_id != 0:  # jaxlib ends the process, without saying why, when the coordinator never answers
+            _wait_for_coordinator(coordinator_address, process_id, num_processes, timeout)
+        try:
+            jax.distributed.initialize(
+                coordinator_address,
+                num_processes,
+                process_id,
+                initialization_timeout=timeout,
+                heartbeat_timeout_seconds=max(5, timeout // 2),
+                shutdown_timeout_seconds=max(5, timeout // 2),
+            )
+        except Exception as error:  # jaxlib raises its own XlaRuntimeError (a RuntimeError) or ValueError
+            reason = (str(error).strip().splitlines() or [""])[0][:300]
+            raise InputError(
+                f"process {process_id} of {num_processes} could not join the run at {coordinator_address!r} within "
+                f"{time.monotonic() - start:.0f} s ({reason}). Start process 0 on that host and port, and every "
+                "other process with the same address and number of processes.",
+                "coordinator_address",
+            ) from None
+        _processes = Processes(jax.process_index(), jax.process_count(), "jax")
+    elif backend == "tensorflow" and len(_tf_config_workers()) > 1:
+        import tensorflow as tf
+
+        global _strategy
+        _strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+        )
+        resolver = _strategy.cluster_resolver
+        _processes = Processes(int(resolver.task_id), len(_tf_config_workers()), "tf_config")
+    return _processes
+
+
+def _wait_for_coordinator(address: str, process_id: int, num_processes: int, timeout: float) -> None:
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+            return
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise InputError(
+                    f"process {process_id} of {num_processes} could not reach the coordinator at {address!r} within "
+                    f"{timeout:.0f} s ({error.strerror or error}). Start process 0 on that host and port, and every "
+                    "other process with the same address and number of processes.",
+                    "coordinator_address",
+                ) from None
+            time.sleep(0.5)
+
+
+def _tf_config_workers() -> list:
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+        return []
+    try:
+        cluster = json.loads(text)["cluster"]
+        return [*cluster.get("chief", []), *cluster.get("worker", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise InputError(
+            'expected JSON such as {"cluster": {"worker": ["host0:port", "host1:port"]}, "task": {"type": "worker", '
+            f'"index": 0}}}}; got {text[:200]!r}.',
+            "TF_CONFIG",
+        ) from None
+
+
+def all_equal(value: int) -> list[int]:
+    """Every process's `value` (an integer), gathered on every process; `[value]` with one process."""
+    if _processes.count == 1:
+        return [int(value)]
+    local = np.array([int(value)], dtype=np.int64)
+    if _processes.engine == "jax":
+        from jax.experimental import multihost_utils
+
+        return [int(v) for v in np.asarray(multihost_utils.process_allgather(local, tiled=True)).reshape(-1)]
+    import tensorflow as tf
+
+    def gathered():
+        context = tf.distribute.get_replica_context()
+        return context.all_gather(tf.constant(local), axis=0)
+
+    result = _strategy.run(gathered)
+    return [int(v) for v in np.asarray(_strategy.experimental_local_results(result)[0]).reshape(-1)]
+
+
+checkpoint_note = None  # the runtime sets it: () -> a sentence on the last good checkpoint, for `lost_message`
+
+
+def lost_message(lost: list[int], reason: str) -> str:
+    """What a process says when another of the run stopped."""
+    who = f"process {', '.join(map(str, lost))}" if lost else "another process"
+    note = checkpoint_note() if checkpoint_note else ""
+    return (
+        f"{who} of {_processes.count} stopped ({reason}); this process stops too. {note}"
+        "Start the same command on every process again to resume."
+    )
+
+
+def lost_processes(timeout: float) -> list[int]:
+    """After a collective failed: the processes the coordinator no longer hears from, waiting at most
+    `timeout` seconds for it to notice (its heartbeat timeout). `[0]` when the coordinator itself is gone."""
+    if _processes.engine != "jax":
+        return []
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    everyone = list(range(_processes.count))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            live = client.get_live_nodes(everyone)
+        except Exception:  # the coordination service runs in process 0
+            return [0] if _processes.index != 0 else []
+        lost = sorted(set(everyone) - set(_live_indices(live)))
+        if lost or time.monotonic() > deadline:
+            return lost
+        time.sleep(1.0)
+
+
+def _live_indices(live) -> list[int]:
+    if isinstance(live, dict):
+        return [int(index) for index in live]
+    return [int(getattr(node, "process_id", node)) for node in live]
 
 
 def use_cpu_devices(count: int) -> None:
@@ -62,8 +314,8 @@ def distribution_scope(distribute: str, model_parallel: int | None = None, log=p
     if backend == "jax":
         devices = keras.distribution.list_devices()
         if distribute == "data":
-            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-            log(f"Distribution: JAX DataParallel over {len(devices)} devices.")
+            distribution = keras.distribution.DataParallel(devices=devices)
+            log(f"Distribution: JAX DataParallel over {len(devices)} devices{_of_processes()}.")
         else:
             model_axis = model_parallel or len(devices)
             if len(devices) % model_axis:
@@ -71,10 +323,10 @@ def distribution_scope(distribute: str, model_parallel: int | None = None, log=p
                     f"must divide the {len(devices)} devices; got {model_axis}.", argument="model_parallel"
                 )
             mesh = keras.distribution.DeviceMesh((len(devices) // model_axis, model_axis), ["batch", "model"], devices)
-            keras.distribution.set_distribution(
-                keras.distribution.ModelParallel(layout_map=layout_map(mesh), batch_dim_name="batch")
-            )
-            log(f"Distribution: JAX ModelParallel, mesh {mesh.shape} (batch, model).")
+            distribution = keras.distribution.ModelParallel(layout_map=layout_map(mesh), batch_dim_name="batch")
+            log(f"Distribution: JAX ModelParallel, mesh {mesh.shape} (batch, model){_of_processes()}.")
+        distribution.auto_shard_dataset = False  # each process feeds its own rows (`local_rows`)
+        keras.distribution.set_distribution(distribution)
         return contextlib.nullcontext()
     if backend == "tensorflow":
         if distribute == "model":
@@ -82,6 +334,12 @@ def distribution_scope(distribute: str, model_parallel: int | None = None, log=p
                 'model parallelism ("model") is implemented on the jax backend; use "data" on tensorflow.',
                 argument="distribute",
             )
+        if _strategy is not None:
+            log(
+                f"Distribution: TensorFlow MultiWorkerMirroredStrategy over {_strategy.num_replicas_in_sync} "
+                f"devices{_of_processes()}."
+            )
+            return _strategy.scope()
         import tensorflow as tf
 
         gpus = tf.config.list_logical_devices("GPU")
@@ -94,3 +352,9 @@ def distribution_scope(distribute: str, model_parallel: int | None = None, log=p
         "run with KERAS_BACKEND=jax or tensorflow.",
         argument="distribute",
     )
+
+
+def _of_processes() -> str:
+    if _processes.count == 1:
+        return ""
+    return f" of {_processes.count} processes (this is process {_processes.index})"

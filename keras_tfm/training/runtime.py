@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -21,11 +22,13 @@ import time
 from collections.abc import Callable
 
 import keras
+import numpy as np
 
 from keras_tfm.compat import sublayers
-from keras_tfm.errors import InputError
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
+from keras_tfm.training import distribute
 from keras_tfm.training.checkpoints import (
     CheckpointManager,
     EpochCheckpoint,
@@ -34,7 +37,19 @@ from keras_tfm.training.checkpoints import (
     TrainingDiverged,
 )
 from keras_tfm.training.config import RESULT_FIELDS, HuggingFaceCheckpoint, TrainingConfig
-from keras_tfm.training.distribute import distribution_scope, use_cpu_devices
+from keras_tfm.training.distribute import (
+    ProcessLost,
+    all_equal,
+    alone,
+    distribution_scope,
+    initialize_processes,
+    is_writer,
+    local_rows,
+    lost_message,
+    lost_processes,
+    processes,
+    use_cpu_devices,
+)
 
 
 @dataclasses.dataclass
@@ -45,15 +60,35 @@ class TrainResult:
 
 
 def log(message: str) -> None:
-    print(message, flush=True)
+    """Prints `message` from process 0 (the only one, unless the run has several)."""
+    if is_writer():
+        print(message, flush=True)
 
 
 def setup(config: TrainingConfig) -> None:
-    """Virtual CPU devices, seed and dtype policy; call before building anything."""
+    """Virtual CPU devices, the run's processes, seed and dtype policy; call before building anything."""
     if config.cpu_devices:
         if keras.backend.backend() == "torch":
             raise InputError("virtual CPU devices need the jax or tensorflow backend, not torch.", "cpu_devices")
         use_cpu_devices(config.cpu_devices)
+    places = initialize_processes(
+        config.coordinator_address, config.num_processes, config.process_id, timeout=config.process_timeout
+    )
+    if places.count > 1:
+        if config.distribute == "none":
+            raise InputError(
+                f"the {places.count} processes train one model together with `distribute` data or model; got none.",
+                "distribute",
+            )
+        if config.batch_size % places.count:
+            raise InputError(
+                f"the global batch is split evenly among the {places.count} processes; got {config.batch_size}.",
+                "batch_size",
+            )
+    if not is_writer():  # process 0 writes the run's files
+        keras.utils.set_random_seed(config.seed)
+        keras.config.set_dtype_policy(config.precision)
+        return
     try:  # before anything is trained: a run that cannot write its checkpoints would lose them
         os.makedirs(config.output_dir, exist_ok=True)
         probe = os.path.join(config.output_dir, ".keras_tfm_write_test")
@@ -184,6 +219,8 @@ def train(
             "lora_rank",
         )
     epochs, steps_per_epoch = plan_steps(config, steps_per_pass)
+    train_batch = _local(train_batch, config.batch_size)
+    validation_data = _local_validation(validation_data)
     model, lora_rank = _build(
         config, build_model, train_batch, epochs * steps_per_epoch, loss, metrics, weighted_metrics
     )
@@ -201,7 +238,7 @@ def train(
     results = model.evaluate(
         validation_data[0],
         validation_data[1],
-        batch_size=config.batch_size,
+        batch_size=_feed_batch(config),
         return_dict=True,
         verbose=0,
         sample_weight=validation_data[2] if len(validation_data) > 2 else None,
@@ -226,7 +263,10 @@ def train(
     zoo_model = next((layer for layer in (model, *sublayers(model)) if isinstance(layer, ZooModel)), None)
     if tokenizer is not None and zoo_model is not None:  # the trained model takes and returns text
         zoo_model.tokenizer = tokenizer
-    record.update(_export(config, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing))
+    if not is_writer():
+        return TrainResult(model, record, {})
+    with alone():
+        record.update(_export(config, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing))
     with open(os.path.join(config.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
         json.dump(record, file, indent=2)
     history = read_log(csv_path)
@@ -264,7 +304,10 @@ def _build(
             weighted_metrics=_made_here(weighted_metrics),
             jit_compile=use_jit(config),
         )
-        model(train_batch(0, 0)[0])
+        first = train_batch(0, 0)
+        model(first[0])
+        if keras.backend.backend() == "tensorflow" and config.distribute != "none":
+            _prepare_for_strategy(model, first)
     return model, config.lora_rank or (next(iter(adapted.values())).lora_rank if adapted else None)
 
 
@@ -273,8 +316,16 @@ def _fit(
 ) -> float:
     """Resumes from the last checkpoint in `output_dir`, fits the epochs left and returns the seconds
     it took; raises `TrainingDiverged` if the loss went NaN."""
-    manager = CheckpointManager(os.path.join(config.output_dir, "checkpoint"))
+    manager = CheckpointManager(os.path.join(config.output_dir, "checkpoint"), writer=is_writer())
+    distribute.checkpoint_note = lambda: _last_checkpoint(manager)
     initial_epoch = manager.restore(model, settings)
+    seen = all_equal(initial_epoch)
+    if len(set(seen)) > 1:
+        raise CheckpointError(
+            f"the processes see different checkpoints in {manager.directory!r} (epochs done: "
+            + ", ".join(f"process {index}: {epoch}" for index, epoch in enumerate(seen))
+            + "); `output_dir` must be a directory that every process shares."
+        )
     if initial_epoch:
         iterations = model.optimizer.iterations
         log(
@@ -287,14 +338,14 @@ def _fit(
         StopOnInterrupt(manager),
         nan_stop,
         EpochCheckpoint(manager, {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "settings": settings}),
-        keras.callbacks.CSVLogger(csv_path, append=initial_epoch > 0),
+        *([keras.callbacks.CSVLogger(csv_path, append=initial_epoch > 0)] if is_writer() else []),
         *(callbacks or []),
     ]
     if config.ema is not None:
         # Validation reads the averaged weights; checkpoints (written after it) hold the raw weights
         # and, in the optimizer's state, the averages, so a resumed run continues both.
         run_callbacks.append(keras.callbacks.SwapEMAWeights())
-    if config.tensorboard:
+    if config.tensorboard and is_writer():
         run_callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.output_dir, "tensorboard")))
 
     def stream():
@@ -302,18 +353,23 @@ def _fit(
             for step in range(steps_per_epoch):
                 yield train_batch(epoch, step)
 
+    data = stream() if processes().engine != "tf_config" else _worker_dataset(stream)
+    verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     start = time.perf_counter()
     if initial_epoch < epochs:
-        model.fit(
-            stream(),
+        _fit_or_report_lost(
+            model,
+            config,
+            manager,
+            data,
             steps_per_epoch=steps_per_epoch,
             epochs=epochs,
             initial_epoch=initial_epoch,
             validation_data=validation_data,
-            validation_batch_size=config.batch_size,
+            validation_batch_size=_feed_batch(config),
             shuffle=False,
             callbacks=run_callbacks,
-            verbose=config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2),
+            verbose=verbose if is_writer() else 0,
         )
     else:
         log("Training already finished in this output directory; evaluating.")
@@ -326,6 +382,95 @@ def _fit(
             + "Try a lower `learning_rate`, a smaller `clip_norm` or `precision` float32."
         )
     return time.perf_counter() - start
+
+
+def _fit_or_report_lost(model, config: TrainingConfig, manager: CheckpointManager, data, **arguments) -> None:
+    """`model.fit(data, **arguments)`; in a run of several processes, a failure caused by a process that
+    stopped becomes a `ProcessLost` that names it and the checkpoint to resume from."""
+    try:
+        model.fit(data, **arguments)
+    except Exception as error:
+        if processes().count == 1:
+            raise
+        lost = lost_processes(timeout=config.process_timeout + 5)
+        if not lost:
+            raise
+        raise ProcessLost(lost_message(lost, (str(error).strip().splitlines() or [""])[0][:200])) from None
+
+
+def _last_checkpoint(manager: CheckpointManager) -> str:
+    try:
+        state = manager.state()
+    except CheckpointError:
+        state = None
+    if state:
+        return f"The last good checkpoint (epoch {state['epoch']}) is in {manager.directory}. "
+    return "No epoch had finished, so there is no checkpoint yet. "
+
+
+def _local(train_batch, batch_size: int):
+    """`train_batch` giving this process's rows of each global batch: the function reads only those
+    where it takes `rows` (a slice of the batch), else its batch is cut."""
+    if processes().count == 1:
+        return train_batch
+    rows = local_rows(batch_size)
+    if "rows" in inspect.signature(train_batch).parameters:
+        return lambda epoch, step: train_batch(epoch, step, rows=rows)
+    return lambda epoch, step: tuple(part[rows] for part in train_batch(epoch, step))
+
+
+def _feed_batch(config: TrainingConfig) -> int:
+    """Rows of each evaluation batch this process feeds: its share on JAX; on TensorFlow's multi-worker
+    strategy the whole batch, which Keras itself shards among the workers."""
+    return config.batch_size // processes().count if processes().engine == "jax" else config.batch_size
+
+
+def _local_validation(validation_data: tuple) -> tuple:
+    """This process's equal share of the validation rows on JAX (TensorFlow's multi-worker strategy
+    shards them itself). When they do not divide evenly every process evaluates all of them: the mean
+    is the same, and no process waits on a batch another lacks."""
+    count = processes().count
+    rows = len(validation_data[0])
+    if count == 1 or rows % count or processes().engine != "jax":
+        return validation_data
+    share = slice(processes().index * rows // count, (processes().index + 1) * rows // count)
+    return tuple(None if part is None else part[share] for part in validation_data)
+
+
+def _prepare_for_strategy(model, batch: tuple) -> None:
+    """Works around two faults of Keras' TensorFlow trainer under a `tf.distribute` strategy.
+    `fit` takes a batch from its data to build the model symbolically and then cannot rewind a generator,
+    so one training batch was lost at every `fit`: build here, on a batch we keep. And under
+    `MultiWorkerMirroredStrategy` it averages each step's scalar logs over axis 0, which scalars lack:
+    give them that axis."""
+    model._symbolic_build(data_batch=batch)
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+    if processes().engine != "tf_config":
+        return
+    for name in ("train_step", "test_step"):
+        step = getattr(model, name)
+
+        def with_axis(data, step=step):
+            return {key: keras.ops.reshape(value, (1,)) for key, value in step(data).items()}
+
+        setattr(model, name, with_axis)
+
+
+def _worker_dataset(stream):
+    """The batches of `stream` (this worker's rows) as MultiWorkerMirroredStrategy takes them: a dataset
+    made on each worker, each of its elements split among the worker's devices."""
+    import tensorflow as tf
+
+    strategy = distribute._strategy
+    first = next(iter(stream()))
+    signature = tuple(tf.TensorSpec((None, *np.shape(part)[1:]), tf.as_dtype(np.asarray(part).dtype)) for part in first)
+
+    def dataset(context: tf.distribute.InputContext):
+        batches = tf.data.Dataset.from_generator(stream, output_signature=signature)
+        per_replica = context.get_per_replica_batch_size(len(first[0]) * context.num_input_pipelines)
+        return batches.rebatch(per_replica) if per_replica != len(first[0]) else batches
+
+    return strategy.distribute_datasets_from_function(dataset)
 
 
 def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing) -> dict:

@@ -1,0 +1,263 @@
+"""Token shards on disk: a corpus tokenized once into files of ids (as nanoGPT's `train.bin`), read as
+each batch needs them, so that training on more text than memory holds costs the memory of its batches only.
+
+    directory/
+        train-00000.bin, train-00001.bin, ...     token ids, uint16 (or uint32 for vocabularies > 65,536)
+        validation-00000.bin, ...
+        meta.json                                 the tokenizer, the dtype, each shard's length; written
+                                                  last, so a directory without it was never finished
+
+The split is the in-memory one (`load_text`): the first 90% of the text's characters train, the rest
+validates, and the ids are the tokenizer's on each piece of at most `chunk_characters` characters, cut
+at line ends (for characters, the ids of the whole text).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from keras_tfm.data.errors import DataError
+
+SPLITS = ("train", "validation")
+
+
+def _open_text(path: str, argument: str) -> io.TextIOBase:
+    if not os.path.isfile(path):
+        raise DataError(f"expected a UTF-8 text file (.txt or .txt.gz); nothing is at {path!r}.", argument)
+    raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+
+
+def _pieces(path: str, argument: str, chunk_characters: int) -> Iterator[str]:
+    """The text of `path` in pieces of about `chunk_characters`, each ending at a line end."""
+    try:
+        with _open_text(path, argument) as file:
+            lines, size = [], 0
+            for line in file:
+                lines.append(line)
+                size += len(line)
+                if size >= chunk_characters:
+                    yield "".join(lines)
+                    lines, size = [], 0
+            if lines:
+                yield "".join(lines)
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path!r} is not UTF-8 text ({error.reason}); is it the right file?", argument) from None
+    except (OSError, EOFError) as error:
+        raise DataError(f"{path!r} is corrupt or unreadable ({error}).", argument) from None
+
+
+def text_sample(path: str, characters: int = 1 << 26, argument: str = "data") -> str:
+    """The first `characters` of the training part of `path`: what a tokenizer is fitted on."""
+    total = sum(len(piece) for piece in _pieces(path, argument, 1 << 24))
+    cut = int(total * 0.9)
+    sample, size = [], 0
+    for piece in _pieces(path, argument, 1 << 24):
+        sample.append(piece[: min(cut, characters) - size])
+        size += len(sample[-1])
+        if size >= min(cut, characters):
+            break
+    return "".join(sample)
+
+
+def tokenizer_digest(tokenizer) -> str:
+    from keras_tfm.data.tokenizers import _state
+
+    state = {key: value for key, value in _state(tokenizer).items() if key != "fitted_on"}
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_token_shards(
+    path: str,
+    tokenizer,
+    directory: str,
+    validation_fraction: float = 0.1,
+    chunk_characters: int = 1 << 24,
+    shard_tokens: int = 1 << 28,
+    log: Callable[[str], None] = print,
+) -> str:
+    """Tokenizes the text file `path` into token shards in `directory` (see the module); returns it.
+
+    Args:
+        path: a UTF-8 text file, `.txt` or `.txt.gz`, of any size (read twice, a piece at a time).
+        tokenizer: a keras_tfm tokenizer (`encode(text) -> ids`), recorded in `meta.json`.
+        directory: where the shards go; one already prepared with this tokenizer is kept as it is.
+        validation_fraction: the last part of the characters that validates.
+        chunk_characters: characters tokenized at once (memory: a few bytes for each).
+        shard_tokens: tokens per shard file.
+
+    Example:
+    >>> import os, tempfile
+    >>> from keras_tfm.data import CharacterTokenizer, TokenShards, prepare_token_shards
+    >>> folder = tempfile.mkdtemp()
+    >>> with open(os.path.join(folder, "text.txt"), "w") as file:
+    ...     _ = file.write("to be or not to be\\n" * 10)
+    >>> tokenizer = CharacterTokenizer.fit("to be or not\\n")
+    >>> shards = prepare_token_shards(os.path.join(folder, "text.txt"), tokenizer, os.path.join(folder, "shards"), log=None)
+    >>> train = TokenShards(shards, "train")
+    >>> len(train), tokenizer.decode(train[0:5])
+    (171, 'to be')
+    """
+    log = log or (lambda message: None)
+    digest = tokenizer_digest(tokenizer)
+    if os.path.exists(os.path.join(directory, "meta.json")):
+        read_meta(directory, digest)  # refuses another tokenizer's shards
+        return directory
+    os.makedirs(directory, exist_ok=True)
+    dtype = np.dtype("uint16" if tokenizer.vocabulary_size <= 1 << 16 else "uint32")
+    total = sum(len(piece) for piece in _pieces(path, "data", chunk_characters))
+    cut = int(total * (1 - validation_fraction))
+    shards = {split: [] for split in SPLITS}
+    files = {}
+
+    def write(split: str, ids: np.ndarray) -> None:
+        while len(ids):
+            if split not in files or shards[split][-1]["tokens"] >= shard_tokens:
+                if split in files:
+                    files[split].close()
+                name = f"{split}-{len(shards[split]):05d}.bin"
+                files[split] = open(os.path.join(directory, name), "wb")  # noqa: SIM115
+                shards[split].append({"file": name, "tokens": 0})
+            room = shard_tokens - shards[split][-1]["tokens"]
+            ids[:room].astype(dtype).tofile(files[split])
+            shards[split][-1]["tokens"] += len(ids[:room])
+            ids = ids[room:]
+
+    position = 0
+    try:
+        for piece in _pieces(path, "data", chunk_characters):
+            head = piece[: max(0, cut - position)]
+            for split, text in (("train", head), ("validation", piece[len(head) :])):
+                if text:
+                    write(split, np.asarray(tokenizer.encode(text)).reshape(-1))
+            position += len(piece)
+            log(f"Token shards: {position:,} of {total:,} characters tokenized.")
+    finally:
+        for file in files.values():
+            file.close()
+    meta = {
+        "format": 1,
+        "source": os.path.abspath(path),
+        "validation_fraction": validation_fraction,
+        "dtype": dtype.name,
+        "vocabulary_size": tokenizer.vocabulary_size,
+        "tokenizer_digest": digest,
+        "tokenizer": json.loads(json.dumps(_tokenizer_state(tokenizer))),
+        "splits": shards,
+    }
+    temporary = os.path.join(directory, "meta.json.tmp")
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(meta, file)
+    os.replace(temporary, os.path.join(directory, "meta.json"))
+    log(
+        f"Token shards: {sum(s['tokens'] for s in shards['train']):,} training and "
+        f"{sum(s['tokens'] for s in shards['validation']):,} validation tokens in {directory}."
+    )
+    return directory
+
+
+def _tokenizer_state(tokenizer) -> dict:
+    from keras_tfm.data.tokenizers import _state
+
+    return _state(tokenizer)
+
+
+def read_meta(directory: str, tokenizer_digest_expected: str | None = None) -> dict:
+    """`directory/meta.json`; with `tokenizer_digest_expected`, shards of another tokenizer are refused."""
+    path = os.path.join(directory, "meta.json")
+    try:
+        with open(path, encoding="utf-8") as file:
+            meta = json.load(file)
+        meta["splits"]["train"], meta["tokenizer_digest"]  # noqa: B018
+    except FileNotFoundError:
+        raise DataError(
+            f"{directory!r} holds no prepared token shards (no meta.json); prepare them from `data` first.",
+            "token_shards",
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(
+            f"{path!r} is damaged ({error}); delete {directory!r} and prepare again.", "token_shards"
+        ) from None
+    if tokenizer_digest_expected is not None and meta["tokenizer_digest"] != tokenizer_digest_expected:
+        raise DataError(
+            f"the shards in {directory!r} were made by another tokenizer ({meta['tokenizer'].get('kind')}, "
+            f"{meta['vocabulary_size']} tokens) than this run's; their ids would mean other tokens. Give the "
+            "directory prepared with this tokenizer, or a new one to prepare.",
+            "token_shards",
+        )
+    return meta
+
+
+def shards_tokenizer(meta: dict):
+    """The tokenizer the shards were made with, from their `meta.json`."""
+    from keras_tfm.data.tokenizers import _from_state
+
+    return _from_state(meta["tokenizer"])
+
+
+class TokenShards:
+    """One split of prepared token shards as one long sequence of ids: `len(shards)` ids, `shards[a:b]` the
+    ids from `a` to `b` (int32), read from disk across shard boundaries as each batch asks for them.
+
+    Reads, not a memory map: pages of a mapped file count towards the process's memory, and random windows
+    touch so many of them (the kernel maps whole read-ahead blocks, even huge pages) that a run's memory
+    grew with the corpus."""
+
+    def __init__(self, directory: str, split: str = "train"):
+        meta = read_meta(directory)
+        if split not in SPLITS:
+            raise DataError(f"expected one of {', '.join(SPLITS)}; got {split!r}.", "split")
+        self.directory, self.split = directory, split
+        self.dtype = np.dtype(meta["dtype"])
+        self.paths, lengths = [], []
+        for shard in meta["splits"][split]:
+            path = os.path.join(directory, shard["file"])
+            expected = shard["tokens"] * self.dtype.itemsize
+            if not os.path.isfile(path) or os.path.getsize(path) != expected:
+                raise DataError(
+                    f"{path!r} is missing or not {expected:,} bytes long; delete {directory!r} and prepare again.",
+                    "token_shards",
+                )
+            if shard["tokens"]:
+                self.paths.append(path)
+                lengths.append(shard["tokens"])
+        self.starts = np.cumsum([0, *lengths])
+        self._files = {}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _read(self, number: int, start: int, stop: int) -> np.ndarray:
+        if number not in self._files:
+            self._files[number] = os.open(self.paths[number], os.O_RDONLY)
+        size = self.dtype.itemsize
+        data = os.pread(self._files[number], (stop - start) * size, start * size)
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError(f"TokenShards takes a slice with step 1; got {index!r}.")
+        start, stop, _ = index.indices(len(self))
+        pieces = []
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        for number in range(max(first, 0), len(self.paths)):
+            offset = int(self.starts[number])
+            if offset >= stop:
+                break
+            end = int(self.starts[number + 1])
+            pieces.append(self._read(number, max(start, offset) - offset, min(stop, end) - offset))
+        return np.concatenate(pieces).astype("int32") if pieces else np.zeros((0,), "int32")
+
+    def __del__(self):
+        for descriptor in getattr(self, "_files", {}).values():
+            os.close(descriptor)
+
+    def __getstate__(self):  # open descriptors stay with their process
+        return {**self.__dict__, "_files": {}}
