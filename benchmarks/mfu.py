@@ -1,5 +1,5 @@
-"""Model FLOPs utilisation (MFU) of GPT training: keras_tfm on JAX with the recipes' settings for the device
-(XLA; on a GPU bfloat16 mixed precision) against the same GPT in PyTorch with nanoGPT's train.py settings
+"""Model FLOPs utilisation (MFU) of GPT training: keras_tfm on JAX with the recipes' default settings for
+the device (XLA; `--precision auto`: bfloat16 mixed precision on a GPU) against the same GPT in PyTorch with nanoGPT's train.py settings
 (transformers' GPT-2 with scaled-dot-product attention, torch.compile, bfloat16 autocast, fused AdamW).
 
     python benchmarks/mfu.py            # on a GPU: GPT-2 small, context 1024; on a CPU: nanoGPT's CPU model
@@ -36,9 +36,10 @@ def keras_tfm_worker(config: dict, gpu: bool) -> dict:
     import numpy as np
 
     import keras_tfm
+    from keras_tfm.training import TrainingConfig
+    from keras_tfm.training.runtime import precision
 
-    if gpu:
-        keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.config.set_dtype_policy(precision(TrainingConfig(output_dir=".")))  # the recipes' default here
     model = keras_tfm.GPT(
         vocabulary_size=config["vocabulary_size"],
         num_layers=config["num_layers"],

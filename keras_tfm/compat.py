@@ -22,6 +22,8 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 __all__ = [
     "BuildBeforeQuantizeCheck",
+    "build_before_distributed_fit",
+    "jax_live_processes",
     "child_layers",
     "get_keras_mask",
     "get_stateless_scope",
@@ -92,3 +94,34 @@ def on_xla_cpu() -> bool:
 
         return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
     return False
+
+
+def build_before_distributed_fit(model: keras.Model, batch: tuple, multi_worker: bool) -> None:
+    """Works around two faults of Keras' TensorFlow trainer under a `tf.distribute` strategy (Keras 3.15).
+    `fit` takes a batch from its data for a symbolic build (`_maybe_symbolic_build`) and cannot rewind a
+    generator, so one training batch was lost at every `fit`: build here (`_symbolic_build`) on a batch the
+    caller keeps, and skip fit's. Under `MultiWorkerMirroredStrategy` (`multi_worker`) it averages each
+    step's scalar logs over axis 0, which scalars lack: the steps' logs get that axis."""
+    model._symbolic_build(data_batch=batch)
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+    if not multi_worker:
+        return
+    for name in ("train_step", "test_step"):
+        step = getattr(model, name)
+
+        def with_axis(data, step=step):
+            return {key: keras.ops.reshape(value, (1,)) for key, value in step(data).items()}
+
+        setattr(model, name, with_axis)
+
+
+def jax_live_processes(count: int) -> list[int]:
+    """The processes of a `jax.distributed` run that its coordinator still hears from (jaxlib's client,
+    `jax._src.distributed.global_state.client.get_live_nodes`; no public accessor in JAX 0.10).
+    Raises if the coordinator itself cannot be reached."""
+    from jax._src import distributed
+
+    live = distributed.global_state.client.get_live_nodes(list(range(count)))
+    if isinstance(live, dict):
+        return sorted(int(index) for index in live)
+    return sorted(int(getattr(node, "process_id", node)) for node in live)

@@ -104,3 +104,32 @@ def test_the_symbolic_scope_is_found_inside_shape_inference_only():
     keras.ops.convert_to_numpy(layer(keras.ops.ones((2, 3))))
     layer(keras.KerasTensor((2, 3)))  # a symbolic call: its output shape inferred
     assert seen == [False, True]
+
+
+def test_keras_fits_under_a_strategy_after_the_build_the_shim_makes():
+    """`build_before_distributed_fit` builds with Keras' `_symbolic_build` and replaces the TensorFlow
+    trainer's `_maybe_symbolic_build`, which took (and lost) a batch of the data."""
+    import numpy as np
+
+    from keras_tfm.compat import build_before_distributed_fit
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse", metrics=["mae"])
+    if keras.backend.backend() == "tensorflow":
+        assert callable(model._maybe_symbolic_build)
+    build_before_distributed_fit(model, (np.ones((4, 3), "float32"), np.zeros((4, 2), "float32")), multi_worker=True)
+    assert model._compile_metrics.built and model.optimizer.built
+    assert model._maybe_symbolic_build() is None
+    if keras.backend.backend() == "tensorflow":  # the multi-worker strategy's reduction wants an axis
+        logs = model.train_step((np.ones((4, 3), "float32"), np.zeros((4, 2), "float32")))
+        assert all(tuple(value.shape) == (1,) for value in logs.values())
+
+
+def test_jaxlib_client_reports_live_processes():
+    if keras.backend.backend() != "jax":
+        pytest.skip("jax.distributed")
+    from jax._src import distributed
+    from jax._src.lib import _jax
+
+    assert hasattr(distributed.global_state, "client")
+    assert "get_live_nodes" in dir(_jax.DistributedRuntimeClient)

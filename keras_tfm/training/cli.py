@@ -203,9 +203,10 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     )
     runtime.add_argument(
         "--precision",
-        default="float32",
-        choices=["float32", "mixed_bfloat16", "mixed_float16"],
-        help="Keras dtype policy (default: %(default)s)",
+        default="auto",
+        choices=["auto", "float32", "mixed_bfloat16", "mixed_float16"],
+        help="Keras dtype policy; auto = mixed_bfloat16 on a GPU with bfloat16 arithmetic (Ampere and "
+        "later) or a TPU, float32 elsewhere (default: %(default)s)",
     )
     runtime.add_argument(
         "--remat",

@@ -13,7 +13,7 @@ import dataclasses
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import is_integer, is_number
 
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 # The settings that change what a run computes: a checkpoint records them, and resuming with others is refused.
 RESULT_FIELDS = (
     "epochs",
@@ -55,7 +55,8 @@ class TrainingConfig:
             query and value projections; `None`: train every weight.
         lora_alpha: LoRA's updates are scaled by `lora_alpha / lora_rank`; `None`: `lora_rank` (a scale of 1).
         seed: the seed of weights, data order and sampling.
-        precision: a Keras dtype policy, one of `PRECISIONS`.
+        precision: a Keras dtype policy, one of `PRECISIONS`; "auto": mixed_bfloat16 on an accelerator with
+            bfloat16 arithmetic (GPUs from NVIDIA's Ampere on, TPUs), float32 elsewhere.
         remat: recompute each block's activations in the backward pass instead of storing them.
         jit_compile: XLA compilation, one of "auto" (on for TensorFlow and JAX, off for PyTorch), "on", "off".
         distribute: "none", "data" (replicate the model, split the batch) or "model" (also shard heads and
@@ -84,7 +85,7 @@ class TrainingConfig:
     lora_rank: int | None = None
     lora_alpha: float | None = None
     seed: int = 0
-    precision: str = "float32"
+    precision: str = "auto"
     remat: bool = False
     jit_compile: str = "auto"
     distribute: str = "none"

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import socket
 import time
 
@@ -246,31 +247,30 @@ def lost_message(lost: list[int], reason: str) -> str:
     )
 
 
-def lost_processes(timeout: float) -> list[int]:
-    """After a collective failed: the processes the coordinator no longer hears from, waiting at most
-    `timeout` seconds for it to notice (its heartbeat timeout). `[0]` when the coordinator itself is gone."""
+def lost_processes(timeout: float, error: Exception) -> list[int] | None:
+    """After `error` stopped training: the processes that stopped (`[]`: one that cannot be named), or
+    `None` when none did. On JAX the coordinator is asked, waiting at most `timeout` seconds for it to
+    notice (its heartbeat timeout; `[0]` when the coordinator itself is gone); on TensorFlow the
+    collective's error names the worker it lost."""
+    if _processes.engine == "tf_config":
+        text = str(error)
+        if not re.search(r"Collective ops is aborted|Socket closed|UNAVAILABLE|[Uu]navailable|heartbeat", text):
+            return None
+        return sorted({int(task) for task in re.findall(r"/job:(?:worker|chief)/replica:\d+/task:(\d+)", text)})
     if _processes.engine != "jax":
-        return []
-    from jax._src import distributed
+        return None
+    from keras_tfm.compat import jax_live_processes
 
-    client = distributed.global_state.client
-    everyone = list(range(_processes.count))
+    everyone = set(range(_processes.count))
     deadline = time.monotonic() + timeout
     while True:
         try:
-            live = client.get_live_nodes(everyone)
+            lost = sorted(everyone - set(jax_live_processes(_processes.count)))
         except Exception:  # the coordination service runs in process 0
-            return [0] if _processes.index != 0 else []
-        lost = sorted(set(everyone) - set(_live_indices(live)))
+            return [0] if _processes.index != 0 else None
         if lost or time.monotonic() > deadline:
-            return lost
+            return lost or None
         time.sleep(1.0)
-
-
-def _live_indices(live) -> list[int]:
-    if isinstance(live, dict):
-        return [int(index) for index in live]
-    return [int(getattr(node, "process_id", node)) for node in live]
 
 
 def use_cpu_devices(count: int) -> None:
@@ -317,7 +317,17 @@ def distribution_scope(distribute: str, model_parallel: int | None = None, log=p
             distribution = keras.distribution.DataParallel(devices=devices)
             log(f"Distribution: JAX DataParallel over {len(devices)} devices{_of_processes()}.")
         else:
-            model_axis = model_parallel or len(devices)
+            import jax
+
+            local = jax.local_device_count()
+            model_axis = model_parallel or (local if _processes.count > 1 else len(devices))
+            if _processes.count > 1 and local % model_axis:
+                # Process 0 writes the checkpoints from the shards it holds: each needs the whole model.
+                raise InputError(
+                    f"with several processes the 'model' axis stays within one process's {local} devices "
+                    f"(a divisor of {local}); got {model_axis}.",
+                    argument="model_parallel",
+                )
             if len(devices) % model_axis:
                 raise InputError(
                     f"must divide the {len(devices)} devices; got {model_axis}.", argument="model_parallel"

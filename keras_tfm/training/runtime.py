@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import inspect
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +26,7 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
-from keras_tfm.compat import sublayers
+from keras_tfm.compat import build_before_distributed_fit, sublayers
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
@@ -65,6 +67,41 @@ def log(message: str) -> None:
         print(message, flush=True)
 
 
+def precision(config: TrainingConfig) -> str:
+    """The run's dtype policy: `config.precision`, with "auto" resolved for this machine's devices."""
+    if config.precision != "auto":
+        return config.precision
+    return "mixed_bfloat16" if bfloat16_accelerator() else "float32"
+
+
+@functools.cache
+def bfloat16_accelerator() -> bool:
+    """Whether the backend computes on an accelerator with native bfloat16 arithmetic."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        if device.platform == "tpu":
+            return True
+        return device.platform == "gpu" and float(getattr(device, "compute_capability", 0) or 0) >= 8.0
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.config.list_logical_devices("TPU"):
+            return True
+        gpus = tf.config.list_physical_devices("GPU")
+        return bool(gpus) and tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0)) >= (
+            8,
+            0,
+        )
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return False
+
+
 def setup(config: TrainingConfig) -> None:
     """Virtual CPU devices, the run's processes, seed and dtype policy; call before building anything."""
     if config.cpu_devices:
@@ -87,7 +124,7 @@ def setup(config: TrainingConfig) -> None:
             )
     if not is_writer():  # process 0 writes the run's files
         keras.utils.set_random_seed(config.seed)
-        keras.config.set_dtype_policy(config.precision)
+        keras.config.set_dtype_policy(precision(config))
         return
     try:  # before anything is trained: a run that cannot write its checkpoints would lose them
         os.makedirs(config.output_dir, exist_ok=True)
@@ -101,8 +138,8 @@ def setup(config: TrainingConfig) -> None:
             "output_dir",
         ) from None
     keras.utils.set_random_seed(config.seed)
-    keras.config.set_dtype_policy(config.precision)
-    log(f"Backend: {keras.backend.backend()}, precision {config.precision}, output in {config.output_dir}")
+    keras.config.set_dtype_policy(precision(config))
+    log(f"Backend: {keras.backend.backend()}, precision {precision(config)}, output in {config.output_dir}")
 
 
 def use_jit(config: TrainingConfig) -> bool:
@@ -232,7 +269,8 @@ def train(
         f"{'; blocks rematerialized' if config.remat else ''}."
     )
     csv_path = os.path.join(config.output_dir, "log.csv")
-    recorded = json.loads(json.dumps({**{name: getattr(config, name) for name in RESULT_FIELDS}, **(settings or {})}))
+    resolved = dataclasses.replace(config, precision=precision(config))  # a GPU's run is not resumed on a CPU
+    recorded = json.loads(json.dumps({**(settings or {}), **{name: getattr(resolved, name) for name in RESULT_FIELDS}}))
     seconds = _fit(config, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks, recorded)
 
     results = model.evaluate(
@@ -255,7 +293,7 @@ def train(
         "epochs": epochs,
         "steps": epochs * steps_per_epoch,
         "batch_size": config.batch_size,
-        "precision": config.precision,
+        "precision": precision(config),
         "remat": config.remat,
         "train_seconds_this_run": round(seconds, 1),
         **results,
@@ -307,7 +345,7 @@ def _build(
         first = train_batch(0, 0)
         model(first[0])
         if keras.backend.backend() == "tensorflow" and config.distribute != "none":
-            _prepare_for_strategy(model, first)
+            build_before_distributed_fit(model, first, multi_worker=processes().engine == "tf_config")
     return model, config.lora_rank or (next(iter(adapted.values())).lora_rank if adapted else None)
 
 
@@ -392,10 +430,14 @@ def _fit_or_report_lost(model, config: TrainingConfig, manager: CheckpointManage
     except Exception as error:
         if processes().count == 1:
             raise
-        lost = lost_processes(timeout=config.process_timeout + 5)
-        if not lost:
+        lost = lost_processes(config.process_timeout + 5, error)
+        if lost is None:
             raise
-        raise ProcessLost(lost_message(lost, (str(error).strip().splitlines() or [""])[0][:200])) from None
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        reason = next(
+            (line for line in lines if re.search(r"abort|closed|reset|unavailable|failed", line, re.I)), lines[0]
+        )
+        raise ProcessLost(lost_message(lost, reason[:200])) from None
 
 
 def _last_checkpoint(manager: CheckpointManager) -> str:
@@ -435,25 +477,6 @@ def _local_validation(validation_data: tuple) -> tuple:
         return validation_data
     share = slice(processes().index * rows // count, (processes().index + 1) * rows // count)
     return tuple(None if part is None else part[share] for part in validation_data)
-
-
-def _prepare_for_strategy(model, batch: tuple) -> None:
-    """Works around two faults of Keras' TensorFlow trainer under a `tf.distribute` strategy.
-    `fit` takes a batch from its data to build the model symbolically and then cannot rewind a generator,
-    so one training batch was lost at every `fit`: build here, on a batch we keep. And under
-    `MultiWorkerMirroredStrategy` it averages each step's scalar logs over axis 0, which scalars lack:
-    give them that axis."""
-    model._symbolic_build(data_batch=batch)
-    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
-    if processes().engine != "tf_config":
-        return
-    for name in ("train_step", "test_step"):
-        step = getattr(model, name)
-
-        def with_axis(data, step=step):
-            return {key: keras.ops.reshape(value, (1,)) for key, value in step(data).items()}
-
-        setattr(model, name, with_axis)
 
 
 def _worker_dataset(stream):
