@@ -11,6 +11,9 @@ from keras_tfm.convert.huggingface import save_huggingface
 from tests.checks import to_numpy
 
 torch = pytest.importorskip("torch")
+# The writer reads the weights through NumPy, the same on every backend; TensorFlow and PyTorch run these
+# (on JAX every eager model call compiles its operations one by one: four times their time here).
+pytestmark = pytest.mark.skipif(keras.backend.backend() == "jax", reason="the writer's backends: TensorFlow, PyTorch")
 transformers = pytest.importorskip("transformers")
 
 MODELS = {
