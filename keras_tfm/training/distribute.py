@@ -256,7 +256,9 @@ def lost_processes(timeout: float, error: Exception) -> list[int] | None:
         text = str(error)
         if not re.search(r"Collective ops is aborted|Socket closed|UNAVAILABLE|[Uu]navailable|heartbeat", text):
             return None
-        return sorted({int(task) for task in re.findall(r"/job:(?:worker|chief)/replica:\d+/task:(\d+)", text)})
+        remote = re.findall(r"remote target /job:\w+/replica:\d+/task:(\d+)", text)
+        named = remote or re.findall(r"/job:\w+/replica:\d+/task:(\d+)", text)  # this worker's own ops too
+        return sorted({int(task) for task in named} - {_processes.index})
     if _processes.engine != "jax":
         return None
     from keras_tfm.compat import jax_live_processes
