@@ -49,6 +49,11 @@ def processes() -> Processes:
     return _processes
 
 
+def worker_strategy():
+    """TensorFlow's MultiWorkerMirroredStrategy of a run of several workers (`None` otherwise)."""
+    return _strategy
+
+
 def is_writer() -> bool:
     """Whether this process writes the run's files (logs, checkpoints, metrics, exports): process 0."""
     return _processes.index == 0
@@ -215,7 +220,7 @@ def _tf_config_workers() -> list:
         ) from None
 
 
-def all_equal(value: int) -> list[int]:
+def gather_from_processes(value: int) -> list[int]:
     """Every process's `value` (an integer), gathered on every process; `[value]` with one process."""
     if _processes.count == 1:
         return [int(value)]

@@ -41,9 +41,9 @@ from keras_tfm.training.checkpoints import (
 from keras_tfm.training.config import RESULT_FIELDS, HuggingFaceCheckpoint, TrainingConfig
 from keras_tfm.training.distribute import (
     ProcessLost,
-    all_equal,
     alone,
     distribution_scope,
+    gather_from_processes,
     initialize_processes,
     is_writer,
     local_rows,
@@ -357,7 +357,7 @@ def _fit(
     manager = CheckpointManager(os.path.join(config.output_dir, "checkpoint"), writer=is_writer())
     distribute.checkpoint_note = lambda: _last_checkpoint(manager)
     initial_epoch = manager.restore(model, settings)
-    seen = all_equal(initial_epoch)
+    seen = gather_from_processes(initial_epoch)
     if len(set(seen)) > 1:
         raise CheckpointError(
             f"the processes see different checkpoints in {manager.directory!r} (epochs done: "
@@ -484,7 +484,7 @@ def _worker_dataset(stream):
     made on each worker, each of its elements split among the worker's devices."""
     import tensorflow as tf
 
-    strategy = distribute._strategy
+    strategy = distribute.worker_strategy()
     first = next(iter(stream()))
     signature = tuple(tf.TensorSpec((None, *np.shape(part)[1:]), tf.as_dtype(np.asarray(part).dtype)) for part in first)
 
