@@ -25,6 +25,7 @@ __all__ = [
     "build_before_distributed_fit",
     "jax_live_processes",
     "child_layers",
+    "concrete_values",
     "get_keras_mask",
     "get_stateless_scope",
     "in_symbolic_scope",
@@ -94,6 +95,30 @@ def on_xla_cpu() -> bool:
 
         return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
     return False
+
+
+def concrete_values(value):
+    """The values of a backend tensor that holds them now (an eager tensor) as a NumPy array; None for
+    anything else: a tracer of `jax.jit`, a symbolic tensor of `tf.function`, a PyTorch tensor being traced
+    or on the meta device, or no backend tensor at all. Each backend's test is its own, public where it has one."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+            return keras.ops.convert_to_numpy(value)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(value, tf.Tensor) and not tf.is_symbolic_tensor(value) and hasattr(value, "numpy"):
+            return value.numpy()
+    elif backend == "torch":
+        import torch
+
+        tracing = torch.jit.is_tracing() or torch.compiler.is_compiling()
+        if isinstance(value, torch.Tensor) and not tracing and value.device.type != "meta":
+            return value.detach().cpu().numpy()
+    return None
 
 
 def build_before_distributed_fit(model: keras.Model, batch: tuple, multi_worker: bool) -> None:

@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
+    except KeyboardInterrupt:  # Ctrl-C: what was written stays; one line, as the recipes end
+        sys.stdout.flush()
+        print("\ninterrupted (Ctrl-C).", file=sys.stderr)
+        return 130
     except (ValueError, OSError) as error:
         message = str(error).replace("token_ids: ", "prompt: ", 1)
         for name in ("max_new_tokens", "chunk_size", "temperature", "top_k", "top_p", "repetition_penalty"):

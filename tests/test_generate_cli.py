@@ -2,6 +2,11 @@
 
 import contextlib
 import io
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -31,3 +36,28 @@ def test_the_command_streams_what_generate_returns(tmp_path):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         status = generate.main([str(tmp_path / "lm.keras"), "hello", "--max-new-tokens", "0"])
     assert status == 2 and "error: " in err.getvalue() and "--max-new-tokens" in err.getvalue()
+
+
+@pytest.mark.backend_independent
+def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path):
+    tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=tokenizer.vocabulary_size,
+        max_length=4096,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+    )
+    model.tokenizer = tokenizer
+    model.save(tmp_path / "lm.keras")
+    command = [sys.executable, "-m", "keras_tfm.generate", str(tmp_path / "lm.keras"), "hello"]
+    command += ["--max-new-tokens", "4000", "--chunk-size", "1"]
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    assert run.stdout.read(5) == "hello"  # the model is loaded and the reply streams
+    time.sleep(0.5)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted (Ctrl-C)."

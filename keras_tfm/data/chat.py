@@ -51,6 +51,7 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
 @functools.lru_cache(maxsize=16)
 def _compiled(template: str):
     import jinja2
+    from jinja2.ext import loopcontrols  # a submodule: `import jinja2` alone does not load it
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -60,9 +61,7 @@ def _compiled(template: str):
         # transformers' filter: Jinja's own escapes HTML characters
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = lambda format: datetime.datetime.now().strftime(format)

@@ -288,6 +288,12 @@ class CausalLM(Model):
         """
         owner = f"{type(self).__name__}.stream"
         text = isinstance(token_ids, str)
+        if not text and decoding.texts(token_ids) is not None:
+            raise InputError(
+                f"{owner}: streams one prompt, a string or a list of ids; received {len(token_ids)} texts. "
+                "Call `generate` for several prompts.",
+                "token_ids",
+            )
         prompt = self._encode_prompts(token_ids)[0] if text else token_ids
         if not is_integer(chunk_size) or chunk_size < 1:
             raise InputError(f"{owner}: `chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size")
@@ -358,9 +364,7 @@ class CausalLM(Model):
             ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
             # an end id outside the vocabulary is never generated (a small model made from a GPT-2 config)
             stop_token_ids = [end for end in ends if 0 <= end < self.vocabulary_size]
-        if isinstance(stop_token_ids, (int, np.integer)):
-            stop_token_ids = [stop_token_ids]
-        return decoding.as_token_ids(list(stop_token_ids), "stop_token_ids", self.vocabulary_size)
+        return decoding.stop_ids(stop_token_ids, self.vocabulary_size)
 
     def _pad_id(self, pad_token_id: int | None) -> int:
         if pad_token_id is None:

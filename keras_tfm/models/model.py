@@ -11,7 +11,8 @@ import warnings
 import keras
 import numpy as np
 
-from keras_tfm.compat import BuildBeforeQuantizeCheck, in_symbolic_scope, sublayers
+from keras_tfm.compat import BuildBeforeQuantizeCheck, concrete_values, in_symbolic_scope, sublayers
+from keras_tfm.errors import InputError
 from keras_tfm.layers import lora
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
@@ -184,10 +185,11 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         return {}
 
     def _check_ids(self, args: tuple, kwargs: dict) -> None:
-        """Refuses NumPy (or list) inputs that hold an id outside its table. Compiled code cannot:
-        an XLA gather reads such an id silently (NaN on JAX, the nearest row on TensorFlow), and PyTorch
-        raises an IndexError that names nothing. Backend tensors are left alone (checking them
-        would wait for the device)."""
+        """Refuses inputs that hold an id outside its table: NumPy arrays, lists and eager backend
+        tensors, with the same message on every backend. Compiled code cannot check (inside `fit`'s
+        steps, `jax.jit` or `tf.function` the ids are symbolic): there an XLA gather reads such an id
+        silently (NaN on JAX, the nearest row on TensorFlow) and PyTorch raises an IndexError that names
+        nothing, so `fit`, `evaluate` and `predict` check their NumPy data before they start."""
         id_inputs = self._id_inputs()
         names = list(id_inputs)
         if not names:
@@ -212,20 +214,21 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
                 continue
             limit, setting = spec
             if len(shape) != 2:
-                raise ValueError(
-                    f"{type(self).__name__}: `{name}` must have shape (batch, length); received shape {shape}."
+                raise InputError(
+                    f"{type(self).__name__}: `{name}` must have shape (batch, length); received shape {shape}.", name
                 )
             if shape[1] == 0 and setting != "length":
-                raise ValueError(
-                    f"{type(self).__name__}: `{name}` must hold at least one id per row; received shape {shape}."
+                raise InputError(
+                    f"{type(self).__name__}: `{name}` must hold at least one id per row; received shape {shape}.", name
                 )
             if shape[0] is not None:
                 batches[name] = shape[0]
             if len(set(batches.values())) > 1:
-                raise ValueError(
+                raise InputError(
                     f"{type(self).__name__}: every input must have the same batch size; received "
                     + ", ".join(f"`{key}` {size}" for key, size in batches.items())
-                    + "."
+                    + ".",
+                    name,
                 )
             if isinstance(limit, str):  # positions in another input's sequence
                 bound = _static_shape(given.get(limit))
@@ -235,16 +238,19 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             # placeholders of shape inference may be float: TensorFlow's distributed build averages the ids
             kind = None if in_symbolic_scope() else _dtype_name(value)
             if kind is not None and not kind.startswith(("int", "uint")):  # a cast would truncate 1.9 to 1
-                raise ValueError(f"{type(self).__name__}: `{name}` must hold integer ids; received {kind} values.")
+                raise InputError(
+                    f"{type(self).__name__}: `{name}` must hold integer ids; received {kind} values.", name
+                )
             ids = _numbers(value, "iu")
             if ids is None:
                 continue
             lowest, highest = ids.min(), ids.max()  # one pass each over what may be a whole dataset
             if lowest < 0 or highest >= limit:
                 wrong = lowest if lowest < 0 else highest
-                raise ValueError(
+                raise InputError(
                     f"{type(self).__name__}: `{name}` must hold {'positions' if setting == 'length' else 'ids'} in "
-                    f"[0, {setting}={limit}); received {wrong}."
+                    f"[0, {setting}={limit}); received {wrong}.",
+                    name,
                 )
 
     def _label_range(self) -> tuple[int, str] | None:
@@ -308,7 +314,9 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             self._check_labels(validation_data[1])
 
     def __call__(self, *args, **kwargs):
-        self._check_ids(args, kwargs)
+        # a training step's batch was checked by `fit` (reading it here would wait for the device each step)
+        if not kwargs.get("training"):
+            self._check_ids(args, kwargs)
         return super().__call__(*args, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
@@ -341,9 +349,27 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         if not self.built:
             self.build()
 
-    # The tokenizer that turns text into this model's ids (`keras_tfm.data`'s tokenizers), or None. Set by
-    # `from_huggingface` from the checkpoint's files, by the recipes, or by hand; a `.keras` file keeps it.
-    tokenizer = None
+    _tokenizer = None
+
+    @property
+    def tokenizer(self):
+        """The tokenizer that turns text into this model's ids (`keras_tfm.data`'s tokenizers), or None.
+        Set by `from_huggingface` from the checkpoint's files, by the recipes, or by hand; a `.keras` file
+        keeps it. One that makes more ids than the model has embeddings for is refused."""
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        size, limit = getattr(tokenizer, "vocabulary_size", None), getattr(self, "vocabulary_size", None)
+        if isinstance(size, int) and isinstance(limit, int) and size > limit:
+            raise InputError(
+                f"{type(self).__name__}: the tokenizer makes {size:,} ids, more than the model's "
+                f"vocabulary_size={limit:,}: its ids from {limit} on have no embedding. Give the tokenizer the "
+                "model was trained with, or a model with a larger `vocabulary_size`.",
+                "tokenizer",
+            )
+        self._tokenizer = tokenizer
+
     # A checkpoint's generation settings (transformers' `generation_config.json`: `eos_token_id`, one id or
     # several, and `pad_token_id`), which `generate` uses where not told otherwise; or None.
     generation_config = None
@@ -469,11 +495,13 @@ def _dtype_name(value) -> str | None:
 
 
 def _numbers(value, kinds: str) -> np.ndarray | None:
-    """`value` as a non-empty NumPy array of one of these dtype kinds, if it is a NumPy array or a
-    list of such numbers; else None. Backend tensors and datasets are not read (that would wait for
-    the device or consume the data); Keras refuses ragged lists itself."""
+    """`value` as a non-empty NumPy array of one of these dtype kinds, if it is a NumPy array, a list of
+    such numbers or an eager backend tensor; else None. Symbolic tensors and datasets are not read (that
+    would trace or consume the data); Keras refuses ragged lists itself."""
     if not isinstance(value, (np.ndarray, list)):
-        return None
+        value = concrete_values(value)
+        if value is None:
+            return None
     try:
         array = np.asarray(value)
     except ValueError:

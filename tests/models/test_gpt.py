@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.errors import InputError
 from tests.checks import assert_close, run_layer_checks, to_numpy
 
 
@@ -176,7 +177,7 @@ def test_bad_generation_arguments():
         model.generate([[1] * 20], max_new_tokens=5)
     with pytest.raises(ValueError, match="empty prompt"):
         model.generate([[1, 2], []], max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"`token_ids` must hold at least one prompt; received shape \(0, 3\)"):
+    with pytest.raises(ValueError, match=r"token_ids: must hold at least one prompt; received shape \(0, 3\)"):
         model.generate(np.zeros((0, 3), "int32"), max_new_tokens=2)
     with pytest.raises(ValueError, match="`top_p` must be a number in"):
         model.generate([[1]], max_new_tokens=2, top_p=0.0)
@@ -198,14 +199,28 @@ def test_bad_generation_arguments():
     with pytest.raises(ValueError, match="max_length=24"):
         model(np.zeros((1, 25), "int32"))
     # Prompts are checked before compiled code, where JAX would read an unknown id silently.
-    with pytest.raises(ValueError, match=r"`token_ids` must hold ids in \[0, vocabulary_size=40\); received 40"):
+    with pytest.raises(ValueError, match=r"token_ids: must hold ids in \[0, vocabulary_size=40\); received 40"):
         model.generate([[1, 2], [3, 40]], max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"`token_ids` must hold ids in \[0, vocabulary_size=40\); received -1"):
+    with pytest.raises(ValueError, match=r"token_ids: must hold ids in \[0, vocabulary_size=40\); received -1"):
         model.generate(np.array([[1, -1, 0]]), padding_mask=np.array([[1, 1, 0]], bool), max_new_tokens=2)
-    with pytest.raises(ValueError, match="`token_ids` must hold integer token ids; received float64"):
+    with pytest.raises(ValueError, match="token_ids: must hold integer token ids; received float64"):
         model.generate(np.array([[1.5, 2.0]]), max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"`stop_token_ids` must hold ids in \[0, vocabulary_size=40\); received 41"):
+    with pytest.raises(InputError, match=r"stop_token_ids: must hold ids in \[0, vocabulary_size=40\); received 41"):
         model.generate([[1]], max_new_tokens=2, stop_token_ids=41)
+    # Stop ids are one id or a flat list of them; text and ids are not mixed; a stream has one prompt.
+    for stops in ([[1, 2]], 1.5, "3", [1, "3"], [True]):
+        with pytest.raises(
+            InputError, match=r"stop_token_ids: expected a token id or a flat list of token ids"
+        ) as info:
+            model.generate([[1]], max_new_tokens=2, stop_token_ids=stops)
+        assert info.value.argument == "stop_token_ids"
+    with pytest.raises(
+        InputError, match="token_ids: expected text .* or token ids .*; received a list of list and str"
+    ):
+        model.generate(["ab", [1, 2]], max_new_tokens=2)
+    for prompts in (["ab", "cd"], [[1, 2], [3, 4]], np.array([[1, 2], [3, 4]])):
+        with pytest.raises(InputError, match="token_ids: GPT.stream: streams one prompt"):
+            next(model.stream(prompts, max_new_tokens=2))
 
 
 @pytest.mark.parametrize(

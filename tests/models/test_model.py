@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.data import CharacterTokenizer
+from keras_tfm.errors import InputError
 from tests.checks import assert_close, to_numpy
 
 MODELS = {
@@ -236,7 +238,7 @@ def test_a_quantized_mixed_precision_model_computes_in_bfloat16(rng, name):
 )
 def test_ids_outside_their_table_are_refused_at_every_entry_point(rng, name, bad, argument, message):
     """An XLA gather reads an id outside its table silently (NaN on JAX, the nearest row on TensorFlow's
-    XLA): NumPy inputs are checked before Keras runs the model, by argument name."""
+    XLA): NumPy inputs and eager backend tensors are checked before Keras runs the model, by argument name."""
     make, make_inputs = MODELS[name]
     model = make()
     first, second = (*make_inputs(rng), None)[:2]
@@ -261,6 +263,10 @@ def test_ids_outside_their_table_are_refused_at_every_entry_point(rng, name, bad
     for entry_point in entry_points:
         with pytest.raises(ValueError, match=error):
             entry_point(inputs)
+    tensors = keras.tree.map_structure(keras.ops.convert_to_tensor, inputs)
+    with pytest.raises(InputError, match=error) as info:  # eager backend tensors too, on every backend
+        model(tensors)
+    assert info.value.argument == argument
     if name == "translator":  # a (source, target) pair, or the target as the second argument
         for call in (
             lambda: model((first, second)),
@@ -489,3 +495,15 @@ def test_load_model_names_a_damaged_or_missing_keras_file(tmp_path, rng):
             keras_tfm.load_model(tmp_path / f"{name}.keras")
     with pytest.raises(FileNotFoundError, match="load_model: there is no file '.*missing.keras'"):
         keras_tfm.load_model(tmp_path / "missing.keras")
+
+
+def test_a_tokenizer_with_more_ids_than_the_vocabulary_is_refused_when_attached():
+    """Its ids past the table would reach the embedding only at generation time, as a bare IndexError."""
+    model = keras_tfm.GPT(vocabulary_size=5, max_length=8, num_layers=1, num_heads=1, hidden_dim=4)
+    with pytest.raises(
+        InputError, match=r"GPT: the tokenizer makes 8 ids, more than the model's vocabulary_size=5"
+    ) as info:
+        model.tokenizer = CharacterTokenizer.fit("abcdefgh")
+    assert info.value.argument == "tokenizer" and model.tokenizer is None
+    model.tokenizer = CharacterTokenizer.fit("abcde")
+    assert model.tokenizer.vocabulary_size == 5

@@ -160,7 +160,7 @@ def test_sizes_and_errors():
         model.translate(np.ones((1, 1, 3), "int32"))
     with pytest.raises(ValueError, match=r"`source_ids` must hold at least one source; received shape \(0, 3\)"):
         model.translate(np.zeros((0, 3), "int32"))
-    with pytest.raises(ValueError, match=r"`source_ids` must hold ids in \[0, vocabulary_size=30\); received 30"):
+    with pytest.raises(ValueError, match=r"source_ids: must hold ids in \[0, vocabulary_size=30\); received 30"):
         model.translate(np.array([[5, 30, 0]]))
     with pytest.raises(ValueError, match="positions must be 'sinusoidal' or 'learned'"):
         tiny_translator(positions="rotary")
