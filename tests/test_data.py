@@ -91,6 +91,20 @@ def test_character_tokenizer_round_trip_and_reuse(tmp_path):
     assert isinstance(again, CharacterTokenizer) and again.vocabulary == tokenizer.vocabulary
     with pytest.raises(DataError, match="fitted on other text"):  # the ids would change meaning
         load_or_fit_tokenizer("char", "completely different text", str(tmp_path), log=lambda m: None)
+    (tmp_path / "tokenizer.json").write_text('{"kind": "char", "vocab')  # damaged: cut short
+    with pytest.raises(
+        DataError, match=r"^the tokenizer file '.*tokenizer.json' is damaged .* delete it to fit"
+    ) as info:
+        load_or_fit_tokenizer("char", "hello world", str(tmp_path), log=lambda m: None)
+    assert info.value.argument is None  # the message names the file, not an argument called `path`
+
+
+def test_a_checkpoints_damaged_tokenizer_json_is_named_with_what_to_do(tmp_path):
+    from keras_tfm.data import HuggingFaceTokenizer
+
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(DataError, match=r"the checkpoint's tokenizer file '.*tokenizer.json' is damaged .* download"):
+        HuggingFaceTokenizer.from_huggingface(str(tmp_path))
 
 
 def test_wordpiece_tokenizer_from_keras_hub(tmp_path):

@@ -25,6 +25,7 @@ import re
 import keras
 import numpy as np
 
+from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.files import read_checkpoint, read_json, read_weight_file
 from keras_tfm.convert.registry import convert_checkpoint
 from keras_tfm.convert.weights import WeightReader
@@ -97,7 +98,10 @@ def peft_model_parts(peft_model) -> tuple[dict, dict, dict, dict]:
             adapter[key.replace(f".modules_to_save.{name}.", ".")] = value
         elif not any(part in key for part in (".lora_", ".modules_to_save.", ".original_module.")):
             base[key.replace(".base_layer.", ".")] = value
-    return peft_model.get_base_model().config.to_dict(), base, config, adapter
+    base_config = checkpoint_config(
+        peft_model.get_base_model().config.to_dict(), "the PeftModel's base configuration (`model.config`)"
+    )
+    return base_config, base, config, adapter
 
 
 def _check_config(config: dict, source: str) -> None:

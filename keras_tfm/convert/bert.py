@@ -68,9 +68,9 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
         model = Bert(**arguments)
     model.build()
     encoder = model if isinstance(model, Bert) else model.encoder
-    encoder.token_embedding.set_weights([w("embeddings.word_embeddings.weight")])
-    encoder.position_embedding.set_weights([w("embeddings.position_embeddings.weight")])
-    encoder.segment_embedding.set_weights([w("embeddings.token_type_embeddings.weight")])
+    w.set(encoder.token_embedding, "embeddings.word_embeddings.weight")
+    w.set(encoder.position_embedding, "embeddings.position_embeddings.weight")
+    w.set(encoder.segment_embedding, "embeddings.token_type_embeddings.weight")
     set_layer_norm(encoder.embedding_norm, w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
     _blocks(encoder, w)
     # The MLM decoder is tied to the word embeddings (its bias is cls.predictions.bias); the

@@ -7,6 +7,7 @@ import json
 import os
 import re
 
+from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.registry import check_model_type
 
 
@@ -72,7 +73,7 @@ def read_config(path: str) -> dict:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"from_huggingface: no config.json in directory {path!r}.")
-    config = read_json(config_path, "from_huggingface")
+    config = checkpoint_config(read_json(config_path, "from_huggingface"), repr(config_path))
     check_model_type(config)
     return config
 
@@ -125,7 +126,8 @@ def read_checkpoint(model_or_directory) -> tuple[dict, dict]:
         return read_config(directory), read_weights(directory)
     if hasattr(model_or_directory, "state_dict") and hasattr(model_or_directory, "config"):
         weights = {k: v.detach().float().cpu().numpy() for k, v in model_or_directory.state_dict().items()}
-        return model_or_directory.config.to_dict(), weights
+        config = checkpoint_config(model_or_directory.config.to_dict(), "the model's configuration (`model.config`)")
+        return config, weights
     raise TypeError(
         "from_huggingface expects a transformers model or a directory path; received "
         f"{type(model_or_directory).__name__}."

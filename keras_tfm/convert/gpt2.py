@@ -57,8 +57,8 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
         activation=ACTIVATIONS[config.get("activation_function", "gelu_new")],
     )
     model.build()
-    model.token_embedding.set_weights([w("wte.weight")])
-    model.position_embedding.set_weights([w("wpe.weight")])
+    w.set(model.token_embedding, "wte.weight")
+    w.set(model.position_embedding, "wpe.weight")
     _blocks(model, w)
     w.layer_norm("ln_f", model.final_norm)
     if not model.tie_embeddings:

@@ -23,9 +23,11 @@ from keras_tfm.compat import sublayers
 
 # Importing each model type's module registers its converter and exporter.
 from keras_tfm.convert import adapters, bert, gpt2, llama, marian, vit  # noqa: F401
+from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.files import checkpoint_directory, read_checkpoint, read_json
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
 from keras_tfm.convert.weights import WeightWriter
+from keras_tfm.errors import CheckpointError, InputError
 
 
 def generation_settings(directory: str) -> dict | None:
@@ -34,16 +36,32 @@ def generation_settings(directory: str) -> dict | None:
     path = os.path.join(directory, "generation_config.json")
     if not os.path.isfile(path):
         return None
-    config = read_json(path, "from_huggingface")
-    settings = {key: config[key] for key in ("eos_token_id", "pad_token_id") if config.get(key) is not None}
+    return _end_ids(read_json(path, "from_huggingface"), repr(path))
+
+
+def _end_ids(config: dict, where: str) -> dict | None:
+    """`eos_token_id` and `pad_token_id` of a generation config (a JSON object or transformers'
+    `GenerationConfig.to_dict()`), each checked: a token id or a list of them."""
+    checked = checkpoint_config(config, where)
+    settings = {key: checked[key] for key in ("eos_token_id", "pad_token_id") if checked.get(key) is not None}
     return settings or None
+
+
+def _in_memory_generation_settings(model) -> dict | None:
+    """The end ids of an in-memory transformers model (or a PeftModel's base), as a directory's
+    `generation_config.json` gives them: what its `generate` stops at."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    generation_config = getattr(base, "generation_config", None)
+    if generation_config is None or not callable(getattr(generation_config, "to_dict", None)):
+        return None
+    return _end_ids(generation_config.to_dict(), "the model's generation settings (`model.generation_config`)")
 
 
 # keras-hub's task models fine-tune at 5e-5 by default too; 1e-3 (from scratch) would wreck a checkpoint.
 FINE_TUNING_LEARNING_RATE = 5e-5
 
 
-def from_huggingface(model_or_directory, num_classes: int | None = None, adapter=None):
+def from_huggingface(model_or_directory, num_classes: int | None = None, adapter=None, allow_nan: bool = False):
     """A keras_tfm model with the weights of a Hugging Face model.
 
     Args:
@@ -62,6 +80,8 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
             adapter's pairs loaded, ready to predict or to train on: only the pairs and the
             adapter's `modules_to_save` (a classification head) are trainable
             (`keras_tfm.convert.adapters`).
+        allow_nan: load weights that hold NaN or infinite values (a damaged checkpoint, or one saved
+            from a diverged run); by default such a checkpoint is refused, naming the weight.
 
     A checkpoint read from a directory or Hub id comes with its tokenizer as `model.tokenizer`
     (`keras_tfm.data.checkpoint_tokenizer`: its `tokenizer.json`, GPT-2's `vocab.json` and
@@ -110,26 +130,35 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
     if adapter_config is not None:
         num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = {**weights, **adapter_weights}
-    try:
-        model, w = convert_checkpoint(config, weights, num_classes)
-    except KeyError as missing:
-        if str(missing.args[0]).startswith("from_huggingface:"):  # a weight the checkpoint lacks
-            raise
-        where = "the configuration" if base is None else repr(os.path.join(checkpoint_directory(base), "config.json"))
-        raise ValueError(
-            f"from_huggingface: {where} lacks the field {missing.args[0]!r}, which a {config.get('model_type')!r} "
-            "checkpoint needs."
-        ) from None
+    if not isinstance(allow_nan, bool):
+        raise InputError(f"from_huggingface: expected True or False; received {allow_nan!r}.", "allow_nan")
+    model, w = convert_checkpoint(config, weights, num_classes, allow_nan)
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
     if isinstance(base, (str, os.PathLike)):
         from keras_tfm.data.tokenizers import checkpoint_tokenizer
 
-        model.tokenizer = checkpoint_tokenizer(checkpoint_directory(base))
-        model.generation_config = generation_settings(checkpoint_directory(base))
+        directory = checkpoint_directory(base)
+        tokenizer = checkpoint_tokenizer(directory)
+        _check_tokenizer_fits(model, tokenizer, directory)
+        model.tokenizer = tokenizer
+        model.generation_config = generation_settings(directory)
+    else:  # an in-memory model stops where its `generate` stops
+        model.generation_config = _in_memory_generation_settings(model_or_directory)
     if model.compiled:  # pretrained weights: the models' default AdamW, at a fine-tuning rate
         model.compile(optimizer=keras.optimizers.AdamW(FINE_TUNING_LEARNING_RATE))
     return model
+
+
+def _check_tokenizer_fits(model, tokenizer, directory: str) -> None:
+    """Refuses a checkpoint whose tokenizer makes ids the model has no embedding for."""
+    size, limit = getattr(tokenizer, "vocabulary_size", None), getattr(model, "vocabulary_size", None)
+    if isinstance(size, int) and isinstance(limit, int) and size > limit:
+        raise CheckpointError(
+            f"from_huggingface: the tokenizer in {directory!r} has {size:,} tokens, more than the "
+            f"{limit:,} embeddings of its model (config.json's vocab_size): its ids past {limit - 1} have no "
+            "embedding. The tokenizer files belong to another checkpoint; restore this checkpoint's own."
+        )
 
 
 # what a checkpoint's tokenizer and image processor read, beside its config and weights
@@ -139,15 +168,13 @@ _PROCESSOR_FILES = re.compile(
 )
 
 
-# weight files `from_pretrained` could read instead of the model.safetensors written here
-_OTHER_WEIGHTS = re.compile(
-    r"(pytorch_model.*\.bin|model-.*\.safetensors|.*\.index\.json|tf_model\.h5|"
-    r"flax_model\.msgpack|adapter_model\..*)"
-)
-
-
 def save_huggingface(
-    model, directory: str, tokenizer_from=None, labels=None, image_preprocessing: tuple | None = None
+    model,
+    directory: str,
+    tokenizer_from=None,
+    labels=None,
+    image_preprocessing: tuple | None = None,
+    overwrite: bool = False,
 ) -> None:
     """Writes a keras_tfm model as a Hugging Face checkpoint directory (`config.json` and
     `model.safetensors`) that `transformers`' `from_pretrained` loads with the same outputs:
@@ -162,8 +189,9 @@ def save_huggingface(
     Refused by name: what the Hugging Face model cannot compute (a pre-norm `Translator`, whose
     Marian counterpart is post-norm; a ViT with mean pooling or sinusoidal positions; an activation
     it has no name for), quantized models (their int8 tables are not a `transformers` format), and a
-    directory that holds other weight files, which `from_pretrained` could read instead (its own
-    `config.json` and `model.safetensors` are overwritten).
+    `directory` that already holds files (another checkpoint, whose tokenizer or weights would be left
+    beside these) unless `overwrite=True`: the directory is then replaced whole. The checkpoint is
+    written beside it first and swapped in when complete, so a failure leaves the old one as it was.
     `tokenizer_from`: a checkpoint (directory or Hub id) whose tokenizer, image processor and
     generation files to copy beside the weights, for a model fine-tuned from it: then
     `transformers.pipeline(task, directory)` works. Without it, the model's own tokenizer
@@ -192,8 +220,6 @@ def save_huggingface(
     """
     import shutil
 
-    from safetensors.numpy import save_file
-
     export = exporter_of(model)
     if export is None:
         raise TypeError(
@@ -206,20 +232,7 @@ def save_huggingface(
             f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
             "checkpoints hold float weights. Save the model before quantize(), or its .keras file."
         )
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise FileExistsError(
-            f"save_huggingface: {os.fspath(directory)!r} is a file; expected a directory to write the checkpoint in."
-        )
-    stale = (
-        sorted(name for name in os.listdir(directory) if _OTHER_WEIGHTS.fullmatch(name))
-        if os.path.isdir(directory)
-        else []
-    )
-    if stale:
-        raise FileExistsError(
-            f"save_huggingface: {os.fspath(directory)!r} already holds other weights ({', '.join(stale)}), "
-            "which transformers could load instead of these; write into an empty directory."
-        )
+    _check_destination(directory, overwrite)
     source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     model._build_on_demand()
     options = {} if image_preprocessing is None else {"image_preprocessing": image_preprocessing}
@@ -234,7 +247,23 @@ def save_huggingface(
     if num_labels:
         labels = [str(label) for label in labels] if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
         config.update(id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
-    os.makedirs(directory, exist_ok=True)
+    staging = f"{os.path.normpath(directory)}.writing-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        _write_checkpoint(model, staging, source, w, config)
+        _swap_in(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter, config: dict) -> None:
+    """The checkpoint's files in `directory`: the processor files of `source` (or the model's own
+    tokenizer and generation settings), the JSON files, the weights."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
     for name in sorted(os.listdir(source)) if source else []:
         if _PROCESSOR_FILES.fullmatch(name):
             shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
@@ -246,3 +275,38 @@ def save_huggingface(
     if source is None and hasattr(getattr(model, "tokenizer", None), "save_huggingface"):
         model.tokenizer.save_huggingface(directory)  # the model's own tokenizer, where transformers can read it
     save_file(w.weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _check_destination(directory, overwrite: bool) -> None:
+    """Refuses a file, or a directory with files in it unless `overwrite`."""
+    if not isinstance(overwrite, bool):
+        raise InputError(f"save_huggingface: expected True or False; received {overwrite!r}.", "overwrite")
+    path = os.fspath(directory)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(
+            f"save_huggingface: {path!r} is a file; expected a directory to write the checkpoint in.", "directory"
+        )
+    held = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    if held and not overwrite:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise InputError(
+            f"save_huggingface: {path!r} already holds files ({shown}): another checkpoint's tokenizer or "
+            "weights would be left beside this one. Give `overwrite=True` to replace the directory whole, or "
+            "another directory.",
+            "directory",
+        )
+
+
+def _swap_in(staging: str, directory: str) -> None:
+    """Puts the complete `staging` directory in the place of `directory` (which may exist)."""
+    import shutil
+
+    directory = os.path.normpath(os.fspath(directory))
+    if not os.path.exists(directory):
+        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        os.rename(staging, directory)
+        return
+    old = f"{directory}.replaced-{os.getpid()}"
+    os.rename(directory, old)
+    os.rename(staging, directory)
+    shutil.rmtree(old, ignore_errors=True)

@@ -138,8 +138,8 @@ def _set_transformer_layer(block, w: WeightReader, prefix: str, attention: str) 
 def _gpt2(task, backbone, w: WeightReader) -> GPT:
     model = GPT(**_text_arguments(backbone), layer_norm_epsilon=1e-5)
     model.build()
-    model.token_embedding.set_weights([w("token_embedding/embeddings")])
-    model.position_embedding.set_weights([w("position_embedding/embeddings")])
+    w.set(model.token_embedding, "token_embedding/embeddings")
+    w.set(model.position_embedding, "position_embedding/embeddings")
     for i, block in enumerate(model.blocks):
         _set_transformer_layer(block, w, f"transformer_layer_{i}", "self_attention")
     _set_layers([(model.final_norm, "layer_norm")], w)
@@ -167,9 +167,9 @@ def _bert(task, backbone, w: WeightReader):
         model = BertClassifier(num_classes=task.num_classes, **arguments) if classifier else Bert(**arguments)
     model.build()
     encoder = model if isinstance(model, Bert) else model.encoder
-    encoder.token_embedding.set_weights([w("token_embedding/embeddings")])
-    encoder.position_embedding.set_weights([w("position_embedding/embeddings")])
-    encoder.segment_embedding.set_weights([w("segment_embedding/embeddings")])
+    w.set(encoder.token_embedding, "token_embedding/embeddings")
+    w.set(encoder.position_embedding, "position_embedding/embeddings")
+    w.set(encoder.segment_embedding, "segment_embedding/embeddings")
     _set_layers([(encoder.embedding_norm, "embeddings_layer_norm")], w)
     for i, block in enumerate(encoder.blocks):
         _set_transformer_layer(block, w, f"transformer_layer_{i}", "self_attention_layer")
@@ -231,7 +231,7 @@ def _vit(task, backbone, w: WeightReader) -> ViT:
     model.build()
     embedding = "vit_patching_and_embedding"
     model.class_token.assign(w(f"{embedding}/class_token"))
-    model.position_embedding.set_weights([w(f"{embedding}/position_embedding/embeddings")])
+    w.set(model.position_embedding, f"{embedding}/position_embedding/embeddings")
     model.patch_embedding.projection.set_weights(
         [w(f"{embedding}/patch_embedding/kernel"), w(f"{embedding}/patch_embedding/bias")]
     )

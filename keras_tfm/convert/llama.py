@@ -16,6 +16,7 @@ from keras_tfm.convert.weights import (
     hugging_face_activation,
     no_classifier,
 )
+from keras_tfm.errors import CheckpointError
 from keras_tfm.layers.rotary import yarn_attention_factor
 from keras_tfm.models.decoder_lm import DecoderLM
 
@@ -44,8 +45,10 @@ def _blocks(model: DecoderLM, w: WeightReader | WeightWriter, prefix: str = "") 
 def _rotary_embedding(config: dict, name: str) -> dict:
     """`RotaryEmbedding`'s arguments from a config's `rope_theta` and `rope_scaling` (transformers 4)
     or `rope_parameters` (transformers 5)."""
-    parameters = dict(config.get("rope_parameters") or {})
+    parameters = config.part("rope_parameters")
     parameters.update(config.get("rope_scaling") or {})
+    if config.get("rope_scaling"):
+        parameters.where = f"{config.where} (rope_scaling)"
     theta = config.get("rope_theta", parameters.get("rope_theta", 10000.0))
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     fraction = parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
@@ -64,8 +67,12 @@ def _rotary_embedding(config: dict, name: str) -> dict:
         )
     factor = parameters.get("factor")
     original = parameters.get("original_max_position_embeddings")
-    if rope_type == "yarn" and factor is None:  # DeepSeek's form: the ratio of the two contexts
+    if rope_type == "yarn" and factor is None and original:  # DeepSeek's form: the ratio of the two contexts
         factor = config["max_position_embeddings"] / original
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+        raise CheckpointError(
+            f"{parameters.where}: rope_type {rope_type!r} needs a 'factor', a number > 0; it is {factor!r}."
+        )
     rotary.update(scaling=rope_type, scaling_factor=float(factor))
     if rope_type == "llama3":
         rotary.update(
@@ -142,7 +149,7 @@ def convert_llama(config: dict, w: WeightReader, num_classes: int | None = None)
         **biases,
     )
     model.build()
-    model.token_embedding.set_weights([w("embed_tokens.weight")])
+    w.set(model.token_embedding, "embed_tokens.weight")
     _blocks(model, w)
     w.rms_norm("norm", model.final_norm)
     if not model.tie_embeddings:

@@ -78,10 +78,10 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
     )
     model.build()
     if shared:
-        model.source_embedding.set_weights([w("shared.weight")])
+        w.set(model.source_embedding, "shared.weight")
     else:
-        model.source_embedding.set_weights([w("encoder.embed_tokens.weight")])
-        model.target_embedding.set_weights([w("decoder.embed_tokens.weight")])
+        w.set(model.source_embedding, "encoder.embed_tokens.weight")
+        w.set(model.target_embedding, "decoder.embed_tokens.weight")
     if "final_logits_bias" in w:
         model.output_bias.assign(w("final_logits_bias").reshape(-1))
     _blocks(model, w)

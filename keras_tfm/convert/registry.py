@@ -52,10 +52,10 @@ def check_model_type(config: dict) -> None:
         )
 
 
-def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = None):
+def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = None, allow_nan: bool = False):
     """(model, the WeightReader that filled it) for a checkpoint's config and weights: the reader
-    records which layers each linear module became."""
+    records which layers each linear module became. `allow_nan`: load weights that hold NaN."""
     check_model_type(config)
     convert, prefixes, rename = _CONVERTERS[config["model_type"]]
-    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes)
+    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes, config, allow_nan)
     return convert(config, w, num_classes), w

@@ -8,6 +8,8 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
+from keras_tfm.errors import CheckpointError
+
 # Hugging Face's activation names (`ACT2FN`) -> Keras'; the first name of each Keras activation is the
 # one written to a checkpoint.
 ACTIVATIONS = {
@@ -29,6 +31,22 @@ def hugging_face_activation(model_type: str, activation: str) -> str:
         f"save_huggingface: {model_type} has no activation for {activation!r}; supported: "
         f"{sorted(set(ACTIVATIONS.values()))}."
     )
+
+
+# the config fields that size a model's weights, named when a weight does not fit them
+_SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "max_position_embeddings",
+    "n_embd",
+    "n_head",
+    "n_positions",
+    "d_model",
+)
 
 
 class WeightWriter:
@@ -61,9 +79,11 @@ class WeightReader:
     """Hands out checkpoint arrays by name, so a converter can check at the end that it used them all.
     `linear` and `layer_norm` are also `WeightWriter`'s: code that names a model's modules serves both ways."""
 
-    def __init__(self, weights: dict, prefixes: tuple[str, ...] = ()):
+    def __init__(self, weights: dict, prefixes: tuple[str, ...] = (), config=None, allow_nan: bool = False):
         self.weights = weights
         self.prefixes = prefixes
+        self.config = config  # the checkpoint's `CheckpointConfig`, named in errors
+        self.allow_nan = allow_nan
         self.used: set[str] = set()
         self.linear_layers: dict[str, list] = {}  # checkpoint module name -> the Dense layers made from it
         self.lora_pairs: dict[str, tuple] = {}  # module name -> its (lora_A, lora_B) from a peft adapter
@@ -72,8 +92,51 @@ class WeightReader:
         for prefix in ("",) + self.prefixes:
             if prefix + name in self.weights:
                 self.used.add(prefix + name)
-                return np.asarray(self.weights[prefix + name], "float32")
-        raise KeyError(f"from_huggingface: checkpoint has no weight {name!r} (prefixes tried: {self.prefixes}).")
+                array = np.asarray(self.weights[prefix + name], "float32")
+                if not self.allow_nan and not np.isfinite(array).all():
+                    bad = int(np.size(array) - np.isfinite(array).sum())
+                    raise CheckpointError(
+                        f"from_huggingface: the checkpoint's weight {prefix + name!r} holds {bad:,} NaN or infinite "
+                        f"values of {array.size:,}: the file is damaged, or was saved from a diverged run. Give "
+                        "`allow_nan=True` to load it anyway.",
+                        "allow_nan",
+                    )
+                return array
+        raise CheckpointError(
+            f"from_huggingface: the checkpoint has no weight {name!r} (prefixes tried: {self.prefixes}), which "
+            f"{self._where()} needs."
+        )
+
+    def _where(self) -> str:
+        return getattr(self.config, "where", "its configuration")
+
+    def check_shape(self, name: str, stored: tuple, needed: tuple, transposed: bool = False) -> None:
+        """Refuses a weight whose shape is not the one the config's sizes give, naming them."""
+        if tuple(stored) == tuple(needed):
+            return
+        if transposed and len(needed) == 2:
+            stored, needed = tuple(stored)[::-1], tuple(needed)[::-1]
+        name = next((prefix + name for prefix in self.prefixes if prefix + name in self.weights), name)
+        sizes = ", ".join(
+            f"{key}={self.config[key]}"
+            for key in _SIZE_FIELDS
+            if self.config is not None and isinstance(self.config.get(key), int)
+        )
+        raise CheckpointError(
+            f"from_huggingface: the checkpoint's weight {name!r} has shape {tuple(stored)}, where the model that "
+            f"{self._where()} describes ({sizes}) needs {tuple(needed)}: the config's sizes do not match the weights."
+        )
+
+    def set(self, layer, *names: str) -> None:
+        """Sets `layer`'s weights to the checkpoint's arrays `names`, in the order of `layer.weights`."""
+        self.assign(layer, [self(name) for name in names], names)
+
+    def assign(self, layer, arrays: list, names, transposed: bool = False) -> None:
+        """`layer.set_weights(arrays)` once each array has its variable's shape (`transposed`: the
+        checkpoint stores the first array (out, in))."""
+        for variable, array, name in zip(layer.weights, arrays, names):
+            self.check_shape(name, np.shape(array), tuple(variable.shape), transposed)
+        layer.set_weights(arrays)
 
     def __contains__(self, name: str) -> bool:
         return any(prefix + name in self.weights for prefix in ("",) + self.prefixes)
@@ -88,21 +151,26 @@ class WeightReader:
         kernel = kernel.T if transpose else kernel
         bias = self(name + ".bias") if name + ".bias" in self else None
         splits = len(dense_layers)
+        needed = (dense_layers[0].kernel.shape[0], sum(dense.kernel.shape[1] for dense in dense_layers))
+        names = (name + ".weight", name + ".bias")
+        self.check_shape(names[0], kernel.shape, needed, transposed=transpose)
+        if bias is not None:
+            self.check_shape(names[1], bias.shape, needed[1:])
         for dense, part, part_bias in zip(
             dense_layers,
             np.split(kernel, splits, axis=1),
             np.split(bias, splits) if bias is not None else [None] * splits,
         ):
-            set_dense(dense, part, part_bias)
+            self.assign(dense, [part] if part_bias is None else [part, part_bias], names, transposed=transpose)
         self.linear_layers[name] = list(dense_layers)
         if name + ".lora_A.weight" in self:
             self.lora_pairs[name] = (self(name + ".lora_A.weight"), self(name + ".lora_B.weight"))
 
     def layer_norm(self, name: str, norm) -> None:
-        set_layer_norm(norm, self(name + ".weight"), self(name + ".bias"))
+        self.set(norm, name + ".weight", name + ".bias")
 
     def rms_norm(self, name: str, norm) -> None:
-        norm.set_weights([self(name + ".weight")])
+        self.set(norm, name + ".weight")
 
     def unused(self, ignore: Callable[[str], bool] = lambda name: False) -> list[str]:
         return sorted(k for k in self.weights if k not in self.used and not ignore(k))

@@ -399,7 +399,11 @@ class HuggingFaceTokenizer:
         try:
             tokenizer = cls(content)
         except Exception as error:  # tokenizers raises its own Exception for a malformed file
-            raise DataError(f"cannot read {path!r} ({error}).", argument="from_huggingface") from None
+            raise DataError(
+                f"the checkpoint's tokenizer file {path!r} is damaged ({str(error)[:200]}); download the checkpoint "
+                "again, or replace tokenizer.json with the original.",
+                argument="from_huggingface",
+            ) from None
         tokenizer.chat_template, tokenizer.special_tokens = _chat_settings(directory)
         return tokenizer
 
@@ -692,7 +696,12 @@ def load_tokenizer(path: str):
         kind, fitted_on = state.pop("kind"), state.pop("fitted_on", None)
         tokenizer = TOKENIZERS[kind](**state)
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise DataError(f"{path!r} is not a saved keras_tfm tokenizer ({error}).", argument="path") from None
+        reason = f"{type(error).__name__}: {error}"[:200]
+        raise DataError(
+            f"the tokenizer file {path!r} is damaged or not a saved keras_tfm tokenizer ({reason}). Restore it from "
+            "where the model was trained (its ids must be the model's), or delete it to fit a new one (a run then "
+            "starts over: its checkpoints were trained on the old ids)."
+        ) from None
     tokenizer.fitted_on = fitted_on
     return tokenizer
 

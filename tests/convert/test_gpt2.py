@@ -114,7 +114,7 @@ def test_greedy_generate_matches_hugging_face(rng):
             pad_token_id=0,
             eos_token_id=None,
         ).numpy()
-    np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=12), expected)
+    np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=12, stop_token_ids=()), expected)
 
 
 def test_directory_errors(tmp_path):

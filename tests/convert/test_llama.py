@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.errors import CheckpointError
 from tests.checks import to_numpy
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+safetensors = pytest.importorskip("safetensors.numpy")
 
 VOCABULARY = 97
 COMMON = dict(
@@ -164,6 +166,69 @@ def test_settings_it_does_not_compute_are_refused_by_name(tmp_path, change, mess
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=message):
         keras_tfm.from_huggingface(str(tmp_path))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(rope_scaling="linear"), r"the field 'rope_scaling' must be an object; it is 'linear'"),
+        (dict(rope_scaling={"rope_type": "linear"}), r"\(rope_scaling\): rope_type 'linear' needs a 'factor'"),
+        (dict(eos_token_id="</s>"), r"the field 'eos_token_id' must be a token id .*; it is '</s>'"),
+        (dict(num_attention_heads=None), r"lacks the field 'num_attention_heads', which a 'llama' checkpoint needs"),
+        (dict(num_attention_heads="4"), r"the field 'num_attention_heads' must be an integer > 0; it is '4'"),
+        (
+            dict(head_dim=24),
+            r"weight 'model.layers.0.self_attn.q_proj.weight' has shape \(48, 48\), .* needs \(96, 48\)",
+        ),
+        (
+            dict(vocab_size=99),
+            r"weight 'model.embed_tokens.weight' has shape \(97, 48\), .*vocab_size=99.* needs \(99, 48\)",
+        ),
+    ],
+)
+def test_a_config_json_field_of_the_wrong_type_or_size_is_named(tmp_path, change, message):
+    """Not a KeyError, TypeError or shape error from deep inside: the file, the field, what was expected."""
+    hf_model("llama_gqa_llama3_untied").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config.update({key: value for key, value in change.items() if value is not None})
+    for key in [key for key, value in change.items() if value is None]:
+        config.pop(key)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message) as info:
+        keras_tfm.from_huggingface(str(tmp_path))
+    assert "config.json" in str(info.value)
+
+
+@pytest.mark.backend_independent
+def test_nan_weights_are_refused_unless_allowed_and_an_in_memory_model_keeps_its_end_ids(rng):
+    hf = hf_model("llama_gqa_llama3_untied")
+    hf.generation_config.eos_token_id = [5, 7]  # a directory's generation_config.json gives the same
+    assert keras_tfm.from_huggingface(hf).generation_config == {"eos_token_id": [5, 7]}
+    with torch.no_grad():
+        hf.model.layers[1].mlp.up_proj.weight[3, 4] = float("nan")
+    with pytest.raises(CheckpointError, match=r"weight 'model.layers.1.mlp.up_proj.weight' holds 1 NaN") as info:
+        keras_tfm.from_huggingface(hf)
+    assert info.value.argument == "allow_nan"
+    assert np.isnan(to_numpy(keras_tfm.from_huggingface(hf, allow_nan=True)(rng.integers(0, 97, (1, 4))))).any()
+
+
+@pytest.mark.backend_independent
+def test_a_checkpoint_whose_tokenizer_outgrows_its_embeddings_is_refused(tmp_path):
+    from tests.training.test_runtime import llama_family_checkpoint
+
+    checkpoint, _, _ = llama_family_checkpoint(tmp_path)
+    config = json.loads((checkpoint / "config.json").read_text())
+    tokens = keras_tfm.from_huggingface(str(checkpoint)).tokenizer.vocabulary_size
+    config["vocab_size"] = tokens - 1
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    weights = {name: value for name, value in safetensors.load_file(checkpoint / "model.safetensors").items()}
+    for name in [name for name in weights if "embed_tokens" in name or "lm_head" in name]:
+        weights[name] = weights[name][: tokens - 1]
+    safetensors.save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"has {tokens:,} tokens, more than the {tokens - 1:,} embeddings"):
+        keras_tfm.from_huggingface(str(checkpoint))
 
 
 @pytest.mark.backend_independent

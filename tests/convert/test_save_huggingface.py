@@ -8,6 +8,7 @@ import pytest
 
 import keras_tfm
 from keras_tfm.convert.huggingface import save_huggingface
+from keras_tfm.errors import InputError
 from tests.checks import to_numpy
 
 torch = pytest.importorskip("torch")
@@ -174,12 +175,12 @@ def test_what_transformers_cannot_compute_is_refused_by_name(tmp_path, make, mes
     assert not (tmp_path / "model.safetensors").exists()
 
 
-def test_a_directory_with_other_weights_is_refused_and_ours_are_overwritten(tmp_path, rng):
+def test_a_second_save_with_overwrite_replaces_the_first(tmp_path, rng):
     model = MODELS["gpt"]()
     save_huggingface(model, tmp_path)  # a second save (a resumed recipe run) replaces the first
     for variable in model.weights:
         variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32"))
-    save_huggingface(model, tmp_path)
+    save_huggingface(model, tmp_path, overwrite=True)
     ours, theirs = inputs("gpt", model, rng)
     np.testing.assert_allclose(
         hf_output(transformers.GPT2LMHeadModel.from_pretrained(tmp_path), theirs),
@@ -188,10 +189,29 @@ def test_a_directory_with_other_weights_is_refused_and_ours_are_overwritten(tmp_
         rtol=0,
     )
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
-    with pytest.raises(FileExistsError, match="already holds other weights \\(pytorch_model.bin\\)"):
-        save_huggingface(model, tmp_path)
-    with pytest.raises(FileExistsError, match="pytorch_model.bin' is a file; expected a directory"):
+    with pytest.raises(InputError, match="pytorch_model.bin' is a file; expected a directory"):
         save_huggingface(model, tmp_path / "pytorch_model.bin")
+
+
+def test_a_directory_holding_a_checkpoint_is_replaced_whole_only_with_overwrite(tmp_path):
+    """Another checkpoint's tokenizer left beside new weights would pair a 50-id model with its ids."""
+    from keras_tfm.data import CharacterTokenizer
+
+    big = MODELS["gpt"]()
+    big.tokenizer = CharacterTokenizer.fit("".join(chr(33 + i) for i in range(50)))
+    save_huggingface(big, tmp_path / "out")
+    small = keras_tfm.GPT(vocabulary_size=20, max_length=20, num_layers=1, num_heads=2, hidden_dim=16)
+    before = sorted(path.name for path in (tmp_path / "out").iterdir())
+    assert "tokenizer.json" in before
+    with pytest.raises(InputError, match=r"already holds files \(config.json, .*Give `overwrite=True`") as info:
+        save_huggingface(small, tmp_path / "out")
+    assert info.value.argument == "directory"
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == before  # untouched
+    (tmp_path / "out" / "pytorch_model.bin").write_bytes(b"")  # weights transformers would read first
+    save_huggingface(small, tmp_path / "out", overwrite=True)
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").config.vocab_size == 20
+    assert [path.name for path in tmp_path.iterdir()] == ["out"]  # nothing staged is left beside it
 
 
 def test_class_names_become_id2label(tmp_path):
