@@ -258,6 +258,8 @@ def prepare_shards(args, tokenizer, log):
             )
         shards.prepare_token_shards(args.data, tokenizer, args.token_shards, log=log)
     meta = shards.read_meta(args.token_shards, shards.tokenizer_digest(tokenizer) if tokenizer else None)
+    if args.data:  # shards of another text, or of this file before it changed, would train on the old text
+        shards.check_source(meta, args.token_shards, shards.source_record(args.data))
     if tokenizer is None and meta["tokenizer"].get("kind") != args.tokenizer:
         raise DataError(
             f"the shards in {args.token_shards!r} were made by a {meta['tokenizer'].get('kind')} tokenizer, not "

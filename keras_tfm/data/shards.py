@@ -107,12 +107,15 @@ def prepare_token_shards(
     """
     log = log or (lambda message: None)
     digest = tokenizer_digest(tokenizer)
+    source = source_record(path, "data")
     if os.path.exists(os.path.join(directory, "meta.json")):
-        read_meta(directory, digest)  # refuses another tokenizer's shards
+        check_source(read_meta(directory, digest), directory, source)  # refuses another tokenizer's or text's
         return directory
+    total = sum(len(piece) for piece in _pieces(path, "data", chunk_characters))
+    if not total:
+        raise DataError(f"{path!r} is empty; expected text to train on.", "data")
     os.makedirs(directory, exist_ok=True)
     dtype = np.dtype("uint16" if tokenizer.vocabulary_size <= 1 << 16 else "uint32")
-    total = sum(len(piece) for piece in _pieces(path, "data", chunk_characters))
     cut = int(total * (1 - validation_fraction))
     shards = {split: [] for split in SPLITS}
     files = {}
@@ -142,9 +145,20 @@ def prepare_token_shards(
     finally:
         for file in files.values():
             file.close()
+    if not all(sum(shard["tokens"] for shard in shards[split]) for split in SPLITS):
+        for split in SPLITS:  # nothing of a refused text stays behind to be taken for prepared shards
+            for shard in shards[split]:
+                os.remove(os.path.join(directory, shard["file"]))
+        counts = ", ".join(f"{sum(s['tokens'] for s in shards[split]):,} {split}" for split in SPLITS)
+        raise DataError(
+            f"{path!r} gives no tokens to {'train' if not shards['train'] else 'validate'} on ({counts} tokens); "
+            "expected more text.",
+            "data",
+        )
     meta = {
         "format": 1,
         "source": os.path.abspath(path),
+        "source_record": source,
         "validation_fraction": validation_fraction,
         "dtype": dtype.name,
         "vocabulary_size": tokenizer.vocabulary_size,
@@ -161,6 +175,43 @@ def prepare_token_shards(
         f"{sum(s['tokens'] for s in shards['validation']):,} validation tokens in {directory}."
     )
     return directory
+
+
+def source_record(path: str, argument: str = "data") -> dict:
+    """What identifies a text file: its size, modification time and a digest of its first and last
+    mebibyte (cheap for a corpus of any size)."""
+    if not os.path.isfile(path):
+        raise DataError(f"expected a UTF-8 text file (.txt or .txt.gz); nothing is at {path!r}.", argument)
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        digest.update(file.read(1 << 20))
+        file.seek(max(0, size - (1 << 20)))
+        digest.update(file.read(1 << 20))
+    return {
+        "path": os.path.abspath(path),
+        "size": size,
+        "modified": os.path.getmtime(path),
+        "sample_sha256": digest.hexdigest(),
+    }
+
+
+def check_source(meta: dict, directory: str, source: dict) -> None:
+    """Refuses shards made from another text than `source` (`source_record` of the text now given)."""
+    made_from = meta.get("source_record")
+    if made_from is None:
+        return  # shards of an earlier format record the path only
+    differences = [key for key in ("path", "size", "sample_sha256") if made_from.get(key) != source[key]]
+    if made_from.get("modified") != source["modified"] and not differences:
+        differences.append("modified")
+    if differences:
+        raise DataError(
+            f"the shards in {directory!r} were made from {made_from['path']!r} ({made_from['size']:,} bytes), not "
+            f"from {source['path']!r} ({source['size']:,} bytes){' as it is now' if source['path'] == made_from['path'] else ''}"
+            f" (they differ in {', '.join(differences)}). Delete {directory!r} to prepare it again from this text, "
+            "or give another directory.",
+            "token_shards",
+        )
 
 
 def _tokenizer_state(tokenizer) -> dict:
@@ -229,6 +280,7 @@ class TokenShards:
                 self.paths.append(path)
                 lengths.append(shard["tokens"])
         self.starts = np.cumsum([0, *lengths])
+        self.vocabulary_size = int(meta["vocabulary_size"])
         self._files = {}
 
     def __len__(self) -> int:
@@ -239,7 +291,16 @@ class TokenShards:
             self._files[number] = os.open(self.paths[number], os.O_RDONLY)
         size = self.dtype.itemsize
         data = os.pread(self._files[number], (stop - start) * size, start * size)
-        return np.frombuffer(data, dtype=self.dtype)
+        ids = np.frombuffer(data, dtype=self.dtype)
+        if ids.size and ids.max() >= self.vocabulary_size:  # a damaged shard: its ids would index past the table
+            at = start + int(np.argmax(ids >= self.vocabulary_size))
+            raise DataError(
+                f"{self.paths[number]!r} holds id {int(ids.max())} at token {at:,}, outside the vocabulary of "
+                f"{self.vocabulary_size} its meta.json records: the shard is damaged. Delete "
+                f"{self.directory!r} and prepare it again.",
+                "token_shards",
+            )
+        return ids
 
     def __getitem__(self, index: slice) -> np.ndarray:
         if not isinstance(index, slice) or index.step not in (None, 1):

@@ -17,6 +17,8 @@ import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import threading
 
@@ -25,6 +27,33 @@ import keras
 from keras_tfm.errors import CheckpointError
 from keras_tfm.layers import lora
 from keras_tfm.training.distribute import alone
+
+
+def _write_then_rename(path: str, write) -> None:
+    """`write(temporary)` a file beside `path`, then rename it to `path`: `path` is never half-written.
+    The temporary name keeps `path`'s suffix (Keras reads the format from it)."""
+    directory, name = os.path.split(path)
+    temporary = os.path.join(directory, f".writing-{name}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def _itemsize(dtype) -> int:
+    """Bytes per value of a Keras dtype name ("float32", "bfloat16", "int8", ...)."""
+    bits = re.search(r"\d+", str(dtype))
+    return max(1, int(bits.group()) // 8) if bits else 4
+
+
+def _write_json(path: str, content: dict) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(content, file)
+        file.flush()
+        os.fsync(file.fileno())
 
 
 class TrainingDiverged(RuntimeError):
@@ -65,30 +94,60 @@ class CheckpointManager:
         )
 
     def save(self, model: keras.Model, epoch: int, extra: dict | None = None) -> str:
+        """Writes the checkpoint of `epoch`: each file under a temporary name, renamed when complete,
+        then `state.json`. A disk without room for it, or a file that cannot be written, stops the run
+        with a `CheckpointError` that names the directory and the last good checkpoint, which is kept."""
         name = f"epoch-{epoch:05d}.weights.h5"
         path = os.path.join(self.directory, name)
         if not self.writer:
             return path
-        with lora.unmerged(model), alone():
-            model.save_weights(path, overwrite=True)
         files = {"weights": name}
         if lora.lora_layers(model):
             files["lora"] = f"epoch-{epoch:05d}.lora.npz"
-            with alone():
-                lora.save_lora_weights(model, os.path.join(self.directory, files["lora"]))
         previous = self.state()
-        temporary = self.state_path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
-            json.dump({"epoch": epoch, **files, **_architecture(model), **(extra or {})}, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.state_path)
+        try:
+            self._check_room(model, epoch, previous)
+            with lora.unmerged(model), alone():
+                _write_then_rename(path, lambda temporary: model.save_weights(temporary, overwrite=True))
+            if "lora" in files:
+                with alone():
+                    _write_then_rename(
+                        os.path.join(self.directory, files["lora"]),
+                        lambda temporary: lora.save_lora_weights(model, temporary),
+                    )
+            state = {"epoch": epoch, **files, **_architecture(model), **(extra or {})}
+            _write_then_rename(self.state_path, lambda temporary: _write_json(temporary, state))
+        except OSError as error:
+            raise self._cannot_write(epoch, previous, error.strerror or str(error)) from None
         for key in ("weights", "lora"):
             if previous and previous.get(key) and previous[key] != files.get(key):
                 old = os.path.join(self.directory, previous[key])
                 if os.path.exists(old):
                     os.remove(old)
         return path
+
+    def _check_room(self, model: keras.Model, epoch: int, previous: dict | None) -> None:
+        """Refuses to start a checkpoint the disk has no room for: HDF5 does not survive running out of
+        space in the middle of a file (the interpreter crashes), so the room is measured first."""
+        variables = list(model.weights) + list(getattr(model.optimizer, "variables", []) or [])
+        # the values, and about a kilobyte of HDF5 structure per variable (measured: 1.1 KB)
+        needed = sum(math.prod(v.shape) * _itemsize(v.dtype) + 2048 for v in variables) * 1.1
+        free = shutil.disk_usage(self.directory).free
+        if free < needed:
+            raise self._cannot_write(
+                epoch, previous, f"it needs about {needed / 1e6:,.1f} MB and the disk has {free / 1e6:,.1f} MB free"
+            )
+
+    def _cannot_write(self, epoch: int, previous: dict | None, reason: str) -> CheckpointError:
+        kept = (
+            f"the last good checkpoint (epoch {previous['epoch']}) is kept there"
+            if previous
+            else "there is no earlier checkpoint"
+        )
+        return CheckpointError(
+            f"cannot write the checkpoint of epoch {epoch} in {self.directory!r} ({reason}); {kept}. Make room "
+            "(or make the directory writable) and run the same command again to resume."
+        )
 
     def restore(self, model: keras.Model, settings: dict | None = None) -> int:
         """Loads the last checkpoint into a built, compiled `model`; returns the epochs already done (0 if none).

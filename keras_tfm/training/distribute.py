@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -222,21 +223,54 @@ def _tf_config_workers() -> list:
 
 def gather_from_processes(value: int) -> list[int]:
     """Every process's `value` (an integer), gathered on every process; `[value]` with one process."""
+    return [int(v) for v in gather_arrays(np.array([int(value)], np.int32))[:, 0]]
+
+
+def gather_arrays(values: np.ndarray) -> np.ndarray:
+    """Every process's int32 vector `values` (the same length on each), as rows `(processes, length)`.
+    int32: JAX gathers 64-bit integers as 32-bit ones unless x64 is enabled."""
+    local = np.asarray(values, np.int32).reshape(-1)
     if _processes.count == 1:
-        return [int(value)]
-    local = np.array([int(value)], dtype=np.int64)
+        return local[None]
     if _processes.engine == "jax":
         from jax.experimental import multihost_utils
 
-        return [int(v) for v in np.asarray(multihost_utils.process_allgather(local, tiled=True)).reshape(-1)]
-    import tensorflow as tf
+        gathered = multihost_utils.process_allgather(local, tiled=True)
+    else:
+        import tensorflow as tf
 
-    def gathered():
-        context = tf.distribute.get_replica_context()
-        return context.all_gather(tf.constant(local), axis=0)
+        def gather():
+            return tf.distribute.get_replica_context().all_gather(tf.constant(local), axis=0)
 
-    result = _strategy.run(gathered)
-    return [int(v) for v in np.asarray(_strategy.experimental_local_results(result)[0]).reshape(-1)]
+        gathered = _strategy.experimental_local_results(_strategy.run(gather))[0]
+    return np.asarray(gathered).reshape(_processes.count, -1)
+
+
+def check_same_settings(settings: dict) -> None:
+    """Refuses, on every process, a run whose processes were started with different `settings` (JSON
+    values: the flags that change the result, digests of the data and the tokenizer): they would train
+    one model with several optimizers or data orders, silently. Compared as digests; the values that
+    differ are then gathered to name them."""
+    if _processes.count == 1:
+        return
+    names = sorted(settings)
+    texts = [json.dumps(settings[name], sort_keys=True) for name in names]
+    digests = [int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") >> 1 for text in texts]
+    seen = gather_arrays(np.array(digests, np.int32))
+    differing = [index for index in range(len(names)) if len(set(seen[:, index].tolist())) > 1]
+    if not differing:
+        return
+    width = 64  # bytes of each value shown
+    shown = b"".join(texts[index].encode()[:width].ljust(width) for index in differing)
+    values = gather_arrays(np.frombuffer(shown, np.int32)).view(np.uint8).reshape(_processes.count, len(differing), -1)
+    details = []
+    for column, index in enumerate(differing):
+        each = [bytes(values[process, column]).decode(errors="replace").strip() for process in range(_processes.count)]
+        details.append(f"`{names[index]}` " + ", ".join(f"{value} (process {p})" for p, value in enumerate(each)))
+    raise InputError(
+        f"the {_processes.count} processes of this run were started with different settings: {'; '.join(details)}. "
+        "Start every process with the same command and data; only the process index differs."
+    )
 
 
 checkpoint_note = None  # the runtime sets it: () -> a sentence on the last good checkpoint, for `lost_message`

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import hashlib
 import inspect
 import json
 import math
@@ -27,6 +28,7 @@ import keras
 import numpy as np
 
 from keras_tfm.compat import build_before_distributed_fit, sublayers
+from keras_tfm.data.shards import tokenizer_digest
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers import lora
 from keras_tfm.models.model import Model as ZooModel
@@ -42,6 +44,7 @@ from keras_tfm.training.config import RESULT_FIELDS, HuggingFaceCheckpoint, Trai
 from keras_tfm.training.distribute import (
     ProcessLost,
     alone,
+    check_same_settings,
     distribution_scope,
     gather_from_processes,
     initialize_processes,
@@ -256,6 +259,13 @@ def train(
             "lora_rank",
         )
     epochs, steps_per_epoch = plan_steps(config, steps_per_pass)
+    resolved = dataclasses.replace(config, precision=precision(config))  # a GPU's run is not resumed on a CPU
+    recorded = json.loads(json.dumps({**(settings or {}), **{name: getattr(resolved, name) for name in RESULT_FIELDS}}))
+    if processes().count > 1:
+        data = {"validation_data": _digest(validation_data), "tokenizer": tokenizer and tokenizer_digest(tokenizer)}
+        check_same_settings(
+            {**recorded, "distribute": config.distribute, "model_parallel": config.model_parallel, **data}
+        )
     train_batch = _local(train_batch, config.batch_size)
     validation_data = _local_validation(validation_data)
     model, lora_rank = _build(
@@ -269,8 +279,6 @@ def train(
         f"{'; blocks rematerialized' if config.remat else ''}."
     )
     csv_path = os.path.join(config.output_dir, "log.csv")
-    resolved = dataclasses.replace(config, precision=precision(config))  # a GPU's run is not resumed on a CPU
-    recorded = json.loads(json.dumps({**(settings or {}), **{name: getattr(resolved, name) for name in RESULT_FIELDS}}))
     seconds = _fit(config, model, train_batch, epochs, steps_per_epoch, validation_data, csv_path, callbacks, recorded)
 
     results = model.evaluate(
@@ -450,6 +458,15 @@ def _last_checkpoint(manager: CheckpointManager) -> str:
     return "No epoch had finished, so there is no checkpoint yet. "
 
 
+def _digest(value) -> str:
+    """A short digest of (nested) arrays."""
+    digest = hashlib.sha256()
+    for part in keras.tree.flatten(value):
+        array = np.ascontiguousarray(part)
+        digest.update(array.tobytes() + str((array.dtype, array.shape)).encode())
+    return digest.hexdigest()[:16]
+
+
 def _local(train_batch, batch_size: int):
     """`train_batch` giving this process's rows of each global batch: the function reads only those
     where it takes `rows` (a slice of the batch), else its batch is cut."""
@@ -524,6 +541,7 @@ def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, la
                 tokenizer_from=huggingface.directory if huggingface else None,
                 labels=labels,
                 image_preprocessing=image_preprocessing,
+                overwrite=True,  # the run's own directory: a run resumed after it finished writes it again
             )
             if hasattr(tokenizer, "save_huggingface") and not huggingface:
                 tokenizer.save_huggingface(path)

@@ -125,6 +125,28 @@ def test_two_processes_lose_one_then_resume_to_the_run_of_one(tmp_path):
             assert weights(tmp_path / run / "checkpoint" / "epoch-00006.weights.h5")["optimizer/vars/0"] == 24
 
 
+@pytest.mark.skipif(BACKEND == "torch", reason="JAX processes and TensorFlow workers")
+def test_processes_started_with_different_settings_are_refused_before_training(tmp_path):
+    """One process with another learning rate and seed would mix two optimizers silently: every process
+    refuses, naming the settings and each process's value, before the first step."""
+    plain = ["--data", SHAKESPEARE, "--sample-every", "0", *TINY_GPT, "--steps", "8", "--distribute", "data"]
+    port = free_port()
+    runs = [
+        start(tmp_path, [*plain, "--learning-rate", "0.003"], 0, 2, port),
+        start(tmp_path, [*plain, "--learning-rate", "0.5", "--seed", "2"], 1, 2, port),
+    ]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    for run, output in zip(runs, outputs):
+        assert run.returncode == 2, output[-3000:]
+        assert re.search(
+            r"error: the 2 processes of this run were started with different settings: --learning-rate 0\.003 "
+            r"\(process 0\), 0\.5 \(process 1\); --seed 0 \(process 0\), 2 \(process 1\); `validation_data` .*"
+            r"Start every process with the same command and data",
+            output,
+        ), output[-3000:]
+    assert not (tmp_path / "checkpoint").exists()
+
+
 @pytest.mark.backend_independent
 def test_bad_process_settings_are_refused_by_name(monkeypatch):
     for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS"):
@@ -195,10 +217,40 @@ def test_token_shards_hold_the_in_memory_ids_across_shard_boundaries(tmp_path):
         match=rf"^token_shards: the shards in .* another tokenizer \(char, {tokenizer.vocabulary_size} tokens\)",
     ):
         prepare_token_shards(str(path), other, shards, log=None)
+    other_text = tmp_path / "other.txt"
+    other_text.write_text(read_text(SHAKESPEARE)[30_000:60_000], encoding="utf-8")
+    with pytest.raises(
+        DataError, match=r"^token_shards: the shards in .* were made from .*text.txt.*, not from .*other.txt"
+    ):
+        prepare_token_shards(str(other_text), tokenizer, shards, log=None)  # same tokenizer, another text
+    with open(path, "a", encoding="utf-8") as file:
+        file.write("more lines\n")
+    with pytest.raises(DataError, match=r"text.txt' \(30,\d+ bytes\) as it is now \(they differ in size"):
+        prepare_token_shards(str(path), tokenizer, shards, log=None)  # the same file, changed since
+
+    with open(os.path.join(shards, "train-00002.bin"), "r+b") as file:
+        file.seek(10)
+        file.write(np.array([60000], "uint16").tobytes())  # a damaged byte: an id past the vocabulary
+    with pytest.raises(DataError, match=r"train-00002.bin' holds id 60000 at token 5, outside the vocabulary"):
+        train[8192 : 8192 + 64]
     with open(os.path.join(shards, "train-00001.bin"), "r+b") as file:
         file.truncate(100)
     with pytest.raises(DataError, match=r"train-00001\.bin' is missing or not 8,192 bytes long; delete .* and prepare"):
         TokenShards(shards, "train")
+
+
+@pytest.mark.backend_independent
+def test_an_empty_text_prepares_no_shards(tmp_path):
+    from keras_tfm.data import CharacterTokenizer, prepare_token_shards
+
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match=r"^data: .*empty.txt' is empty; expected text to train on"):
+        prepare_token_shards(str(tmp_path / "empty.txt"), CharacterTokenizer.fit("ab"), str(tmp_path / "s"), log=None)
+    assert not (tmp_path / "s").exists()
+    (tmp_path / "one.txt").write_text("a")  # too little text to leave a token to train on
+    with pytest.raises(DataError, match=r"gives no tokens to train on \(0 train, 1 validation tokens\)"):
+        prepare_token_shards(str(tmp_path / "one.txt"), CharacterTokenizer.fit("ab"), str(tmp_path / "s"), log=None)
+    assert os.listdir(tmp_path / "s") == []
 
 
 @pytest.mark.backend_independent
@@ -234,6 +286,27 @@ def test_gpt_recipe_trains_from_token_shards_as_from_text(tmp_path):
         "error: --token-shards: the shards in" in refused.stderr
         and "made by a char tokenizer, not bpe" in refused.stderr
     )
+    other = tmp_path / "other.txt"
+    other.write_text("another text\n" * 500)
+    refused = recipe(
+        "gpt_lm.py",
+        "--data",
+        str(other),
+        *flags[2:],
+        "--token-shards",
+        str(shards),
+        "--output-dir",
+        str(tmp_path / "o"),
+    )
+    assert refused.returncode == 2 and re.search(
+        r"error: --token-shards: the shards in .* were made from .*input.txt", refused.stderr
+    )
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    refused = recipe(
+        "gpt_lm.py", "--data", str(empty), *flags[2:], "--token-shards", str(tmp_path / "e"), "--prepare-only"
+    )
+    assert refused.returncode == 2 and "empty.txt' is empty" in refused.stderr and not (tmp_path / "e").exists()
 
 
 def test_auto_precision_is_float32_without_an_accelerator(tmp_path):

@@ -263,6 +263,60 @@ def test_ctrl_c_then_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
     assert len(resumed_log) == len(straight_log) == 7  # header + 6 epochs, none repeated or lost
 
 
+def test_a_full_disk_stops_the_run_with_one_line_and_it_resumes_once_there_is_room(tmp_path, monkeypatch):
+    """HDF5 crashes the interpreter when the disk fills in the middle of a file: the room is measured
+    first, and the run stops (status 2) with the last good checkpoint intact and named."""
+    import shutil
+
+    flags = ["--data", SHAKESPEARE, "--steps", "12", "--steps-per-epoch", "4", "--sample-every", "0", *TINY_GPT]
+    straight = recipe("gpt_lm.py", *flags, "--output-dir", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    real, calls = shutil.disk_usage, []
+
+    def disk_usage(path):  # room for the first checkpoint only
+        calls.append(path)
+        return real(path)._replace(free=100_000) if len(calls) > 1 else real(path)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    out = tmp_path / "full"
+    full = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: cannot write the checkpoint of epoch 2 in '.*checkpoint' \(it needs about 0\.\d MB and the disk "
+        r"has 0\.1 MB free\); the last good checkpoint \(epoch 1\) is kept there\. Make room .* to resume\.\n",
+        full.stderr,
+    ), full.stderr
+    assert sorted(os.listdir(out / "checkpoint")) == ["epoch-00001.weights.h5", "state.json"]
+    monkeypatch.undo()
+    resumed = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
+    assert resumed.returncode == 0 and "1 epochs done" in resumed.stdout, resumed.stderr[-3000:]
+    expected, got = (json.loads((path / "metrics.json").read_text()) for path in (tmp_path / "straight", out))
+    assert got["validation_loss"] == pytest.approx(expected["validation_loss"], rel=1e-5, abs=1e-6)
+
+
+def test_a_checkpoint_file_that_cannot_be_written_leaves_nothing_half_written(tmp_path, monkeypatch):
+    from keras_tfm.training import CheckpointManager
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.Adam(), "mse")
+    model.train_on_batch(np.ones((2, 3)), np.ones((2, 3)))
+    manager = CheckpointManager(str(tmp_path))
+    manager.save(model, 1)
+
+    def refused(path, *args, **kwargs):
+        with open(path, "wb") as file:
+            file.write(b"half")
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(model, "save_weights", refused)
+    with pytest.raises(
+        CheckpointError, match=r"epoch 2 in .* \(Permission denied\); the last good checkpoint \(epoch 1\)"
+    ):
+        manager.save(model, 2)
+    assert sorted(os.listdir(tmp_path)) == ["epoch-00001.weights.h5", "state.json"]
+    assert manager.state()["epoch"] == 1
+
+
 def _args(tmp_path, **overrides):
     args = recipe_parser("test", {}, "tiny", str(tmp_path)).parse_args([])
     args.verbose = 0
