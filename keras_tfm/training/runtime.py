@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import inspect
 import json
 import math
@@ -316,7 +317,9 @@ def train(
     with open(os.path.join(config.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
         json.dump(record, file, indent=2)
     history = read_log(csv_path)
-    if history:
+    if history and importlib.util.find_spec("matplotlib") is None:  # an install without the recipes' extra
+        log("No learning_curves.png: drawing it needs matplotlib (pip install 'keras_tfm[recipes]').")
+    elif history:
         from keras_tfm.viz import plot_learning_curves
 
         plot_learning_curves(history, os.path.join(config.output_dir, "learning_curves.png"), title=record["model"])

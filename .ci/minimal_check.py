@@ -1,0 +1,128 @@
+"""The minimal-install stage's two halves (see .ci/minimal).
+
+python .ci/minimal_check.py write DIR        in the full environment: a chat checkpoint in DIR
+python .ci/minimal_check.py check DIR OUT    in a minimal one: use it as the README shows, writing to OUT
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
+TEMPLATE = (
+    "{% for m in messages %}{% if loop.first and m['role'] == 'system' %}{% continue %}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PROMPT = "To be, or not"
+
+
+def write(directory: str) -> None:
+    """A small Llama-family checkpoint with a byte-level BPE tokenizer.json, a chat template and end ids."""
+    import keras
+    import numpy as np
+    from tokenizers import ByteLevelBPETokenizer
+
+    import keras_tfm
+    from keras_tfm.data import HuggingFaceTokenizer
+
+    with open(SHAKESPEARE, encoding="utf-8") as file:
+        text = file.read()[:50_000]
+    learner = ByteLevelBPETokenizer()
+    learner.train_from_iterator(
+        [text], vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"], show_progress=False
+    )
+    tokenizer = HuggingFaceTokenizer(learner._tokenizer.to_str(), chat_template=TEMPLATE)
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=tokenizer.vocabulary_size,
+        max_length=64,
+        num_layers=1,
+        num_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+    )
+    model.tokenizer = tokenizer
+    model.generation_config = {"eos_token_id": 1}  # <|im_end|>
+    keras_tfm.save_huggingface(model, directory)
+    ids = np.arange(12).reshape(2, 6)
+    np.save(os.path.join(directory, "reference_logits.npy"), keras.ops.convert_to_numpy(model(ids)))
+
+
+def check(directory: str, out: str) -> None:
+    start = time.perf_counter()
+    import keras_tfm
+
+    seconds = time.perf_counter() - start
+    import keras
+    import numpy as np
+
+    backend = keras.backend.backend()
+    extra = sorted(name for name in ("tensorflow", "torch", "jax", "transformers") if name in sys.modules)
+    assert extra == [backend] or (backend == "tensorflow" and extra == ["tensorflow"]), f"imported {extra}"
+
+    model = keras_tfm.from_huggingface(directory)
+    logits = keras.ops.convert_to_numpy(model(np.arange(12).reshape(2, 6)))
+    np.testing.assert_allclose(logits, np.load(os.path.join(directory, "reference_logits.npy")), atol=1e-5)
+    text = model.generate(PROMPT, max_new_tokens=8)
+    assert isinstance(text, str) and text.startswith(PROMPT), text
+    assert PROMPT + "".join(model.stream(PROMPT, max_new_tokens=8, chunk_size=3)) == text
+    reply = model.chat(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], max_new_tokens=8
+    )
+    assert isinstance(reply, str)
+
+    command = [sys.executable, "-m", "keras_tfm.generate", directory, PROMPT, "--max-new-tokens", "8"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == text + "\n", done.stdout + done.stderr[-2000:]
+
+    keras_tfm.save_huggingface(model, os.path.join(out, "saved"))
+    again = keras.ops.convert_to_numpy(
+        keras_tfm.from_huggingface(os.path.join(out, "saved"))(np.arange(12).reshape(2, 6))
+    )
+    np.testing.assert_allclose(again, logits, atol=1e-6)
+
+    flags = [
+        "--data",
+        SHAKESPEARE,
+        "--steps",
+        "4",
+        "--steps-per-epoch",
+        "2",
+        "--sample-every",
+        "0",
+        "--num-layers",
+        "1",
+    ]
+    flags += [
+        "--num-heads",
+        "2",
+        "--hidden-dim",
+        "32",
+        "--max-length",
+        "32",
+        "--batch-size",
+        "8",
+        "--eval-batches",
+        "2",
+    ]
+    flags += ["--sample-tokens", "8", "--verbose", "2", "--output-dir", os.path.join(out, "run")]
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "recipes", "gpt_lm.py"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.load(open(os.path.join(out, "run", "metrics.json")))["steps"] == 4
+    print(
+        f"{backend}: import keras_tfm {seconds:.1f} s (no other framework imported); from_huggingface, generate, "
+        "stream, chat, python -m keras_tfm.generate, save_huggingface and the GPT recipe ran"
+    )
+
+
+if __name__ == "__main__":
+    {"write": write, "check": check}[sys.argv[1]](*sys.argv[2:])
