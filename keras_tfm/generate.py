@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from keras_tfm.errors import InputError
+
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = load(args.checkpoint)
         if not hasattr(model, "stream"):
-            raise ValueError(f"{args.checkpoint!r} holds a {type(model).__name__}, not a language model.")
+            raise InputError(f"{args.checkpoint!r} holds a {type(model).__name__}, not a language model.")
         sys.stdout.write(args.prompt)
         for piece in model.stream(
             args.prompt,

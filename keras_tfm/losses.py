@@ -8,6 +8,7 @@ from keras import ops
 
 # Keras marks ignored labels with a Keras mask.
 from keras_tfm.compat import set_keras_mask
+from keras_tfm.errors import InputError
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -53,7 +54,9 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
         dtype=None,
     ):
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"TokenCrossEntropy: `label_smoothing` must be in [0, 1); received {label_smoothing!r}.")
+            raise InputError(
+                f"`label_smoothing` must be in [0, 1); received {label_smoothing!r}.", caller="TokenCrossEntropy"
+            )
         super().__init__(from_logits=from_logits, reduction=reduction, name=name, dtype=dtype)
         # Kept out of Keras' keyword arguments: Keras' `ignore_class` copies the whole logits tensor
         # to zero the ignored rows; `call` masks the per-position losses instead.
@@ -68,10 +71,11 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
         if len(labels_shape) != len(y_pred.shape) - 1 or any(
             a is not None and b is not None and a != b for a, b in zip(labels_shape, y_pred.shape)
         ):
-            raise ValueError(
-                f"TokenCrossEntropy: `y_true` must have the shape of `y_pred` without its vocabulary "
+            raise InputError(
+                f"`y_true` must have the shape of `y_pred` without its vocabulary "
                 f"axis, {tuple(y_pred.shape[:-1])}; received y_true of shape {tuple(y_true.shape)} "
-                f"for y_pred of shape {tuple(y_pred.shape)}."
+                f"for y_pred of shape {tuple(y_pred.shape)}.",
+                caller="TokenCrossEntropy",
             )
         positions_shape = ops.shape(y_pred)[:-1]
         labels = ops.cast(ops.reshape(y_true, (-1,)), "int32")

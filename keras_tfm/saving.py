@@ -11,6 +11,8 @@ import zipfile
 
 import keras
 
+from keras_tfm.errors import CheckpointError
+
 
 def load_model(filepath, **kwargs) -> keras.Model:
     """`keras.saving.load_model(filepath, **kwargs)` after checking that `filepath` is a readable
@@ -22,16 +24,16 @@ def load_model(filepath, **kwargs) -> keras.Model:
     """
     path = os.fspath(filepath)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"load_model: there is no file {path!r}.")
+        raise CheckpointError(f"there is no file {path!r}.", caller="load_model")
     if path.endswith(".keras"):
         try:
             with zipfile.ZipFile(path) as archive:
                 damaged = archive.testzip()
                 names = set(archive.namelist())
         except (zipfile.BadZipFile, OSError, EOFError) as error:
-            raise ValueError(f"load_model: {path!r} is damaged or not a .keras file ({error}).") from None
+            raise CheckpointError(f"{path!r} is damaged or not a .keras file ({error}).", caller="load_model") from None
         missing = {"config.json", "model.weights.h5"} - names
         if damaged is not None or missing:
             problem = f"its member {damaged!r} is damaged" if damaged else f"it lacks {sorted(missing)}"
-            raise ValueError(f"load_model: {path!r} is not a complete .keras file: {problem}.")
+            raise CheckpointError(f"{path!r} is not a complete .keras file: {problem}.", caller="load_model")
     return keras.saving.load_model(path, **kwargs)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from keras_tfm.errors import InputError
+
 
 def attention_rollout(attention_weights, residual_weight: float = 0.5) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020): how much each output token draws on each input token
@@ -57,9 +59,9 @@ def plot_attention_maps(image, attention_weights, path: str, layer: int = -1, cl
     rows = max(1, int(round((patches * height / width) ** 0.5)))  # the grid has the image's aspect ratio
     cols = patches // rows
     if rows * cols != patches:
-        raise ValueError(
-            f"plot_attention_maps: {patches} patch tokens do not tile a {height}x{width} image "
-            f"as a grid of its aspect ratio."
+        raise InputError(
+            f"{patches} patch tokens do not tile a {height}x{width} image as a grid of its aspect ratio.",
+            caller="plot_attention_maps",
         )
     source = 0 if class_token else slice(None)
     offset = 1 if class_token else 0
@@ -105,8 +107,9 @@ def plot_learning_curves(history, path: str, title: str = "") -> str:
     history = getattr(history, "history", history)  # a keras.callbacks.History
     metrics = [name for name in history if not name.startswith("val_")]
     if not metrics:
-        raise ValueError(
-            f"plot_learning_curves: `history` holds no training metric to plot; received the keys {sorted(history)}."
+        raise InputError(
+            f"`history` holds no training metric to plot; received the keys {sorted(history)}.",
+            caller="plot_learning_curves",
         )
     figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3), squeeze=False)
     for axis, name in zip(axes[0], metrics):

@@ -29,6 +29,7 @@ from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.files import read_checkpoint, read_json, read_weight_file
 from keras_tfm.convert.registry import convert_checkpoint
 from keras_tfm.convert.weights import WeightReader
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers import lora
 from keras_tfm.layers.quantization import _named_sublayers
 
@@ -48,10 +49,11 @@ def base_model_name(directory: str) -> str:
     config = read_json(os.path.join(directory, "adapter_config.json"), "from_huggingface")
     name = config.get("base_model_name_or_path")
     if not name:
-        raise ValueError(
-            f"from_huggingface: the adapter in {directory!r} names no base checkpoint "
+        raise CheckpointError(
+            f"the adapter in {directory!r} names no base checkpoint "
             "(base_model_name_or_path is empty); pass the base checkpoint as model_or_directory and "
-            "the adapter as adapter=."
+            "the adapter as adapter=.",
+            caller="from_huggingface",
         )
     return name
 
@@ -59,9 +61,10 @@ def base_model_name(directory: str) -> str:
 def read_adapter(directory: str) -> tuple[dict, dict]:
     """(adapter config, adapter weights named as in the base model) of an adapter directory."""
     if not is_adapter_directory(directory):
-        raise FileNotFoundError(
-            f"from_huggingface: adapter: no adapter_config.json in {directory!r} (a peft "
-            "adapter directory, saved by PeftModel.save_pretrained)."
+        raise CheckpointError(
+            f"adapter: no adapter_config.json in {directory!r} (a peft "
+            "adapter directory, saved by PeftModel.save_pretrained).",
+            caller="from_huggingface",
         )
     config = read_json(os.path.join(directory, "adapter_config.json"), "from_huggingface")
     for name in ("adapter_model.safetensors", "adapter_model.bin"):
@@ -69,9 +72,9 @@ def read_adapter(directory: str) -> tuple[dict, dict]:
             weights = read_weight_file(os.path.join(directory, name))
             break
     else:
-        raise FileNotFoundError(
-            f"from_huggingface: adapter directory {directory!r} has neither "
-            "adapter_model.safetensors nor adapter_model.bin."
+        raise CheckpointError(
+            f"adapter directory {directory!r} has neither adapter_model.safetensors nor adapter_model.bin.",
+            caller="from_huggingface",
         )
     _check_config(config, directory)
     return config, {name.removeprefix(PREFIX): value for name, value in weights.items()}
@@ -82,8 +85,9 @@ def peft_model_parts(peft_model) -> tuple[dict, dict, dict, dict]:
     (its active adapter), named as in a base checkpoint and an adapter directory."""
     name = peft_model.active_adapter
     if not isinstance(name, str):  # several adapters active at once: their sum is not one LoRA
-        raise ValueError(
-            f"from_huggingface: the PeftModel has several active adapters {name!r}; activate one (set_adapter)."
+        raise CheckpointError(
+            f"the PeftModel has several active adapters {name!r}; activate one (set_adapter).",
+            caller="from_huggingface",
         )
     config = {key: getattr(value, "value", value) for key, value in peft_model.peft_config[name].to_dict().items()}
     _check_config(config, "the PeftModel")
@@ -107,9 +111,9 @@ def peft_model_parts(peft_model) -> tuple[dict, dict, dict, dict]:
 def _check_config(config: dict, source: str) -> None:
     """Refuses, by name, adapters whose update is not `(lora_alpha / r) * B @ A` on linear modules."""
     if config.get("peft_type") != "LORA":
-        raise ValueError(
-            f"from_huggingface: {source!r} is a {config.get('peft_type')!r} adapter; keras_tfm loads "
-            "LoRA adapters (peft_type 'LORA')."
+        raise CheckpointError(
+            f"{source!r} is a {config.get('peft_type')!r} adapter; keras_tfm loads LoRA adapters (peft_type 'LORA').",
+            caller="from_huggingface",
         )
     unsupported = {
         "use_dora": False,
@@ -125,9 +129,10 @@ def _check_config(config: dict, source: str) -> None:
     for field, value in unsupported.items():
         received = config.get(field, value)
         if received != value and (received or value):  # None, {} and False alike mean "not used"
-            raise ValueError(
-                f"from_huggingface: LoRA adapters with {field}={received!r} are not supported; "
-                f"keras_tfm loads those with {field}={value!r}."
+            raise CheckpointError(
+                f"LoRA adapters with {field}={received!r} are not supported; "
+                f"keras_tfm loads those with {field}={value!r}.",
+                caller="from_huggingface",
             )
 
 
@@ -137,19 +142,20 @@ def check_weights(adapter_weights: dict, num_classes: int | None) -> int | None:
     head, where it has one of that size)."""
     embeddings = sorted(name for name in adapter_weights if ".lora_embedding_" in name)
     if embeddings:
-        raise ValueError(
-            f"from_huggingface: the adapter adapts embeddings ({embeddings[:2]}); keras_tfm's LoRA "
-            "adapts linear layers only."
+        raise CheckpointError(
+            f"the adapter adapts embeddings ({embeddings[:2]}); keras_tfm's LoRA adapts linear layers only.",
+            caller="from_huggingface",
         )
     heads = sorted(name for name in adapter_weights if ".lora_" not in name)
     if num_classes is None or not heads:
         return num_classes
     classes = adapter_weights["classifier.weight"].shape[0] if "classifier.weight" in adapter_weights else None
     if classes != num_classes:
-        raise ValueError(
-            f"from_huggingface: the adapter brings its own trained head ({heads[:2]}"
+        raise CheckpointError(
+            f"the adapter brings its own trained head ({heads[:2]}"
             f"{f', {classes} classes' if classes else ''}); num_classes={num_classes} would replace it. "
-            "Leave num_classes None."
+            "Leave num_classes None.",
+            caller="from_huggingface",
         )
     return None
 
@@ -158,7 +164,7 @@ def enable_adapter(model, w: WeightReader, config: dict) -> None:
     """Enables LoRA on the layers made from the modules whose pairs `w` took while converting the
     base checkpoint, and loads those pairs; the layers made from `modules_to_save` stay trainable."""
     if not w.lora_pairs:
-        raise ValueError("from_huggingface: the adapter has no LoRA pairs (lora_A / lora_B weights).")
+        raise CheckpointError("the adapter has no LoRA pairs (lora_A / lora_B weights).", caller="from_huggingface")
     rank = config["r"]
     # Keras scales by lora_alpha / rank; rsLoRA by lora_alpha / sqrt(rank)
     alpha = config["lora_alpha"] * (math.sqrt(rank) if config.get("use_rslora") else 1.0)
@@ -174,8 +180,9 @@ def enable_adapter(model, w: WeightReader, config: dict) -> None:
     lora.enable_lora(model, rank, targets, alpha, trainable)
     for name, (a, b) in w.lora_pairs.items():
         if a.shape[0] != rank:
-            raise ValueError(
-                f"from_huggingface: the adapter's {name}.lora_A has rank {a.shape[0]}; its config says r={rank}."
+            raise CheckpointError(
+                f"the adapter's {name}.lora_A has rank {a.shape[0]}; its config says r={rank}.",
+                caller="from_huggingface",
             )
         layers = w.linear_layers[name]
         for dense, b_part in zip(layers, np.split(b, len(layers), axis=0)):
@@ -232,15 +239,18 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
 
     layers = lora.lora_layers(model)
     if not layers:
-        raise ValueError(f"save_peft_adapter: {model.name!r} has no LoRA layers; call enable_lora(rank) first.")
+        raise InputError(
+            f"{model.name!r} has no LoRA layers; call enable_lora(rank) first.", caller="save_peft_adapter"
+        )
     config, weights = read_checkpoint(base)
     classifier = getattr(model, "include_top", True) and getattr(model, "num_classes", None)
     fresh, w = convert_checkpoint(config, weights, classifier or None)  # to see which module each layer came from
     if type(fresh) is not type(model):
         described = repr(os.fspath(base)) if isinstance(base, (str, os.PathLike)) else f"(a {type(base).__name__})"
-        raise ValueError(
-            f"save_peft_adapter: {model.name!r} is a {type(model).__name__}; the checkpoint base="
-            f"{described} converts to a {type(fresh).__name__}."
+        raise InputError(
+            f"{model.name!r} is a {type(model).__name__}; the checkpoint base="
+            f"{described} converts to a {type(fresh).__name__}.",
+            caller="save_peft_adapter",
         )
     fresh_paths = {id(layer): path for path, layer in _named_sublayers(fresh)}
     module_of = {
@@ -256,17 +266,19 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     adapted = {}  # module -> its parts' LoRA layers (None: a part without LoRA)
     for path, dense in layers.items():
         if path not in module_of:
-            raise ValueError(
-                f"save_peft_adapter: the LoRA layer {path!r} has no counterpart in the checkpoint's linear modules."
+            raise InputError(
+                f"the LoRA layer {path!r} has no counterpart in the checkpoint's linear modules.",
+                caller="save_peft_adapter",
             )
         module, index = module_of[path]
         adapted.setdefault(module, [None] * len(w.linear_layers[module]))[index] = dense
     counts = {sum(dense is not None for dense in parts) for parts in adapted.values()}
     if len(counts) > 1:  # peft's one rank would need a rank_pattern
-        raise ValueError(
-            "save_peft_adapter: LoRA on some parts of fused modules and not on others (GPT-2's "
+        raise InputError(
+            "LoRA on some parts of fused modules and not on others (GPT-2's "
             "query/key/value) makes ranks that differ between modules; enable it on the same parts in "
-            "every block."
+            "every block.",
+            caller="save_peft_adapter",
         )
     parts_adapted = counts.pop()
     first = next(iter(layers.values()))
@@ -293,9 +305,10 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     exported = {id(variable) for layer in [*layers.values(), *heads.values()] for variable in layer.weights}
     others = [variable.path for variable in model.trainable_weights if id(variable) not in exported]
     if others:
-        raise ValueError(
-            f"save_peft_adapter: {others[:3]} are trained beside the LoRA pairs; an adapter holds the "
-            f"pairs and a classification head ({sorted(_HEADS)}), not those."
+        raise InputError(
+            f"{others[:3]} are trained beside the LoRA pairs; an adapter holds the "
+            f"pairs and a classification head ({sorted(_HEADS)}), not those.",
+            caller="save_peft_adapter",
         )
     for path, head in heads.items():
         tensors[f"{PREFIX}{_HEADS[path]}.weight"] = keras_numpy(head.kernel).T

@@ -13,6 +13,7 @@ from keras_tfm.convert.weights import (
     require_options,
     set_layer_norm,
 )
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 
 
@@ -39,7 +40,7 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     # a BERT decoder (causal, with cross-attention) or relative positions is another model than `Bert`
     require_options("BERT", config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
     if config.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise ValueError(f"from_huggingface: BERT activation {config['hidden_act']!r} is not supported.")
+        raise CheckpointError(f"BERT activation {config['hidden_act']!r} is not supported.", caller="from_huggingface")
     arguments = dict(
         vocabulary_size=config["vocab_size"],
         max_length=config["max_position_embeddings"],
@@ -134,9 +135,10 @@ def export_bert(model, w: WeightWriter) -> dict:
             ("head_layer_norm_epsilon", model.head_layer_norm_epsilon, encoder.layer_norm_epsilon),
         ):
             if value not in (None, encoders):
-                raise ValueError(
-                    f"save_huggingface: BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
-                    f"({encoders!r}); received {field}={value!r}."
+                raise InputError(
+                    f"BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
+                    f"({encoders!r}); received {field}={value!r}.",
+                    caller="save_huggingface",
                 )
         w.linear("cls.predictions.transform.dense", model.transform)
         w.layer_norm("cls.predictions.transform.LayerNorm", model.transform_norm)

@@ -15,6 +15,7 @@ from keras_tfm.convert.weights import (
     no_classifier,
     require_options,
 )
+from keras_tfm.errors import CheckpointError
 from keras_tfm.models.gpt import GPT
 
 
@@ -39,7 +40,9 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
         "GPT-2", config, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False
     )
     if config.get("activation_function", "gelu_new") not in ACTIVATIONS:
-        raise ValueError(f"from_huggingface: GPT-2 activation {config['activation_function']!r} is not supported.")
+        raise CheckpointError(
+            f"GPT-2 activation {config['activation_function']!r} is not supported.", caller="from_huggingface"
+        )
     hidden_dim = config["n_embd"]
     model = GPT(
         vocabulary_size=config["vocab_size"],

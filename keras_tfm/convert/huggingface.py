@@ -108,13 +108,15 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
     if num_classes is not None and (
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
     ):
-        raise ValueError(f"from_huggingface: num_classes must be a positive integer or None; received {num_classes!r}.")
+        raise CheckpointError(
+            f"num_classes must be a positive integer or None; received {num_classes!r}.", caller="from_huggingface"
+        )
     adapter_config, base = None, None
     if adapters.is_peft_model(model_or_directory):
         if adapter is not None:
-            raise ValueError(
-                "from_huggingface: received a PeftModel, which holds its adapter, and adapter="
-                f"{adapter!r}; pass one of them."
+            raise CheckpointError(
+                f"received a PeftModel, which holds its adapter, and adapter={adapter!r}; pass one of them.",
+                caller="from_huggingface",
             )
         config, weights, adapter_config, adapter_weights = adapters.peft_model_parts(model_or_directory)
     else:
@@ -131,7 +133,7 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
         num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = {**weights, **adapter_weights}
     if not isinstance(allow_nan, bool):
-        raise InputError(f"from_huggingface: expected True or False; received {allow_nan!r}.", "allow_nan")
+        raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_huggingface")
     model, w = convert_checkpoint(config, weights, num_classes, allow_nan)
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
@@ -152,12 +154,14 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
 
 def _check_tokenizer_fits(model, tokenizer, directory: str) -> None:
     """Refuses a checkpoint whose tokenizer makes ids the model has no embedding for."""
-    size, limit = getattr(tokenizer, "vocabulary_size", None), getattr(model, "vocabulary_size", None)
-    if isinstance(size, int) and isinstance(limit, int) and size > limit:
+    limit = getattr(model, "vocabulary_size", None)  # a translator's two tables: each side's tokenizer
+    if tokenizer is not None and isinstance(limit, int) and tokenizer.vocabulary_size > limit:
+        size = tokenizer.vocabulary_size
         raise CheckpointError(
-            f"from_huggingface: the tokenizer in {directory!r} has {size:,} tokens, more than the "
+            f"the tokenizer in {directory!r} has {size:,} tokens, more than the "
             f"{limit:,} embeddings of its model (config.json's vocab_size): its ids past {limit - 1} have no "
-            "embedding. The tokenizer files belong to another checkpoint; restore this checkpoint's own."
+            "embedding. The tokenizer files belong to another checkpoint; restore this checkpoint's own.",
+            caller="from_huggingface",
         )
 
 
@@ -222,28 +226,31 @@ def save_huggingface(
 
     export = exporter_of(model)
     if export is None:
-        raise TypeError(
-            f"save_huggingface: expected a keras_tfm model ({', '.join(exported_classes())}); "
-            f"received a {type(model).__name__}."
+        raise InputError(
+            f"expected a keras_tfm model ({', '.join(exported_classes())}); received a {type(model).__name__}.",
+            caller="save_huggingface",
         )
     quantized = sorted({layer.quantization_mode for layer in sublayers(model) if layer.quantization_mode})
     if quantized:
-        raise ValueError(
-            f"save_huggingface: {model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
-            "checkpoints hold float weights. Save the model before quantize(), or its .keras file."
+        raise InputError(
+            f"{model.name!r} is quantized ({', '.join(quantized)}); Hugging Face "
+            "checkpoints hold float weights. Save the model before quantize(), or its .keras file.",
+            caller="save_huggingface",
         )
     _check_destination(directory, overwrite)
     source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     model._build_on_demand()
     options = {} if image_preprocessing is None else {"image_preprocessing": image_preprocessing}
     if options and "image_preprocessing" not in inspect.signature(export).parameters:
-        raise ValueError(f"save_huggingface: image_preprocessing is for ViT models; received a {type(model).__name__}.")
+        raise InputError(
+            f"image_preprocessing is for ViT models; received a {type(model).__name__}.", caller="save_huggingface"
+        )
     w = WeightWriter()
     config = export(model, w, **options)
     num_labels = config.pop("num_labels", None)
     if labels is not None and (num_labels is None or len(labels) != num_labels):
         expected = f"{num_labels} class names" if num_labels else "no labels: not a classifier"
-        raise ValueError(f"save_huggingface: labels: expected {expected}; received {len(labels)}.")
+        raise InputError(f"labels: expected {expected}; received {len(labels)}.", caller="save_huggingface")
     if num_labels:
         labels = [str(label) for label in labels] if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
         config.update(id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
@@ -272,7 +279,7 @@ def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter
     for name, content in {**w.files, "config.json": config}.items():
         with open(os.path.join(directory, name), "w") as f:
             json.dump(content, f, indent=2, sort_keys=True)
-    if source is None and hasattr(getattr(model, "tokenizer", None), "save_huggingface"):
+    if source is None and model.tokenizer is not None and model.tokenizer.writes_huggingface():
         model.tokenizer.save_huggingface(directory)  # the model's own tokenizer, where transformers can read it
     save_file(w.weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
@@ -280,20 +287,23 @@ def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter
 def _check_destination(directory, overwrite: bool) -> None:
     """Refuses a file, or a directory with files in it unless `overwrite`."""
     if not isinstance(overwrite, bool):
-        raise InputError(f"save_huggingface: expected True or False; received {overwrite!r}.", "overwrite")
+        raise InputError(f"expected True or False; received {overwrite!r}.", "overwrite", caller="save_huggingface")
     path = os.fspath(directory)
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(
-            f"save_huggingface: {path!r} is a file; expected a directory to write the checkpoint in.", "directory"
+            f"{path!r} is a file; expected a directory to write the checkpoint in.",
+            "directory",
+            caller="save_huggingface",
         )
     held = sorted(os.listdir(path)) if os.path.isdir(path) else []
     if held and not overwrite:
         shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
         raise InputError(
-            f"save_huggingface: {path!r} already holds files ({shown}): another checkpoint's tokenizer or "
+            f"{path!r} already holds files ({shown}): another checkpoint's tokenizer or "
             "weights would be left beside this one. Give `overwrite=True` to replace the directory whole, or "
             "another directory.",
             "directory",
+            caller="save_huggingface",
         )
 
 

@@ -20,6 +20,7 @@ from keras import ops
 from keras_tfm.compat import sublayers
 from keras_tfm.convert.files import read_json
 from keras_tfm.convert.weights import WeightReader, require_options, set_dense, set_layer_norm
+from keras_tfm.errors import CheckpointError
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.gpt import GPT
 from keras_tfm.models.vit import ViT
@@ -48,13 +49,14 @@ def from_keras_hub(model_or_preset):
         model_or_preset = _load_preset(os.fspath(model_or_preset))
     kind = type(model_or_preset).__name__
     if kind not in _CONVERTERS:
-        raise ValueError(f"from_keras_hub: unsupported model {kind}; supported: {sorted(_CONVERTERS)}.")
+        raise CheckpointError(f"unsupported model {kind}; supported: {sorted(_CONVERTERS)}.", caller="from_keras_hub")
     task = model_or_preset
     quantized = sorted({layer.quantization_mode for layer in sublayers(task) if layer.quantization_mode})
     if quantized:  # its weights are integers and scales; converting them as floats would be wrong
-        raise ValueError(
-            f"from_keras_hub: the {kind} is quantized ({', '.join(quantized)}); convert the float model, "
-            f"then quantize the keras_tfm model: `from_keras_hub(...).quantize({quantized[0]!r})`."
+        raise CheckpointError(
+            f"the {kind} is quantized ({', '.join(quantized)}); convert the float model, "
+            f"then quantize the keras_tfm model: `from_keras_hub(...).quantize({quantized[0]!r})`.",
+            caller="from_keras_hub",
         )
     backbone = getattr(task, "backbone", task)
     weights = {w.path: ops.convert_to_numpy(w) for w in task.weights}  # paths name layers: "token_embedding/..."
@@ -63,15 +65,17 @@ def from_keras_hub(model_or_preset):
 
 def _load_preset(path: str):
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"from_keras_hub: no config.json in directory {path!r}; expected a keras-hub preset.")
+        raise CheckpointError(
+            f"no config.json in directory {path!r}; expected a keras-hub preset.", caller="from_keras_hub"
+        )
     import keras_hub
 
     task_path = os.path.join(path, "task.json")
     if os.path.isfile(task_path):  # a task's preset: its backbone (config.json) and its own layers
         name = read_json(task_path, "from_keras_hub").get("class_name")
         if name not in _CONVERTERS:
-            raise ValueError(
-                f"from_keras_hub: unsupported model {name} in {task_path!r}; supported: {sorted(_CONVERTERS)}."
+            raise CheckpointError(
+                f"unsupported model {name} in {task_path!r}; supported: {sorted(_CONVERTERS)}.", caller="from_keras_hub"
             )
         return getattr(keras_hub.models, name).from_preset(path, preprocessor=None)
     return keras_hub.models.Backbone.from_preset(path)
@@ -152,9 +156,10 @@ def _bert(task, backbone, w: WeightReader):
     masked_lm = type(task).__name__ == "BertMaskedLM"
     classifier = task is not backbone and not masked_lm
     if classifier and not _outputs_logits(task):
-        raise ValueError(
-            f"from_keras_hub: BertTextClassifier with activation={task.get_config()['activation']!r} is "
-            "not supported; keras_tfm's BertClassifier outputs logits."
+        raise CheckpointError(
+            f"BertTextClassifier with activation={task.get_config()['activation']!r} is "
+            "not supported; keras_tfm's BertClassifier outputs logits.",
+            caller="from_keras_hub",
         )
     if masked_lm:  # keras-hub's head: exact GELU and epsilon 1e-5 (its MaskedLMHead's defaults)
         head = task.masked_lm_head
@@ -202,16 +207,18 @@ def _vit(task, backbone, w: WeightReader) -> ViT:
     image_shape, patch_size = config["image_shape"], config["patch_size"]
     patch_size = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     if image_shape[0] != image_shape[1] or patch_size[0] != patch_size[1]:
-        raise ValueError(
-            f"from_keras_hub: ViTBackbone with non-square image_shape={tuple(image_shape)} or "
-            f"patch_size={patch_size} is not supported."
+        raise CheckpointError(
+            f"ViTBackbone with non-square image_shape={tuple(image_shape)} or "
+            f"patch_size={patch_size} is not supported.",
+            caller="from_keras_hub",
         )
     include_top = task is not backbone
     if include_top and (task.pooling != "token" or task.intermediate_dim is not None or not _outputs_logits(task)):
-        raise ValueError(
-            f"from_keras_hub: ViTImageClassifier with pooling={task.pooling!r}, intermediate_dim="
+        raise CheckpointError(
+            f"ViTImageClassifier with pooling={task.pooling!r}, intermediate_dim="
             f"{task.intermediate_dim!r}, activation={task.get_config()['activation']!r} is not supported; keras_tfm's "
-            "ViT classifies the class token into logits (keras-hub's 'gap' also averages the class token in)."
+            "ViT classifies the class token into logits (keras-hub's 'gap' also averages the class token in).",
+            caller="from_keras_hub",
         )
     model = ViT(
         image_size=image_shape[0],

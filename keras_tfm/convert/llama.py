@@ -16,7 +16,7 @@ from keras_tfm.convert.weights import (
     hugging_face_activation,
     no_classifier,
 )
-from keras_tfm.errors import CheckpointError
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers.rotary import yarn_attention_factor
 from keras_tfm.models.decoder_lm import DecoderLM
 
@@ -53,17 +53,19 @@ def _rotary_embedding(config: dict, name: str) -> dict:
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     fraction = parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
     if fraction != 1.0:
-        raise ValueError(
-            f"from_huggingface: {name} checkpoints with partial_rotary_factor={fraction!r} are not supported; "
-            f"transformers' {name} rotates every feature of a head."
+        raise CheckpointError(
+            f"{name} checkpoints with partial_rotary_factor={fraction!r} are not supported; "
+            f"transformers' {name} rotates every feature of a head.",
+            caller="from_huggingface",
         )
     rotary = {"max_wavelength": float(theta)}
     if rope_type == "default":
         return rotary
     if rope_type not in ("linear", "llama3", "dynamic", "yarn"):
-        raise ValueError(
-            f"from_huggingface: {name} checkpoints with rope_type={rope_type!r} are not supported; supported: "
-            "'default', 'linear', 'llama3', 'dynamic', 'yarn'."
+        raise CheckpointError(
+            f"{name} checkpoints with rope_type={rope_type!r} are not supported; supported: "
+            "'default', 'linear', 'llama3', 'dynamic', 'yarn'.",
+            caller="from_huggingface",
         )
     factor = parameters.get("factor")
     original = parameters.get("original_max_position_embeddings")
@@ -119,7 +121,7 @@ def convert_llama(config: dict, w: WeightReader, num_classes: int | None = None)
     no_classifier(name, num_classes)
     activation = config.get("hidden_act", "silu")
     if activation not in ACTIVATIONS:
-        raise ValueError(f"from_huggingface: {name} activation {activation!r} is not supported.")
+        raise CheckpointError(f"{name} activation {activation!r} is not supported.", caller="from_huggingface")
     attention_bias = config.get("attention_bias", False)
     biases = dict(
         attention_use_bias=True if model_type == "qwen2" else attention_bias,
@@ -173,9 +175,10 @@ def _model_type(model: DecoderLM) -> str:
         ok = not mlp
     elif model.sliding_window is not None:
         if model.sliding_window_layers is not None:
-            raise ValueError(
-                f"save_huggingface: a sliding window on some layers only (sliding_window_layers) is Qwen2's or "
-                f"Qwen3's; {model.name!r} has neither Qwen2's query/key/value biases nor Qwen3's QK-norm."
+            raise InputError(
+                f"a sliding window on some layers only (sliding_window_layers) is Qwen2's or "
+                f"Qwen3's; {model.name!r} has neither Qwen2's query/key/value biases nor Qwen3's QK-norm.",
+                caller="save_huggingface",
             )
         model_type = "mistral"
         ok = not (qkv or output or mlp)
@@ -183,9 +186,10 @@ def _model_type(model: DecoderLM) -> str:
         model_type = "llama"
         ok = qkv == output
     if not ok:
-        raise ValueError(
-            f"save_huggingface: no transformers class has the biases of {model.name!r} (attention_use_bias={qkv}, "
-            f"attention_output_use_bias={output}, feed_forward_use_bias={mlp}) together with its other settings."
+        raise InputError(
+            f"no transformers class has the biases of {model.name!r} (attention_use_bias={qkv}, "
+            f"attention_output_use_bias={output}, feed_forward_use_bias={mlp}) together with its other settings.",
+            caller="save_huggingface",
         )
     return model_type
 
@@ -193,9 +197,10 @@ def _model_type(model: DecoderLM) -> str:
 def _rope_config(model: DecoderLM) -> dict:
     rotary = model.rotary_embedding
     if rotary.get("rotary_fraction", 1.0) != 1.0:
-        raise ValueError(
-            f"save_huggingface: transformers' Llama-family classes rotate every feature; {model.name!r} has "
-            f"rotary_fraction={rotary['rotary_fraction']}."
+        raise InputError(
+            f"transformers' Llama-family classes rotate every feature; {model.name!r} has "
+            f"rotary_fraction={rotary['rotary_fraction']}.",
+            caller="save_huggingface",
         )
     scaling = rotary.get("scaling")
     if scaling is None:
@@ -209,9 +214,10 @@ def _rope_config(model: DecoderLM) -> dict:
             original_max_position_embeddings=original,
         )
     elif scaling == "dynamic" and original != model.max_length:
-        raise ValueError(
-            f"save_huggingface: transformers' dynamic RoPE scales from max_position_embeddings; {model.name!r} has "
-            f"original_max_length={original} and max_length={model.max_length}."
+        raise InputError(
+            f"transformers' dynamic RoPE scales from max_position_embeddings; {model.name!r} has "
+            f"original_max_length={original} and max_length={model.max_length}.",
+            caller="save_huggingface",
         )
     elif scaling == "yarn":
         parameters.update(

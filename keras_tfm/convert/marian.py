@@ -13,6 +13,7 @@ import keras
 
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import ACTIVATIONS, WeightReader, WeightWriter, hugging_face_activation, no_classifier
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models.translator import Translator
 
 
@@ -46,12 +47,14 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
     no_classifier("Marian", num_classes)
     activation = config.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
-        raise ValueError(f"from_huggingface: Marian activation {activation!r} is not supported.")
+        raise CheckpointError(f"Marian activation {activation!r} is not supported.", caller="from_huggingface")
     shared = config.get("share_encoder_decoder_embeddings", True)
     if config.get("encoder_attention_heads") != config.get("decoder_attention_heads") or config.get(
         "encoder_ffn_dim"
     ) != config.get("decoder_ffn_dim"):
-        raise ValueError("from_huggingface: Marian encoder and decoder must share heads and feed-forward width.")
+        raise CheckpointError(
+            "Marian encoder and decoder must share heads and feed-forward width.", caller="from_huggingface"
+        )
     model = Translator(
         source_vocabulary_size=config["vocab_size"],
         target_vocabulary_size=config["vocab_size"]
@@ -102,10 +105,11 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
 def export_marian(model: Translator, w: WeightWriter) -> dict:
     # Marian's LayerNorms use PyTorch's default epsilon, which its config cannot change
     if model.norm_first or model.positions != "sinusoidal" or model.layer_norm_epsilon != 1e-5:
-        raise ValueError(
-            f"save_huggingface: Marian is the post-norm Transformer with sinusoidal positions and "
+        raise InputError(
+            f"Marian is the post-norm Transformer with sinusoidal positions and "
             f"layer_norm_epsilon 1e-5; received norm_first={model.norm_first}, positions={model.positions!r}, "
-            f"layer_norm_epsilon={model.layer_norm_epsilon}."
+            f"layer_norm_epsilon={model.layer_norm_epsilon}.",
+            caller="save_huggingface",
         )
     if model.share_embeddings:  # with the stacks' copies, which transformers 5 does not tie when the output is untied
         for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from keras_tfm.convert.weights import WeightReader
+from keras_tfm.errors import CheckpointError
 
 _CONVERTERS: dict[str, tuple] = {}
 _EXPORTERS: dict[type, Callable] = {}
@@ -47,8 +48,9 @@ def exported_classes() -> list[str]:
 
 def check_model_type(config: dict) -> None:
     if config.get("model_type") not in _CONVERTERS:
-        raise ValueError(
-            f"from_huggingface: unsupported model_type {config.get('model_type')!r}; supported: {sorted(_CONVERTERS)}."
+        raise CheckpointError(
+            f"unsupported model_type {config.get('model_type')!r}; supported: {sorted(_CONVERTERS)}.",
+            caller="from_huggingface",
         )
 
 

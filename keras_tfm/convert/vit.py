@@ -26,6 +26,7 @@ from keras_tfm.convert.weights import (
     require_options,
     set_layer_norm,
 )
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models.vit import ViT
 
 _OLD_NAMES = [
@@ -53,12 +54,12 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
     if checkpoint_head:
         num_classes = w.weights["classifier.weight"].shape[0]
     if config.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise ValueError(f"from_huggingface: ViT activation {config['hidden_act']!r} is not supported.")
+        raise CheckpointError(f"ViT activation {config['hidden_act']!r} is not supported.", caller="from_huggingface")
     image_size, patch_size = config["image_size"], config["patch_size"]
     for field, value in (("image_size", image_size), ("patch_size", patch_size)):
         if not isinstance(value, int) and len(set(value)) != 1:
-            raise ValueError(
-                f"from_huggingface: ViT checkpoints with a non-square {field}={value!r} are not supported."
+            raise CheckpointError(
+                f"ViT checkpoints with a non-square {field}={value!r} are not supported.", caller="from_huggingface"
             )
     model = ViT(
         image_size=image_size if isinstance(image_size, int) else image_size[0],
@@ -109,9 +110,10 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
 @exporter(ViT)
 def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = None) -> dict:
     if model.positions != "learned" or (model.include_top and model.pooling != "token"):
-        raise ValueError(
-            f"save_huggingface: Hugging Face ViTs have learned positions and classify from the class "
-            f"token; received positions={model.positions!r}, pooling={model.pooling!r}."
+        raise InputError(
+            f"Hugging Face ViTs have learned positions and classify from the class "
+            f"token; received positions={model.positions!r}, pooling={model.pooling!r}.",
+            caller="save_huggingface",
         )
     image_size = model.image_size
     if image_preprocessing is not None:
@@ -119,9 +121,10 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
             *image_preprocessing, num_channels=model.num_channels
         )
         if image_size % model.patch_size:
-            raise ValueError(
-                f"save_huggingface: image_preprocessing gives the model {image_size}x{image_size} images, "
-                f"which its {model.patch_size}-pixel patches do not divide."
+            raise InputError(
+                f"image_preprocessing gives the model {image_size}x{image_size} images, "
+                f"which its {model.patch_size}-pixel patches do not divide.",
+                caller="save_huggingface",
             )
     p = "vit." if model.include_top else ""  # ViTForImageClassification's names, or ViTModel's
     w[p + "embeddings.cls_token"] = model.class_token
@@ -198,8 +201,9 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
         if isinstance(value, dict):
             value = value.get("height", value.get("shortest_edge"))
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(
-                f"image_preprocessing: {path!r}: expected an image size in {key!r}; found {processor.get(key)!r}."
+            raise InputError(
+                f"{path!r}: expected an image size in {key!r}; found {processor.get(key)!r}.",
+                caller="image_preprocessing",
             )
         return value
 
@@ -208,8 +212,9 @@ def image_preprocessing(directory: str) -> tuple[int, list]:
     if processor.get("do_center_crop"):
         crop = side_of("crop_size", size)
         if crop > size:
-            raise ValueError(
-                f"image_preprocessing: {path!r}: 'crop_size' {crop} is larger than the resized images ('size' {size})."
+            raise InputError(
+                f"{path!r}: 'crop_size' {crop} is larger than the resized images ('size' {size}).",
+                caller="image_preprocessing",
             )
         layers.append(keras.layers.CenterCrop(crop, crop, name="center_crop"))
     if processor.get("do_rescale", True):
@@ -232,7 +237,7 @@ def image_processor_config(side: int, layers: list, num_channels: int = 3) -> tu
     3-channel model, as the ViT recipe makes them for a checkpoint."""
 
     def refuse(what: str):
-        raise ValueError(f"save_huggingface: image_preprocessing: {what}")
+        raise InputError(f"image_preprocessing: {what}", caller="save_huggingface")
 
     if not isinstance(side, int) or isinstance(side, bool) or side < 1:
         refuse(f"expected a positive image side; received {side!r}.")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
-from keras_tfm.errors import CheckpointError
+from keras_tfm.errors import CheckpointError, InputError
 
 # Hugging Face's activation names (`ACT2FN`) -> Keras'; the first name of each Keras activation is the
 # one written to a checkpoint.
@@ -27,9 +27,9 @@ def hugging_face_activation(model_type: str, activation: str) -> str:
     for name, keras_name in ACTIVATIONS.items():
         if keras_name == activation:
             return name
-    raise ValueError(
-        f"save_huggingface: {model_type} has no activation for {activation!r}; supported: "
-        f"{sorted(set(ACTIVATIONS.values()))}."
+    raise InputError(
+        f"{model_type} has no activation for {activation!r}; supported: {sorted(set(ACTIVATIONS.values()))}.",
+        caller="save_huggingface",
     )
 
 
@@ -96,15 +96,16 @@ class WeightReader:
                 if not self.allow_nan and not np.isfinite(array).all():
                     bad = int(np.size(array) - np.isfinite(array).sum())
                     raise CheckpointError(
-                        f"from_huggingface: the checkpoint's weight {prefix + name!r} holds {bad:,} NaN or infinite "
+                        f"the checkpoint's weight {prefix + name!r} holds {bad:,} NaN or infinite "
                         f"values of {array.size:,}: the file is damaged, or was saved from a diverged run. Give "
                         "`allow_nan=True` to load it anyway.",
                         "allow_nan",
+                        caller="from_huggingface",
                     )
                 return array
         raise CheckpointError(
-            f"from_huggingface: the checkpoint has no weight {name!r} (prefixes tried: {self.prefixes}), which "
-            f"{self._where()} needs."
+            f"the checkpoint has no weight {name!r} (prefixes tried: {self.prefixes}), which {self._where()} needs.",
+            caller="from_huggingface",
         )
 
     def _where(self) -> str:
@@ -123,8 +124,9 @@ class WeightReader:
             if self.config is not None and isinstance(self.config.get(key), int)
         )
         raise CheckpointError(
-            f"from_huggingface: the checkpoint's weight {name!r} has shape {tuple(stored)}, where the model that "
-            f"{self._where()} describes ({sizes}) needs {tuple(needed)}: the config's sizes do not match the weights."
+            f"the checkpoint's weight {name!r} has shape {tuple(stored)}, where the model that "
+            f"{self._where()} describes ({sizes}) needs {tuple(needed)}: the config's sizes do not match the weights.",
+            caller="from_huggingface",
         )
 
     def set(self, layer, *names: str) -> None:
@@ -180,7 +182,7 @@ class WeightReader:
         a model made without them would compute something else."""
         leftover = self.unused(ignore)
         if leftover:
-            raise ValueError(f"{caller}: {model_type} weights not converted: {leftover[:5]}")
+            raise InputError(f"{model_type} weights not converted: {leftover[:5]}", caller=caller)
 
 
 def require_options(model_type: str, config: dict, caller: str = "from_huggingface", **computed) -> None:
@@ -190,18 +192,20 @@ def require_options(model_type: str, config: dict, caller: str = "from_huggingfa
     for field, value in computed.items():
         received = config.get(field, value)
         if received != value:
-            raise ValueError(
-                f"{caller}: {model_type} checkpoints with {field}={received!r} are not supported; "
-                f"keras_tfm computes what {field}={value!r} gives."
+            raise InputError(
+                f"{model_type} checkpoints with {field}={received!r} are not supported; "
+                f"keras_tfm computes what {field}={value!r} gives.",
+                caller=caller,
             )
 
 
 def no_classifier(model_type: str, num_classes: int | None) -> None:
     """Refuses `num_classes` for a checkpoint that is not turned into a classifier."""
     if num_classes is not None:
-        raise ValueError(
-            f"from_huggingface: num_classes applies to ViT and BERT checkpoints; this is a {model_type} "
-            f"checkpoint (received num_classes={num_classes})."
+        raise CheckpointError(
+            f"num_classes applies to ViT and BERT checkpoints; this is a {model_type} "
+            f"checkpoint (received num_classes={num_classes}).",
+            caller="from_huggingface",
         )
 
 

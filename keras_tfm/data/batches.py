@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_tfm.errors import DataError
+
 
 class EpochBatches:
     """The rows of each training batch: every epoch visits the `count` rows in its own shuffled order
@@ -21,7 +23,9 @@ class EpochBatches:
 
     def __init__(self, count: int, batch_size: int, seed, arrange=None):
         if count < 1 or batch_size < 1:
-            raise ValueError(f"EpochBatches: count and batch_size must be >= 1; received {count}, {batch_size}.")
+            raise DataError(
+                f"count and batch_size must be >= 1; received {count}, {batch_size}.", caller="EpochBatches"
+            )
         self.count, self.batch_size = count, batch_size
         self.seed = list(np.atleast_1d(seed))
         self.arrange = arrange

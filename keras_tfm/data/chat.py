@@ -17,21 +17,22 @@ def check_messages(messages, owner: str) -> list[dict]:
     `content` (a string, or a list of content parts as multimodal templates take them)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InputError(
-            f"{owner}: messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts; received "
-            f"{messages!r}.",
+            f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts; received {messages!r}.",
             "messages",
+            caller=owner,
         )
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise InputError(
-                f"{owner}: messages[{index}] must be a dict with a 'role' and a 'content'; received {message!r}.",
+                f"messages[{index}] must be a dict with a 'role' and a 'content'; received {message!r}.",
                 "messages",
+                caller=owner,
             )
         if not isinstance(message["role"], str) or not isinstance(message["content"], (str, list)):
             raise InputError(
-                f"{owner}: messages[{index}] needs a string 'role' and a string (or list) 'content'; received "
-                f"{message!r}.",
+                f"messages[{index}] needs a string 'role' and a string (or list) 'content'; received {message!r}.",
                 "messages",
+                caller=owner,
             )
     return [{key: value for key, value in message.items() if value is not None} for message in messages]
 
@@ -45,7 +46,9 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
     try:
         return _compiled(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.exceptions.TemplateError as error:
-        raise InputError(f"render_chat_template: the chat template refused the messages: {error}", "messages") from None
+        raise InputError(
+            f"the chat template refused the messages: {error}", "messages", caller="render_chat_template"
+        ) from None
 
 
 @functools.lru_cache(maxsize=16)

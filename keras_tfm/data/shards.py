@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from keras_tfm.data.errors import DataError
+from keras_tfm.data.tokenizers import tokenizer_from_state, tokenizer_state
 
 SPLITS = ("train", "validation")
 
@@ -68,9 +69,7 @@ def text_sample(path: str, characters: int = 1 << 26, argument: str = "data") ->
 
 
 def tokenizer_digest(tokenizer) -> str:
-    from keras_tfm.data.tokenizers import _state
-
-    state = {key: value for key, value in _state(tokenizer).items() if key != "fitted_on"}
+    state = {key: value for key, value in tokenizer_state(tokenizer).items() if key != "fitted_on"}
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -163,7 +162,7 @@ def prepare_token_shards(
         "dtype": dtype.name,
         "vocabulary_size": tokenizer.vocabulary_size,
         "tokenizer_digest": digest,
-        "tokenizer": json.loads(json.dumps(_tokenizer_state(tokenizer))),
+        "tokenizer": json.loads(json.dumps(tokenizer_state(tokenizer))),
         "splits": shards,
     }
     temporary = os.path.join(directory, "meta.json.tmp")
@@ -214,12 +213,6 @@ def check_source(meta: dict, directory: str, source: dict) -> None:
         )
 
 
-def _tokenizer_state(tokenizer) -> dict:
-    from keras_tfm.data.tokenizers import _state
-
-    return _state(tokenizer)
-
-
 def read_meta(directory: str, tokenizer_digest_expected: str | None = None) -> dict:
     """`directory/meta.json`; with `tokenizer_digest_expected`, shards of another tokenizer are refused."""
     path = os.path.join(directory, "meta.json")
@@ -248,9 +241,7 @@ def read_meta(directory: str, tokenizer_digest_expected: str | None = None) -> d
 
 def shards_tokenizer(meta: dict):
     """The tokenizer the shards were made with, from their `meta.json`."""
-    from keras_tfm.data.tokenizers import _from_state
-
-    return _from_state(meta["tokenizer"])
+    return tokenizer_from_state(meta["tokenizer"])
 
 
 class TokenShards:

@@ -29,11 +29,11 @@ class Sampler:
 
     def __post_init__(self):
         if not is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"`temperature` must be a finite number >= 0; received {self.temperature!r}.")
+            raise InputError(f"`temperature` must be a finite number >= 0; received {self.temperature!r}.")
         if not is_integer(self.top_k) or self.top_k < 0:
-            raise ValueError(f"`top_k` must be an integer >= 0; received {self.top_k!r}.")
+            raise InputError(f"`top_k` must be an integer >= 0; received {self.top_k!r}.")
         if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"`top_p` must be a number in (0, 1]; received {self.top_p!r}.")
+            raise InputError(f"`top_p` must be a number in (0, 1]; received {self.top_p!r}.")
 
     @property
     def greedy(self) -> bool:
@@ -90,11 +90,11 @@ class LogitsControls:
 
     def __post_init__(self):
         if not is_integer(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
-            raise ValueError(f"`no_repeat_ngram_size` must be an integer >= 0; received {self.no_repeat_ngram_size!r}.")
+            raise InputError(f"`no_repeat_ngram_size` must be an integer >= 0; received {self.no_repeat_ngram_size!r}.")
         if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise ValueError(f"`repetition_penalty` must be a number > 0; received {self.repetition_penalty!r}.")
+            raise InputError(f"`repetition_penalty` must be a number > 0; received {self.repetition_penalty!r}.")
         if not is_integer(self.min_new_tokens) or self.min_new_tokens < 0:
-            raise ValueError(f"`min_new_tokens` must be an integer >= 0; received {self.min_new_tokens!r}.")
+            raise InputError(f"`min_new_tokens` must be an integer >= 0; received {self.min_new_tokens!r}.")
 
     @property
     def penalizes(self) -> bool:
@@ -158,14 +158,14 @@ def check_decoding(owner: str, **arguments) -> None:
     for name, value in arguments.items():
         if name == "length_penalty":
             if not is_number(value):
-                raise ValueError(f"{owner}: `length_penalty` must be a finite number; received {value!r}.")
+                raise InputError(f"`length_penalty` must be a finite number; received {value!r}.", caller=owner)
             continue
         low = 0 if name == "pad_token_id" else 1
         if not is_integer(value) or value < low or (name == "pad_token_id" and value >= vocabulary_size):
             expected = (
                 f"an id in [0, vocabulary_size={vocabulary_size})" if name == "pad_token_id" else "an integer >= 1"
             )
-            raise ValueError(f"{owner}: `{name}` must be {expected}; received {value!r}.")
+            raise InputError(f"`{name}` must be {expected}; received {value!r}.", caller=owner)
 
 
 def check_return_sequences(owner: str, num_return_sequences, num_beams: int, temperature: float) -> None:
@@ -173,20 +173,23 @@ def check_return_sequences(owner: str, num_return_sequences, num_beams: int, tem
     decoding (temperature 0, one beam) has one."""
     if not is_integer(num_return_sequences) or num_return_sequences < 1:
         raise InputError(
-            f"{owner}: `num_return_sequences` must be an integer >= 1; received {num_return_sequences!r}.",
+            f"`num_return_sequences` must be an integer >= 1; received {num_return_sequences!r}.",
             "num_return_sequences",
+            caller=owner,
         )
     if num_beams > 1 and num_return_sequences > num_beams:
         raise InputError(
-            f"{owner}: beam search returns at most its `num_beams`={num_beams} beams; received "
+            f"beam search returns at most its `num_beams`={num_beams} beams; received "
             f"num_return_sequences={num_return_sequences}.",
             "num_return_sequences",
+            caller=owner,
         )
     if num_beams == 1 and temperature == 0 and num_return_sequences > 1:
         raise InputError(
-            f"{owner}: greedy decoding has one continuation per prompt; received num_return_sequences="
+            f"greedy decoding has one continuation per prompt; received num_return_sequences="
             f"{num_return_sequences} (sample with a `temperature` > 0, or search with `num_beams`).",
             "num_return_sequences",
+            caller=owner,
         )
 
 
@@ -195,4 +198,4 @@ def logits_controls(owner: str, repetition_penalty, min_new_tokens, no_repeat_ng
     try:
         return LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
     except ValueError as error:
-        raise InputError(f"{owner}: {error}") from None
+        raise InputError(f"{error}", caller=owner) from None

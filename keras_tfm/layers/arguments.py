@@ -14,6 +14,8 @@ import numbers
 import keras
 import numpy as np
 
+from keras_tfm.errors import InputError
+
 
 def is_integer(value) -> bool:
     """A Python or NumPy integer, not a bool."""
@@ -130,14 +132,14 @@ RULES = {
 
 
 def check_arguments(owner: str, arguments: dict, optional: tuple = ()) -> None:
-    """Refuses the first value of `arguments` that breaks the rule of its name (`RULES`), with a
-    `ValueError` that names `owner`, the argument, what was expected and what came; the names in
+    """Refuses the first value of `arguments` that breaks the rule of its name (`RULES`), with an
+    `InputError` that names `owner` (its `caller`), the argument, what was expected and what came; the names in
     `optional` may also be `None` (their defaults)."""
     for name, value in arguments.items():
         if name not in RULES or (value is None and name in optional):
             continue
         expected, holds = RULES[name]
         if not holds(value):
-            raise ValueError(
-                f"{owner}: {name} must be {expected}{' or None' if name in optional else ''}; received {value!r}."
+            raise InputError(
+                f"{name} must be {expected}{' or None' if name in optional else ''}; received {value!r}.", caller=owner
             )

@@ -139,9 +139,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         )
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise InputError(
-                f"MultiHeadAttention: num_heads must be a multiple of num_key_value_heads; received num_heads="
+                f"num_heads must be a multiple of num_key_value_heads; received num_heads="
                 f"{num_heads}, num_key_value_heads={num_key_value_heads}.",
                 "num_key_value_heads",
+                caller="MultiHeadAttention",
             )
         super().__init__(**kwargs)
         self.num_key_value_heads = num_key_value_heads or num_heads
@@ -232,10 +233,11 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         index = cache_update_index
         if isinstance(index, (int, np.integer)) and isinstance(cache.shape[3], int) and isinstance(value.shape[1], int):
             if not 0 <= index <= cache.shape[3] - value.shape[1]:  # a write there would be clamped, silently
-                raise ValueError(
-                    f"MultiHeadAttention: `cache_update_index` must leave room for the {value.shape[1]} new "
+                raise InputError(
+                    f"`cache_update_index` must leave room for the {value.shape[1]} new "
                     f"positions in the cache of length {cache.shape[3]}: in [0, {cache.shape[3] - value.shape[1]}]; "
-                    f"received {index}."
+                    f"received {index}.",
+                    caller="MultiHeadAttention",
                 )
         new_entries = self.precompute_key_value(value, key, start_index=cache_update_index, angles=angles)
         # one update of the joint cache: a functional update copies its input (PyTorch)
@@ -243,18 +245,20 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
 
     def _check_cacheable(self, cache=None):
         if self.value_dim != self.key_dim:
-            raise ValueError(
-                f"MultiHeadAttention: a key/value cache needs value_dim == key_dim; received "
-                f"key_dim={self.key_dim}, value_dim={self.value_dim}."
+            raise InputError(
+                f"a key/value cache needs value_dim == key_dim; received "
+                f"key_dim={self.key_dim}, value_dim={self.value_dim}.",
+                caller="MultiHeadAttention",
             )
         if cache is not None and (
             len(cache.shape) != 5
             or _static_dims_differ(cache.shape, (None, 2, self.num_key_value_heads, None, self.key_dim))
         ):
-            raise ValueError(
-                f"MultiHeadAttention: `cache` must have shape (batch, 2, num_key_value_heads, cache_length, "
+            raise InputError(
+                f"`cache` must have shape (batch, 2, num_key_value_heads, cache_length, "
                 f"key_dim) = (batch, 2, {self.num_key_value_heads}, cache_length, {self.key_dim}); received "
-                f"shape {tuple(cache.shape)}."
+                f"shape {tuple(cache.shape)}.",
+                caller="MultiHeadAttention",
             )
 
     def _combined_mask(
@@ -273,9 +277,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         masks = []
         if value_mask is not None:
             if len(value_mask.shape) != 2 or _static_dims_differ(value_mask.shape, (batch, key_length)):
-                raise ValueError(
-                    f"MultiHeadAttention: `value_mask` must have shape (batch, key_length) = "
-                    f"{_shown((batch, key_length))}; received shape {tuple(value_mask.shape)}."
+                raise InputError(
+                    f"`value_mask` must have shape (batch, key_length) = "
+                    f"{_shown((batch, key_length))}; received shape {tuple(value_mask.shape)}.",
+                    caller="MultiHeadAttention",
                 )
             masks.append(ops.cast(value_mask, "bool")[:, None, None, :])
         if attention_mask is not None:
@@ -286,10 +291,11 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 or _static_dims_differ(attention_mask.shape, expected)
                 or (rank == 4 and attention_mask.shape[1] not in (None, 1, self.num_heads))
             ):
-                raise ValueError(
-                    f"MultiHeadAttention: `attention_mask` must have shape (batch, query_length, "
+                raise InputError(
+                    f"`attention_mask` must have shape (batch, query_length, "
                     f"key_length) = {_shown((batch, query_length, key_length))} or (batch, num_heads "
-                    f"or 1, query_length, key_length); received shape {tuple(attention_mask.shape)}."
+                    f"or 1, query_length, key_length); received shape {tuple(attention_mask.shape)}.",
+                    caller="MultiHeadAttention",
                 )
             attention_mask = ops.cast(attention_mask, "bool")
             masks.append(attention_mask[:, None] if rank == 3 else attention_mask)
@@ -333,14 +339,16 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         key = value if key is None else key
         for name, tensor in (("value", value), ("key", key)):
             if len(tensor.shape) != 3 or _static_dims_differ(tensor.shape[:1], query.shape[:1]):
-                raise ValueError(
-                    f"MultiHeadAttention: `{name}` must have shape (batch, length, features) with the query's "
-                    f"batch {_shown(query.shape[:1])[0]}; received shape {tuple(tensor.shape)}."
+                raise InputError(
+                    f"`{name}` must have shape (batch, length, features) with the query's "
+                    f"batch {_shown(query.shape[:1])[0]}; received shape {tuple(tensor.shape)}.",
+                    caller="MultiHeadAttention",
                 )
         if _static_dims_differ(key.shape[:2], value.shape[:2]):  # PyTorch's einsum would broadcast a length of 1
-            raise ValueError(
-                f"MultiHeadAttention: `key` and `value` must have the same batch and length; received shapes "
-                f"{tuple(key.shape)} and {tuple(value.shape)}."
+            raise InputError(
+                f"`key` and `value` must have the same batch and length; received shapes "
+                f"{tuple(key.shape)} and {tuple(value.shape)}.",
+                caller="MultiHeadAttention",
             )
         if value_mask is None:
             value_mask = get_keras_mask(value)

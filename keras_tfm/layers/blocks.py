@@ -105,9 +105,9 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         )
         if normalization not in NORMALIZATIONS:
             raise InputError(
-                f"{type(self).__name__}: normalization must be one of {list(NORMALIZATIONS)}; received "
-                f"{normalization!r}.",
+                f"normalization must be one of {list(NORMALIZATIONS)}; received {normalization!r}.",
                 "normalization",
+                caller=type(self).__name__,
             )
         super().__init__(**kwargs)
         self.num_heads = num_heads
@@ -138,9 +138,10 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         if self.key_dim is not None:
             return self.key_dim
         if hidden_dim % self.num_heads:
-            raise ValueError(
-                f"{type(self).__name__}: hidden_dim must be divisible by num_heads when key_dim is "
-                f"not given; received hidden_dim={hidden_dim}, num_heads={self.num_heads}."
+            raise InputError(
+                f"hidden_dim must be divisible by num_heads when key_dim is "
+                f"not given; received hidden_dim={hidden_dim}, num_heads={self.num_heads}.",
+                caller=type(self).__name__,
             )
         return hidden_dim // self.num_heads
 
@@ -332,9 +333,10 @@ class EncoderBlock(_Block):
     @staticmethod
     def _checked_positions(positions, inputs):
         if len(positions.shape) != 2 or _static_dims_differ(positions.shape[:1], inputs.shape[:1]):
-            raise ValueError(
-                f"EncoderBlock: `output_positions` must have shape (batch, num_positions) with batch = "
-                f"{inputs.shape[0]}; received shape {tuple(positions.shape)}."
+            raise InputError(
+                f"`output_positions` must have shape (batch, num_positions) with batch = "
+                f"{inputs.shape[0]}; received shape {tuple(positions.shape)}.",
+                caller="EncoderBlock",
             )
         return keras.ops.cast(positions, "int32")
 
@@ -420,12 +422,12 @@ class DecoderBlock(_Block):
         if decoder_padding_mask is None:
             decoder_padding_mask = get_keras_mask(decoder_sequence)
         if self.use_cross_attention and encoder_sequence is None and cross_attention_cache is None:
-            raise ValueError(
+            raise InputError(
                 "DecoderBlock(use_cross_attention=True) needs `encoder_sequence` or "
                 "`cross_attention_cache`; received neither."
             )
         if not self.use_cross_attention and (encoder_sequence is not None or cross_attention_cache is not None):
-            raise ValueError(
+            raise InputError(
                 "DecoderBlock received `encoder_sequence` or `cross_attention_cache` but was built "
                 "with use_cross_attention=False."
             )

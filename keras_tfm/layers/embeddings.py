@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
 
 
@@ -43,9 +44,10 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
     ):
         check_arguments("TokenEmbedding", locals())
         if not kwargs.pop("tie_weights", True) or kwargs.pop("logit_soft_cap", None) is not None:
-            raise ValueError(
-                "TokenEmbedding: the reverse projection is always tied and uncapped; use "
-                "keras.layers.ReversibleEmbedding for tie_weights=False or logit_soft_cap."
+            raise InputError(
+                "the reverse projection is always tied and uncapped; use "
+                "keras.layers.ReversibleEmbedding for tie_weights=False or logit_soft_cap.",
+                caller="TokenEmbedding",
             )
         super().__init__(
             input_dim=vocabulary_size,
@@ -61,7 +63,7 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         if not reverse:
             return super().call(inputs)
         if inputs.shape[-1] is not None and inputs.shape[-1] != self.hidden_dim:
-            raise ValueError(
+            raise InputError(
                 f"TokenEmbedding(reverse=True) expects `inputs` with last dimension hidden_dim="
                 f"{self.hidden_dim}; received shape {tuple(inputs.shape)}."
             )
@@ -140,15 +142,16 @@ class PatchEmbedding(keras.layers.Layer):
 
     def _check_image_shape(self, shape) -> None:
         if len(shape) != 4:
-            raise ValueError(
+            raise InputError(
                 f"PatchEmbedding expects `images` of shape (batch, height, width, channels); "
                 f"received shape {tuple(shape)}."
             )
         for axis, size in (("height", shape[1]), ("width", shape[2])):
             if isinstance(size, int) and size % self.patch_size != 0:  # None or symbolic: unknown here
-                raise ValueError(
-                    f"PatchEmbedding: image {axis} must be a multiple of patch_size="
-                    f"{self.patch_size}; received image shape {tuple(shape)}."
+                raise InputError(
+                    f"image {axis} must be a multiple of patch_size="
+                    f"{self.patch_size}; received image shape {tuple(shape)}.",
+                    caller="PatchEmbedding",
                 )
 
     def build(self, images_shape):

@@ -20,6 +20,7 @@ import os
 import keras
 import numpy as np
 
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers.quantization import _named_sublayers
 
 DEFAULT_TARGETS = ("query", "value")
@@ -54,23 +55,28 @@ def enable_lora(
     ['block_0/self_attention/query', 'block_0/self_attention/value']
     """
     if not model.built:  # its Dense layers are made when it builds: none to choose from yet
-        raise ValueError(
-            f"enable_lora: {model.name!r} is not built yet; build it first (call it on a batch, or "
-            "`build()`), or use a keras_tfm model's own `enable_lora`, which does."
+        raise InputError(
+            f"{model.name!r} is not built yet; build it first (call it on a batch, or "
+            "`build()`), or use a keras_tfm model's own `enable_lora`, which does.",
+            caller="enable_lora",
         )
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"enable_lora: rank must be a positive integer; received rank={rank!r}.")
+        raise InputError(f"rank must be a positive integer; received rank={rank!r}.", caller="enable_lora")
     if lora_alpha is not None and not lora_alpha > 0:
-        raise ValueError(f"enable_lora: lora_alpha must be positive (or None for the rank); received {lora_alpha!r}.")
+        raise InputError(
+            f"lora_alpha must be positive (or None for the rank); received {lora_alpha!r}.", caller="enable_lora"
+        )
     if isinstance(target_layer_names, str) or isinstance(trainable_layer_names, str):
-        raise ValueError(
-            "enable_lora: target_layer_names and trainable_layer_names are lists of layer names; "
-            f"received a string ({target_layer_names!r}, {trainable_layer_names!r})."
+        raise InputError(
+            "target_layer_names and trainable_layer_names are lists of layer names; "
+            f"received a string ({target_layer_names!r}, {trainable_layer_names!r}).",
+            caller="enable_lora",
         )
     if lora_layers(model):
-        raise ValueError(
-            f"enable_lora: LoRA is already enabled on {model.name!r} (rank "
-            f"{next(iter(lora_layers(model).values())).lora_rank}); it can be enabled once."
+        raise InputError(
+            f"LoRA is already enabled on {model.name!r} (rank "
+            f"{next(iter(lora_layers(model).values())).lora_rank}); it can be enabled once.",
+            caller="enable_lora",
         )
     sublayers = dict(_named_sublayers(model))
     dense = {path: layer for path, layer in sublayers.items() if isinstance(layer, keras.layers.Dense)}
@@ -80,11 +86,12 @@ def enable_lora(
     ):
         unknown = [name for name in names if not _matching(candidates, [name])]
         if unknown or (argument == "target_layer_names" and not names):
-            raise ValueError(
-                f"enable_lora: {argument} names no {'Dense ' if candidates is dense else ''}layer of {model.name!r}: "
+            raise InputError(
+                f"{argument} names no {'Dense ' if candidates is dense else ''}layer of {model.name!r}: "
                 f"{unknown or list(names)}; its Dense layers are named "
                 f"{sorted({layer.name for layer in dense.values()})} (or by the end of their path, such as "
-                f"'self_attention/output')."
+                f"'self_attention/output').",
+                caller="enable_lora",
             )
     for variable in model.weights:
         variable.trainable = False
@@ -111,9 +118,11 @@ def save_lora_weights(model: keras.layers.Layer, filepath: str) -> None:
     """Writes the LoRA pairs of `model` (not its frozen weights) to a `.npz` file."""
     layers = lora_layers(model)
     if not layers:
-        raise ValueError(f"save_lora_weights: {model.name!r} has no LoRA layers; call enable_lora(rank) first.")
+        raise InputError(
+            f"{model.name!r} has no LoRA layers; call enable_lora(rank) first.", caller="save_lora_weights"
+        )
     if not str(filepath).endswith(".npz"):
-        raise ValueError(f"save_lora_weights: filepath must end in '.npz'; received {filepath!r}.")
+        raise InputError(f"filepath must end in '.npz'; received {filepath!r}.", caller="save_lora_weights")
     first = next(iter(layers.values()))
     arrays = {
         "config": np.array(
@@ -132,34 +141,35 @@ def load_lora_weights(model: keras.layers.Layer, filepath: str) -> None:
     file's rank and layers if the model has none. The frozen weights must be the ones the pairs
     were trained on (the same checkpoint)."""
     if not os.path.isfile(filepath):
-        raise FileNotFoundError(f"load_lora_weights: no file {filepath!r}.")
+        raise CheckpointError(f"no file {filepath!r}.", caller="load_lora_weights")
     try:
         with np.load(filepath, allow_pickle=False) as file:
             arrays = {key: file[key] for key in file.files}
         config = json.loads(str(arrays.pop("config")))
     except (OSError, ValueError, KeyError) as error:
-        raise ValueError(
-            f"load_lora_weights: {filepath!r} is not a LoRA file written by save_lora_weights "
-            f"({type(error).__name__}: {error})."
+        raise CheckpointError(
+            f"{filepath!r} is not a LoRA file written by save_lora_weights ({type(error).__name__}: {error}).",
+            caller="load_lora_weights",
         ) from None
     if not lora_layers(model):
         enable_lora(model, config["rank"], config["target_layer_names"], config["lora_alpha"])
     layers = lora_layers(model)
     expected = {f"{path}:{part}" for path in layers for part in "ab"}
     if set(arrays) != expected or any(layer.lora_rank != config["rank"] for layer in layers.values()):
-        raise ValueError(
-            f"load_lora_weights: {filepath!r} holds rank-{config['rank']} LoRA pairs for {len(arrays) // 2} layers; "
+        raise CheckpointError(
+            f"{filepath!r} holds rank-{config['rank']} LoRA pairs for {len(arrays) // 2} layers; "
             f"{model.name!r} has rank-"
             f"{next(iter(layers.values())).lora_rank} LoRA on {len(layers)} layers "
-            f"({sorted(set(arrays) ^ expected)[:4]} differ)."
+            f"({sorted(set(arrays) ^ expected)[:4]} differ).",
+            caller="load_lora_weights",
         )
     for path, layer in layers.items():
         for part, variable in (("a", layer.lora_kernel_a), ("b", layer.lora_kernel_b)):
             value = arrays[f"{path}:{part}"]
             if tuple(value.shape) != tuple(variable.shape):
-                raise ValueError(
-                    f"load_lora_weights: {path}:{part} in {filepath!r} has shape {value.shape}; "
-                    f"the model's has {tuple(variable.shape)}."
+                raise CheckpointError(
+                    f"{path}:{part} in {filepath!r} has shape {value.shape}; the model's has {tuple(variable.shape)}.",
+                    caller="load_lora_weights",
                 )
             variable.assign(value)
 

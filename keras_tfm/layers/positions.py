@@ -12,6 +12,7 @@ import math
 import keras
 from keras import ops
 
+from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
 
 
@@ -62,10 +63,11 @@ class LearnedPositionEmbedding(keras.layers.Layer):
     def call(self, inputs, start_index=0):
         length = inputs.shape[1]
         if isinstance(length, int) and isinstance(start_index, int) and start_index + length > self.max_length:
-            raise ValueError(
-                f"LearnedPositionEmbedding: sequence length {length} starting at position "
+            raise InputError(
+                f"sequence length {length} starting at position "
                 f"{start_index} exceeds max_length={self.max_length}; received `inputs` of shape "
-                f"{tuple(inputs.shape)}."
+                f"{tuple(inputs.shape)}.",
+                caller="LearnedPositionEmbedding",
             )
         table = ops.cast(self.embeddings, self.compute_dtype)
         if isinstance(length, int):
@@ -115,7 +117,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def build(self, inputs_shape):
         if inputs_shape[-1] is not None and inputs_shape[-1] % 2:
-            raise ValueError(
+            raise InputError(
                 f"SinusoidalPositionEncoding needs an even hidden_dim; received `inputs` of shape "
                 f"{tuple(inputs_shape)}."
             )
@@ -164,7 +166,7 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
     def call(self, inputs, grid_shape: tuple[int, int] | None = None):
         dim = inputs.shape[-1]
         if dim is None or dim % 4:
-            raise ValueError(
+            raise InputError(
                 f"SinusoidalPositionEncoding2D needs hidden_dim divisible by 4; received `inputs` "
                 f"of shape {tuple(inputs.shape)}."
             )
@@ -172,18 +174,19 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
             rows, cols = ops.shape(inputs)[1], ops.shape(inputs)[2]
         elif len(inputs.shape) == 3:
             if grid_shape is None:
-                raise ValueError(
-                    "SinusoidalPositionEncoding2D: rank-3 `inputs` (batch, tokens, hidden_dim) need "
-                    "`grid_shape=(rows, cols)`."
+                raise InputError(
+                    "rank-3 `inputs` (batch, tokens, hidden_dim) need `grid_shape=(rows, cols)`.",
+                    caller="SinusoidalPositionEncoding2D",
                 )
             rows, cols = grid_shape
             if all(isinstance(n, int) for n in (rows, cols, inputs.shape[1])) and rows * cols != inputs.shape[1]:
-                raise ValueError(
-                    f"SinusoidalPositionEncoding2D: `grid_shape`={tuple(grid_shape)} has "
-                    f"{rows * cols} cells but `inputs` has {inputs.shape[1]} tokens."
+                raise InputError(
+                    f"`grid_shape`={tuple(grid_shape)} has "
+                    f"{rows * cols} cells but `inputs` has {inputs.shape[1]} tokens.",
+                    caller="SinusoidalPositionEncoding2D",
                 )
         else:
-            raise ValueError(
+            raise InputError(
                 f"SinusoidalPositionEncoding2D expects rank-3 or rank-4 `inputs`; received shape {tuple(inputs.shape)}."
             )
         half = dim // 2

@@ -121,18 +121,22 @@ class RotaryEmbedding(keras.layers.Layer):
         check_arguments("RotaryEmbedding", locals(), optional=("original_max_length", "attention_factor"))
         if scaling is not None and scaling not in SCALINGS:
             raise InputError(
-                f"RotaryEmbedding: scaling must be None or one of {list(SCALINGS)}; received {scaling!r}.", "scaling"
+                f"scaling must be None or one of {list(SCALINGS)}; received {scaling!r}.",
+                "scaling",
+                caller="RotaryEmbedding",
             )
         if scaling in ("llama3", "dynamic", "yarn") and original_max_length is None:
             raise InputError(
-                f"RotaryEmbedding: scaling={scaling!r} needs original_max_length (the trained context); received None.",
+                f"scaling={scaling!r} needs original_max_length (the trained context); received None.",
                 "original_max_length",
+                caller="RotaryEmbedding",
             )
         if scaling == "llama3" and not high_frequency_factor > low_frequency_factor:
             raise InputError(
-                f"RotaryEmbedding: high_frequency_factor must exceed low_frequency_factor; received "
+                f"high_frequency_factor must exceed low_frequency_factor; received "
                 f"{high_frequency_factor} and {low_frequency_factor}.",
                 "high_frequency_factor",
+                caller="RotaryEmbedding",
             )
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
@@ -150,9 +154,10 @@ class RotaryEmbedding(keras.layers.Layer):
     def rotary_dim(self, head_dim: int) -> int:
         dim = int(head_dim * self.rotary_fraction)
         if dim < 2 or dim % 2:
-            raise ValueError(
-                f"RotaryEmbedding: head_dim * rotary_fraction must be an even number >= 2; received head_dim="
-                f"{head_dim}, rotary_fraction={self.rotary_fraction} ({head_dim * self.rotary_fraction:g} features)."
+            raise InputError(
+                f"head_dim * rotary_fraction must be an even number >= 2; received head_dim="
+                f"{head_dim}, rotary_fraction={self.rotary_fraction} ({head_dim * self.rotary_fraction:g} features).",
+                caller="RotaryEmbedding",
             )
         return dim
 
@@ -208,9 +213,9 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         if len(inputs.shape) != 4:
-            raise ValueError(
-                f"RotaryEmbedding: `inputs` must have shape (batch, length, num_heads, head_dim); received shape "
-                f"{tuple(inputs.shape)}."
+            raise InputError(
+                f"`inputs` must have shape (batch, length, num_heads, head_dim); received shape {tuple(inputs.shape)}.",
+                caller="RotaryEmbedding",
             )
         return self.rotate(inputs, self.angles(ops.shape(inputs)[1], inputs.shape[-1], inputs.dtype, start_index))
 

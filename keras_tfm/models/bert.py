@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.model import Model
@@ -302,7 +303,7 @@ _HEADS = {"mlm": BertMLM, "classifier": BertClassifier, None: Bert}
 
 def _bert(defaults: dict, head: str | None, overrides: dict) -> keras.Model:
     if head not in _HEADS:
-        raise ValueError(f"BERT: head must be 'mlm', 'classifier' or None; received {head!r}.")
+        raise InputError(f"head must be 'mlm', 'classifier' or None; received {head!r}.", caller="BERT")
     return _HEADS[head](**{**defaults, **overrides})
 
 

@@ -168,9 +168,10 @@ class CausalLM(Model):
         check_return_sequences(owner, num_return_sequences, num_beams, temperature)
         if not isinstance(return_scores, bool) or (return_scores and num_beams > 1):
             raise InputError(
-                f"{owner}: `return_scores` must be True or False, and True only without beam search (num_beams=1), "
+                f"`return_scores` must be True or False, and True only without beam search (num_beams=1), "
                 f"which ranks whole sequences; received return_scores={return_scores!r} with num_beams={num_beams!r}.",
                 "return_scores",
+                caller=owner,
             )
         self._build_on_demand()  # weights must exist before the loop is traced
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -290,20 +291,23 @@ class CausalLM(Model):
         text = isinstance(token_ids, str)
         if not text and decoding.texts(token_ids) is not None:
             raise InputError(
-                f"{owner}: streams one prompt, a string or a list of ids; received {len(token_ids)} texts. "
+                f"streams one prompt, a string or a list of ids; received {len(token_ids)} texts. "
                 "Call `generate` for several prompts.",
                 "token_ids",
+                caller=owner,
             )
         prompt = self._encode_prompts(token_ids)[0] if text else token_ids
         if not is_integer(chunk_size) or chunk_size < 1:
-            raise InputError(f"{owner}: `chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size")
+            raise InputError(
+                f"`chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size", caller=owner
+            )
         check_decoding(owner, max_new_tokens=max_new_tokens, pad_token_id=0, vocabulary_size=self.vocabulary_size)
         controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         self._build_on_demand()
         buffer, prompt_mask, lengths = decoding.prepare_prompts(prompt, None, max_new_tokens, 0, self.vocabulary_size)
         if buffer.shape[0] != 1:
-            raise InputError(f"{owner}: streams one prompt; received {buffer.shape[0]}.", "token_ids")
+            raise InputError(f"streams one prompt; received {buffer.shape[0]}.", "token_ids", caller=owner)
         stops = self._stop_ids(stop_token_ids)
         total = buffer.shape[1]
         self._check_fits(owner, total, max_new_tokens)
@@ -387,18 +391,17 @@ class CausalLM(Model):
         returns the reply as a string.
         """
         owner = f"{type(self).__name__}.chat"
-        if not callable(getattr(self.tokenizer, "apply_chat_template", None)) or not getattr(
-            self.tokenizer, "chat_template", None
-        ):
+        if self.tokenizer is None or not self.tokenizer.chat_template:
             raise InputError(
-                f"{owner}: needs a tokenizer with a chat template (`model.tokenizer.chat_template`), as "
+                "needs a tokenizer with a chat template (`model.tokenizer.chat_template`), as "
                 "`from_huggingface` attaches for a checkpoint that has one; this model's tokenizer is "
                 f"{type(self.tokenizer).__name__ if self.tokenizer is not None else None} without one.",
                 "messages",
+                caller=owner,
             )
         for name in ("num_return_sequences", "padding_mask"):
             if name in generate_arguments:
-                raise InputError(f"{owner}: replies to one conversation; `{name}` is not taken.", name)
+                raise InputError(f"replies to one conversation; `{name}` is not taken.", name, caller=owner)
         # the tokenizer checks the messages (an InputError naming `messages`) and renders them
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         prompt = np.asarray(self.tokenizer.encode(text)).tolist()  # the template holds the special tokens
@@ -411,9 +414,10 @@ class CausalLM(Model):
         """Refuses prompts and new tokens longer together than `max_length`."""
         if total > self.max_length:
             raise InputError(
-                f"{owner}: prompt length {total - max_new_tokens} + max_new_tokens {max_new_tokens} exceeds "
+                f"prompt length {total - max_new_tokens} + max_new_tokens {max_new_tokens} exceeds "
                 f"max_length={self.max_length}.",
                 "max_new_tokens",
+                caller=owner,
             )
 
     def _encode_prompts(self, texts: str | list[str]) -> list[list[int]]:
@@ -423,8 +427,10 @@ class CausalLM(Model):
                 "(keras_tfm.data's tokenizers), load the model with `from_huggingface`, or give token ids.",
                 "token_ids",
             )
-        encode = getattr(self.tokenizer, "encode_prompt", self.tokenizer.encode)
-        prompts = [np.asarray(encode(text)).tolist() for text in ([texts] if isinstance(texts, str) else texts)]
+        prompts = [
+            np.asarray(self.tokenizer.encode_prompt(text)).tolist()
+            for text in ([texts] if isinstance(texts, str) else texts)
+        ]
         if not prompts or not all(prompts):
             raise InputError(
                 f"{type(self).__name__}.generate: every prompt needs at least one token; received "
@@ -434,7 +440,7 @@ class CausalLM(Model):
         return prompts
 
     def _decode_text(self, ids) -> str:
-        return getattr(self.tokenizer, "decode_text", self.tokenizer.decode)(ids)
+        return self.tokenizer.decode_text(ids)
 
 
 def _generated_end(row: np.ndarray, prompt_length: int, max_new_tokens: int, stop_token_ids) -> int:

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from keras_tfm.compat import BuildBeforeQuantizeCheck, concrete_values, in_symbolic_scope, sublayers
-from keras_tfm.errors import InputError
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers import lora
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
@@ -87,7 +87,7 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         """Refuses at construction a width the attention heads cannot split, which the blocks would
         only find when the weights are made (at the first call, possibly deep inside `fit`)."""
         if num_heads < 1 or hidden_dim % num_heads:
-            raise ValueError(
+            raise InputError(
                 f"{model}: hidden_dim must be a multiple of num_heads; received hidden_dim={hidden_dim}, "
                 f"num_heads={num_heads}."
             )
@@ -215,20 +215,25 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             limit, setting = spec
             if len(shape) != 2:
                 raise InputError(
-                    f"{type(self).__name__}: `{name}` must have shape (batch, length); received shape {shape}.", name
+                    f"`{name}` must have shape (batch, length); received shape {shape}.",
+                    name,
+                    caller=type(self).__name__,
                 )
             if shape[1] == 0 and setting != "length":
                 raise InputError(
-                    f"{type(self).__name__}: `{name}` must hold at least one id per row; received shape {shape}.", name
+                    f"`{name}` must hold at least one id per row; received shape {shape}.",
+                    name,
+                    caller=type(self).__name__,
                 )
             if shape[0] is not None:
                 batches[name] = shape[0]
             if len(set(batches.values())) > 1:
                 raise InputError(
-                    f"{type(self).__name__}: every input must have the same batch size; received "
+                    "every input must have the same batch size; received "
                     + ", ".join(f"`{key}` {size}" for key, size in batches.items())
                     + ".",
                     name,
+                    caller=type(self).__name__,
                 )
             if isinstance(limit, str):  # positions in another input's sequence
                 bound = _static_shape(given.get(limit))
@@ -239,7 +244,7 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             kind = None if in_symbolic_scope() else _dtype_name(value)
             if kind is not None and not kind.startswith(("int", "uint")):  # a cast would truncate 1.9 to 1
                 raise InputError(
-                    f"{type(self).__name__}: `{name}` must hold integer ids; received {kind} values.", name
+                    f"`{name}` must hold integer ids; received {kind} values.", name, caller=type(self).__name__
                 )
             ids = _numbers(value, "iu")
             if ids is None:
@@ -248,9 +253,10 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             if lowest < 0 or highest >= limit:
                 wrong = lowest if lowest < 0 else highest
                 raise InputError(
-                    f"{type(self).__name__}: `{name}` must hold {'positions' if setting == 'length' else 'ids'} in "
+                    f"`{name}` must hold {'positions' if setting == 'length' else 'ids'} in "
                     f"[0, {setting}={limit}); received {wrong}.",
                     name,
+                    caller=type(self).__name__,
                 )
 
     def _label_range(self) -> tuple[int, str] | None:
@@ -287,9 +293,10 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             outside = outside[outside != ignored]
         if outside.size:
             allowed = "" if ignored is None else f" (or ignore_class={ignored})"
-            raise ValueError(
-                f"{type(self).__name__}: labels (`y`) must be ids in [0, {setting}={limit}){allowed} "
-                f"for a sparse cross-entropy loss; received {outside.flat[0]}."
+            raise InputError(
+                f"labels (`y`) must be ids in [0, {setting}={limit}){allowed} "
+                f"for a sparse cross-entropy loss; received {outside.flat[0]}.",
+                caller=type(self).__name__,
             )
 
     def _check_not_empty(self, x, method: str) -> None:
@@ -298,7 +305,7 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         values = x.values() if isinstance(x, dict) else x if isinstance(x, tuple) else [x]  # tuple: (source, target)
         for value in values:
             if isinstance(value, (np.ndarray, list)) and len(value) == 0:
-                raise ValueError(
+                raise InputError(
                     f"{type(self).__name__}.{method}: `x` has no rows (an empty batch); give at least one."
                 )
 
@@ -360,13 +367,24 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
 
     @tokenizer.setter
     def tokenizer(self, tokenizer) -> None:
-        size, limit = getattr(tokenizer, "vocabulary_size", None), getattr(self, "vocabulary_size", None)
-        if isinstance(size, int) and isinstance(limit, int) and size > limit:
+        from keras_tfm.data.tokenizers import Tokenizer
+
+        if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
             raise InputError(
-                f"{type(self).__name__}: the tokenizer makes {size:,} ids, more than the model's "
+                f"expected a keras_tfm.data tokenizer (the `Tokenizer` protocol) or None; received a "
+                f"{type(tokenizer).__name__}.",
+                "tokenizer",
+                caller=type(self).__name__,
+            )
+        limit = getattr(self, "vocabulary_size", None)  # a translator's two tables: each side's tokenizer
+        size = tokenizer.vocabulary_size if tokenizer is not None else None
+        if isinstance(limit, int) and size is not None and size > limit:
+            raise InputError(
+                f"the tokenizer makes {size:,} ids, more than the model's "
                 f"vocabulary_size={limit:,}: its ids from {limit} on have no embedding. Give the tokenizer the "
                 "model was trained with, or a model with a larger `vocabulary_size`.",
                 "tokenizer",
+                caller=type(self).__name__,
             )
         self._tokenizer = tokenizer
 
@@ -433,7 +451,7 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         import h5py
 
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{type(self).__name__}.load_weights: there is no file {path!r}.")
+            raise CheckpointError(f"{type(self).__name__}.load_weights: there is no file {path!r}.")
         shapes = []
         try:
             with h5py.File(path, "r") as file:
@@ -445,13 +463,13 @@ class Model(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
                     )
                 )
         except (OSError, ValueError) as error:
-            raise ValueError(
+            raise InputError(
                 f"{type(self).__name__}.load_weights: {path!r} is damaged or not a Keras weights file ({error})."
             ) from None
         # LoRA pairs are not written by `save_weights` (the merged kernel is)
         expected = [tuple(weight.shape) for weight in self.weights if "lora_" not in weight.path]
         if sorted(shapes) != sorted(expected):
-            raise ValueError(
+            raise InputError(
                 f"{type(self).__name__}.load_weights: {path!r} holds the weights of another model: "
                 f"{len(shapes)} arrays of {sum(math.prod(s) for s in shapes):,} numbers, where this "
                 f"{type(self).__name__} has {len(expected)} of {sum(math.prod(s) for s in expected):,}."

@@ -104,12 +104,15 @@ class Translator(Model):
         super().__init__(**kwargs)
         target_vocabulary_size = target_vocabulary_size or source_vocabulary_size
         if share_embeddings and target_vocabulary_size != source_vocabulary_size:
-            raise ValueError(
-                "Translator: share_embeddings=True needs one vocabulary; received source_vocabulary_size="
-                f"{source_vocabulary_size}, target_vocabulary_size={target_vocabulary_size}."
+            raise InputError(
+                "share_embeddings=True needs one vocabulary; received source_vocabulary_size="
+                f"{source_vocabulary_size}, target_vocabulary_size={target_vocabulary_size}.",
+                caller="Translator",
             )
         if positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"Translator: positions must be 'sinusoidal' or 'learned'; received {positions!r}.")
+            raise InputError(
+                f"positions must be 'sinusoidal' or 'learned'; received {positions!r}.", caller="Translator"
+            )
         self.source_vocabulary_size = source_vocabulary_size
         self.target_vocabulary_size = target_vocabulary_size
         self.num_encoder_layers = num_encoder_layers
@@ -283,19 +286,22 @@ class Translator(Model):
             if ids.ndim == 1:  # one sentence, as `GPT.generate` takes one prompt
                 ids = ids[None]
             if ids.ndim != 2:
-                raise ValueError(
-                    f"Translator.translate: `source_ids` must be (batch, length), one sentence "
-                    f"(length,) or a list of lists; received shape {ids.shape}."
+                raise InputError(
+                    f"`source_ids` must be (batch, length), one sentence "
+                    f"(length,) or a list of lists; received shape {ids.shape}.",
+                    caller="Translator.translate",
                 )
         if ids.shape[0] == 0:
-            raise ValueError(
-                f"Translator.translate: `source_ids` must hold at least one source; received shape {ids.shape}."
+            raise InputError(
+                f"`source_ids` must hold at least one source; received shape {ids.shape}.",
+                caller="Translator.translate",
             )
         empty = np.flatnonzero(np.all(ids == self.pad_token_id, axis=1))
         if ids.shape[1] == 0 or empty.size:
-            raise ValueError(
-                f"Translator.translate: every source needs at least one token that is not "
-                f"pad_token_id={self.pad_token_id}; row {empty[0] if empty.size else 0} has none."
+            raise InputError(
+                f"every source needs at least one token that is not "
+                f"pad_token_id={self.pad_token_id}; row {empty[0] if empty.size else 0} has none.",
+                caller="Translator.translate",
             )
         return ids
 
@@ -336,8 +342,8 @@ class Translator(Model):
         source = self._prepare_source(source_ids)
         for name, length in (("source length", source.shape[1]), ("max_length + 1", max_length + 1)):
             if length > self.max_length:
-                raise ValueError(
-                    f"Translator.translate: {name} {length} exceeds the model's max_length={self.max_length}."
+                raise InputError(
+                    f"{name} {length} exceeds the model's max_length={self.max_length}.", caller="Translator.translate"
                 )
         start = [[self.start_token_id]] * source.shape[0]
         buffer, prompt_mask, lengths = decoding.prepare_prompts(
@@ -368,17 +374,20 @@ class Translator(Model):
         return translations[0] if isinstance(texts, str) else translations
 
     def _encode_sources(self, owner: str, texts) -> list[list[int]]:
-        encode = getattr(self.tokenizer, "encode_source", None)
-        if encode is None:
+        if self.tokenizer is None:
             raise InputError(
-                f"{owner}: text needs a tokenizer with both sides (`encode_source`, `decode_target`: a Marian "
-                f"checkpoint's, as `from_huggingface` attaches); `model.tokenizer` is "
-                f"{type(self.tokenizer).__name__ if self.tokenizer is not None else None}. Give token ids instead.",
+                "text needs a tokenizer with both sides (a Marian checkpoint's, as `from_huggingface` attaches, "
+                "or a `keras_tfm.data.TranslationTokenizer` of a source and a target tokenizer); "
+                "`model.tokenizer` is None. Give token ids instead.",
                 "source_ids",
+                caller=owner,
             )
-        sources = [np.asarray(encode(text)).tolist() for text in ([texts] if isinstance(texts, str) else texts)]
+        sources = [
+            np.asarray(self.tokenizer.encode_source(text)).tolist()
+            for text in ([texts] if isinstance(texts, str) else texts)
+        ]
         if not sources or not all(sources):
-            raise InputError(f"{owner}: every source needs at least one token; received {texts!r}.", "source_ids")
+            raise InputError(f"every source needs at least one token; received {texts!r}.", "source_ids", caller=owner)
         return sources
 
     def _translate_loop(self, beam_size: int, length_penalty: float, controls=NO_CONTROLS):

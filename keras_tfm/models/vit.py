@@ -10,6 +10,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, PatchEmbedding, SinusoidalPositionEncoding2D
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.positions import bicubic_resize_matrix
@@ -73,14 +74,15 @@ class ViT(Model):
         self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)
         if image_size % patch_size:
-            raise ValueError(
-                f"ViT: image_size must be a multiple of patch_size; received image_size={image_size}, "
-                f"patch_size={patch_size}."
+            raise InputError(
+                f"image_size must be a multiple of patch_size; received image_size={image_size}, "
+                f"patch_size={patch_size}.",
+                caller="ViT",
             )
         if pooling not in ("token", "mean"):
-            raise ValueError(f"ViT: pooling must be 'token' or 'mean'; received {pooling!r}.")
+            raise InputError(f"pooling must be 'token' or 'mean'; received {pooling!r}.", caller="ViT")
         if positions not in ("learned", "sinusoidal"):
-            raise ValueError(f"ViT: positions must be 'learned' or 'sinusoidal'; received {positions!r}.")
+            raise InputError(f"positions must be 'learned' or 'sinusoidal'; received {positions!r}.", caller="ViT")
         self.image_size = image_size
         self.patch_size = patch_size
         self.num_classes = num_classes
@@ -147,7 +149,7 @@ class ViT(Model):
     def _check_images(self, images) -> None:
         shape = tuple(images.shape)
         if len(shape) != 4 or (shape[-1] is not None and shape[-1] != self.num_channels):
-            raise ValueError(
+            raise InputError(
                 f"ViT expects `images` of shape (batch, height, width, {self.num_channels}); received shape {shape}."
             )
 
@@ -164,7 +166,9 @@ class ViT(Model):
         with the class token's first: the table resized bicubically, as for images of that size
         (`save_huggingface` writes it for a model fine-tuned at another size)."""
         if self.positions != "learned":
-            raise ValueError(f"ViT.position_table: the model has {self.positions} positions, not a learned table.")
+            raise InputError(
+                f"the model has {self.positions} positions, not a learned table.", caller="ViT.position_table"
+            )
         table = ops.cast(self.position_embedding.embeddings, dtype)
         grid = ops.reshape(table[1:], (self.grid_size, self.grid_size, self.hidden_dim))
         row_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, rows), dtype)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from keras_tfm.errors import InputError
+
 # WordPiece splits at every punctuation mark: "man's" comes back as "man ' s"; Moses writes "man 's".
 _SPLIT_CLITIC = re.compile(r"(?<=\w) ' (s|re|ve|ll|d|m|t)\b", re.IGNORECASE)
 
@@ -38,9 +40,9 @@ def bleu_scores(
     import sacrebleu
 
     if tokenized_references is not None and len(tokenized_references) != len(hypotheses):
-        raise ValueError(
-            f"tokenized_references: expected {len(hypotheses)} lines (one per hypothesis), "
-            f"received {len(tokenized_references)}."
+        raise InputError(
+            f"expected {len(hypotheses)} lines (one per hypothesis), received {len(tokenized_references)}.",
+            caller="tokenized_references",
         )
 
     def score(name: str, lines: list[str], reference_lines: list[str], **options) -> dict:

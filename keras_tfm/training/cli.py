@@ -335,8 +335,8 @@ def checkpoint_config(
             adapter, base_model_name = directory, adapters.base_model_name(directory)
             directory = checkpoint_directory(base_model_name)
         config = read_config(directory)
-    except (OSError, ValueError) as error:
-        raise DataError(str(error).removeprefix("from_huggingface: "), argument="from_huggingface") from None
+    except InputError as error:  # in the recipe's words: the flag names the checkpoint
+        raise DataError(error.message, argument="from_huggingface") from None
     model_types = (model_type,) if isinstance(model_type, str) else tuple(model_type)
     if config["model_type"] not in model_types:
         raise DataError(

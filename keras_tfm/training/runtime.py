@@ -533,7 +533,7 @@ def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, la
             written["peft_adapter"] = path
         except (OSError, ValueError) as error:
             log(f"No peft adapter written: {error}")
-    if huggingface or hasattr(tokenizer, "save_huggingface") or image_preprocessing:
+    if huggingface or (tokenizer is not None and tokenizer.writes_huggingface()) or image_preprocessing:
         from keras_tfm.convert import save_huggingface
 
         path = os.path.join(config.output_dir, "huggingface")
@@ -546,7 +546,7 @@ def _export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, la
                 image_preprocessing=image_preprocessing,
                 overwrite=True,  # the run's own directory: a run resumed after it finished writes it again
             )
-            if hasattr(tokenizer, "save_huggingface") and not huggingface:
+            if (tokenizer is not None and tokenizer.writes_huggingface()) and not huggingface:
                 tokenizer.save_huggingface(path)
         except (OSError, ValueError) as error:
             log(f"No Hugging Face checkpoint written: {error}")

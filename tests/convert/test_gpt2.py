@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.errors import CheckpointError
 from tests.checks import to_numpy
 
 torch = pytest.importorskip("torch")
@@ -120,25 +121,25 @@ def test_greedy_generate_matches_hugging_face(rng):
 def test_directory_errors(tmp_path):
     shard = "model-00001-of-00002.safetensors"
     steps = [  # (files written, or None to delete, before the call), the error, its message
-        ({}, FileNotFoundError, "no config.json"),
-        ({"config.json": "{not json"}, ValueError, "not valid JSON"),
+        ({}, CheckpointError, "no config.json"),
+        ({"config.json": "{not json"}, CheckpointError, "not valid JSON"),
         (
             {"config.json": '{"model_type": "gpt2"}'},
-            FileNotFoundError,
+            CheckpointError,
             "neither model.safetensors nor pytorch_model.bin",
         ),
-        ({"model.safetensors": "corrupt"}, ValueError, "cannot read"),
+        ({"model.safetensors": "corrupt"}, CheckpointError, "cannot read"),
         (
             {"model.safetensors": None, "model.safetensors.index.json": '{"metadata": {}}'},
-            ValueError,
+            CheckpointError,
             "has no 'weight_map'",
         ),
         (
             {"model.safetensors.index.json": f'{{"weight_map": {{"wte.weight": "{shard}"}}}}'},
-            FileNotFoundError,
+            CheckpointError,
             f"shard '{shard}', listed in .* is missing",
         ),
-        ({"config.json": '{"model_type": "gemma"}'}, ValueError, "unsupported model_type 'gemma'"),
+        ({"config.json": '{"model_type": "gemma"}'}, CheckpointError, "unsupported model_type 'gemma'"),
     ]
     for files, error, message in steps:
         for name, text in files.items():

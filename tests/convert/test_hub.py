@@ -9,6 +9,7 @@ import pytest
 
 import keras_tfm
 from keras_tfm.data import DataError
+from keras_tfm.errors import CheckpointError
 from keras_tfm.training import checkpoint_config
 from tests.checks import to_numpy
 from tests.convert.test_gpt2 import hf_gpt2  # the GPT-2 tests' small random model
@@ -70,15 +71,15 @@ def test_image_preprocessing_reads_a_hub_id(hub_cache):
 
 def test_ids_that_are_neither_cached_nor_directories_are_named(hub_cache, tmp_path):
     with pytest.raises(
-        FileNotFoundError,
+        CheckpointError,
         match="'tester/absent' is neither a local directory nor a Hugging Face "
         "Hub model found in the local cache or on the Hub",
     ):
         keras_tfm.from_huggingface("tester/absent")
-    with pytest.raises(FileNotFoundError, match=r"there is no directory .* \(nor is it a Hugging Face Hub model id\)"):
+    with pytest.raises(CheckpointError, match=r"there is no directory .* \(nor is it a Hugging Face Hub model id\)"):
         keras_tfm.from_huggingface(str(tmp_path / "absent"))  # a path, not an id: the Hub is not asked
     (tmp_path / "file.txt").write_text("x")
-    with pytest.raises(NotADirectoryError, match="is a file; expected a checkpoint directory or a Hugging Face Hub"):
+    with pytest.raises(CheckpointError, match="is a file; expected a checkpoint directory or a Hugging Face Hub"):
         keras_tfm.from_huggingface(str(tmp_path / "file.txt"))
 
 

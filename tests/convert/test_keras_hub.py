@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.errors import CheckpointError
 from tests.checks import to_numpy
 
 keras_hub = pytest.importorskip("keras_hub")
@@ -129,7 +130,7 @@ def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
     )
     with pytest.raises(ValueError, match="from_keras_hub: ViTBackbone checkpoints with use_mha_bias=False are not"):
         keras_tfm.from_keras_hub(no_bias)
-    with pytest.raises(FileNotFoundError, match="no config.json in directory .*; expected a keras-hub preset"):
+    with pytest.raises(CheckpointError, match="no config.json in directory .*; expected a keras-hub preset"):
         keras_tfm.from_keras_hub(tmp_path)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.errors import CheckpointError
 from tests.checks import to_numpy
 from tests.convert.test_bert import hf_bert, inputs
 from tests.convert.test_bert import run_hf as run_hf_bert
@@ -227,10 +228,10 @@ def test_adapter_errors_name_what_is_wrong(tmp_path):
         keras_tfm.from_huggingface(peft_model(hf, ["word_embeddings"]))
     with pytest.raises(ValueError, match="holds its adapter, and adapter="):
         keras_tfm.from_huggingface(peft_model(hf, ["query"]), adapter=adapter)
-    with pytest.raises(FileNotFoundError, match="no adapter_config.json"):
+    with pytest.raises(CheckpointError, match="no adapter_config.json"):
         keras_tfm.from_huggingface(str(tmp_path / "base"), adapter=str(tmp_path / "base"))
     os.remove(os.path.join(adapter, "adapter_model.safetensors"))
-    with pytest.raises(FileNotFoundError, match="neither adapter_model.safetensors nor adapter_model.bin"):
+    with pytest.raises(CheckpointError, match="neither adapter_model.safetensors nor adapter_model.bin"):
         keras_tfm.from_huggingface(adapter)
 
 

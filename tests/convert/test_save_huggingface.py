@@ -229,7 +229,7 @@ def test_quantized_models_and_other_models_are_refused(tmp_path):
     model.quantize("int8")  # unbuilt: it builds first, as for Keras' other methods that read weights
     with pytest.raises(ValueError, match="save_huggingface: 'gpt' is quantized \\(int8\\)"):
         save_huggingface(model, tmp_path)
-    with pytest.raises(TypeError, match="save_huggingface: expected a keras_tfm model .*; received a Sequential"):
+    with pytest.raises(InputError, match="save_huggingface: expected a keras_tfm model .*; received a Sequential"):
         save_huggingface(keras.Sequential([keras.layers.Dense(2)]), tmp_path)
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.errors import CheckpointError
 from keras_tfm.layers.lora import enable_lora
 from tests.checks import to_numpy
 
@@ -97,7 +98,7 @@ def test_saved_model_merges_the_pairs_and_lora_files_hold_only_them(tmp_path, rn
     (tmp_path / "broken.npz").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="is not a LoRA file written by save_lora_weights"):
         small_gpt().load_lora_weights(tmp_path / "broken.npz")
-    with pytest.raises(FileNotFoundError, match="no file"):
+    with pytest.raises(CheckpointError, match="no file"):
         small_gpt().load_lora_weights(tmp_path / "missing.npz")
     with pytest.raises(ValueError, match="must end in '.npz'"):
         model.save_lora_weights(tmp_path / "pairs.h5")

@@ -12,7 +12,7 @@ import pytest
 
 import keras_tfm
 from keras_tfm.data import CharacterTokenizer
-from keras_tfm.errors import InputError
+from keras_tfm.errors import CheckpointError, InputError
 from tests.checks import assert_close, to_numpy
 
 MODELS = {
@@ -455,7 +455,7 @@ def test_load_weights_refuses_another_model_and_a_damaged_file(tmp_path, name):
     damaged.write_bytes((tmp_path / "deeper.weights.h5").read_bytes()[:200])
     with pytest.raises(ValueError, match="damaged.weights.h5' is damaged or not a Keras weights file"):
         same.load_weights(str(damaged))
-    with pytest.raises(FileNotFoundError, match="there is no file '.*missing.weights.h5'"):
+    with pytest.raises(CheckpointError, match="there is no file '.*missing.weights.h5'"):
         same.load_weights(str(tmp_path / "missing.weights.h5"))
 
 
@@ -493,7 +493,7 @@ def test_load_model_names_a_damaged_or_missing_keras_file(tmp_path, rng):
         (tmp_path / f"{name}.keras").write_bytes(content)
         with pytest.raises(ValueError, match=rf"load_model: '.*{name}.keras' is damaged or not a .keras file"):
             keras_tfm.load_model(tmp_path / f"{name}.keras")
-    with pytest.raises(FileNotFoundError, match="load_model: there is no file '.*missing.keras'"):
+    with pytest.raises(CheckpointError, match="load_model: there is no file '.*missing.keras'"):
         keras_tfm.load_model(tmp_path / "missing.keras")
 
 

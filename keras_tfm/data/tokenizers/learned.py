@@ -1,0 +1,390 @@
+"""Tokenizers learned here, on a run's training text: characters (nanoGPT's), and keras-hub's WordPiece,
+byte-pair (GPT-2's byte-level BPE) and SentencePiece; the first three also read and write a Hugging Face
+checkpoint's files. `TranslationTokenizer` pairs two of them for a translator."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import numpy as np
+
+from keras_tfm.data.errors import DataError
+from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files
+
+WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
+
+
+def _rows(rows) -> list[np.ndarray]:
+    """keras-hub tokenizer output (a tf.RaggedTensor on TensorFlow, lists elsewhere) -> int32 arrays."""
+    rows = rows.to_list() if hasattr(rows, "to_list") else rows
+    return [np.asarray(row, "int32") for row in rows]
+
+
+def _text(value) -> str:
+    """keras-hub detokenizer output (a tensor, bytes or str) -> str."""
+    value = value.numpy() if hasattr(value, "numpy") else value
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class _KerasHubTokenizer(Tokenizer):
+    """Encoding and decoding through the keras-hub tokenizer a subclass keeps in `_tokenizer`."""
+
+    def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
+        return _rows(self._tokenizer(lines)) if lines else []
+
+    def encode(self, text: str) -> np.ndarray:
+        rows = self.encode_lines([line for line in text.splitlines() if line.strip()])
+        return np.concatenate(rows) if rows else np.zeros((0,), "int32")
+
+    def decode(self, ids) -> str:
+        return _text(self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1)))
+
+
+class CharacterTokenizer(Tokenizer):
+    """One id per distinct character of the training text, in sorted order (as nanoGPT)."""
+
+    kind = "char"
+
+    def __init__(self, vocabulary: list[str]):
+        self.vocabulary = list(vocabulary)
+        self._index = {character: i for i, character in enumerate(self.vocabulary)}
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None) -> CharacterTokenizer:
+        return cls(sorted(set(text)))
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def encode(self, text: str) -> np.ndarray:
+        unknown = set(text) - self._index.keys()
+        if unknown:  # characters only in validation text: drop them rather than invent ids
+            text = "".join(c for c in text if c in self._index)
+        return np.fromiter((self._index[c] for c in text), dtype="int32", count=len(text))
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocabulary[int(i)] for i in np.asarray(ids).reshape(-1))
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "vocabulary": self.vocabulary}, file)
+
+    def save_huggingface(self, directory: str) -> None:
+        """Writes the tokenizer as transformers' `PreTrainedTokenizerFast` reads it (`tokenizer.json`,
+        built with Hugging Face `tokenizers`), giving the same ids and text: characters outside the
+        vocabulary are dropped, every other one is a token, and decoding joins them unchanged. Beside
+        `keras_tfm.save_huggingface(model, directory)`, `transformers.pipeline("text-generation",
+        directory)` works on a character-level GPT."""
+        from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+        known = "".join(f"\\x{{{ord(character):x}}}" for character in self.vocabulary)  # Oniguruma's code points
+        # WordLevel needs an unknown token's name; none is reached, since the normalizer drops such characters
+        tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(self.vocabulary)}, unk_token="\x00unknown"))
+        tokenizer.normalizer = normalizers.Replace(Regex(f"[^{known}]"), "")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(f"[{known}]"), behavior="isolated")
+        tokenizer.decoder = decoders.Fuse()
+        os.makedirs(directory, exist_ok=True)
+        tokenizer.save(os.path.join(directory, "tokenizer.json"))
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}, file, indent=2
+            )
+
+
+class WordPieceTokenizer(_KerasHubTokenizer):
+    """keras-hub's `WordPieceTokenizer` over a vocabulary from `compute_word_piece_vocabulary`."""
+
+    kind = "wordpiece"
+
+    def __init__(self, vocabulary: list[str], lowercase: bool = True, strip_accents: bool = False):
+        import keras_hub
+
+        self.vocabulary = list(vocabulary)
+        self.lowercase = lowercase
+        self.strip_accents = strip_accents
+        self._tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
+            vocabulary=self.vocabulary,
+            lowercase=lowercase,
+            strip_accents=strip_accents,
+            oov_token="[UNK]",
+            dtype="int32",
+        )
+
+    @classmethod
+    def from_huggingface(cls, directory: str) -> WordPieceTokenizer:
+        """The tokenizer of a Hugging Face BERT checkpoint directory (or Hub model id, as in
+        `keras_tfm.convert.checkpoint_directory`): its `vocab.txt`, lowercased and with accents stripped
+        as its `tokenizer_config.json` says (`do_lower_case`, `strip_accents`; BERT's defaults: both
+        when lowercasing)."""
+        directory = checkpoint_files(directory)
+        vocabulary_path = os.path.join(directory, "vocab.txt")
+        if not os.path.isfile(vocabulary_path):
+            raise DataError(f"no vocab.txt (the WordPiece vocabulary) in {directory!r}.", argument="from_huggingface")
+        with open(vocabulary_path, encoding="utf-8") as file:
+            vocabulary = [line.rstrip("\n") for line in file]
+        config = {}
+        config_path = os.path.join(directory, "tokenizer_config.json")
+        if os.path.isfile(config_path):
+            try:
+                with open(config_path, encoding="utf-8") as file:
+                    config = json.load(file)
+            except ValueError as error:
+                raise DataError(f"{config_path!r} is not valid JSON ({error}).", argument="from_huggingface") from None
+        lowercase = config.get("do_lower_case", True)
+        strip_accents = config.get("strip_accents")
+        missing = [token for token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]") if token not in vocabulary]
+        if missing:
+            raise DataError(f"{vocabulary_path!r} lacks the special tokens {missing}.", argument="from_huggingface")
+        return cls(vocabulary, lowercase, lowercase if strip_accents is None else strip_accents)
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None, lowercase: bool = True) -> WordPieceTokenizer:
+        import keras_hub
+        import tensorflow as tf  # keras-hub's tokenizers run on tf.text
+
+        lines = [line for line in text.splitlines() if line.strip()]
+        vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
+            tf.data.Dataset.from_tensor_slices(lines).batch(1024),
+            vocabulary_size or 8192,
+            lowercase=lowercase,
+            reserved_tokens=WORDPIECE_RESERVED,
+        )
+        return cls(vocabulary, lowercase)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def token_id(self, token: str) -> int:
+        return self.vocabulary.index(token)
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(
+                {
+                    "kind": self.kind,
+                    "vocabulary": self.vocabulary,
+                    "lowercase": self.lowercase,
+                    "strip_accents": self.strip_accents,
+                },
+                file,
+            )
+
+    def save_huggingface(self, directory: str) -> None:
+        """Writes the tokenizer as Hugging Face's `BertTokenizer` reads it (`vocab.txt`,
+        `tokenizer_config.json`), giving the same ids: beside `keras_tfm.save_huggingface(model,
+        directory)`, `transformers.pipeline("fill-mask", directory)` works."""
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as file:
+            file.write("".join(token + "\n" for token in self.vocabulary))
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump(
+                {
+                    "tokenizer_class": "BertTokenizer",
+                    "do_lower_case": self.lowercase,
+                    "strip_accents": self.strip_accents,
+                },
+                file,
+                indent=2,
+            )
+
+
+class BytePairTokenizer(_KerasHubTokenizer):
+    """keras-hub's `BytePairTokenizer` (GPT-2's byte-level BPE: any text encodes, no unknown tokens).
+
+    keras-hub encodes but does not learn merges; `fit` learns them with Hugging Face `tokenizers`
+    (`ByteLevelBPETokenizer`, the same byte-level alphabet and pre-tokenization as GPT-2)."""
+
+    kind = "bpe"
+
+    def __init__(self, vocabulary: dict[str, int], merges: list[str]):
+        import keras_hub
+        from tokenizers import pre_tokenizers
+
+        from keras_tfm import compat
+
+        self.vocabulary, self.merges = dict(vocabulary), list(merges)
+        self._tokenizer = keras_hub.tokenizers.BytePairTokenizer(self.vocabulary, self.merges, dtype="int32")
+        # keras-hub encodes through Hugging Face `tokenizers` but splits words with Llama 3's pattern
+        # ("speak'st" -> "'", "st"), not GPT-2's ("'s", "t"). GPT-2's own pre-tokenizer gives the ids of
+        # Hugging Face's GPT2Tokenizer (tested). keras-hub's TensorFlow path splits as GPT-2 does too, but
+        # many times slower.
+        compat.set_pre_tokenizer(self._tokenizer, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None) -> BytePairTokenizer:
+        from tokenizers import ByteLevelBPETokenizer
+
+        learner = ByteLevelBPETokenizer()
+        learner.train_from_iterator(
+            text.splitlines(keepends=True), vocab_size=vocabulary_size or 8192, show_progress=False
+        )
+        state = json.loads(learner.to_str())["model"]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
+        return cls(state["vocab"], merges)
+
+    @classmethod
+    def from_huggingface(cls, directory: str) -> BytePairTokenizer:
+        """The tokenizer of a Hugging Face GPT-2 checkpoint directory (or Hub model id, as in
+        `keras_tfm.convert.checkpoint_directory`): its `vocab.json` and `merges.txt`."""
+        directory = checkpoint_files(directory)
+        paths = [os.path.join(directory, name) for name in ("vocab.json", "merges.txt")]
+        missing = [os.path.basename(path) for path in paths if not os.path.isfile(path)]
+        if missing:
+            raise DataError(
+                f"no {' or '.join(missing)} (GPT-2's byte-pair tokenizer) in {directory!r}.",
+                argument="from_huggingface",
+            )
+        try:
+            with open(paths[0], encoding="utf-8") as file:
+                vocabulary = json.load(file)
+            with open(paths[1], encoding="utf-8") as file:
+                merges = [line.rstrip("\n") for line in file if line.strip() and not line.startswith("#version")]
+        except ValueError as error:
+            raise DataError(
+                f"cannot read the tokenizer in {directory!r} ({error}).", argument="from_huggingface"
+            ) from None
+        if not isinstance(vocabulary, dict):
+            raise DataError(f"{paths[0]!r} must map tokens to ids.", argument="from_huggingface")
+        return cls(vocabulary, merges)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.vocabulary)
+
+    def encode(self, text: str) -> np.ndarray:
+        rows = self.encode_lines(text.splitlines(keepends=True))  # newlines are tokens too; lines keep inputs short
+        return np.concatenate(rows) if rows else np.zeros((0,), "int32")
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "vocabulary": self.vocabulary, "merges": self.merges}, file)
+
+    def save_huggingface(self, directory: str) -> None:
+        """Writes the tokenizer as Hugging Face's `GPT2Tokenizer` reads it (`vocab.json`,
+        `merges.txt`), giving the same ids line by line: beside `keras_tfm.save_huggingface(model,
+        directory)`, `transformers.pipeline("text-generation", directory)` works."""
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as file:
+            json.dump(self.vocabulary, file, ensure_ascii=False)
+        with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as file:
+            file.write("#version: 0.2\n" + "".join(merge + "\n" for merge in self.merges))
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as file:
+            json.dump({"tokenizer_class": "GPT2Tokenizer"}, file, indent=2)
+
+
+class SentencePieceTokenizer(_KerasHubTokenizer):
+    """keras-hub's `SentencePieceTokenizer` over a unigram model learned by the `sentencepiece` trainer.
+
+    The ids keras-hub's `compute_sentence_piece_proto` reserves: 0 padding, 1 unknown, 2 start
+    ([START], SentencePiece's `<s>`), 3 end ([END], `</s>`). The trainer is called directly so that
+    `vocabulary_size` is a maximum, as for WordPiece, rather than a size small texts cannot reach,
+    that every character of the training text keeps a piece (`character_coverage=1.0`, as
+    SentencePiece advises for alphabets; its default drops the rarest, such as German „), and that
+    its log stays out of the recipe's output. Characters never seen become [UNK]."""
+
+    kind = "sentencepiece"
+    SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 1, "[START]": 2, "[END]": 3}
+
+    def __init__(self, proto: bytes | str):
+        import keras_hub
+
+        self.proto = base64.b64decode(proto) if isinstance(proto, str) else bytes(proto)
+        self._tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(proto=self.proto, dtype="int32")
+
+    @classmethod
+    def fit(cls, text: str, vocabulary_size: int | None = None, lowercase: bool = False) -> SentencePieceTokenizer:
+        import io
+
+        import sentencepiece
+
+        lines = [line for line in text.splitlines() if line.strip()]
+        model = io.BytesIO()
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_writer=model,
+                vocab_size=vocabulary_size or 8000,
+                model_type="unigram",
+                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+                hard_vocab_limit=False,
+                character_coverage=1.0,
+                minloglevel=2,
+                pad_id=0,
+                unk_id=1,
+                bos_id=2,
+                eos_id=3,
+            )
+        except RuntimeError as error:  # e.g. fewer pieces allowed than the text has characters
+            raise DataError(
+                f"SentencePiece cannot train on this text with {vocabulary_size} pieces "
+                f"({str(error).strip().splitlines()[-1]}).",
+                argument="vocabulary_size",
+            ) from None
+        return cls(model.getvalue())
+
+    @property
+    def vocabulary_size(self) -> int:
+        return int(self._tokenizer.vocabulary_size())
+
+    def token_id(self, token: str) -> int:
+        return self.SPECIAL_IDS[token]
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({"kind": self.kind, "proto": base64.b64encode(self.proto).decode("ascii")}, file)
+
+
+class TranslationTokenizer(Tokenizer):
+    """A translator's two tokenizers as one, so that `Translator.translate` takes and returns text: the
+    source side's encodes sources, the target side's decodes translations (the translator recipe's
+    WordPiece or SentencePiece per language; it attaches this to the model it trains).
+
+    Args:
+        source, target: tokenizers of `keras_tfm.data` (or their saved states, as `load_tokenizer` gives).
+        pad_token_id: the padding id, left out of the decoded text.
+    """
+
+    kind = "translation"
+
+    def __init__(self, source, target, pad_token_id: int = 0):
+        from keras_tfm.data.tokenizers.storage import tokenizer_from_state
+
+        self.source, self.target = (
+            tokenizer_from_state(side) if isinstance(side, dict) else side for side in (source, target)
+        )
+        self.pad_token_id = pad_token_id
+
+    @property
+    def vocabulary_size(self) -> int:
+        return self.source.vocabulary_size
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.encode_source(text)
+
+    def decode(self, ids) -> str:
+        return self.decode_target(ids)
+
+    def encode_source(self, text: str) -> np.ndarray:
+        return np.asarray(self.source.encode(text), "int32")
+
+    def decode_target(self, ids) -> str:
+        ids = [int(i) for i in np.asarray(ids).reshape(-1) if int(i) != self.pad_token_id]
+        return self.target.decode(ids) if ids else ""
+
+    def save(self, path: str) -> None:
+        from keras_tfm.data.tokenizers.storage import tokenizer_state
+
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(
+                {
+                    "kind": self.kind,
+                    "source": tokenizer_state(self.source),
+                    "target": tokenizer_state(self.target),
+                    "pad_token_id": self.pad_token_id,
+                },
+                file,
+            )
