@@ -75,7 +75,7 @@ def check(directory: str, out: str) -> None:
     )
     assert isinstance(reply, str)
 
-    command = [sys.executable, "-m", "keras_tfm.generate", directory, PROMPT, "--max-new-tokens", "8"]
+    command = [sys.executable, "-m", "keras_tfm", "generate", directory, PROMPT, "--max-new-tokens", "8"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout == text + "\n", done.stdout + done.stderr[-2000:]
 
@@ -120,7 +120,7 @@ def check(directory: str, out: str) -> None:
     assert json.load(open(os.path.join(out, "run", "metrics.json")))["steps"] == 4
     print(
         f"{backend}: import keras_tfm {seconds:.1f} s (no other framework imported); from_huggingface, generate, "
-        "stream, chat, python -m keras_tfm.generate, save_huggingface and the GPT recipe ran"
+        "stream, chat, python -m keras_tfm generate, save_huggingface and the GPT recipe ran"
     )
 
 

@@ -37,7 +37,7 @@ def keras_tfm_worker(config: dict, gpu: bool) -> dict:
 
     import keras_tfm
     from keras_tfm.training import TrainingConfig
-    from keras_tfm.training.runtime import precision
+    from keras_tfm.training.fitting import precision
 
     keras.config.set_dtype_policy(precision(TrainingConfig(output_dir=".")))  # the recipes' default here
     model = keras_tfm.GPT(

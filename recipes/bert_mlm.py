@@ -119,17 +119,17 @@ def main() -> None:
 
     # read now, so that a bad --finetune is refused before pretraining, not after it
     labelled = load_labelled_text(args.finetune, "finetune") if args.finetune else None
-    text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
+    text = load_text(args.data, args.dataset, args.data_dir, log=training.log)
     validation_text = read_text(args.validation_data, "validation_data") if args.validation_data else text.validation
     tokenizer = load_or_fit_tokenizer(
-        "wordpiece", text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log, save=False
+        "wordpiece", text.train, args.output_dir, args.vocabulary_size, log=training.log, save=False
     )
     pad, cls, sep, mask = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
     length = args.sequence_length
 
     train_sequences = pack_sequences(tokenizer.encode(text.train), length, cls, sep)
     validation_sequences = pack_sequences(tokenizer.encode(validation_text), length, cls, sep, "validation")
-    training.runtime.log(
+    training.log(
         f"Sequences: {len(train_sequences):,} for training, {len(validation_sequences):,} held out, "
         f"{length} tokens each."
     )
@@ -246,7 +246,7 @@ def finetune(args, config, tokenizer, special, make_classifier, labelled=None, h
     order = np.random.default_rng(args.seed).permutation(len(texts))
     cut = int(0.9 * len(texts))
     train_rows, test_rows = order[:cut], order[cut:]
-    training.runtime.log(
+    training.log(
         f"Fine-tuning data: {args.finetune!r}: {len(train_rows)} training and {len(test_rows)} "
         f"test texts, classes {class_names}."
     )

@@ -114,13 +114,13 @@ def main() -> None:
     from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text, save_tokenizer
 
     if args.token_shards:
-        tokenizer, train_ids, validation_ids, source = prepare_shards(args, tokenizer, training.runtime.log)
+        tokenizer, train_ids, validation_ids, source = prepare_shards(args, tokenizer, training.log)
     else:
-        text = load_text(args.data, args.dataset, args.data_dir, log=training.runtime.log)
+        text = load_text(args.data, args.dataset, args.data_dir, log=training.log)
         source = text.source
         if not checkpoint:
             tokenizer = load_or_fit_tokenizer(
-                args.tokenizer, text.train, args.output_dir, args.vocabulary_size, log=training.runtime.log, save=False
+                args.tokenizer, text.train, args.output_dir, args.vocabulary_size, log=training.log, save=False
             )
         train_ids, validation_ids = tokenizer.encode(text.train), tokenizer.encode(text.validation)
     if checkpoint:

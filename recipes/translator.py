@@ -82,6 +82,7 @@ def main() -> None:
     import keras
 
     from keras_tfm import TokenCrossEntropy
+    from keras_tfm import metrics as bleu
     from keras_tfm.data import (
         DataError,
         EpochBatches,
@@ -91,7 +92,6 @@ def main() -> None:
         save_tokenizer,
     )
     from keras_tfm.data.text import read_text
-    from keras_tfm.training import bleu
 
     data = load_parallel(
         args.data,
@@ -100,7 +100,7 @@ def main() -> None:
         args.source_language,
         args.target_language,
         args.swap,
-        log=training.runtime.log,
+        log=training.log,
     )
     if not data.train or not data.test:
         raise DataError("the training or test split is empty.", argument="data")
@@ -110,7 +110,7 @@ def main() -> None:
             "\n".join(p[side] for p in data.train),
             args.output_dir,
             args.vocabulary_size,
-            log=training.runtime.log,
+            log=training.log,
             name=f"tokenizer_{name}",
             save=False,
             lowercase=lowercase,

@@ -104,7 +104,7 @@ def main() -> None:
         load_images,
     )
 
-    data = load_images(args.data, args.dataset, args.data_dir, log=training.runtime.log, image_size=args.image_size)
+    data = load_images(args.data, args.dataset, args.data_dir, log=training.log, image_size=args.image_size)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
     num_classes = len(data.class_names)
     if checkpoint and train_x.shape[-1] == 1 and processor["num_channels"] == 3:
@@ -125,7 +125,7 @@ def main() -> None:
         raise DataError(f"must divide `image_size` {model_size}; got {patch_size}.", argument="patch_size")
     resizing = [keras.layers.Resizing(image_size, image_size)] if (height, width) != (image_size, image_size) else []
     preprocess = [*resizing, *scaling]
-    training.runtime.log(
+    training.log(
         f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through "
         + ", ".join(layer.name for layer in preprocess)
     )

@@ -30,8 +30,8 @@ from keras_tfm.convert.files import read_checkpoint, read_json, read_weight_file
 from keras_tfm.convert.registry import convert_checkpoint
 from keras_tfm.convert.weights import WeightReader
 from keras_tfm.errors import CheckpointError, InputError
-from keras_tfm.layers import lora
 from keras_tfm.layers.quantization import _named_sublayers
+from keras_tfm.models import lora
 
 PREFIX = "base_model.model."  # what peft puts before the base model's module names
 

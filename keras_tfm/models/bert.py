@@ -15,7 +15,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
-from keras_tfm.models.model import Model
+from keras_tfm.models.base import ZooModel
 
 _ENCODER_ARGUMENTS = (
     "vocabulary_size",
@@ -34,7 +34,7 @@ _ENCODER_ARGUMENTS = (
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class Bert(Model):
+class Bert(ZooModel):
     """The BERT encoder: `model(token_ids)` gives one vector per token.
 
     Args:
@@ -149,7 +149,7 @@ class Bert(Model):
         }
 
 
-class _BertWithHead(Model):
+class _BertWithHead(ZooModel):
     """Shared by the task models: an encoder built from the same arguments as `Bert`."""
 
     def __init__(self, default_name: str, **kwargs):

@@ -15,10 +15,10 @@ from keras_tfm.generation import compiled, decoding
 from keras_tfm.generation.beam_search import beam_decode
 from keras_tfm.generation.sampling import Sampler, check_decoding, check_return_sequences, logits_controls
 from keras_tfm.layers.arguments import is_integer
-from keras_tfm.models.model import Model
+from keras_tfm.models.base import ZooModel
 
 
-class CausalLM(Model):
+class CausalLM(ZooModel):
     """A decoder-only language model: `model(token_ids)` gives next-token logits at every position,
     and `generate` continues prompts with a key/value cache (see `GPT` and `DecoderLM`)."""
 

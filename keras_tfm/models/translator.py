@@ -30,11 +30,11 @@ from keras_tfm.layers import (
     TokenEmbedding,
 )
 from keras_tfm.layers.arguments import check_arguments
-from keras_tfm.models.model import Model
+from keras_tfm.models.base import ZooModel
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class Translator(Model):
+class Translator(ZooModel):
     """An encoder-decoder Transformer: `model({"source_ids": s, "target_ids": t})` gives the logits of
     each next target token, `(batch, target_length, target_vocabulary_size)`.
 

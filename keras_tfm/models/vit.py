@@ -14,11 +14,11 @@ from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, PatchEmbedding, SinusoidalPositionEncoding2D
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.positions import bicubic_resize_matrix
-from keras_tfm.models.model import Model
+from keras_tfm.models.base import ZooModel
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class ViT(Model):
+class ViT(ZooModel):
     """Vision transformer (Dosovitskiy et al. 2021) classifier or feature extractor.
 
     Args:

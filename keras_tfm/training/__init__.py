@@ -24,7 +24,9 @@ from keras_tfm.training.distribute import (
     is_writer,
     layout_map,
     local_rows,
+    log,
     processes,
     use_cpu_devices,
 )
-from keras_tfm.training.runtime import TrainResult, make_optimizer, plan_steps, setup, train
+from keras_tfm.training.fitting import make_optimizer, plan_steps, setup
+from keras_tfm.training.runtime import TrainResult, train

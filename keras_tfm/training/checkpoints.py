@@ -8,7 +8,7 @@ model's weight shapes: resuming another model (other settings, the same director
 damaged checkpoint, with a `CheckpointError` that says what to do.
 
 A LoRA model's checkpoint is two files: its weights with the frozen kernels (not the merged ones
-Keras would write, nor the zeroed pairs it would load) and its LoRA pairs (`keras_tfm.layers.lora`).
+Keras would write, nor the zeroed pairs it would load) and its LoRA pairs (`keras_tfm.models.lora`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import threading
 import keras
 
 from keras_tfm.errors import CheckpointError
-from keras_tfm.layers import lora
+from keras_tfm.models import lora
 from keras_tfm.training.distribute import alone
 
 

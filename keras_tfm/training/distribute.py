@@ -76,6 +76,12 @@ def alone():
         keras.distribution.set_distribution(previous)
 
 
+def log(message: str) -> None:
+    """Prints `message` from process 0 (the only one, unless the run has several)."""
+    if is_writer():
+        print(message, flush=True)
+
+
 def local_rows(batch_size: int) -> slice:
     """This process's rows of a global batch of `batch_size` rows (all of them with one process)."""
     share = batch_size // _processes.count

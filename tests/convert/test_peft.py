@@ -248,7 +248,7 @@ def as_if_trained(model, rng, head=None) -> None:
 
 
 def model_lora_layers(model):
-    from keras_tfm.layers.lora import lora_layers
+    from keras_tfm.models.lora import lora_layers
 
     return list(lora_layers(model).values())
 

@@ -128,7 +128,7 @@ def test_transformers_loads_every_weight_and_computes_the_same_outputs(tmp_path,
 def test_a_lora_model_is_written_with_its_pairs_merged(tmp_path, rng):
     model = MODELS["gpt"]()
     model.enable_lora(rank=2)
-    for layer in keras_tfm.layers.lora.lora_layers(model).values():
+    for layer in keras_tfm.models.lora.lora_layers(model).values():
         layer.lora_kernel_b.assign(rng.normal(0.0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
     save_huggingface(model, tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()

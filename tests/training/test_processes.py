@@ -311,7 +311,7 @@ def test_gpt_recipe_trains_from_token_shards_as_from_text(tmp_path):
 
 def test_auto_precision_is_float32_without_an_accelerator(tmp_path):
     from keras_tfm.training import TrainingConfig
-    from keras_tfm.training.runtime import precision
+    from keras_tfm.training.fitting import precision
 
     assert precision(TrainingConfig(output_dir=str(tmp_path))) == "float32"  # this machine has no GPU
     assert precision(TrainingConfig(output_dir=str(tmp_path), precision="mixed_float16")) == "mixed_float16"

@@ -523,7 +523,7 @@ def test_lora_flags_need_pretrained_weights(tmp_path):
 def test_lora_reaches_the_model_inside_a_recipe_wrapper():
     """The ViT recipe puts preprocessing layers before the model; --lora-rank goes to the model inside."""
     import keras_tfm
-    from keras_tfm.training.runtime import _zoo_model
+    from keras_tfm.training.recording import zoo_model as _zoo_model
 
     vit = keras_tfm.vit_tiny(num_classes=3, image_size=16, patch_size=8, num_layers=1)
     wrapper = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Resizing(16, 16), vit])

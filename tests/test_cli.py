@@ -1,4 +1,4 @@
-"""`python -m keras_tfm.generate`: a prompt continued from the shell, streamed."""
+"""`python -m keras_tfm generate`: a prompt continued from the shell, streamed."""
 
 import contextlib
 import io
@@ -11,7 +11,7 @@ import time
 import pytest
 
 import keras_tfm
-from keras_tfm import generate
+from keras_tfm.cli import generate
 from keras_tfm.data import CharacterTokenizer
 
 
@@ -51,7 +51,7 @@ def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path):
     )
     model.tokenizer = tokenizer
     model.save(tmp_path / "lm.keras")
-    command = [sys.executable, "-m", "keras_tfm.generate", str(tmp_path / "lm.keras"), "hello"]
+    command = [sys.executable, "-m", "keras_tfm", "generate", str(tmp_path / "lm.keras"), "hello"]
     command += ["--max-new-tokens", "4000", "--chunk-size", "1"]
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)

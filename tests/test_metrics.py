@@ -3,12 +3,12 @@ import os
 
 import pytest
 
-from keras_tfm.training import bleu
+from keras_tfm import metrics as bleu
 
 pytestmark = pytest.mark.backend_independent  # sacreBLEU and sacremoses on strings
 
 MULTI30K = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data", "multi30k", "task1"
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k", "task1"
 )
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import keras_tfm
 from keras_tfm.errors import CheckpointError
-from keras_tfm.layers.lora import enable_lora
+from keras_tfm.models.lora import enable_lora
 from tests.checks import to_numpy
 
 SMALL_GPT = dict(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_length=16)

@@ -1,6 +1,6 @@
 """Continue a prompt from the shell, streaming the text as it is made.
 
-    python -m keras_tfm.generate CHECKPOINT "Once upon a time" [--max-new-tokens 50] [--temperature 0.8]
+    python -m keras_tfm generate CHECKPOINT "Once upon a time" [--max-new-tokens 50] [--temperature 0.8]
 
 CHECKPOINT: a Hugging Face checkpoint directory or Hub model id (`keras_tfm.from_huggingface`, with its
 tokenizer), or a `.keras` file saved with a tokenizer (a recipe's, or any model with `model.tokenizer` set).
@@ -9,6 +9,7 @@ tokenizer), or a `.keras` file saved with a tokenizer (a recipe's, or any model 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from keras_tfm.errors import InputError
@@ -16,7 +17,7 @@ from keras_tfm.errors import InputError
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m keras_tfm.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m keras_tfm generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("checkpoint", help="a Hugging Face directory or Hub id, or a .keras file")
     parser.add_argument("prompt", help="the text to continue")
@@ -37,6 +38,13 @@ def load(checkpoint: str):
     if checkpoint.endswith(".keras"):
         return keras_tfm.load_model(checkpoint)
     return keras_tfm.from_huggingface(checkpoint)
+
+
+# the library's arguments as this command's flags and words
+FLAGS = {name: "--" + name.replace("_", "-") for name in ("max_new_tokens", "chunk_size", "temperature", "top_k")}
+FLAGS.update(
+    {name: "--" + name.replace("_", "-") for name in ("top_p", "repetition_penalty", "seed")}, token_ids="prompt"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,15 +71,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         print("\ninterrupted (Ctrl-C).", file=sys.stderr)
         return 130
-    except (ValueError, OSError) as error:
-        message = str(error).replace("token_ids: ", "prompt: ", 1)
-        for name in ("max_new_tokens", "chunk_size", "temperature", "top_k", "top_p", "repetition_penalty"):
-            message = message.replace(f"`{name}`", "--" + name.replace("_", "-"))
-            if message.startswith(f"{name}: "):
-                message = "--" + name.replace("_", "-") + message[len(name) :]
-        print(f"\nerror: {message}", file=sys.stderr)
+    except InputError as error:
+        print(f"\nerror: {in_flags(error)}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as error:  # Keras' own, reading a file that is not a model
+        print(f"\nerror: {args.checkpoint}: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def in_flags(error: InputError) -> str:
+    """The error in this command's words: the library's arguments as its flags."""
+    message = re.sub(r"`([a-z_]+)`", lambda match: FLAGS.get(match[1], match[0]), error.message)
+    where = FLAGS.get(error.argument, error.argument)
+    return f"{where}: {message}" if where else message
 
 
 if __name__ == "__main__":

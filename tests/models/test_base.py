@@ -1,4 +1,4 @@
-"""Every model of the zoo builds on demand where Keras reads its weights (`keras_tfm.models.model.Model`)."""
+"""Every model of the zoo builds on demand where Keras reads its weights (`keras_tfm.models.base.ZooModel`)."""
 
 import gc
 import io
@@ -393,7 +393,7 @@ def test_the_config_holds_every_constructor_argument(name):
 
     model = MODELS[name][0]()
     config = model.get_config()
-    for klass in type(model).__mro__[: type(model).__mro__.index(keras_tfm.models.model.Model)]:
+    for klass in type(model).__mro__[: type(model).__mro__.index(keras_tfm.models.base.ZooModel)]:
         for parameter in inspect.signature(klass.__init__).parameters.values():
             if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
                 assert parameter.name in config or parameter.name in ("self", "default_name"), parameter.name
