@@ -40,13 +40,75 @@ import numpy as np
 
 
 def main() -> None:
-    from keras_tfm import training
+    import keras
+
+    from keras_tfm import TokenCrossEntropy, training
+    from keras_tfm.data import load_labelled_text, save_tokenizer
+
+    sizes = model_sizes()
+    args = flags(sizes).parse_args()
+    if args.from_huggingface:
+        finetune_checkpoint(args)
+        return
+    check_flags(args)
+    config = training.training_config(args)
+    training.setup(config)
+    # read now, so that a bad --finetune is refused before pretraining, not after it
+    labelled = load_labelled_text(args.finetune, "finetune") if args.finetune else None
+    tokenizer, special, train_batch, steps_per_pass, validation, source = masked_text(args)
+
+    def evaluate(model) -> dict:
+        x, y, weights = validation
+        loss = model.evaluate(x, y, sample_weight=weights, batch_size=args.batch_size, verbose=0, return_dict=True)
+        return {
+            "validation_perplexity": math.exp(loss["loss"]),
+            "vocabulary_size": tokenizer.vocabulary_size,
+            "masked_tokens_evaluated": int(weights.sum()),
+            "data": source,
+        }
+
+    encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=args.max_length or args.sequence_length)
+    training.build_model(sizes, args, **encoder_config)  # refused now, before anything lasting is written
+    save_tokenizer(tokenizer, args.output_dir)
+    result = training.train(
+        dataclasses.replace(config, lora_rank=None, lora_alpha=None),  # --lora-rank is for the --finetune stage
+        build_model=lambda: training.build_model(sizes, args, **encoder_config),
+        train_batch=train_batch,
+        steps_per_pass=steps_per_pass,
+        validation_data=validation,
+        loss=TokenCrossEntropy(reduction="mean_with_sample_weight"),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
+        evaluate=evaluate,
+        tokenizer=tokenizer,
+        # the fine-tuning stage's flags do not change pretraining, which a first run may do alone
+        settings=training.recipe_settings(args, ignore=FINETUNING_FLAGS),
+    )
+    print(
+        f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
+        f"perplexity {result.metrics['validation_perplexity']:.2f}"
+    )
+    if args.finetune:
+
+        def pretrained_classifier(num_classes: int):
+            classifier = training.build_model(sizes, args, head="classifier", num_classes=num_classes, **encoder_config)
+            classifier.build()
+            classifier.encoder.set_weights(result.model.encoder.get_weights())
+            return classifier
+
+        finetune(args, config, tokenizer, special, pretrained_classifier, labelled)
+
+
+def model_sizes() -> dict:
     from keras_tfm.models import bert
 
-    sizes = {
-        name: getattr(bert, name)
-        for name in ("bert_tiny", "bert_mini", "bert_small", "bert_medium", "bert_base", "bert_large")
-    }
+    names = ("bert_tiny", "bert_mini", "bert_small", "bert_medium", "bert_base", "bert_large")
+    return {name: getattr(bert, name) for name in names}
+
+
+def flags(sizes: dict):
+    """The shared runtime's flags and this recipe's."""
+    from keras_tfm import training
+
     parser = training.recipe_parser(__doc__, sizes, "bert_mini", "runs/bert_mlm")
     parser.set_defaults(batch_size=16, learning_rate=5e-4, weight_decay=0.01, epochs=5)
     recipe = parser.add_argument_group("masked language model")
@@ -84,10 +146,13 @@ def main() -> None:
         metavar="DIR",
         help="skip pretraining: fine-tune this Hugging Face BERT checkpoint directory or Hub model id, or a peft LoRA adapter on one (see above)",
     )
-    args = parser.parse_args()
-    if args.from_huggingface:
-        finetune_checkpoint(args)
-        return
+    return parser
+
+
+def check_flags(args) -> None:
+    """Refuses flags that cannot go together, before anything is read."""
+    from keras_tfm import training
+
     if args.lora_rank and not args.finetune:
         raise training.InputError(
             "LoRA fine-tunes pretrained weights: give --finetune PATH (the classifier stage after "
@@ -100,25 +165,17 @@ def main() -> None:
             f"got {args.max_length}.",
             argument="max_length",
         )
-    config = training.training_config(args)
-    training.setup(config)
 
-    import keras
 
-    from keras_tfm import TokenCrossEntropy
-    from keras_tfm.data import (
-        EpochBatches,
-        load_labelled_text,
-        load_or_fit_tokenizer,
-        load_text,
-        read_text,
-        save_tokenizer,
-    )
+def masked_text(args) -> tuple:
+    """(the WordPiece tokenizer, its (pad, cls, sep) ids, `train_batch`, steps per pass, the masked
+    validation batch, the data's source): the text packed into sequences of `sequence_length`,
+    masked anew for every batch."""
+    from keras_tfm import training
+    from keras_tfm.data import EpochBatches, load_or_fit_tokenizer, load_text, read_text
     from keras_tfm.data.masking import DynamicMasker, pack_sequences
     from keras_tfm.data.tokenizers import WORDPIECE_RESERVED
 
-    # read now, so that a bad --finetune is refused before pretraining, not after it
-    labelled = load_labelled_text(args.finetune, "finetune") if args.finetune else None
     text = load_text(args.data, args.dataset, args.data_dir, log=training.log)
     validation_text = read_text(args.validation_data, "validation_data") if args.validation_data else text.validation
     tokenizer = load_or_fit_tokenizer(
@@ -126,7 +183,6 @@ def main() -> None:
     )
     pad, cls, sep, mask = (WORDPIECE_RESERVED.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
     length = args.sequence_length
-
     train_sequences = pack_sequences(tokenizer.encode(text.train), length, cls, sep)
     validation_sequences = pack_sequences(tokenizer.encode(validation_text), length, cls, sep, "validation")
     training.log(
@@ -134,59 +190,14 @@ def main() -> None:
         f"{length} tokens each."
     )
     masked = DynamicMasker(tokenizer.vocabulary_size, mask, [pad, cls, sep], pad, args.mask_rate, args.mask_positions)
-
     rows = EpochBatches(len(train_sequences), args.batch_size, args.seed)
 
     def train_batch(epoch: int, step: int):
         return masked(train_sequences[rows(epoch, step)], [args.seed, epoch, step])
 
     validation = masked(validation_sequences, [args.seed, 1 << 20])
-
-    def evaluate(model) -> dict:
-        loss = model.evaluate(
-            validation[0],
-            validation[1],
-            sample_weight=validation[2],
-            batch_size=args.batch_size,
-            verbose=0,
-            return_dict=True,
-        )["loss"]
-        return {
-            "validation_perplexity": math.exp(loss),
-            "vocabulary_size": tokenizer.vocabulary_size,
-            "masked_tokens_evaluated": int(validation[2].sum()),
-            "data": text.source,
-        }
-
-    encoder_config = dict(vocabulary_size=tokenizer.vocabulary_size, max_length=args.max_length or length)
-    training.build_model(sizes, args, **encoder_config)  # refused now, before anything lasting is written
-    save_tokenizer(tokenizer, args.output_dir)
-    result = training.train(
-        dataclasses.replace(config, lora_rank=None, lora_alpha=None),  # --lora-rank is for the --finetune stage
-        build_model=lambda: training.build_model(sizes, args, **encoder_config),
-        train_batch=train_batch,
-        steps_per_pass=len(train_sequences) // args.batch_size,
-        validation_data=validation,
-        loss=TokenCrossEntropy(reduction="mean_with_sample_weight"),
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="masked_accuracy")],
-        evaluate=evaluate,
-        tokenizer=tokenizer,
-        # the fine-tuning stage's flags do not change pretraining, which a first run may do alone
-        settings=training.recipe_settings(args, ignore=FINETUNING_FLAGS),
-    )
-    print(
-        f"held-out masked-token accuracy {result.metrics['validation_masked_accuracy']:.4f}, "
-        f"perplexity {result.metrics['validation_perplexity']:.2f}"
-    )
-    if args.finetune:
-
-        def pretrained_classifier(num_classes: int):
-            classifier = training.build_model(sizes, args, head="classifier", num_classes=num_classes, **encoder_config)
-            classifier.build()
-            classifier.encoder.set_weights(result.model.encoder.get_weights())
-            return classifier
-
-        finetune(args, config, tokenizer, (pad, cls, sep), pretrained_classifier, labelled)
+    steps_per_pass = len(train_sequences) // args.batch_size
+    return tokenizer, (pad, cls, sep), train_batch, steps_per_pass, validation, text.source
 
 
 FINETUNING_FLAGS = ("finetune", "finetune_epochs", "finetune_learning_rate", "lora_rank", "lora_alpha")

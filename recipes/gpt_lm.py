@@ -35,14 +35,70 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
-
 
 def main() -> None:
-    from keras_tfm import training
+    from keras_tfm import TokenCrossEntropy, convert, training
+
+    sizes = model_sizes()
+    args = flags(sizes).parse_args()
+    checkpoint, tokenizer = checkpoint_settings(args) if args.from_huggingface else (None, None)
+    config = training.training_config(args, checkpoint)
+    if args.prepare_only:
+        prepare_shards(args, tokenizer, print)
+        return
+    training.setup(config)
+    tokenizer, train, validation, source = text_data(args, checkpoint, tokenizer, sizes)
+    sample = training.text_sampler(
+        tokenizer,
+        args.prompt,
+        args.sample_tokens,
+        train.context,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+
+    def evaluate(model) -> dict:
+        loss = model.evaluate(*validation, batch_size=args.batch_size, verbose=0, return_dict=True)["loss"]
+        kind, size = tokenizer.kind, tokenizer.vocabulary_size
+        return {"validation_perplexity": math.exp(loss), "tokenizer": kind, "vocabulary_size": size, "data": source}
+
+    def build_model():
+        if checkpoint:
+            return convert.from_huggingface(checkpoint.directory, adapter=checkpoint.adapter)
+        return training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size, max_length=train.context)
+
+    result = training.train(
+        config,
+        build_model=build_model,
+        train_batch=train.batch,
+        steps_per_pass=train.steps_per_pass,
+        validation_data=validation,
+        loss=TokenCrossEntropy(),
+        callbacks=[training.PrintSamples(sample, args.sample_every if args.distribute == "none" else 0)],
+        evaluate=evaluate,
+        huggingface=checkpoint,
+        tokenizer=tokenizer,
+        settings=training.recipe_settings(
+            args, ignore=("prompt", "sample_tokens", "sample_every", "temperature", "top_k")
+        ),
+    )
+    if training.processes().count > 1:  # sampling from a model spread over processes is not offered
+        if training.is_writer():
+            print(f"validation loss {result.metrics['validation_loss']:.4f}")
+        return
+    text_out = sample(result.model)
+    with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:
+        file.write(text_out)
+    print(f"--- final sample ---\n{text_out}\n---")
+    metrics = result.metrics
+    print(f"validation loss {metrics['validation_loss']:.4f}, perplexity {metrics['validation_perplexity']:.2f}")
+
+
+def model_sizes() -> dict:
     from keras_tfm.models import decoder_lm, gpt
 
-    sizes = {
+    return {
         name: getattr(module, name)
         for module, names in (
             (gpt, ("gpt_shakespeare_char_cpu", "gpt_shakespeare_char", "gpt2_small", "gpt2_medium", "gpt2_large")),
@@ -52,6 +108,12 @@ def main() -> None:
         )
         for name in names
     }
+
+
+def flags(sizes: dict):
+    """The shared runtime's flags and this recipe's."""
+    from keras_tfm import training
+
     parser = training.recipe_parser(__doc__, sizes, "gpt_shakespeare_char_cpu", "runs/gpt_lm")
     parser.set_defaults(batch_size=12, learning_rate=3e-3, weight_decay=0.1, epochs=5)
     recipe = parser.add_argument_group("language model")
@@ -100,18 +162,14 @@ def main() -> None:
         help="prepare --token-shards and stop: run it once before starting several processes",
     )
     parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
-    args = parser.parse_args()
-    checkpoint, tokenizer = checkpoint_settings(args) if args.from_huggingface else (None, None)
-    config = training.training_config(args, checkpoint)
-    if args.prepare_only:
-        prepare_shards(args, tokenizer, print)
-        return
-    training.setup(config)
+    return parser
 
-    import keras
 
-    from keras_tfm import TokenCrossEntropy, convert
-    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_text, save_tokenizer
+def text_data(args, checkpoint, tokenizer, sizes: dict):
+    """(tokenizer, training windows, validation batch, source): the text from --data, --dataset or
+    --token-shards, tokenized (a new tokenizer fitted, or the checkpoint's), checked to hold a window."""
+    from keras_tfm import training
+    from keras_tfm.data import DataError, TokenWindows, load_or_fit_tokenizer, load_text, save_tokenizer
 
     if args.token_shards:
         tokenizer, train_ids, validation_ids, source = prepare_shards(args, tokenizer, training.log)
@@ -136,74 +194,11 @@ def main() -> None:
                 f"{context + 1}; give more text or a smaller `max_length`.",
                 argument="data",
             )
-
     if not checkpoint and training.is_writer():  # only now, with the data and the model accepted
         save_tokenizer(tokenizer, args.output_dir)
-
-    def windows(ids, count, rng, rows=slice(None)):
-        starts = rng.integers(0, len(ids) - context - 1, size=count)[rows]  # a process reads only its rows
-        batch = np.stack([ids[s : s + context + 1] for s in starts])
-        return batch[:, :-1], batch[:, 1:]
-
-    def train_batch(epoch: int, step: int, rows: slice = slice(None)):
-        return windows(train_ids, args.batch_size, np.random.default_rng([args.seed, epoch, step]), rows)
-
-    validation = windows(
-        validation_ids, args.eval_batches * args.batch_size, np.random.default_rng([args.seed, 1 << 30])
-    )
-    prompt = tokenizer.encode(args.prompt)
-    prompt = prompt if len(prompt) else np.zeros((1,), "int32")
-
-    def sample(model) -> str:
-        new_tokens = max(1, min(args.sample_tokens, context - len(prompt)))
-        ids = model.generate(
-            [list(prompt)], max_new_tokens=new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed
-        )[0]
-        return tokenizer.decode(ids)
-
-    class PrintSample(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            if args.sample_every and (epoch + 1) % args.sample_every == 0 and args.distribute == "none":
-                print(f"--- sample after epoch {epoch + 1} ---\n{sample(self.model)}\n---", flush=True)
-
-    def evaluate(model) -> dict:
-        loss = model.evaluate(*validation, batch_size=args.batch_size, verbose=0, return_dict=True)["loss"]
-        return {
-            "validation_perplexity": math.exp(loss),
-            "tokenizer": tokenizer.kind,
-            "vocabulary_size": tokenizer.vocabulary_size,
-            "data": source,
-        }
-
-    result = training.train(
-        config,
-        build_model=(lambda: convert.from_huggingface(checkpoint.directory, adapter=checkpoint.adapter))
-        if checkpoint
-        else (lambda: training.build_model(sizes, args, vocabulary_size=tokenizer.vocabulary_size, max_length=context)),
-        train_batch=train_batch,
-        steps_per_pass=len(train_ids) // (args.batch_size * context),
-        validation_data=validation,
-        loss=TokenCrossEntropy(),
-        callbacks=[PrintSample()],
-        evaluate=evaluate,
-        huggingface=checkpoint,
-        tokenizer=tokenizer,
-        settings=training.recipe_settings(
-            args, ignore=("prompt", "sample_tokens", "sample_every", "temperature", "top_k")
-        ),
-    )
-    if training.processes().count > 1:  # sampling from a model spread over processes is not offered
-        if training.is_writer():
-            print(f"validation loss {result.metrics['validation_loss']:.4f}")
-        return
-    text_out = sample(result.model)
-    with open(os.path.join(args.output_dir, "samples.txt"), "w", encoding="utf-8") as file:
-        file.write(text_out)
-    print(f"--- final sample ---\n{text_out}\n---")
-    print(
-        f"validation loss {result.metrics['validation_loss']:.4f}, "
-        f"perplexity {result.metrics['validation_perplexity']:.2f}"
-    )
+    train = TokenWindows(train_ids, context, args.batch_size, args.seed)
+    validation = TokenWindows(validation_ids, context, args.batch_size, args.seed).fixed(args.eval_batches)
+    return tokenizer, train, validation, source
 
 
 def checkpoint_settings(args):

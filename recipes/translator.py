@@ -32,10 +32,76 @@ import numpy as np
 
 
 def main() -> None:
-    from keras_tfm import training
+
+    from keras_tfm import TokenCrossEntropy, training
+    from keras_tfm.data import TranslationTokenizer, save_tokenizer
+
+    sizes = model_sizes()
+    args = flags(sizes).parse_args()
+    layers, args.num_layers = args.num_layers, None  # --num-layers sets both stacks
+    depth = {} if layers is None else {"num_encoder_layers": layers, "num_decoder_layers": layers}
+    config = training.training_config(args)
+    training.setup(config)
+    data, source_tokenizer, target_tokenizer, tokenized_references = parallel_data(args)
+    pad, start, end = (target_tokenizer.token_id(t) for t in ("[PAD]", "[START]", "[END]"))
+    assert source_tokenizer.token_id("[PAD]") == pad  # one padding id for both sides (0 for either kind)
+    length = args.sequence_length
+    train_x, train_y = encode_pairs(data.train, source_tokenizer, target_tokenizer, length)
+    validation = encode_pairs(data.validation or data.test, source_tokenizer, target_tokenizer, length)
+
+    def build_model():
+        return training.build_model(
+            sizes,
+            args,
+            source_vocabulary_size=source_tokenizer.vocabulary_size,
+            target_vocabulary_size=target_tokenizer.vocabulary_size,
+            share_embeddings=False,
+            max_length=max(length + 1, args.max_length or 0),
+            pad_token_id=pad,
+            start_token_id=start,
+            end_token_id=end,
+            **depth,
+        )
+
+    build_model()  # refused now, before anything lasting is written
+    for name, tokenizer in (("source", source_tokenizer), ("target", target_tokenizer)):
+        save_tokenizer(tokenizer, args.output_dir, f"tokenizer_{name}")
+    tokenizer = TranslationTokenizer(source_tokenizer, target_tokenizer, pad)  # translate() takes text
+    result = training.train(
+        config,
+        build_model=build_model,
+        train_batch=length_sorted_batches(train_x, train_y, pad, args),
+        steps_per_pass=len(train_y) // args.batch_size,
+        validation_data=validation,
+        loss=TokenCrossEntropy(ignore_class=pad, label_smoothing=args.label_smoothing),  # the mean skips padding
+        metrics=[token_accuracy(pad)],
+        evaluate=bleu_evaluation(args, data, tokenizer, end, tokenized_references),
+        tokenizer=tokenizer,
+        # what is evaluated after training may change between runs of one model
+        settings={
+            **training.recipe_settings(args, ignore=("beam_size", "bleu_sentences", "tokenized_references")),
+            "num_layers": layers,
+        },
+    )
+    metrics = result.metrics
+    tokenized = metrics.get("test_bleu_tokenized_lowercase")
+    print(
+        f"test BLEU on {metrics['test_sentences']} sentences: sacreBLEU {metrics['test_bleu']:.2f} "
+        f"(lowercased {metrics['test_bleu_lowercase']:.2f})"
+        + (f", tokenized lowercase {tokenized:.2f}" if tokenized is not None else "")
+    )
+
+
+def model_sizes() -> dict:
     from keras_tfm.models import translator
 
-    sizes = {name: getattr(translator, name) for name in ("transformer_small", "transformer_base", "transformer_big")}
+    return {name: getattr(translator, name) for name in ("transformer_small", "transformer_base", "transformer_big")}
+
+
+def flags(sizes: dict):
+    """The shared runtime's flags and this recipe's."""
+    from keras_tfm import training
+
     parser = training.recipe_parser(__doc__, sizes, "transformer_small", "runs/translator")
     parser.set_defaults(batch_size=64, learning_rate=1e-3, weight_decay=0.01, epochs=10)
     recipe = parser.add_argument_group("translation")
@@ -73,38 +139,21 @@ def main() -> None:
     )
     recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
     parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
-    args = parser.parse_args()
-    layers, args.num_layers = args.num_layers, None  # --num-layers sets both stacks
-    depth = {} if layers is None else {"num_encoder_layers": layers, "num_decoder_layers": layers}
-    config = training.training_config(args)
-    training.setup(config)
+    return parser
 
-    import keras
 
-    from keras_tfm import TokenCrossEntropy
-    from keras_tfm import metrics as bleu
-    from keras_tfm.data import (
-        DataError,
-        EpochBatches,
-        TranslationTokenizer,
-        load_or_fit_tokenizer,
-        load_parallel,
-        save_tokenizer,
-    )
+def parallel_data(args) -> tuple:
+    """(the sentence pairs, the source and target tokenizers fitted on their sides, the tokenized
+    test references or None)."""
+    from keras_tfm import training
+    from keras_tfm.data import DataError, load_or_fit_tokenizer, load_parallel
     from keras_tfm.data.text import read_text
 
-    data = load_parallel(
-        args.data,
-        args.dataset,
-        args.data_dir,
-        args.source_language,
-        args.target_language,
-        args.swap,
-        log=training.log,
-    )
+    languages = (args.source_language, args.target_language, args.swap)
+    data = load_parallel(args.data, args.dataset, args.data_dir, *languages, log=training.log)
     if not data.train or not data.test:
         raise DataError("the training or test split is empty.", argument="data")
-    tokenizers = [
+    source_tokenizer, target_tokenizer = (
         load_or_fit_tokenizer(
             args.tokenizer,
             "\n".join(p[side] for p in data.train),
@@ -116,8 +165,7 @@ def main() -> None:
             lowercase=lowercase,
         )
         for side, name, lowercase in ((0, "source", True), (1, "target", False))
-    ]
-    source_tokenizer, target_tokenizer = tokenizers
+    )
     tokenized_references = None
     if args.tokenized_references:
         tokenized_references = read_text(args.tokenized_references, "tokenized_references").splitlines()
@@ -126,55 +174,76 @@ def main() -> None:
                 f"--tokenized-references: expected {len(data.test)} lines (one per test sentence), "
                 f"{args.tokenized_references!r} has {len(tokenized_references)}."
             )
+    return data, source_tokenizer, target_tokenizer, tokenized_references
+
+
+def encode_pairs(pairs, source_tokenizer, target_tokenizer, length: int) -> tuple:
+    """({"source_ids", "target_ids"}, next target ids), each `(pairs, length)` padded: the target
+    side starts with [START] and its next ids end with [END]."""
     pad, start, end = (target_tokenizer.token_id(t) for t in ("[PAD]", "[START]", "[END]"))
-    assert source_tokenizer.token_id("[PAD]") == pad  # one padding id for both sides (0 for either kind)
-    length = args.sequence_length
+    sources = source_tokenizer.encode_lines([p[0] for p in pairs])
+    targets = target_tokenizer.encode_lines([p[1] for p in pairs])
+    source_ids, target_in, target_out = (np.full((len(pairs), length), pad, "int32") for _ in range(3))
+    for i, (s, t) in enumerate(zip(sources, targets)):
+        s, t = s[:length], t[: length - 1]
+        source_ids[i, : len(s)] = s
+        target_in[i, : len(t) + 1] = np.concatenate([[start], t])
+        target_out[i, : len(t) + 1] = np.concatenate([t, [end]])
+    return {"source_ids": source_ids, "target_ids": target_in}, target_out
 
-    def encode(pairs):
-        sources = source_tokenizer.encode_lines([p[0] for p in pairs])
-        targets = target_tokenizer.encode_lines([p[1] for p in pairs])
-        source_ids = np.full((len(pairs), length), pad, "int32")
-        target_in = np.full((len(pairs), length), pad, "int32")
-        target_out = np.full((len(pairs), length), pad, "int32")
-        for i, (s, t) in enumerate(zip(sources, targets)):
-            s, t = s[:length], t[: length - 1]
-            source_ids[i, : len(s)] = s
-            target_in[i, : len(t) + 1] = np.concatenate([[start], t])
-            target_out[i, : len(t) + 1] = np.concatenate([t, [end]])
-        return {"source_ids": source_ids, "target_ids": target_in}, target_out
 
-    train_x, train_y = encode(data.train)
-    validation = encode(data.validation or data.test)
+def length_sorted_batches(train_x: dict, train_y: np.ndarray, pad: int, args):
+    """`train_batch(epoch, step)`: shuffled pairs, each run of 50 batches sorted by length, so that
+    batches hold sentences of similar length and need little padding."""
+    from keras_tfm.data import EpochBatches
 
     lengths = np.maximum((train_x["source_ids"] != pad).sum(1), (train_y != pad).sum(1))
 
     def by_length(shuffled: np.ndarray) -> np.ndarray:
-        """Each run of 50 batches sorted by length, so batches hold sentences of similar length and
-        need little padding."""
         chunk = 50 * args.batch_size
-        return np.concatenate(
-            [
-                part[np.argsort(lengths[part], kind="stable")]
-                for part in np.split(shuffled, range(chunk, len(shuffled), chunk))
-            ]
-        )
+        parts = np.split(shuffled, range(chunk, len(shuffled), chunk))
+        return np.concatenate([part[np.argsort(lengths[part], kind="stable")] for part in parts])
 
     rows = EpochBatches(len(train_y), args.batch_size, args.seed, arrange=by_length)
 
     def train_batch(epoch: int, step: int):
         chosen = rows(epoch, step)
         # pad to the longest sentence, rounded up to a multiple of 8: a few shapes, a few XLA programs
-        width = min(length, -(-int(lengths[chosen].max() + 1) // 8) * 8)
+        width = min(args.sequence_length, -(-int(lengths[chosen].max() + 1) // 8) * 8)
         return {k: v[chosen, :width] for k, v in train_x.items()}, train_y[chosen, :width]
+
+    return train_batch
+
+
+def token_accuracy(pad: int):
+    """The metric of next-token accuracy over real target positions."""
+    import keras
+
+    def token_accuracy(y_true, y_pred):  # over real target positions, not padding
+        mask = keras.ops.cast(keras.ops.not_equal(y_true, pad), "float32")
+        hits = keras.ops.cast(
+            keras.ops.equal(keras.ops.argmax(y_pred, axis=-1), keras.ops.cast(y_true, "int32")), "float32"
+        )
+        return keras.ops.sum(hits * mask) / keras.ops.maximum(keras.ops.sum(mask), 1.0)
+
+    return token_accuracy
+
+
+def bleu_evaluation(args, data, tokenizer, end: int, tokenized_references):
+    """`evaluate(model)`: the test sentences translated (beam search) and scored with BLEU, written
+    to translations.txt."""
+    from keras_tfm import metrics as bleu
+
+    length, pad = args.sequence_length, tokenizer.pad_token_id
 
     def decode(ids) -> str:
         ids = [int(i) for i in ids]
         ids = ids[: ids.index(end)] if end in ids else ids
-        return target_tokenizer.decode([i for i in ids if i != pad]) if ids else ""
+        return tokenizer.target.decode([i for i in ids if i != pad]) if ids else ""
 
     def evaluate(model) -> dict:
         test = data.test[: args.bleu_sentences] if args.bleu_sentences else data.test
-        sources = [s[:length] for s in source_tokenizer.encode_lines([p[0] for p in test])]
+        sources = [s[:length] for s in tokenizer.source.encode_lines([p[0] for p in test])]
         # a source that encodes to no token (a line of control characters) has nothing to translate
         hypotheses = [""] * len(sources)
         rows = [i for i, source in enumerate(sources) if len(source)]
@@ -186,12 +255,8 @@ def main() -> None:
             for i, row in zip(chosen, translations):
                 hypotheses[i] = decode(row)
         hypotheses = bleu.detokenize(hypotheses, args.target_language)
-        scores = bleu.bleu_scores(
-            hypotheses,
-            [p[1] for p in test],
-            args.target_language,
-            tokenized_references[: len(test)] if tokenized_references else None,
-        )
+        references = tokenized_references[: len(test)] if tokenized_references else None
+        scores = bleu.bleu_scores(hypotheses, [p[1] for p in test], args.target_language, references)
         with open(os.path.join(args.output_dir, "translations.txt"), "w", encoding="utf-8") as file:
             for (source, reference), hypothesis in zip(test, hypotheses):
                 file.write(f"{source}\t{reference}\t{hypothesis}\n")
@@ -199,59 +264,7 @@ def main() -> None:
             print(f"  source:     {source}\n  reference:  {reference}\n  translated: {hypothesis}")
         return {**scores, "test_sentences": len(test), "beam_size": args.beam_size, "data": data.source}
 
-    # label smoothing over real target positions only (the mean skips padding)
-    loss = TokenCrossEntropy(ignore_class=pad, label_smoothing=args.label_smoothing)
-
-    def token_accuracy(y_true, y_pred):  # over real target positions, not padding
-        mask = keras.ops.cast(keras.ops.not_equal(y_true, pad), "float32")
-        hits = keras.ops.cast(
-            keras.ops.equal(keras.ops.argmax(y_pred, axis=-1), keras.ops.cast(y_true, "int32")), "float32"
-        )
-        return keras.ops.sum(hits * mask) / keras.ops.maximum(keras.ops.sum(mask), 1.0)
-
-    def build_model():
-        return training.build_model(
-            sizes,
-            args,
-            source_vocabulary_size=source_tokenizer.vocabulary_size,
-            target_vocabulary_size=target_tokenizer.vocabulary_size,
-            share_embeddings=False,
-            max_length=max(length + 1, args.max_length or 0),
-            pad_token_id=pad,
-            start_token_id=start,
-            end_token_id=end,
-            **depth,
-        )
-
-    build_model()  # refused now, before anything lasting is written
-    for name, tokenizer in (("source", source_tokenizer), ("target", target_tokenizer)):
-        save_tokenizer(tokenizer, args.output_dir, f"tokenizer_{name}")
-    result = training.train(
-        config,
-        build_model=build_model,
-        train_batch=train_batch,
-        steps_per_pass=len(train_y) // args.batch_size,
-        validation_data=validation,
-        loss=loss,
-        metrics=[token_accuracy],
-        evaluate=evaluate,
-        tokenizer=TranslationTokenizer(source_tokenizer, target_tokenizer, pad),  # translate() takes text
-        # what is evaluated after training may change between runs of one model
-        settings={
-            **training.recipe_settings(args, ignore=("beam_size", "bleu_sentences", "tokenized_references")),
-            "num_layers": layers,
-        },
-    )
-    metrics = result.metrics
-    print(
-        f"test BLEU on {metrics['test_sentences']} sentences: sacreBLEU {metrics['test_bleu']:.2f} "
-        f"(lowercased {metrics['test_bleu_lowercase']:.2f})"
-        + (
-            f", tokenized lowercase {metrics['test_bleu_tokenized_lowercase']:.2f}"
-            if "test_bleu_tokenized_lowercase" in metrics
-            else ""
-        )
-    )
+    return evaluate
 
 
 if __name__ == "__main__":

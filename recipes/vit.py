@@ -32,18 +32,73 @@ become RGB.
 from __future__ import annotations
 
 import os
+import types
 
 import numpy as np
 
 
 def main() -> None:
+    import keras
+
     from keras_tfm import training
+    from keras_tfm.data import EpochBatches, augment, augmentation_layers, flip_averaged_probabilities, load_images
+
+    sizes = model_sizes()
+    args = flags(sizes).parse_args()
+    checkpoint, processor = checkpoint_settings(args) if args.from_huggingface else (None, None)
+    config = training.training_config(args, checkpoint)
+    training.setup(config)
+    data = load_images(args.data, args.dataset, args.data_dir, log=training.log, image_size=args.image_size)
+    images = image_pipeline(args, data, checkpoint, processor)
+    (train_x, train_y), (test_x, test_y) = images.train, images.test
+    num_classes = len(data.class_names)
+    augmentations = augmentation_layers(args.shift, args.flip, args.erasing, args.mixup, args.cutmix)
+    rows = EpochBatches(len(train_x), args.batch_size, args.seed)
+
+    def train_batch(epoch: int, step: int):
+        chosen = rows(epoch, step)
+        labels = np.eye(num_classes, dtype="float32")[train_y[chosen]]
+        return augment(train_x[chosen].astype("float32"), labels, augmentations, [args.seed, epoch, step])
+
+    def evaluate(model) -> dict:
+        results = {"attention_maps": draw_attention(model, test_x[:1], images.preprocess, args.output_dir)}
+        if args.flip:  # a model trained on mirror images is also scored on each test image averaged with its mirror
+            probabilities = flip_averaged_probabilities(model, test_x.astype("float32"), args.batch_size)
+            results["validation_accuracy_flip_averaged"] = float(np.mean(probabilities.argmax(-1) == test_y))
+        return {**results, "data": data.source}
+
+    result = training.train(
+        config,
+        build_model=lambda: build_model(args, sizes, checkpoint, images, num_classes),
+        train_batch=train_batch,
+        steps_per_pass=len(train_x) // args.batch_size,
+        validation_data=(test_x.astype("float32"), np.eye(num_classes, dtype="float32")[test_y]),
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
+        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        evaluate=evaluate,
+        huggingface=checkpoint,
+        labels=data.class_names,
+        image_preprocessing=(images.image_size, images.scaling),  # as a transformers image processor
+        settings=training.recipe_settings(args),
+    )
+    flipped = result.metrics.get("validation_accuracy_flip_averaged")
+    print(
+        f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
+        + (f"; averaged with their mirror images {flipped:.4f}" if args.flip else "")
+    )
+
+
+def model_sizes() -> dict:
     from keras_tfm.models import vit
 
-    sizes = {
-        name: getattr(vit, name)
-        for name in ("vit_small_images", "vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge")
-    }
+    names = ("vit_small_images", "vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge")
+    return {name: getattr(vit, name) for name in names}
+
+
+def flags(sizes: dict):
+    """The shared runtime's flags and this recipe's."""
+    from keras_tfm import training
+
     parser = training.recipe_parser(__doc__, sizes, "vit_small_images", "runs/vit")
     parser.set_defaults(batch_size=128, learning_rate=1e-3, weight_decay=0.05, epochs=10)
     recipe = parser.add_argument_group("image classifier")
@@ -87,26 +142,18 @@ def main() -> None:
     recipe.add_argument(
         "--cutmix", type=training.number(0.0), default=0.0, help="CutMix with this Beta factor (default: off)"
     )
-    args = parser.parse_args()
-    checkpoint, processor = checkpoint_settings(args) if args.from_huggingface else (None, None)
-    config = training.training_config(args, checkpoint)
-    training.setup(config)
+    return parser
 
+
+def image_pipeline(args, data, checkpoint, processor) -> types.SimpleNamespace:
+    """The images as the model sees them: grayscale made RGB for an RGB checkpoint, resized to a square
+    side, then the checkpoint's (or a plain rescaling's) preprocessing; and the patch size that fits."""
     import keras
 
-    from keras_tfm import convert, viz
-    from keras_tfm.data import (
-        DataError,
-        EpochBatches,
-        augment,
-        augmentation_layers,
-        flip_averaged_probabilities,
-        load_images,
-    )
+    from keras_tfm import training
+    from keras_tfm.data import DataError
 
-    data = load_images(args.data, args.dataset, args.data_dir, log=training.log, image_size=args.image_size)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
-    num_classes = len(data.class_names)
     if checkpoint and train_x.shape[-1] == 1 and processor["num_channels"] == 3:
         train_x, test_x = (np.repeat(x, 3, axis=-1) for x in (train_x, test_x))  # as its processor's RGB conversion
     height, width, channels = train_x.shape[1:]
@@ -129,90 +176,66 @@ def main() -> None:
         f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through "
         + ", ".join(layer.name for layer in preprocess)
     )
-
-    def build_model():
-        if checkpoint:
-            backbone = convert.from_huggingface(
-                checkpoint.directory, num_classes=num_classes, adapter=checkpoint.adapter
-            )
-            if backbone.num_channels != channels:
-                raise DataError(
-                    f"the checkpoint takes {backbone.num_channels}-channel images; the data has {channels} channels.",
-                    argument="from_huggingface",
-                )
-        else:
-            backbone = training.build_model(
-                sizes,
-                args,
-                image_size=image_size,
-                patch_size=patch_size,
-                num_classes=num_classes,
-                num_channels=channels,
-                pooling=args.pooling,
-            )
-        inputs = keras.Input((height, width, channels), name="pixels")
-        x = inputs
-        for layer in preprocess:
-            x = layer(x)
-        return keras.Model(inputs, backbone(x), name=f"{backbone.name}_classifier")
-
-    augmentations = augmentation_layers(args.shift, args.flip, args.erasing, args.mixup, args.cutmix)
-
-    def one_hot(labels):
-        return np.eye(num_classes, dtype="float32")[labels]
-
-    rows = EpochBatches(len(train_x), args.batch_size, args.seed)
-
-    def train_batch(epoch: int, step: int):
-        chosen = rows(epoch, step)
-        images, labels = train_x[chosen].astype("float32"), one_hot(train_y[chosen])
-        return augment(images, labels, augmentations, [args.seed, epoch, step])
-
-    def draw_attention(model) -> dict:
-        backbone = model.layers[-1]
-        x = seen = test_x[:1].astype("float32")
-        for layer in preprocess:
-            x = layer(x)
-        geometry = [
-            layer for layer in preprocess if isinstance(layer, (keras.layers.Resizing, keras.layers.CenterCrop))
-        ]
-        if any(isinstance(layer, keras.layers.CenterCrop) for layer in geometry):  # draw the part the model saw
-            for layer in geometry:
-                seen = layer(seen)
-        _, weights = backbone(x, return_attention_weights=True)
-        seen = keras.ops.convert_to_numpy(seen)[0]
-        path = viz.plot_attention_maps(seen, weights, os.path.join(args.output_dir, "attention_maps.png"))
-        return {"attention_maps": path, "data": data.source}
-
-    def evaluate(model) -> dict:
-        results = draw_attention(model)
-        if args.flip:  # a model trained on mirror images is also scored on each test image averaged with its mirror
-            probabilities = flip_averaged_probabilities(model, test_x.astype("float32"), args.batch_size)
-            results["validation_accuracy_flip_averaged"] = float(np.mean(probabilities.argmax(-1) == test_y))
-        return results
-
-    result = training.train(
-        config,
-        build_model=build_model,
-        train_batch=train_batch,
-        steps_per_pass=len(train_x) // args.batch_size,
-        validation_data=(test_x.astype("float32"), one_hot(test_y)),
-        loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
-        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-        evaluate=evaluate,
-        huggingface=checkpoint,
-        labels=data.class_names,
-        image_preprocessing=(image_size, scaling),  # as a transformers image processor beside the weights
-        settings=training.recipe_settings(args),
+    return types.SimpleNamespace(
+        train=(train_x, train_y),
+        test=(test_x, test_y),
+        shape=(height, width, channels),
+        image_size=image_size,
+        patch_size=patch_size,
+        scaling=scaling,
+        preprocess=preprocess,
     )
-    print(
-        f"test accuracy {result.metrics['validation_accuracy']:.4f} on {len(test_x):,} images"
-        + (
-            f"; averaged with their mirror images {result.metrics['validation_accuracy_flip_averaged']:.4f}"
-            if args.flip
-            else ""
+
+
+def build_model(args, sizes: dict, checkpoint, images, num_classes: int):
+    """The classifier: the preprocessing layers, then a new ViT size or the checkpoint's, with a new head."""
+    import keras
+
+    from keras_tfm import convert, training
+    from keras_tfm.data import DataError
+
+    height, width, channels = images.shape
+    if checkpoint:
+        backbone = convert.from_huggingface(checkpoint.directory, num_classes=num_classes, adapter=checkpoint.adapter)
+        if backbone.num_channels != channels:
+            raise DataError(
+                f"the checkpoint takes {backbone.num_channels}-channel images; the data has {channels} channels.",
+                argument="from_huggingface",
+            )
+    else:
+        backbone = training.build_model(
+            sizes,
+            args,
+            image_size=images.image_size,
+            patch_size=images.patch_size,
+            num_classes=num_classes,
+            num_channels=channels,
+            pooling=args.pooling,
         )
-    )
+    inputs = keras.Input((height, width, channels), name="pixels")
+    x = inputs
+    for layer in images.preprocess:
+        x = layer(x)
+    return keras.Model(inputs, backbone(x), name=f"{backbone.name}_classifier")
+
+
+def draw_attention(model, image, preprocess: list, output_dir: str) -> str:
+    """attention_maps.png of one test image, drawn over the part of it the model saw."""
+    import keras
+
+    from keras_tfm import viz
+
+    backbone = model.layers[-1]
+    x = seen = image.astype("float32")
+    for layer in preprocess:
+        x = layer(x)
+    geometry = [layer for layer in preprocess if isinstance(layer, (keras.layers.Resizing, keras.layers.CenterCrop))]
+    if any(isinstance(layer, keras.layers.CenterCrop) for layer in geometry):  # draw the part the model saw
+        for layer in geometry:
+            seen = layer(seen)
+    _, weights = backbone(x, return_attention_weights=True)
+    seen = keras.ops.convert_to_numpy(seen)[0]
+    return viz.plot_attention_maps(seen, weights, os.path.join(output_dir, "attention_maps.png"))
 
 
 def checkpoint_settings(args) -> tuple:

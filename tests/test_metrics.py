@@ -7,9 +7,7 @@ from keras_tfm import metrics as bleu
 
 pytestmark = pytest.mark.backend_independent  # sacreBLEU and sacremoses on strings
 
-MULTI30K = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k", "task1"
-)
+MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k", "task1")
 
 
 @pytest.mark.parametrize("language", ["en", "de"])

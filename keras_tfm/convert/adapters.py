@@ -242,9 +242,52 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
         raise InputError(
             f"{model.name!r} has no LoRA layers; call enable_lora(rank) first.", caller="save_peft_adapter"
         )
+    config, w, module_of = _base_modules(model, base)
+    prefix, task_type = _TASKS.get(type(model).__name__, ("vit." if getattr(model, "include_top", False) else "", None))
+
+    def peft_name(module: str) -> str:
+        return module if module.startswith(_ROOT_MODULES) else prefix + module
+
+    adapted, parts_adapted = _adapted_modules(layers, w, module_of)
+    first = next(iter(layers.values()))
+    rank, alpha = first.lora_rank, first.lora_alpha
+    tensors = _pair_tensors(adapted, w, rank, peft_name)
+    heads = _head_tensors(model, layers, tensors)
+    base_name = base_model_name_or_path or (
+        os.fspath(base) if isinstance(base, (str, os.PathLike)) else config.get("_name_or_path") or None
+    )
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": task_type,
+        "base_model_name_or_path": base_name,
+        "r": parts_adapted * rank,
+        "lora_alpha": parts_adapted * alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": sorted(peft_name(module) for module in adapted),
+        "modules_to_save": heads or None,
+        "fan_in_fan_out": config["model_type"] == "gpt2",  # GPT-2's Conv1D stores (in, out)
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+    }
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "adapter_config.json"), "w") as file:
+        json.dump(adapter_config, file, indent=2)
+    save_file(
+        {name: np.ascontiguousarray(value, "float32") for name, value in tensors.items()},
+        os.path.join(directory, "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
+
+
+def _base_modules(model, base) -> tuple[dict, WeightReader, dict]:
+    """The base checkpoint's config, the reader that converted it (which layers each linear module
+    became), and each of `model`'s layer paths -> (checkpoint module, part)."""
     config, weights = read_checkpoint(base)
     classifier = getattr(model, "include_top", True) and getattr(model, "num_classes", None)
-    fresh, w = convert_checkpoint(config, weights, classifier or None)  # to see which module each layer came from
+    fresh, w = convert_checkpoint(config, weights, classifier or None)
     if type(fresh) is not type(model):
         described = repr(os.fspath(base)) if isinstance(base, (str, os.PathLike)) else f"(a {type(base).__name__})"
         raise InputError(
@@ -258,12 +301,13 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
         for module, parts in w.linear_layers.items()
         for index, dense in enumerate(parts)
     }
-    prefix, task_type = _TASKS.get(type(model).__name__, ("vit." if getattr(model, "include_top", False) else "", None))
+    return config, w, module_of
 
-    def peft_name(module: str) -> str:
-        return module if module.startswith(_ROOT_MODULES) else prefix + module
 
-    adapted = {}  # module -> its parts' LoRA layers (None: a part without LoRA)
+def _adapted_modules(layers: dict, w: WeightReader, module_of: dict) -> tuple[dict, int]:
+    """Each checkpoint module with LoRA -> its parts' LoRA layers (None: a part without), and how many
+    parts of each module are adapted (the same in every module: peft has one rank)."""
+    adapted = {}
     for path, dense in layers.items():
         if path not in module_of:
             raise InputError(
@@ -280,9 +324,11 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
             "every block.",
             caller="save_peft_adapter",
         )
-    parts_adapted = counts.pop()
-    first = next(iter(layers.values()))
-    rank, alpha = first.lora_rank, first.lora_alpha
+    return adapted, counts.pop()
+
+
+def _pair_tensors(adapted: dict, w: WeightReader, rank: int, peft_name) -> dict:
+    """peft's `lora_A` and `lora_B` of each module; a fused module's parts side by side (B block-diagonal)."""
     tensors = {}
     for module, parts in adapted.items():
         lora_parts = [dense for dense in parts if dense is not None]
@@ -297,6 +343,12 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
             row += width
         tensors[f"{PREFIX}{peft_name(module)}.lora_A.weight"] = a
         tensors[f"{PREFIX}{peft_name(module)}.lora_B.weight"] = b
+    return tensors
+
+
+def _head_tensors(model, layers: dict, tensors: dict) -> list[str]:
+    """Adds the classification heads trained beside the pairs to `tensors`; returns their module names
+    (peft's `modules_to_save`). Anything else trained is refused: an adapter cannot hold it."""
     heads = {
         path: layer
         for path, layer in _named_sublayers(model)
@@ -313,34 +365,7 @@ def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str 
     for path, head in heads.items():
         tensors[f"{PREFIX}{_HEADS[path]}.weight"] = keras_numpy(head.kernel).T
         tensors[f"{PREFIX}{_HEADS[path]}.bias"] = keras_numpy(head.bias)
-    modules_to_save = sorted({_HEADS[path] for path in heads})
-    base_name = base_model_name_or_path or (
-        os.fspath(base) if isinstance(base, (str, os.PathLike)) else config.get("_name_or_path") or None
-    )
-    adapter_config = {
-        "peft_type": "LORA",
-        "task_type": task_type,
-        "base_model_name_or_path": base_name,
-        "r": parts_adapted * rank,
-        "lora_alpha": parts_adapted * alpha,
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "target_modules": sorted(peft_name(module) for module in adapted),
-        "modules_to_save": modules_to_save or None,
-        "fan_in_fan_out": config["model_type"] == "gpt2",  # GPT-2's Conv1D stores (in, out)
-        "use_rslora": False,
-        "use_dora": False,
-        "init_lora_weights": True,
-        "inference_mode": True,
-    }
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "adapter_config.json"), "w") as file:
-        json.dump(adapter_config, file, indent=2)
-    save_file(
-        {name: np.ascontiguousarray(value, "float32") for name, value in tensors.items()},
-        os.path.join(directory, "adapter_model.safetensors"),
-        metadata={"format": "pt"},
-    )
+    return sorted({_HEADS[path] for path in heads})
 
 
 def keras_numpy(variable) -> np.ndarray:

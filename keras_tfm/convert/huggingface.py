@@ -108,48 +108,58 @@ def from_huggingface(model_or_directory, num_classes: int | None = None, adapter
     if num_classes is not None and (
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
     ):
-        raise CheckpointError(
+        raise InputError(
             f"num_classes must be a positive integer or None; received {num_classes!r}.", caller="from_huggingface"
         )
-    adapter_config, base = None, None
-    if adapters.is_peft_model(model_or_directory):
-        if adapter is not None:
-            raise CheckpointError(
-                f"received a PeftModel, which holds its adapter, and adapter={adapter!r}; pass one of them.",
-                caller="from_huggingface",
-            )
-        config, weights, adapter_config, adapter_weights = adapters.peft_model_parts(model_or_directory)
-    else:
-        base = model_or_directory
-        if isinstance(base, (str, os.PathLike)) and adapter is None:
-            directory = checkpoint_directory(base)
-            if adapters.is_adapter_directory(directory) and not os.path.isfile(os.path.join(directory, "config.json")):
-                adapter, base = directory, adapters.base_model_name(directory)
-        config, weights = read_checkpoint(base)
-        if adapter is not None:
-            adapter_config, adapter_weights = adapters.read_adapter(checkpoint_directory(adapter, "from_huggingface"))
-    check_model_type(config)
+    if not isinstance(allow_nan, bool):
+        raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_huggingface")
+    config, weights, adapter_config, adapter_weights, base = _checkpoint_parts(model_or_directory, adapter)
     if adapter_config is not None:
         num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = {**weights, **adapter_weights}
-    if not isinstance(allow_nan, bool):
-        raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_huggingface")
     model, w = convert_checkpoint(config, weights, num_classes, allow_nan)
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
-    if isinstance(base, (str, os.PathLike)):
-        from keras_tfm.data.tokenizers import checkpoint_tokenizer
-
-        directory = checkpoint_directory(base)
-        tokenizer = checkpoint_tokenizer(directory)
-        _check_tokenizer_fits(model, tokenizer, directory)
-        model.tokenizer = tokenizer
-        model.generation_config = generation_settings(directory)
-    else:  # an in-memory model stops where its `generate` stops
-        model.generation_config = _in_memory_generation_settings(model_or_directory)
+    _attach_generation_settings(model, base if isinstance(base, (str, os.PathLike)) else None, model_or_directory)
     if model.compiled:  # pretrained weights: the models' default AdamW, at a fine-tuning rate
         model.compile(optimizer=keras.optimizers.AdamW(FINE_TUNING_LEARNING_RATE))
     return model
+
+
+def _checkpoint_parts(model_or_directory, adapter) -> tuple:
+    """(config, weights, adapter config, adapter weights, the base checkpoint) of a transformers model,
+    a PeftModel, a directory or Hub id, with a peft adapter's where one is given or found."""
+    if adapters.is_peft_model(model_or_directory):
+        if adapter is not None:
+            raise InputError(
+                f"received a PeftModel, which holds its adapter, and adapter={adapter!r}; pass one of them.",
+                caller="from_huggingface",
+            )
+        return (*adapters.peft_model_parts(model_or_directory), None)
+    base, adapter_config, adapter_weights = model_or_directory, None, None
+    if isinstance(base, (str, os.PathLike)) and adapter is None:
+        directory = checkpoint_directory(base)
+        if adapters.is_adapter_directory(directory) and not os.path.isfile(os.path.join(directory, "config.json")):
+            adapter, base = directory, adapters.base_model_name(directory)
+    config, weights = read_checkpoint(base)
+    if adapter is not None:
+        adapter_config, adapter_weights = adapters.read_adapter(checkpoint_directory(adapter, "from_huggingface"))
+    check_model_type(config)
+    return config, weights, adapter_config, adapter_weights, base
+
+
+def _attach_generation_settings(model, directory, in_memory) -> None:
+    """A checkpoint directory's tokenizer and end ids on `model`; an in-memory model's end ids."""
+    if directory is None:  # an in-memory model stops where its `generate` stops
+        model.generation_config = _in_memory_generation_settings(in_memory)
+        return
+    from keras_tfm.data.tokenizers import checkpoint_tokenizer
+
+    directory = checkpoint_directory(directory)
+    tokenizer = checkpoint_tokenizer(directory)
+    _check_tokenizer_fits(model, tokenizer, directory)
+    model.tokenizer = tokenizer
+    model.generation_config = generation_settings(directory)
 
 
 def _check_tokenizer_fits(model, tokenizer, directory: str) -> None:
@@ -224,6 +234,22 @@ def save_huggingface(
     """
     import shutil
 
+    _check_destination(directory, overwrite)
+    source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
+    w = WeightWriter()
+    config = _exported_config(model, w, labels, image_preprocessing)
+    staging = f"{os.path.normpath(directory)}.writing-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        _write_checkpoint(model, staging, source, w, config)
+        _swap_in(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _exported_config(model, w: WeightWriter, labels, image_preprocessing) -> dict:
+    """The checkpoint's `config.json` (with a classifier's class names), its arrays written into `w`."""
     export = exporter_of(model)
     if export is None:
         raise InputError(
@@ -237,15 +263,12 @@ def save_huggingface(
             "checkpoints hold float weights. Save the model before quantize(), or its .keras file.",
             caller="save_huggingface",
         )
-    _check_destination(directory, overwrite)
-    source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     model._build_on_demand()
     options = {} if image_preprocessing is None else {"image_preprocessing": image_preprocessing}
     if options and "image_preprocessing" not in inspect.signature(export).parameters:
         raise InputError(
             f"image_preprocessing is for ViT models; received a {type(model).__name__}.", caller="save_huggingface"
         )
-    w = WeightWriter()
     config = export(model, w, **options)
     num_labels = config.pop("num_labels", None)
     if labels is not None and (num_labels is None or len(labels) != num_labels):
@@ -254,14 +277,7 @@ def save_huggingface(
     if num_labels:
         labels = [str(label) for label in labels] if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
         config.update(id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
-    staging = f"{os.path.normpath(directory)}.writing-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    try:
-        _write_checkpoint(model, staging, source, w, config)
-        _swap_in(staging, directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return config
 
 
 def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter, config: dict) -> None:

@@ -20,3 +20,4 @@ from keras_tfm.data.tokenizers import (
     load_tokenizer,
     save_tokenizer,
 )
+from keras_tfm.data.windows import TokenWindows

@@ -9,37 +9,32 @@ token is finished: it may only continue with padding at no cost, so its score st
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import NamedTuple
 
 from keras import ops, tree
 
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls
+from keras_tfm.generation.decoding import Batch, Decoder
+from keras_tfm.generation.sampling import NO_CONTROLS
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 
-def beam_decode(
-    step: Callable,
-    cache,
-    buffer,
-    prompt_mask,
-    prompt_lengths,
-    prompt_width: int,
-    max_new_tokens,
-    stop_token_ids,
-    pad_token_id,
-    num_beams: int,
-    length_penalty: float,
-    while_loop: Callable = ops.while_loop,
-    context: tuple = (),
-    controls: LogitsControls = NO_CONTROLS,
-    vocabulary_size: int | None = None,
-    num_return_sequences: int = 1,
-):
-    """`buffer`, `prompt_mask`: `(batch, total)`; `cache` and `context` sized for `batch * num_beams`
-    rows. Returns the best `num_return_sequences` beams of each row, best first, `(batch *
-    num_return_sequences, total)`. `step`, `while_loop`, `context`, `controls`, `vocabulary_size`: as
-    in `decoding.decode` (the controls change the log-probabilities, as transformers' beam search
-    does); `context` is the same for every beam of a row, so it is never reordered."""
+class BeamSearch(NamedTuple):
+    """`num_beams` continuations kept per prompt, ranked by log-probability / length ** `length_penalty`;
+    the best `num_return_sequences` of them returned."""
+
+    num_beams: int
+    length_penalty: float = 1.0
+    num_return_sequences: int = 1
+
+
+def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search: BeamSearch):
+    """`batch.buffer`, `batch.prompt_mask`: `(rows, total)`; `cache` and `batch.context` sized for
+    `rows * num_beams`. Returns the best `num_return_sequences` beams of each row, best first, `(rows *
+    num_return_sequences, total)`. The decoder's controls change the log-probabilities, as transformers'
+    beam search does; `context` is the same for every beam of a row, so it is never reordered."""
+    step, controls, vocabulary_size = decoder.step, decoder.controls, decoder.vocabulary_size
+    buffer, prompt_mask, prompt_lengths, max_new_tokens, stop_token_ids, pad_token_id, context = batch
+    num_beams, length_penalty, num_return_sequences = search
     batch, total = buffer.shape
     beams = batch * num_beams
     buffer = ops.repeat(buffer, num_beams, axis=0)
@@ -92,7 +87,7 @@ def beam_decode(
         return t + 1, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context
 
     loop_vars = (start, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context)
-    _, buffer, _, scores, *_ = while_loop(cond, body, loop_vars)
+    _, buffer, _, scores, *_ = decoder.while_loop(cond, body, loop_vars)
 
     # rank by length-normalized score: log-probability / (new tokens up to the stop token) ** penalty
     tokens = ops.reshape(buffer, (batch, num_beams, total))

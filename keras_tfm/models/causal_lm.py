@@ -11,8 +11,8 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation import compiled, decoding
-from keras_tfm.generation.beam_search import beam_decode
+from keras_tfm.generation import orchestration, prompts
+from keras_tfm.generation.request import Request, Strategy, check_return_scores
 from keras_tfm.generation.sampling import Sampler, check_decoding, check_return_sequences, logits_controls
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.models.base import ZooModel
@@ -88,6 +88,14 @@ class CausalLM(ZooModel):
             updated.append(layer_cache)
         return self._logits(x), tuple(updated)
 
+    @property
+    def decoding_vocabulary_size(self) -> int:
+        return self.vocabulary_size
+
+    def decoding_cache(self, rows: int, length: int, copies: int = 1) -> tuple:
+        """An empty key/value cache for `rows` rows of `length` positions, and no context."""
+        return self.empty_cache(rows, length), ()
+
     def empty_cache(self, batch_size: int, length: int) -> tuple:
         attention = self.blocks[0].self_attention
         shape = (batch_size, 2, attention.num_key_value_heads, length, attention.key_dim)
@@ -151,111 +159,40 @@ class CausalLM(ZooModel):
         TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
         recorded once with `torch.jit.trace` and replayed.
         """
-        texts = decoding.texts(token_ids)
+        owner = f"{type(self).__name__}.generate"
+        texts = prompts.texts(token_ids)
         if texts is not None:
             token_ids = self._encode_prompts(texts)
         pad_token_id = self._pad_id(pad_token_id)
         check_decoding(
-            f"{type(self).__name__}.generate",
+            owner,
             max_new_tokens=max_new_tokens,
             num_beams=num_beams,
             length_penalty=length_penalty,
             pad_token_id=pad_token_id,
             vocabulary_size=self.vocabulary_size,
         )
-        owner = f"{type(self).__name__}.generate"
         controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         check_return_sequences(owner, num_return_sequences, num_beams, temperature)
-        if not isinstance(return_scores, bool) or (return_scores and num_beams > 1):
-            raise InputError(
-                f"`return_scores` must be True or False, and True only without beam search (num_beams=1), "
-                f"which ranks whole sequences; received return_scores={return_scores!r} with num_beams={num_beams!r}.",
-                "return_scores",
-                caller=owner,
-            )
-        self._build_on_demand()  # weights must exist before the loop is traced
+        check_return_scores(owner, return_scores, num_beams)
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
-        buffer, prompt_mask, lengths = decoding.prepare_prompts(
-            token_ids, padding_mask, max_new_tokens, pad_token_id, self.vocabulary_size
+        strategy = Strategy(sampler, num_beams, length_penalty, num_return_sequences)
+        request = Request.of_prompts(
+            token_ids,
+            padding_mask,
+            self.vocabulary_size,
+            strategy,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=self._stop_ids(stop_token_ids),
+            pad_token_id=pad_token_id,
+            controls=controls,
+            seed=seed,
+            return_scores=return_scores,
         )
-        if num_beams == 1 and num_return_sequences > 1:  # samples: each prompt that many times
-            buffer, prompt_mask, lengths = (
-                np.repeat(a, num_return_sequences, axis=0) for a in (buffer, prompt_mask, lengths)
-            )
-        stop_token_ids = self._stop_ids(stop_token_ids)
-        self._check_fits(owner, buffer.shape[1], max_new_tokens)
-        prompt_width = buffer.shape[1] - max_new_tokens
-        key = (sampler, prompt_width, num_beams, length_penalty, controls, num_return_sequences, return_scores)
-        if key not in self._generate_functions:
-            step, while_loop = compiled.decoding_functions(
-                self.call_with_cache, self, traceable=sampler.greedy or num_beams > 1
-            )
-
-            def run(buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
-                cache = self.empty_cache(buffer.shape[0] * num_beams, buffer.shape[1])
-                if num_beams > 1:
-                    best = beam_decode(
-                        step,
-                        cache,
-                        buffer,
-                        prompt_mask,
-                        lengths,
-                        prompt_width,
-                        max_new,
-                        stops,
-                        pad,
-                        num_beams,
-                        length_penalty,
-                        while_loop,
-                        controls=controls,
-                        vocabulary_size=self.vocabulary_size,
-                        num_return_sequences=num_return_sequences,
-                    )
-                    return best, seed_state
-                return decoding.decode(
-                    step,
-                    cache,
-                    buffer,
-                    prompt_mask,
-                    lengths,
-                    prompt_width,
-                    max_new,
-                    stops,
-                    pad,
-                    seed_state,
-                    sampler,
-                    while_loop,
-                    controls=controls,
-                    vocabulary_size=self.vocabulary_size,
-                    with_scores=return_scores,
-                )
-
-            self._generate_functions[key] = compiled.compile_function(run, self)
-        output, *scores = self._generate_functions[key](
-            ops.convert_to_tensor(buffer),
-            ops.convert_to_tensor(prompt_mask),
-            ops.convert_to_tensor(lengths),
-            ops.convert_to_tensor(max_new_tokens, "int32"),
-            ops.convert_to_tensor(stop_token_ids if stop_token_ids.size else np.array([-1], "int32")),
-            ops.convert_to_tensor(pad_token_id, "int32"),
-            decoding.initial_seed_state(seed),
-        )
-        output = ops.convert_to_numpy(output)
-        if return_scores:  # each row's new positions: from its prompt's end on
-            every = ops.convert_to_numpy(scores[-1])
-            scores = np.stack([every[i, n : n + max_new_tokens] for i, n in enumerate(lengths.tolist())])
-        if texts is None:
-            return (output, scores) if return_scores else output
-        if num_beams > 1:  # one prompt length per returned beam
-            lengths = np.repeat(lengths, num_return_sequences)
-        decoded = [
-            self._decode_text(row[: _generated_end(row, int(length), max_new_tokens, stop_token_ids)])
-            for row, length in zip(output, lengths)
-        ]
-        if num_return_sequences > 1:
-            decoded = [decoded[i : i + num_return_sequences] for i in range(0, len(decoded), num_return_sequences)]
-        decoded = decoded[0] if isinstance(texts, str) else decoded
-        return (decoded, scores) if return_scores else decoded
+        self._check_fits(owner, request.buffer.shape[1], max_new_tokens)
+        output, scores = orchestration.run(self, request)
+        output = orchestration.finish(request, output, texts, self._decode_text)
+        return (output, scores) if return_scores else output
 
     def stream(
         self,
@@ -289,7 +226,7 @@ class CausalLM(ZooModel):
         """
         owner = f"{type(self).__name__}.stream"
         text = isinstance(token_ids, str)
-        if not text and decoding.texts(token_ids) is not None:
+        if not text and prompts.texts(token_ids) is not None:
             raise InputError(
                 f"streams one prompt, a string or a list of ids; received {len(token_ids)} texts. "
                 "Call `generate` for several prompts.",
@@ -303,63 +240,22 @@ class CausalLM(ZooModel):
             )
         check_decoding(owner, max_new_tokens=max_new_tokens, pad_token_id=0, vocabulary_size=self.vocabulary_size)
         controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
-        self._build_on_demand()
-        buffer, prompt_mask, lengths = decoding.prepare_prompts(prompt, None, max_new_tokens, 0, self.vocabulary_size)
-        if buffer.shape[0] != 1:
-            raise InputError(f"streams one prompt; received {buffer.shape[0]}.", "token_ids", caller=owner)
-        stops = self._stop_ids(stop_token_ids)
-        total = buffer.shape[1]
-        self._check_fits(owner, total, max_new_tokens)
-        prompt_width = total - max_new_tokens
-        key = ("stream", sampler, prompt_width, controls)
-        if key not in self._generate_functions:
-            step, while_loop = compiled.decoding_functions(self.call_with_cache, self, traceable=sampler.greedy)
-
-            def start(buffer, lengths):
-                cache = self.empty_cache(1, buffer.shape[1])
-                return decoding.prefill(step, cache, buffer, lengths, prompt_width, (), controls, self.vocabulary_size)
-
-            def advance(state, constants):
-                return decoding.decode_until(step, state, constants, sampler, while_loop, (), controls)
-
-            self._generate_functions[key] = (
-                compiled.compile_function(start, self),
-                compiled.compile_function(advance, self),
-            )
-        start, advance = self._generate_functions[key]
-        t, cache, done, seen = start(ops.convert_to_tensor(buffer), ops.convert_to_tensor(lengths))
-        unused_scores = ops.zeros(buffer.shape, "float32")
-        state = (t, ops.convert_to_tensor(buffer), cache, done, decoding.initial_seed_state(seed), seen, unused_scores)
-        constants = [
-            ops.convert_to_tensor(prompt_mask),
-            ops.convert_to_tensor(lengths + max_new_tokens),
-            ops.convert_to_tensor(stops if stops.size else np.array([-1], "int32")),
-            ops.convert_to_tensor(0, "int32"),
-        ]
-        prompt_length = int(lengths[0])
-        written, shown = prompt_length, self._decode_text(buffer[0, :prompt_length]) if text else ""
-        while True:
-            position = int(ops.convert_to_numpy(state[0]))
-            until = ops.convert_to_tensor(min(position + chunk_size, total), "int32")
-            state = advance(state, (*constants, until))
-            position = int(ops.convert_to_numpy(state[0]))
-            finished = bool(np.all(ops.convert_to_numpy(state[3]))) or position >= total
-            row = ops.convert_to_numpy(state[1])[0]
-            end = _generated_end(row[:position], prompt_length, max_new_tokens, stops)
-            if not text:
-                if end > written:
-                    yield row[written:end].copy()
-                written = end
-            else:
-                decoded = self._decode_text(row[:end])
-                # a token may end inside a character; hold back a replacement character until the next chunk
-                ready = decoded if finished else decoded.rstrip("\ufffd")
-                if len(ready) > len(shown) and ready.startswith(shown):
-                    yield ready[len(shown) :]
-                    shown = ready
-            if finished:
-                return
+        strategy = Strategy(Sampler(temperature=temperature, top_k=top_k, top_p=top_p))
+        request = Request.of_prompts(
+            prompt,
+            None,
+            self.vocabulary_size,
+            strategy,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=self._stop_ids(stop_token_ids),
+            pad_token_id=0,
+            controls=controls,
+            seed=seed,
+        )
+        if request.buffer.shape[0] != 1:
+            raise InputError(f"streams one prompt; received {request.buffer.shape[0]}.", "token_ids", caller=owner)
+        self._check_fits(owner, request.buffer.shape[1], max_new_tokens)
+        return orchestration.stream_pieces(self, request, chunk_size, text, self._decode_text)
 
     def _stop_ids(self, stop_token_ids) -> np.ndarray:
         """An id or ids as an int32 array of ids of the vocabulary; None: the checkpoint's end ids."""
@@ -368,7 +264,7 @@ class CausalLM(ZooModel):
             ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
             # an end id outside the vocabulary is never generated (a small model made from a GPT-2 config)
             stop_token_ids = [end for end in ends if 0 <= end < self.vocabulary_size]
-        return decoding.stop_ids(stop_token_ids, self.vocabulary_size)
+        return prompts.stop_ids(stop_token_ids, self.vocabulary_size)
 
     def _pad_id(self, pad_token_id: int | None) -> int:
         if pad_token_id is None:
@@ -407,7 +303,7 @@ class CausalLM(ZooModel):
         prompt = np.asarray(self.tokenizer.encode(text)).tolist()  # the template holds the special tokens
         stops = self._stop_ids(generate_arguments.pop("stop_token_ids", None))
         output = self.generate([prompt], max_new_tokens, stop_token_ids=stops, **generate_arguments)[0]
-        reply = output[len(prompt) : _generated_end(output, len(prompt), max_new_tokens, stops)]
+        reply = output[len(prompt) : orchestration.generated_end(output, len(prompt), max_new_tokens, stops)]
         return self._decode_text(reply)
 
     def _check_fits(self, owner: str, total: int, max_new_tokens: int) -> None:
@@ -441,10 +337,3 @@ class CausalLM(ZooModel):
 
     def _decode_text(self, ids) -> str:
         return self.tokenizer.decode_text(ids)
-
-
-def _generated_end(row: np.ndarray, prompt_length: int, max_new_tokens: int, stop_token_ids) -> int:
-    """Where a generated row ends: after its first stop token, or after all its new tokens."""
-    new = row[prompt_length : prompt_length + max_new_tokens]
-    stops = np.flatnonzero(np.isin(new, np.asarray(stop_token_ids).reshape(-1)))
-    return prompt_length + (int(stops[0]) + 1 if stops.size else len(new))

@@ -144,42 +144,50 @@ class DecoderLM(CausalLM):
         self.dropout = dropout
         self.attention_dropout = dropout if attention_dropout is None else attention_dropout
 
+        self._make_layers(remat)
+        self._compile_defaults()
+
+    def _make_layers(self, remat: bool) -> None:
+        """The token table, the blocks, the final norm and the head, from the settings."""
         init = keras.initializers.RandomNormal(stddev=0.02)
         self.token_embedding = TokenEmbedding(
-            vocabulary_size, hidden_dim, embeddings_initializer=init, dtype=self.dtype_policy, name="token_embedding"
+            self.vocabulary_size,
+            self.hidden_dim,
+            embeddings_initializer=init,
+            dtype=self.dtype_policy,
+            name="token_embedding",
         )
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="embedding_dropout")
+        self.embedding_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name="embedding_dropout")
         self.blocks = [
             DecoderBlock(
-                num_heads,
-                intermediate_dim,
+                self.num_heads,
+                self.intermediate_dim,
                 key_dim=self.head_dim,
-                dropout=dropout,
+                dropout=self.dropout,
                 attention_dropout=self.attention_dropout,
-                activation=activation,
+                activation=self.activation,
                 norm_first=True,
-                layer_norm_epsilon=layer_norm_epsilon,
+                layer_norm_epsilon=self.layer_norm_epsilon,
                 kernel_initializer=init,
                 remat=remat,
                 num_key_value_heads=self.num_key_value_heads,
                 normalization="rms_norm",
                 gated_feed_forward=True,
-                attention_use_bias=attention_use_bias,
+                attention_use_bias=self.attention_use_bias,
                 attention_output_use_bias=self.attention_output_use_bias,
-                feed_forward_use_bias=feed_forward_use_bias,
-                rotary_embedding=rotary_embedding,
+                feed_forward_use_bias=self.feed_forward_use_bias,
+                rotary_embedding=self.rotary_embedding,
                 sliding_window=self._window_of(i),
-                query_key_norm_epsilon=layer_norm_epsilon if query_key_norm else None,
+                query_key_norm_epsilon=self.layer_norm_epsilon if self.query_key_norm else None,
                 dtype=self.dtype_policy,
                 name=f"block_{i}",
             )
-            for i in range(num_layers)
+            for i in range(self.num_layers)
         ]
         self.final_norm = keras.layers.RMSNormalization(
-            epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
         )
-        self.lm_head = self._output_head(tie_embeddings, init)
-        self._compile_defaults()
+        self.lm_head = self._output_head(self.tie_embeddings, init)
 
     def _window_of(self, layer: int) -> int | None:
         if self.sliding_window_layers is None or layer in self.sliding_window_layers:

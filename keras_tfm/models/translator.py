@@ -19,9 +19,9 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation import compiled, decoding
-from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.sampling import NO_CONTROLS, Sampler, check_decoding, logits_controls
+from keras_tfm.generation import orchestration, prompts
+from keras_tfm.generation.request import Request, Strategy
+from keras_tfm.generation.sampling import check_decoding, logits_controls
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -179,7 +179,7 @@ class Translator(ZooModel):
             if tie_embeddings
             else keras.layers.Dense(target_vocabulary_size, use_bias=False, dtype=policy, name="lm_head")
         )
-        self._translate_functions: dict = {}
+        self._generate_functions: dict = {}
         self._compile_defaults()
 
     def build(self, inputs_shape=None):
@@ -280,9 +280,9 @@ class Translator(ZooModel):
             and source_ids
             and isinstance(source_ids[0], (list, tuple, np.ndarray))
         ):
-            ids = decoding.right_padded(source_ids, "source_ids", vocabulary, self.pad_token_id)
+            ids = prompts.right_padded(source_ids, "source_ids", vocabulary, self.pad_token_id)
         else:
-            ids = decoding.as_token_ids(ops.convert_to_numpy(source_ids), "source_ids", vocabulary)
+            ids = prompts.as_token_ids(ops.convert_to_numpy(source_ids), "source_ids", vocabulary)
             if ids.ndim == 1:  # one sentence, as `GPT.generate` takes one prompt
                 ids = ids[None]
             if ids.ndim != 2:
@@ -335,36 +335,27 @@ class Translator(ZooModel):
         owner = "Translator.translate"
         check_decoding(owner, max_length=max_length, beam_size=beam_size, length_penalty=length_penalty)
         controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-        texts = decoding.texts(source_ids)
+        texts = prompts.texts(source_ids)
         if texts is not None:
             source_ids = self._encode_sources(owner, texts)
         self._build_on_demand()
         source = self._prepare_source(source_ids)
         for name, length in (("source length", source.shape[1]), ("max_length + 1", max_length + 1)):
             if length > self.max_length:
-                raise InputError(
-                    f"{name} {length} exceeds the model's max_length={self.max_length}.", caller="Translator.translate"
-                )
-        start = [[self.start_token_id]] * source.shape[0]
-        buffer, prompt_mask, lengths = decoding.prepare_prompts(
-            start, None, max_length, self.pad_token_id, self.target_vocabulary_size
+                raise InputError(f"{name} {length} exceeds the model's max_length={self.max_length}.", caller=owner)
+        request = Request.of_prompts(
+            [[self.start_token_id]] * source.shape[0],
+            None,
+            self.target_vocabulary_size,
+            Strategy(num_beams=beam_size, length_penalty=length_penalty),
+            max_new_tokens=max_length,
+            stop_token_ids=np.array([self.end_token_id], "int32"),
+            pad_token_id=self.pad_token_id,
+            controls=controls,
+            seed=0,
         )
-        key = (beam_size, length_penalty, controls)
-        if key not in self._translate_functions:
-            self._translate_functions[key] = compiled.compile_function(
-                self._translate_loop(beam_size, length_penalty, controls), self
-            )
-        output = self._translate_functions[key](
-            ops.convert_to_tensor(source),
-            ops.convert_to_tensor(buffer),
-            ops.convert_to_tensor(prompt_mask),
-            ops.convert_to_tensor(lengths),
-            ops.convert_to_tensor(max_length, "int32"),
-            ops.convert_to_tensor(np.array([self.end_token_id], "int32")),
-            ops.convert_to_tensor(self.pad_token_id, "int32"),
-            decoding.initial_seed_state(0),
-        )
-        output = ops.convert_to_numpy(output)[:, 1:]
+        output, _ = orchestration.run(self, request, (ops.convert_to_tensor(source),))
+        output = output[:, 1:]
         if texts is None:
             return output
         translations = []
@@ -390,62 +381,24 @@ class Translator(ZooModel):
             raise InputError(f"every source needs at least one token; received {texts!r}.", "source_ids", caller=owner)
         return sources
 
-    def _translate_loop(self, beam_size: int, length_penalty: float, controls=NO_CONTROLS):
-        step, while_loop = compiled.decoding_functions(self.call_with_cache, self)
+    @property
+    def decoding_vocabulary_size(self) -> int:
+        return self.target_vocabulary_size
+
+    def decoding_cache(self, rows: int, length: int, source, copies: int = 1) -> tuple:
+        """An empty self-attention cache for `rows` target rows of `length` positions, and the context
+        every step reads: the encoder's keys and values of `source` and its mask, for `copies` beams of
+        each source."""
+        encoder_output, source_mask = self.encode(source)
+        cross_cache = tuple(block.cross_attention.precompute_key_value(encoder_output) for block in self.decoder_blocks)
+        if copies > 1:
+            cross_cache = tuple(ops.repeat(part, copies, axis=0) for part in cross_cache)
+            source_mask = ops.repeat(source_mask, copies, axis=0)
         head_dim = self.hidden_dim // self.num_heads
-
-        def run(source, buffer, prompt_mask, lengths, max_new, stops, pad, seed_state):
-            encoder_output, source_mask = self.encode(source)
-            cross_cache = tuple(
-                block.cross_attention.precompute_key_value(encoder_output) for block in self.decoder_blocks
-            )
-            if beam_size > 1:
-                cross_cache = tuple(ops.repeat(part, beam_size, axis=0) for part in cross_cache)
-                source_mask = ops.repeat(source_mask, beam_size, axis=0)
-            rows = buffer.shape[0] * beam_size
-            cache = tuple(
-                ops.zeros((rows, 2, self.num_heads, buffer.shape[1], head_dim), self.compute_dtype)
-                for _ in self.decoder_blocks
-            )
-            context = (cross_cache, source_mask)
-            if beam_size > 1:
-                return beam_decode(
-                    step,
-                    cache,
-                    buffer,
-                    prompt_mask,
-                    lengths,
-                    1,
-                    max_new,
-                    stops,
-                    pad,
-                    beam_size,
-                    length_penalty,
-                    while_loop,
-                    context,
-                    controls=controls,
-                    vocabulary_size=self.target_vocabulary_size,
-                )
-            output, _ = decoding.decode(
-                step,
-                cache,
-                buffer,
-                prompt_mask,
-                lengths,
-                1,
-                max_new,
-                stops,
-                pad,
-                seed_state,
-                Sampler(),
-                while_loop,
-                context,
-                controls=controls,
-                vocabulary_size=self.target_vocabulary_size,
-            )
-            return output
-
-        return run
+        cache = tuple(
+            ops.zeros((rows, 2, self.num_heads, length, head_dim), self.compute_dtype) for _ in self.decoder_blocks
+        )
+        return cache, (cross_cache, source_mask)
 
 
 def transformer_small(**overrides) -> Translator:

@@ -30,3 +30,4 @@ from keras_tfm.training.distribute import (
 )
 from keras_tfm.training.fitting import make_optimizer, plan_steps, setup
 from keras_tfm.training.runtime import TrainResult, train
+from keras_tfm.training.samples import PrintSamples, text_sampler

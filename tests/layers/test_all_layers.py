@@ -90,7 +90,7 @@ def test_keras_file_saved_here_loads_on_the_next_backend(rng, tmp_path):
 
 
 def test_a_quantized_model_of_every_layer_keeps_its_outputs_and_its_keras_file_loads_again(rng, tmp_path):
-    # int8 here; int4, whose own settings must come back too: tests/models/test_model.py (GPT)
+    # int8 here; int4, whose own settings must come back too: tests/models/test_base.py (GPT)
     inputs, _ = copy_task(rng, n=4)
     model = all_layers_model()
     expected = to_numpy(model(inputs))

@@ -63,7 +63,7 @@ def test_cached_greedy_equals_full_forward_greedy():
 
 
 def test_a_quantized_model_generates_as_its_full_forward_passes():
-    # its reloaded .keras file gives the same logits: tests/models/test_model.py
+    # its reloaded .keras file gives the same logits: tests/models/test_base.py
     model = peaked(tiny_gpt())
     model.quantize("int8")
     prompt = [3, 17, 5, 9]

@@ -87,7 +87,7 @@ def test_cached_greedy_translation_equals_full_forward_greedy(rng):
 
 
 def test_a_quantized_model_translates_as_its_full_forward_passes(rng):
-    # its reloaded .keras file gives the same logits: tests/models/test_model.py
+    # its reloaded .keras file gives the same logits: tests/models/test_base.py
     model = peaked(tiny_translator())
     model.quantize("int8")
     source = sources(rng, [6])

@@ -362,7 +362,7 @@ def test_a_lora_checkpoint_resumes_exactly(tmp_path, rng):
     pairs, so training goes on as if never stopped."""
     import keras_tfm
     from keras_tfm.training import CheckpointManager
-    from tests.layers.test_lora import small_gpt
+    from tests.models.test_lora import small_gpt
 
     ids = rng.integers(0, 50, size=(4, 16))
     x, y = ids[:, :-1], ids[:, 1:]

@@ -1,0 +1,135 @@
+"""The one orchestration of generation: a `Request` decoded by a model, compiled once per setting.
+
+`generate`, `stream`, `chat` and `translate` are adapters: each makes a `Request` and calls `run` (the
+whole loop at once) or `stream` (a chunk at a time), then `finish` (text, scores, continuations per
+prompt). A model that generates gives the loop three things: `call_with_cache` (its one-token step),
+`decoding_cache(rows, length, *inputs, copies=1) -> (cache, context)` (an empty key/value cache, and what
+every step reads: a translator's encoder keys/values, for `copies` beams of each row) and
+`decoding_vocabulary_size`. The compiled functions are kept on the model (`_generate_functions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+from keras import ops
+
+from keras_tfm.generation import compiled
+from keras_tfm.generation.beam_search import beam_decode
+from keras_tfm.generation.decoding import Decoder, decode, decode_until, prefill
+from keras_tfm.generation.request import Request
+
+
+def _decoder(model, request: Request) -> Decoder:
+    step, while_loop = compiled.decoding_functions(model.call_with_cache, model, traceable=request.strategy.traceable)
+    return Decoder(step, while_loop, request.controls, model.decoding_vocabulary_size)
+
+
+def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.ndarray | None]:
+    """The request decoded to the end: the output buffer `(rows, total)` (the best beams, `rows *
+    num_return_sequences`, for beam search) and, with `return_scores`, each new token's
+    log-probability from its row's prompt end on, `(rows, max_new_tokens)`; `inputs`: the model's own
+    (a translator's source ids)."""
+    model._build_on_demand()  # weights must exist before the loop is traced
+    key = ("run", *request.compiled_key)
+    if key not in model._generate_functions:
+        decoder, width = _decoder(model, request), request.prompt_width
+        strategy, with_scores = request.strategy, request.return_scores
+
+        def loop(batch, seed_state, *inputs):
+            copies = strategy.num_beams
+            cache, context = model.decoding_cache(
+                batch.buffer.shape[0] * copies, batch.buffer.shape[1], *inputs, copies=copies
+            )
+            batch = batch._replace(context=context)
+            if strategy.search is not None:
+                return beam_decode(decoder, batch, width, cache, strategy.search), seed_state
+            return decode(decoder, batch, width, cache, seed_state, strategy.sampler, with_scores)
+
+        model._generate_functions[key] = compiled.compile_function(loop, model)
+    output, *scores = model._generate_functions[key](request.batch(), request.seed_state(), *inputs)
+    output = ops.convert_to_numpy(output)
+    if not request.return_scores:
+        return output, None
+    every = ops.convert_to_numpy(scores[-1])
+    lengths = request.lengths.tolist()
+    return output, np.stack([every[i, n : n + request.max_new_tokens] for i, n in enumerate(lengths)])
+
+
+def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarray, int, bool]]:
+    """Decodes the request's one row `chunk_size` positions at a time, keeping the cache between
+    chunks; yields `(row, written, finished)`: the row so far and how many of its positions are written."""
+    model._build_on_demand()
+    key = ("stream", *request.compiled_key)
+    if key not in model._generate_functions:
+        decoder, width, sampler = _decoder(model, request), request.prompt_width, request.strategy.sampler
+
+        def start(batch, seed_state):
+            cache, context = model.decoding_cache(batch.buffer.shape[0], batch.buffer.shape[1])
+            return prefill(decoder, batch._replace(context=context), width, cache, seed_state)
+
+        def advance(state, batch, until):
+            return decode_until(decoder, state, batch, until, sampler)
+
+        model._generate_functions[key] = (
+            compiled.compile_function(start, model),
+            compiled.compile_function(advance, model),
+        )
+    start, advance = model._generate_functions[key]
+    batch = request.batch()
+    state = start(batch, request.seed_state())
+    total = request.buffer.shape[1]
+    while True:
+        position = int(ops.convert_to_numpy(state.t))
+        state = advance(state, batch, ops.convert_to_tensor(min(position + chunk_size, total), "int32"))
+        position = int(ops.convert_to_numpy(state.t))
+        finished = bool(np.all(ops.convert_to_numpy(state.done))) or position >= total
+        yield ops.convert_to_numpy(state.buffer)[0], position, finished
+        if finished:
+            return
+
+
+def generated_end(row: np.ndarray, prompt_length: int, max_new_tokens: int, stop_token_ids) -> int:
+    """Where a generated row ends: after its first stop token, or after all its new tokens."""
+    new = row[prompt_length : prompt_length + max_new_tokens]
+    stops = np.flatnonzero(np.isin(new, np.asarray(stop_token_ids).reshape(-1)))
+    return prompt_length + (int(stops[0]) + 1 if stops.size else len(new))
+
+
+def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[np.ndarray], str]):
+    """`output` as `generate` returns it: the ids as they are for id prompts; for text, each row's
+    prompt and new tokens (up to and with a stop token) as text: a string for a string, a list for a
+    list (of `num_return_sequences` strings each, where more than one)."""
+    if texts is None:
+        return output
+    count = request.strategy.num_return_sequences
+    lengths = np.repeat(request.lengths, count) if request.strategy.search is not None else request.lengths
+    decoded = [
+        decode_text(row[: generated_end(row, int(length), request.max_new_tokens, request.stop_token_ids)])
+        for row, length in zip(output, lengths)
+    ]
+    if count > 1:
+        decoded = [decoded[i : i + count] for i in range(0, len(decoded), count)]
+    return decoded[0] if isinstance(texts, str) else decoded
+
+
+def stream_pieces(model, request: Request, chunk_size: int, text: bool, decode_text: Callable[[np.ndarray], str]):
+    """The stream of one request as `CausalLM.stream` yields it: arrays of new ids, or text pieces
+    whose concatenation is what `generate` adds to the prompt's text."""
+    prompt_length = int(request.lengths[0])
+    written = prompt_length
+    shown = decode_text(request.buffer[0, :prompt_length]) if text else ""
+    for row, position, finished in stream(model, request, chunk_size):
+        end = generated_end(row[:position], prompt_length, request.max_new_tokens, request.stop_token_ids)
+        if not text:
+            if end > written:
+                yield row[written:end].copy()
+            written = end
+            continue
+        decoded = decode_text(row[:end])
+        # a token may end inside a character; hold back a replacement character until the next chunk
+        ready = decoded if finished else decoded.rstrip("\ufffd")
+        if len(ready) > len(shown) and ready.startswith(shown):
+            yield ready[len(shown) :]
+            shown = ready

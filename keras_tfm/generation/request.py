@@ -1,0 +1,114 @@
+"""One decoding call as small typed objects: how tokens are chosen (`Strategy`), and the checked call
+itself (`Request`: the prompts as a right-padded buffer, how rows stop, the logits controls, the seed).
+`generate`, `stream`, `chat` and `translate` each make one and hand it to `orchestration`; a server's
+requests of different lengths and settings are requests too."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from keras import ops
+
+from keras_tfm.errors import InputError
+from keras_tfm.generation.beam_search import BeamSearch
+from keras_tfm.generation.decoding import Batch, initial_seed_state
+from keras_tfm.generation.prompts import prepare_prompts
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, check_return_sequences
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """How each next token is chosen: by `sampler` (greedy, or a draw), or by beam search over
+    `num_beams` > 1 beams ranked by log-probability / length ** `length_penalty`; and how many
+    continuations each prompt gets (`num_return_sequences`: the best beams, or that many draws)."""
+
+    sampler: Sampler = Sampler()
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    num_return_sequences: int = 1
+
+    @classmethod
+    def checked(cls, owner: str, sampler: Sampler, num_beams: int, length_penalty: float, num_return_sequences: int):
+        check_return_sequences(owner, num_return_sequences, num_beams, sampler.temperature)
+        return cls(sampler, num_beams, length_penalty, num_return_sequences)
+
+    @property
+    def search(self) -> BeamSearch | None:
+        """The beam search, or None for greedy decoding and sampling."""
+        return (
+            BeamSearch(self.num_beams, self.length_penalty, self.num_return_sequences) if self.num_beams > 1 else None
+        )
+
+    @property
+    def traceable(self) -> bool:
+        """Whether the loop body is deterministic (greedy or beams): PyTorch then traces it whole."""
+        return self.sampler.greedy or self.num_beams > 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One decoding call, checked: `buffer` and `prompt_mask` `(rows, total)` hold the prompts
+    right-padded and room for `max_new_tokens` (rows repeated where a prompt is sampled several times),
+    `lengths` each prompt's length (all NumPy); a row ends after a token of `stop_token_ids` and is then
+    filled with `pad_token_id`."""
+
+    buffer: np.ndarray
+    prompt_mask: np.ndarray
+    lengths: np.ndarray
+    max_new_tokens: int
+    stop_token_ids: np.ndarray
+    pad_token_id: int
+    strategy: Strategy = Strategy()
+    controls: LogitsControls = NO_CONTROLS
+    seed: int | None = None
+    return_scores: bool = False
+
+    @classmethod
+    def of_prompts(cls, token_ids, padding_mask, vocabulary_size: int, strategy: Strategy, **settings) -> Request:
+        """The request of prompts (a list of id lists, or an array with `padding_mask`), checked against
+        `vocabulary_size`; `settings`: the other fields."""
+        buffer, prompt_mask, lengths = prepare_prompts(
+            token_ids, padding_mask, settings["max_new_tokens"], settings["pad_token_id"], vocabulary_size
+        )
+        if strategy.num_beams == 1 and strategy.num_return_sequences > 1:  # samples: each prompt that many times
+            buffer, prompt_mask, lengths = (
+                np.repeat(a, strategy.num_return_sequences, axis=0) for a in (buffer, prompt_mask, lengths)
+            )
+        return cls(buffer, prompt_mask, lengths, strategy=strategy, **settings)
+
+    @property
+    def prompt_width(self) -> int:
+        """The buffer's columns that hold prompt tokens."""
+        return self.buffer.shape[1] - self.max_new_tokens
+
+    @property
+    def compiled_key(self) -> tuple:
+        """What the compiled loop is made for (a new value of any of these is another trace)."""
+        return (self.strategy, self.prompt_width, self.controls, self.return_scores)
+
+    def batch(self, context: tuple = ()) -> Batch:
+        """The request's tensors as the loop takes them."""
+        stops = self.stop_token_ids if self.stop_token_ids.size else np.array([-1], "int32")
+        return Batch(
+            ops.convert_to_tensor(self.buffer),
+            ops.convert_to_tensor(self.prompt_mask),
+            ops.convert_to_tensor(self.lengths),
+            ops.convert_to_tensor(self.max_new_tokens, "int32"),
+            ops.convert_to_tensor(stops.astype("int32")),
+            ops.convert_to_tensor(self.pad_token_id, "int32"),
+            context,
+        )
+
+    def seed_state(self):
+        return initial_seed_state(self.seed)
+
+
+def check_return_scores(owner: str, return_scores, num_beams: int) -> None:
+    if not isinstance(return_scores, bool) or (return_scores and num_beams > 1):
+        raise InputError(
+            f"`return_scores` must be True or False, and True only without beam search (num_beams=1), "
+            f"which ranks whole sequences; received return_scores={return_scores!r} with num_beams={num_beams!r}.",
+            "return_scores",
+            caller=owner,
+        )
