@@ -216,7 +216,7 @@ def test_nan_weights_are_refused_unless_allowed_and_an_in_memory_model_keeps_its
 
 @pytest.mark.backend_independent
 def test_a_checkpoint_whose_tokenizer_outgrows_its_embeddings_is_refused(tmp_path):
-    from tests.training.test_runtime import llama_family_checkpoint
+    from tests.recipes.helpers import llama_family_checkpoint
 
     checkpoint, _, _ = llama_family_checkpoint(tmp_path)
     config = json.loads((checkpoint / "config.json").read_text())
@@ -272,7 +272,7 @@ def test_peft_adapter_both_ways(rng, tmp_path):
 @pytest.mark.backend_independent  # generation on every backend: the tests above
 def test_a_checkpoint_directory_brings_its_tokenizer_and_generates_transformers_text(tmp_path):
     from keras_tfm.data import HuggingFaceTokenizer
-    from tests.training.test_runtime import llama_family_checkpoint
+    from tests.recipes.helpers import llama_family_checkpoint
 
     checkpoint, hf, _ = llama_family_checkpoint(tmp_path, initializer_range=0.5)  # peaked: argmax is the model's
     model = keras_tfm.from_huggingface(str(checkpoint))
@@ -415,7 +415,7 @@ def _transformers_ids(tokenizer, messages):
 
 @pytest.mark.backend_independent  # the template and the stop ids; generation on every backend: the tests above
 def test_chat_renders_as_transformers_and_stops_at_the_checkpoints_end_ids(tmp_path):
-    from tests.training.test_runtime import llama_family_checkpoint
+    from tests.recipes.helpers import llama_family_checkpoint
 
     checkpoint, _, _ = llama_family_checkpoint(tmp_path, initializer_range=0.5)
     config = json.loads((checkpoint / "tokenizer_config.json").read_text())

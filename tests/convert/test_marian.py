@@ -134,7 +134,7 @@ def marian_checkpoint(tmp_path_factory):
 
     import sentencepiece
 
-    from tests.training.test_runtime import MULTI30K
+    from tests.recipes.helpers import MULTI30K
 
     directory = tmp_path_factory.mktemp("marian")
     pieces = []

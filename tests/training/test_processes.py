@@ -19,7 +19,7 @@ import pytest
 
 from keras_tfm.errors import DataError, InputError
 from keras_tfm.training import initialize_processes
-from tests.training.test_runtime import ROOT, SHAKESPEARE, TINY_GPT, recipe
+from tests.recipes.helpers import ROOT, SHAKESPEARE, TINY_GPT, recipe
 
 BACKEND = keras.backend.backend()
 FLAGS = ["--data", SHAKESPEARE, "--sample-every", "0", "--distribute", "data", *TINY_GPT]

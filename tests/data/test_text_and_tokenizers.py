@@ -20,7 +20,9 @@ from tests.checks import bert_vocabulary
 
 pytestmark = pytest.mark.backend_independent  # text, images and tokenizers: NumPy and Python only
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+SHARED = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..", "shared", "data"
+)
 
 
 def test_read_text_file_gzip_and_directory(tmp_path):
