@@ -1,3 +1,4 @@
+import gc
 import os
 
 # The suite's models are tiny, so XLA's time goes to compiling, not running: LLVM's optimisation passes
@@ -42,3 +43,16 @@ def _seed_and_policy():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Frees each test file's models and their compiled programs when it ends: `.ci/test` runs five
+    suites at once on a 24 GB machine, and JAX keeps every executable of a live jitted function (a
+    model's generation loop holds the model, so only a collection frees them)."""
+    yield
+    gc.collect()
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.clear_caches()

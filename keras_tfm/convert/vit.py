@@ -257,14 +257,6 @@ def image_processor_config(side: int, layers: list, num_channels: int = 3) -> tu
     model_side, offset, steps = side, 0.0, (keras.layers.CenterCrop, keras.layers.Rescaling, keras.layers.Normalization)
     done = -1
 
-    def per_channel(values, name: str) -> list:
-        values = np.asarray(keras.ops.convert_to_numpy(values), "float64").reshape(-1)
-        if values.size == 1:
-            values = np.repeat(values, num_channels)
-        if values.size != num_channels:
-            refuse(f"{name} has {values.size} values; the model takes {num_channels}-channel images.")
-        return values
-
     for layer in layers:
         step = next((i for i, kind in enumerate(steps) if isinstance(layer, kind)), None)
         if step is None or step <= done:
@@ -297,16 +289,30 @@ def image_processor_config(side: int, layers: list, num_channels: int = 3) -> tu
             if offset:  # x * scale + offset = (x * scale - (-offset)) / 1
                 config.update(do_normalize=True, image_mean=[-offset] * num_channels)
         else:
-            if layer.invert or tuple(layer.axis) not in ((-1,), (3,)):
-                refuse("a Normalization over the channels (axis -1), not inverted.")
-            mean = layer.input_mean if layer.input_mean is not None else getattr(layer, "mean", None)
-            variance = layer.input_variance if layer.input_variance is not None else getattr(layer, "variance", None)
-            if mean is None or variance is None:
-                refuse("the Normalization has no mean and variance yet (adapt it first).")
-            # ((x * scale + offset) - mean) / std = (x * scale - (mean - offset)) / std
-            config.update(
-                do_normalize=True,
-                image_mean=[float(m) - offset for m in per_channel(mean, "the mean")],
-                image_std=[float(np.sqrt(v)) for v in per_channel(variance, "the variance")],
-            )
+            config.update(_normalization(layer, offset, num_channels, refuse))
     return config, model_side
+
+
+def _normalization(layer, offset: float, num_channels: int, refuse) -> dict:
+    """The image processor's mean and std of a Normalization after a Rescaling with `offset`."""
+    if layer.invert or tuple(layer.axis) not in ((-1,), (3,)):
+        refuse("a Normalization over the channels (axis -1), not inverted.")
+    mean = layer.input_mean if layer.input_mean is not None else getattr(layer, "mean", None)
+    variance = layer.input_variance if layer.input_variance is not None else getattr(layer, "variance", None)
+    if mean is None or variance is None:
+        refuse("the Normalization has no mean and variance yet (adapt it first).")
+
+    def per_channel(values, name: str) -> list:
+        values = np.asarray(keras.ops.convert_to_numpy(values), "float64").reshape(-1)
+        if values.size == 1:
+            values = np.repeat(values, num_channels)
+        if values.size != num_channels:
+            refuse(f"{name} has {values.size} values; the model takes {num_channels}-channel images.")
+        return values
+
+    # ((x * scale + offset) - mean) / std = (x * scale - (mean - offset)) / std
+    return dict(
+        do_normalize=True,
+        image_mean=[float(m) - offset for m in per_channel(mean, "the mean")],
+        image_std=[float(np.sqrt(v)) for v in per_channel(variance, "the variance")],
+    )

@@ -116,44 +116,16 @@ def prepare_token_shards(
     os.makedirs(directory, exist_ok=True)
     dtype = np.dtype("uint16" if tokenizer.vocabulary_size <= 1 << 16 else "uint32")
     cut = int(total * (1 - validation_fraction))
-    shards = {split: [] for split in SPLITS}
-    files = {}
-
-    def write(split: str, ids: np.ndarray) -> None:
-        while len(ids):
-            if split not in files or shards[split][-1]["tokens"] >= shard_tokens:
-                if split in files:
-                    files[split].close()
-                name = f"{split}-{len(shards[split]):05d}.bin"
-                files[split] = open(os.path.join(directory, name), "wb")  # noqa: SIM115
-                shards[split].append({"file": name, "tokens": 0})
-            room = shard_tokens - shards[split][-1]["tokens"]
-            ids[:room].astype(dtype).tofile(files[split])
-            shards[split][-1]["tokens"] += len(ids[:room])
-            ids = ids[room:]
-
     position = 0
-    try:
+    with _ShardWriter(directory, dtype, shard_tokens) as writer:
         for piece in _pieces(path, "data", chunk_characters):
             head = piece[: max(0, cut - position)]
             for split, text in (("train", head), ("validation", piece[len(head) :])):
                 if text:
-                    write(split, np.asarray(tokenizer.encode(text)).reshape(-1))
+                    writer.write(split, np.asarray(tokenizer.encode(text)).reshape(-1))
             position += len(piece)
             log(f"Token shards: {position:,} of {total:,} characters tokenized.")
-    finally:
-        for file in files.values():
-            file.close()
-    if not all(sum(shard["tokens"] for shard in shards[split]) for split in SPLITS):
-        for split in SPLITS:  # nothing of a refused text stays behind to be taken for prepared shards
-            for shard in shards[split]:
-                os.remove(os.path.join(directory, shard["file"]))
-        counts = ", ".join(f"{sum(s['tokens'] for s in shards[split]):,} {split}" for split in SPLITS)
-        raise DataError(
-            f"{path!r} gives no tokens to {'train' if not shards['train'] else 'validate'} on ({counts} tokens); "
-            "expected more text.",
-            "data",
-        )
+    writer.refuse_empty(path)
     meta = {
         "format": 1,
         "source": os.path.abspath(path),
@@ -163,17 +135,64 @@ def prepare_token_shards(
         "vocabulary_size": tokenizer.vocabulary_size,
         "tokenizer_digest": digest,
         "tokenizer": json.loads(json.dumps(tokenizer_state(tokenizer))),
-        "splits": shards,
+        "splits": writer.shards,
     }
     temporary = os.path.join(directory, "meta.json.tmp")
     with open(temporary, "w", encoding="utf-8") as file:
         json.dump(meta, file)
     os.replace(temporary, os.path.join(directory, "meta.json"))
     log(
-        f"Token shards: {sum(s['tokens'] for s in shards['train']):,} training and "
-        f"{sum(s['tokens'] for s in shards['validation']):,} validation tokens in {directory}."
+        f"Token shards: {writer.count('train'):,} training and {writer.count('validation'):,} validation tokens "
+        f"in {directory}."
     )
     return directory
+
+
+class _ShardWriter:
+    """Ids appended to each split's shard files, a new file every `shard_tokens` tokens."""
+
+    def __init__(self, directory: str, dtype: np.dtype, shard_tokens: int):
+        self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
+        self.shards = {split: [] for split in SPLITS}  # what meta.json records of each file
+        self.files = {}
+
+    def write(self, split: str, ids: np.ndarray) -> None:
+        shards = self.shards[split]
+        while len(ids):
+            if split not in self.files or shards[-1]["tokens"] >= self.shard_tokens:
+                if split in self.files:
+                    self.files[split].close()
+                name = f"{split}-{len(shards):05d}.bin"
+                self.files[split] = open(os.path.join(self.directory, name), "wb")  # noqa: SIM115
+                shards.append({"file": name, "tokens": 0})
+            room = self.shard_tokens - shards[-1]["tokens"]
+            ids[:room].astype(self.dtype).tofile(self.files[split])
+            shards[-1]["tokens"] += len(ids[:room])
+            ids = ids[room:]
+
+    def count(self, split: str) -> int:
+        return sum(shard["tokens"] for shard in self.shards[split])
+
+    def refuse_empty(self, path: str) -> None:
+        """Refuses a text that left a split without tokens, removing what was written of it."""
+        if all(self.count(split) for split in SPLITS):
+            return
+        for split in SPLITS:  # nothing of a refused text stays behind to be taken for prepared shards
+            for shard in self.shards[split]:
+                os.remove(os.path.join(self.directory, shard["file"]))
+        counts = ", ".join(f"{self.count(split):,} {split}" for split in SPLITS)
+        raise DataError(
+            f"{path!r} gives no tokens to {'train' if not self.count('train') else 'validate'} on ({counts} tokens); "
+            "expected more text.",
+            "data",
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        for file in self.files.values():
+            file.close()
 
 
 def source_record(path: str, argument: str = "data") -> dict:

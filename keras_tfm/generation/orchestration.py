@@ -5,7 +5,9 @@ whole loop at once) or `stream` (a chunk at a time), then `finish` (text, scores
 prompt). A model that generates gives the loop three things: `call_with_cache` (its one-token step),
 `decoding_cache(rows, length, *inputs, copies=1) -> (cache, context)` (an empty key/value cache, and what
 every step reads: a translator's encoder keys/values, for `copies` beams of each row) and
-`decoding_vocabulary_size`. The compiled functions are kept on the model (`_generate_functions`).
+`decoding_vocabulary_size`. The compiled functions are kept on the model (`_generate_functions`): the loop is
+compiled once per setting and reused, XLA on JAX and TensorFlow; on PyTorch the loop body (greedy, beam
+search) or the model step (sampling) is recorded once with `torch.jit.trace` and replayed.
 """
 
 from __future__ import annotations

@@ -20,6 +20,23 @@ from keras_tfm.layers.rotary import RotaryEmbedding
 LARGE_NEGATIVE = -1e9
 
 
+def _check_inputs(query, value, key) -> None:
+    """Refuses keys and values of another batch than the query's, or of different lengths."""
+    for name, tensor in (("value", value), ("key", key)):
+        if len(tensor.shape) != 3 or _static_dims_differ(tensor.shape[:1], query.shape[:1]):
+            raise InputError(
+                f"`{name}` must have shape (batch, length, features) with the query's "
+                f"batch {_shown(query.shape[:1])[0]}; received shape {tuple(tensor.shape)}.",
+                caller="MultiHeadAttention",
+            )
+    if _static_dims_differ(key.shape[:2], value.shape[:2]):  # PyTorch's einsum would broadcast a length of 1
+        raise InputError(
+            f"`key` and `value` must have the same batch and length; received shapes "
+            f"{tuple(key.shape)} and {tuple(value.shape)}.",
+            caller="MultiHeadAttention",
+        )
+
+
 def _static_dims_differ(received, expected) -> bool:
     """Whether two shapes differ in a dimension both know (ints; None or a tensor is unknown)."""
     return any(isinstance(r, int) and isinstance(e, int) and r != e for r, e in zip(received, expected))
@@ -337,19 +354,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             value = query
             value_mask = query_mask if value_mask is None else value_mask
         key = value if key is None else key
-        for name, tensor in (("value", value), ("key", key)):
-            if len(tensor.shape) != 3 or _static_dims_differ(tensor.shape[:1], query.shape[:1]):
-                raise InputError(
-                    f"`{name}` must have shape (batch, length, features) with the query's "
-                    f"batch {_shown(query.shape[:1])[0]}; received shape {tuple(tensor.shape)}.",
-                    caller="MultiHeadAttention",
-                )
-        if _static_dims_differ(key.shape[:2], value.shape[:2]):  # PyTorch's einsum would broadcast a length of 1
-            raise InputError(
-                f"`key` and `value` must have the same batch and length; received shapes "
-                f"{tuple(key.shape)} and {tuple(value.shape)}.",
-                caller="MultiHeadAttention",
-            )
+        _check_inputs(query, value, key)
         if value_mask is None:
             value_mask = get_keras_mask(value)
 
@@ -394,31 +399,36 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 cache is not None and cache_update_index is not None,
             )
 
-        scale = 1.0 / float(self.key_dim) ** 0.5
-        weights = None
-        # The fused op needs equal key and value head sizes (JAX) and has no dropout on weights.
-        # On JAX with XLA:CPU only bfloat16 takes it (cuDNN's flash attention on GPUs): its float16 form
-        # accumulates logits in float32, whose gradient XLA:CPU lacks, and in float32, where it has
-        # no kernel, its XLA form is slower than the einsums below (docs/layers.md).
         explicit = return_attention_weights or (training and self.dropout > 0)
+        if self_attention_only_causal and self._unfused(query_heads, explicit):
+            mask = self._combined_mask(batch, query_length, key_length, None, None, True, None, False)
+        attended, weights = self._attend(
+            query_heads, key_heads, value_heads, mask, self_attention_only_causal, explicit, training
+        )
+        attended = ops.reshape(attended, (-1, ops.shape(attended)[1], self.num_heads * self.value_dim))
+        output = self.output_dense(attended)
+
+        extras = []
+        if return_attention_weights:
+            extras.append(weights)
+        if cache is not None:
+            extras.append(cache)
+        return (output, *extras) if extras else output
+
+    def _unfused(self, query_heads, explicit: bool) -> bool:
+        """Whether the weights are computed here rather than by the fused op. The fused op needs equal
+        key and value head sizes (JAX) and has no dropout on weights. On JAX with XLA:CPU only bfloat16
+        takes it (cuDNN's flash attention on GPUs): its float16 form accumulates logits in float32,
+        whose gradient XLA:CPU lacks, and in float32, where it has no kernel, its XLA form is slower
+        than the einsums below (docs/layers.md)."""
         jax_unfused = keras.backend.backend() == "jax" and query_heads.dtype != "bfloat16" and on_xla_cpu()
-        if explicit or self.value_dim != self.key_dim or jax_unfused:
-            if self_attention_only_causal:
-                mask = self._combined_mask(batch, query_length, key_length, None, None, True, None, False)
-            # query heads in groups that share a key/value head (one group each without GQA), so
-            # that the keys and values are read as they are, not repeated
-            groups = self.num_heads // self.num_key_value_heads
-            grouped = ops.reshape(query_heads, (-1, query_length, self.num_key_value_heads, groups, self.key_dim))
-            logits = ops.einsum("bqhgd,bkhd->bhgqk", grouped, key_heads)
-            logits = ops.reshape(logits, (-1, self.num_heads, query_length, key_length))
-            logits = ops.cast(logits, "float32") * scale
-            if mask is not None:
-                logits = ops.where(mask, logits, LARGE_NEGATIVE)
-            weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
-            dropped = self.weights_dropout(weights, training=training)
-            dropped = ops.reshape(dropped, (-1, self.num_key_value_heads, groups, query_length, key_length))
-            attended = ops.einsum("bhgqk,bkhd->bqhgd", dropped, ops.cast(value_heads, self.compute_dtype))
-        else:
+        return explicit or self.value_dim != self.key_dim or jax_unfused
+
+    def _attend(self, query_heads, key_heads, value_heads, mask, is_causal: bool, explicit: bool, training):
+        """(the attended values `(batch, query_length, heads, value_dim)`, the weights or None)."""
+        scale = 1.0 / float(self.key_dim) ** 0.5
+        query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
+        if not self._unfused(query_heads, explicit):
             if self.num_key_value_heads != self.num_heads:  # the fused kernels want one key head per query head
                 groups = self.num_heads // self.num_key_value_heads
                 key_heads = ops.repeat(key_heads, groups, axis=2)
@@ -430,17 +440,22 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 ops.cast(value_heads, query_heads.dtype),
                 mask=mask,
                 scale=scale,
-                is_causal=self_attention_only_causal,
+                is_causal=is_causal,
             )
-        attended = ops.reshape(attended, (-1, ops.shape(attended)[1], self.num_heads * self.value_dim))
-        output = self.output_dense(attended)
-
-        extras = []
-        if return_attention_weights:
-            extras.append(weights)
-        if cache is not None:
-            extras.append(cache)
-        return (output, *extras) if extras else output
+            return attended, None
+        # query heads in groups that share a key/value head (one group each without GQA), so
+        # that the keys and values are read as they are, not repeated
+        groups = self.num_heads // self.num_key_value_heads
+        grouped = ops.reshape(query_heads, (-1, query_length, self.num_key_value_heads, groups, self.key_dim))
+        logits = ops.einsum("bqhgd,bkhd->bhgqk", grouped, key_heads)
+        logits = ops.reshape(logits, (-1, self.num_heads, query_length, key_length))
+        logits = ops.cast(logits, "float32") * scale
+        if mask is not None:
+            logits = ops.where(mask, logits, LARGE_NEGATIVE)
+        weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
+        dropped = self.weights_dropout(weights, training=training)
+        dropped = ops.reshape(dropped, (-1, self.num_key_value_heads, groups, query_length, key_length))
+        return ops.einsum("bhgqk,bkhd->bqhgd", dropped, ops.cast(value_heads, self.compute_dtype)), weights
 
     def compute_mask(self, query, value=None, key=None, query_mask=None, **kwargs):
         return query_mask

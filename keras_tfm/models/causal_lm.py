@@ -154,41 +154,24 @@ class CausalLM(ZooModel):
             (up to and with a stop token), decoded by `model.tokenizer` without special tokens: a
             string for a string, a list for a list (lists of `num_return_sequences` strings when > 1).
             With `return_scores`, the pair `(output, scores)`.
-
-        The decoding loop is compiled once per sampler setting and reused: XLA on JAX and
-        TensorFlow; on PyTorch the loop body (greedy, beam search) or the model step (sampling) is
-        recorded once with `torch.jit.trace` and replayed.
         """
         owner = f"{type(self).__name__}.generate"
         texts = prompts.texts(token_ids)
         if texts is not None:
             token_ids = self._encode_prompts(texts)
         pad_token_id = self._pad_id(pad_token_id)
-        check_decoding(
-            owner,
-            max_new_tokens=max_new_tokens,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            pad_token_id=pad_token_id,
-            vocabulary_size=self.vocabulary_size,
-        )
+        limits = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, length_penalty=length_penalty)
+        check_decoding(owner, **limits, pad_token_id=pad_token_id, vocabulary_size=self.vocabulary_size)
         controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         check_return_sequences(owner, num_return_sequences, num_beams, temperature)
         check_return_scores(owner, return_scores, num_beams)
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
         strategy = Strategy(sampler, num_beams, length_penalty, num_return_sequences)
-        request = Request.of_prompts(
-            token_ids,
-            padding_mask,
-            self.vocabulary_size,
-            strategy,
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=self._stop_ids(stop_token_ids),
-            pad_token_id=pad_token_id,
-            controls=controls,
-            seed=seed,
-            return_scores=return_scores,
+        stops = dict(
+            max_new_tokens=max_new_tokens, stop_token_ids=self._stop_ids(stop_token_ids), pad_token_id=pad_token_id
         )
+        call = dict(controls=controls, seed=seed, return_scores=return_scores)
+        request = Request.of_prompts(token_ids, padding_mask, self.vocabulary_size, strategy, **stops, **call)
         self._check_fits(owner, request.buffer.shape[1], max_new_tokens)
         output, scores = orchestration.run(self, request)
         output = orchestration.finish(request, output, texts, self._decode_text)

@@ -100,23 +100,7 @@ class DecoderLM(CausalLM):
         )
         if head_dim is None:
             self._check_heads("DecoderLM", hidden_dim, num_heads)
-        if num_key_value_heads is not None and num_heads % num_key_value_heads:
-            raise InputError(
-                f"num_heads must be a multiple of num_key_value_heads; received num_heads={num_heads}, "
-                f"num_key_value_heads={num_key_value_heads}.",
-                "num_key_value_heads",
-                caller="DecoderLM",
-            )
-        if sliding_window_layers is not None and (
-            isinstance(sliding_window_layers, str)
-            or not all(is_integer(i) and 0 <= i < num_layers for i in sliding_window_layers)
-        ):
-            raise InputError(
-                f"sliding_window_layers must be None or a list of layer indices in [0, num_layers="
-                f"{num_layers}); received {sliding_window_layers!r}.",
-                "sliding_window_layers",
-                caller="DecoderLM",
-            )
+        self._check_layout(num_heads, num_key_value_heads, num_layers, sliding_window_layers)
         rotary_embedding = {"max_wavelength": 10000.0, **(rotary_embedding or {})}
         RotaryEmbedding(**rotary_embedding)  # refuses bad rotary arguments now, not at the first call
         kwargs.setdefault("name", "decoder_lm")
@@ -146,6 +130,27 @@ class DecoderLM(CausalLM):
 
         self._make_layers(remat)
         self._compile_defaults()
+
+    @staticmethod
+    def _check_layout(num_heads: int, num_key_value_heads, num_layers: int, sliding_window_layers) -> None:
+        """Refuses query heads that key/value heads cannot group, and window layers that do not exist."""
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise InputError(
+                f"num_heads must be a multiple of num_key_value_heads; received num_heads={num_heads}, "
+                f"num_key_value_heads={num_key_value_heads}.",
+                "num_key_value_heads",
+                caller="DecoderLM",
+            )
+        if sliding_window_layers is not None and (
+            isinstance(sliding_window_layers, str)
+            or not all(is_integer(i) and 0 <= i < num_layers for i in sliding_window_layers)
+        ):
+            raise InputError(
+                f"sliding_window_layers must be None or a list of layer indices in [0, num_layers="
+                f"{num_layers}); received {sliding_window_layers!r}.",
+                "sliding_window_layers",
+                caller="DecoderLM",
+            )
 
     def _make_layers(self, remat: bool) -> None:
         """The token table, the blocks, the final norm and the head, from the settings."""

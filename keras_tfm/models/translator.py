@@ -135,50 +135,7 @@ class Translator(ZooModel):
         self.start_token_id = start_token_id
         self.end_token_id = end_token_id
 
-        policy = self.dtype_policy
-        self.source_embedding = TokenEmbedding(
-            source_vocabulary_size, hidden_dim, dtype=policy, name="source_embedding"
-        )
-        self.target_embedding = (
-            self.source_embedding
-            if share_embeddings
-            else TokenEmbedding(target_vocabulary_size, hidden_dim, dtype=policy, name="target_embedding")
-        )
-        if positions == "sinusoidal":
-            self.source_positions = SinusoidalPositionEncoding(interleave=False, dtype=policy, name="source_positions")
-            self.target_positions = self.source_positions
-        else:
-            self.source_positions = LearnedPositionEmbedding(max_length, dtype=policy, name="source_positions")
-            self.target_positions = LearnedPositionEmbedding(max_length, dtype=policy, name="target_positions")
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
-        block_args = dict(
-            num_heads=num_heads,
-            intermediate_dim=intermediate_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            remat=remat,
-            dtype=policy,
-        )
-        self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}") for i in range(num_encoder_layers)]
-        self.decoder_blocks = [
-            DecoderBlock(**block_args, use_cross_attention=True, name=f"decoder_block_{i}")
-            for i in range(num_decoder_layers)
-        ]
-        if norm_first:  # pre-norm stacks end un-normalized; the paper's post-norm blocks end with a LayerNorm
-            self.encoder_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=policy, name="encoder_norm"
-            )
-            self.decoder_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=policy, name="decoder_norm"
-            )
-        self.lm_head = (
-            None
-            if tie_embeddings
-            else keras.layers.Dense(target_vocabulary_size, use_bias=False, dtype=policy, name="lm_head")
-        )
+        self._make_layers(remat)
         self._generate_functions: dict = {}
         self._compile_defaults()
 
@@ -204,6 +161,55 @@ class Translator(ZooModel):
 
     def _label_range(self) -> tuple[int, str]:
         return self.target_vocabulary_size, "target_vocabulary_size"
+
+    def _make_layers(self, remat: bool) -> None:
+        """The embeddings, positions, both stacks of blocks, their norms and the head, from the settings."""
+        policy = self.dtype_policy
+        self.source_embedding = TokenEmbedding(
+            self.source_vocabulary_size, self.hidden_dim, dtype=policy, name="source_embedding"
+        )
+        self.target_embedding = (
+            self.source_embedding
+            if self.share_embeddings
+            else TokenEmbedding(self.target_vocabulary_size, self.hidden_dim, dtype=policy, name="target_embedding")
+        )
+        if self.positions == "sinusoidal":
+            self.source_positions = SinusoidalPositionEncoding(interleave=False, dtype=policy, name="source_positions")
+            self.target_positions = self.source_positions
+        else:
+            self.source_positions = LearnedPositionEmbedding(self.max_length, dtype=policy, name="source_positions")
+            self.target_positions = LearnedPositionEmbedding(self.max_length, dtype=policy, name="target_positions")
+        self.embedding_dropout = keras.layers.Dropout(self.dropout, dtype=policy, name="embedding_dropout")
+        block_args = dict(
+            num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            activation=self.activation,
+            norm_first=self.norm_first,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            remat=remat,
+            dtype=policy,
+        )
+        self.encoder_blocks = [
+            EncoderBlock(**block_args, name=f"encoder_block_{i}") for i in range(self.num_encoder_layers)
+        ]
+        self.decoder_blocks = [
+            DecoderBlock(**block_args, use_cross_attention=True, name=f"decoder_block_{i}")
+            for i in range(self.num_decoder_layers)
+        ]
+        if self.norm_first:  # pre-norm stacks end un-normalized; the paper's post-norm blocks end with a LayerNorm
+            self.encoder_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=policy, name="encoder_norm"
+            )
+            self.decoder_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=policy, name="decoder_norm"
+            )
+        self.lm_head = (
+            None
+            if self.tie_embeddings
+            else keras.layers.Dense(self.target_vocabulary_size, use_bias=False, dtype=policy, name="lm_head")
+        )
 
     def _embed(self, ids, embedding, positions, start_index=0, training=None):
         x = embedding(ids)

@@ -16,6 +16,8 @@ from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.positions import bicubic_resize_matrix
 from keras_tfm.models.base import ZooModel
 
+POSITIONS = ("learned", "sinusoidal")
+
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
 class ViT(ZooModel):
@@ -79,10 +81,9 @@ class ViT(ZooModel):
                 f"patch_size={patch_size}.",
                 caller="ViT",
             )
-        if pooling not in ("token", "mean"):
-            raise InputError(f"pooling must be 'token' or 'mean'; received {pooling!r}.", caller="ViT")
-        if positions not in ("learned", "sinusoidal"):
-            raise InputError(f"positions must be 'learned' or 'sinusoidal'; received {positions!r}.", caller="ViT")
+        for name, value, allowed in (("pooling", pooling, ("token", "mean")), ("positions", positions, POSITIONS)):
+            if value not in allowed:
+                raise InputError(f"{name} must be {' or '.join(map(repr, allowed))}; received {value!r}.", caller="ViT")
         self.image_size = image_size
         self.patch_size = patch_size
         self.num_classes = num_classes

@@ -46,7 +46,12 @@ def write_records(
 def export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing) -> dict:
     """Writes the trained model for transformers or peft users where it can be; returns where, for
     metrics.json. A failure is logged, not raised: the trained run is recorded all the same. LoRA on a
-    Hugging Face checkpoint gives both a peft adapter (the pairs alone) and the merged checkpoint."""
+    Hugging Face checkpoint gives both a peft adapter (the pairs alone) and the merged checkpoint.
+
+    Written where transformers users can use it (`output_dir/huggingface`): a model fine-tuned from
+    `huggingface` (with that checkpoint's tokenizer files), read by a `tokenizer` that writes itself for
+    transformers (characters, byte-pair, WordPiece), or a ViT given its `image_preprocessing`
+    (`save_huggingface`'s), with a classifier's class names `labels`."""
     written = {}
     if lora_rank and huggingface:
         from keras_tfm.convert import save_peft_adapter

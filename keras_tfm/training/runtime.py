@@ -82,12 +82,8 @@ def train(
             size, ...; JSON values). Each checkpoint records them with the config's (`RESULT_FIELDS`),
             and resuming with any of them changed is refused with the differences listed.
 
-    The trained model is also written for transformers users (`output_dir/huggingface`) where they can
-    use it: fine-tuned from `huggingface` (with that checkpoint's tokenizer files), read by a `tokenizer`
-    that writes itself for transformers (characters, byte-pair, WordPiece), or a ViT given its
-    `image_preprocessing` (`save_huggingface`'s), with a classifier's class names `labels`. A LoRA run on
-    a Hugging Face checkpoint also writes its peft adapter. The returned model carries `tokenizer`
-    (`model.tokenizer`), so that its `generate` takes text and its `.keras` file keeps the tokenizer.
+    The trained model is also written for transformers and peft users where they can use it
+    (`recording.export`); it carries `tokenizer`, so that its `generate` takes text.
     """
     if config.lora_rank and not (pretrained or huggingface is not None):
         raise InputError(
@@ -104,10 +100,10 @@ def train(
         config, build_model, train_batch, epochs * steps_per_epoch, loss, metrics, weighted_metrics
     )
     trainable = sum(math.prod(variable.shape) for variable in model.trainable_variables)
+    trained = f" ({trainable:,} trained: LoRA rank {lora_rank})" if lora_rank else ""
     log(
-        f"Model: {model.name}, {model.count_params():,} parameters"
-        f"{f' ({trainable:,} trained: LoRA rank {lora_rank})' if lora_rank else ''}; {epochs} epochs x "
-        f"{steps_per_epoch} steps of batch {config.batch_size}; XLA {'on' if use_jit(config) else 'off'}"
+        f"Model: {model.name}, {model.count_params():,} parameters{trained}; {epochs} epochs x {steps_per_epoch} "
+        f"steps of batch {config.batch_size}; XLA {'on' if use_jit(config) else 'off'}"
         f"{'; blocks rematerialized' if config.remat else ''}."
     )
     seconds = fit(config, model, train_batch, epochs, steps_per_epoch, validation_data, callbacks, recorded)
@@ -117,12 +113,8 @@ def train(
         "parameters": model.count_params(),
         "trainable_parameters": trainable,
         "lora_rank": lora_rank,
-        "epochs": epochs,
-        "steps": epochs * steps_per_epoch,
-        "batch_size": config.batch_size,
-        "precision": precision(config),
-        "remat": config.remat,
-        "train_seconds_this_run": round(seconds, 1),
+        **dict(epochs=epochs, steps=epochs * steps_per_epoch, batch_size=config.batch_size),
+        **dict(precision=precision(config), remat=config.remat, train_seconds_this_run=round(seconds, 1)),
         **_evaluation(config, model, validation_data, evaluate),
     }
     if tokenizer is not None and zoo_model(model) is not None:  # the trained model takes and returns text
