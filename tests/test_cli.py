@@ -15,19 +15,19 @@ from keras_tfm.cli import generate
 from keras_tfm.data import CharacterTokenizer
 
 
+def saved_language_model(path, max_length: int) -> keras_tfm.DecoderLM:
+    """A tiny character-level language model with its tokenizer, saved as a `.keras` file at `path`."""
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=28, max_length=max_length, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+    )
+    model.tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
+    model.save(path)
+    return model
+
+
 @pytest.mark.backend_independent
 def test_the_command_streams_what_generate_returns(tmp_path):
-    tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
-    model = keras_tfm.DecoderLM(
-        vocabulary_size=tokenizer.vocabulary_size,
-        max_length=32,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-    )
-    model.tokenizer = tokenizer
-    model.save(tmp_path / "lm.keras")
+    model = saved_language_model(tmp_path / "lm.keras", max_length=32)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = generate.main([str(tmp_path / "lm.keras"), "hello", "--max-new-tokens", "9", "--chunk-size", "4"])
@@ -40,17 +40,7 @@ def test_the_command_streams_what_generate_returns(tmp_path):
 
 @pytest.mark.backend_independent
 def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path):
-    tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
-    model = keras_tfm.DecoderLM(
-        vocabulary_size=tokenizer.vocabulary_size,
-        max_length=4096,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-    )
-    model.tokenizer = tokenizer
-    model.save(tmp_path / "lm.keras")
+    saved_language_model(tmp_path / "lm.keras", max_length=4096)
     command = [sys.executable, "-m", "keras_tfm", "generate", str(tmp_path / "lm.keras"), "hello"]
     command += ["--max-new-tokens", "4000", "--chunk-size", "1"]
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}

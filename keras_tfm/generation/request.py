@@ -14,7 +14,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation.beam_search import BeamSearch
 from keras_tfm.generation.decoding import Batch, initial_seed_state
 from keras_tfm.generation.prompts import prepare_prompts
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, check_return_sequences
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +27,6 @@ class Strategy:
     num_beams: int = 1
     length_penalty: float = 1.0
     num_return_sequences: int = 1
-
-    @classmethod
-    def checked(cls, owner: str, sampler: Sampler, num_beams: int, length_penalty: float, num_return_sequences: int):
-        check_return_sequences(owner, num_return_sequences, num_beams, sampler.temperature)
-        return cls(sampler, num_beams, length_penalty, num_return_sequences)
 
     @property
     def search(self) -> BeamSearch | None:
