@@ -118,6 +118,14 @@ def check(directory: str, out: str) -> None:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert json.load(open(os.path.join(out, "run", "metrics.json")))["steps"] == 4
+    flags[-1] = os.path.join(out, "board")  # TensorBoard logs need an extra this install lacks: said before training
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "recipes", "gpt_lm.py"), *flags, "--tensorboard"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "pip install 'keras_tfm[tensorboard]'" in done.stderr, done.stderr[-2000:]
     print(
         f"{backend}: import keras_tfm {seconds:.1f} s (no other framework imported); from_huggingface, generate, "
         "stream, chat, python -m keras_tfm generate, save_huggingface and the GPT recipe ran"

@@ -1,6 +1,7 @@
 """keras_tfm: transformers for Keras 3 that run unchanged on TensorFlow, JAX and PyTorch."""
 
-from keras_tfm import layers, losses, viz
+# backend_logs first: importing it quiets TensorFlow's start-up logging, before Keras imports TensorFlow.
+from keras_tfm import backend_logs, layers, losses, viz
 from keras_tfm.convert import from_huggingface, from_keras_hub, save_huggingface
 from keras_tfm.losses import TokenCrossEntropy
 from keras_tfm.models import (

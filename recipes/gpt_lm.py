@@ -79,9 +79,7 @@ def main() -> None:
         evaluate=evaluate,
         huggingface=checkpoint,
         tokenizer=tokenizer,
-        settings=training.recipe_settings(
-            args, ignore=("prompt", "sample_tokens", "sample_every", "temperature", "top_k")
-        ),
+        settings=training.recipe_settings(args),
     )
     if training.processes().count > 1:  # sampling from a model spread over processes is not offered
         if training.is_writer():
@@ -162,6 +160,7 @@ def flags(sizes: dict):
         help="prepare --token-shards and stop: run it once before starting several processes",
     )
     parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
+    parser.unrecorded = ("prompt", "sample_tokens", "sample_every", "temperature", "top_k", "prepare_only")
     return parser
 
 

@@ -79,7 +79,7 @@ def main() -> None:
         tokenizer=tokenizer,
         # what is evaluated after training may change between runs of one model
         settings={
-            **training.recipe_settings(args, ignore=("beam_size", "bleu_sentences", "tokenized_references")),
+            **training.recipe_settings(args),
             "num_layers": layers,
         },
     )
@@ -139,6 +139,7 @@ def flags(sizes: dict):
     )
     recipe.add_argument("--label-smoothing", type=training.FRACTION, default=0.1, help="(default: %(default)s)")
     parser.aliases["kind"] = "tokenizer"  # load_or_fit_tokenizer(kind=...)
+    parser.unrecorded = ("beam_size", "bleu_sentences", "tokenized_references")
     return parser
 
 

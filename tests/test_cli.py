@@ -3,6 +3,7 @@
 import contextlib
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import time
 import pytest
 
 import keras_tfm
-from keras_tfm.cli import generate
+from keras_tfm.cli import chat, generate
 from keras_tfm.data import CharacterTokenizer
+from keras_tfm.generation import sliding
 
 
 def saved_language_model(path, max_length: int) -> keras_tfm.DecoderLM:
@@ -51,3 +53,98 @@ def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path):
     out, err = run.communicate(timeout=60)
     assert run.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted (Ctrl-C)."
+
+
+def chat_model(max_length: int) -> keras_tfm.DecoderLM:
+    """A tiny character-level language model whose tokenizer has a chat template."""
+    import tokenizers
+
+    from keras_tfm.data import HuggingFaceTokenizer
+
+    characters = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({c: i for i, c in enumerate(" <>abcdefghijklmnopqrstuvwxyz")}, unk_token=" ")
+    )
+    characters.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    characters.decoder = tokenizers.decoders.Fuse()
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=29, max_length=max_length, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+    )
+    model.tokenizer = HuggingFaceTokenizer(characters.to_str(), chat_template=template)
+    return model
+
+
+@pytest.mark.backend_independent
+def test_past_the_context_the_command_crops_it_and_says_so(tmp_path, capsys):
+    """On a 32-token model, a 20-token prompt and 40 new tokens: the first 12 are `generate`'s, then the
+    window slides; --no-crop-context refuses, as `generate` does."""
+    model = saved_language_model(tmp_path / "lm.keras", max_length=32)
+    prompt = "to be or not to be that"
+    assert generate.main([str(tmp_path / "lm.keras"), prompt, "--max-new-tokens", "40"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("note: the prompt (23 tokens) and 40 new tokens pass the model's context of 32")
+    assert len(out) == len(prompt) + 40 + 1
+    assert out.startswith(model.generate(prompt, max_new_tokens=9))
+    assert generate.main([str(tmp_path / "lm.keras"), prompt, "--max-new-tokens", "40", "--no-crop-context"]) == 2
+    assert "--max-new-tokens: prompt length 23 + max_new_tokens 40 exceeds max_length=32" in capsys.readouterr().err
+    rounds = list(sliding.windows(list(range(23)), 40, 32))
+    assert sum(count for _, count in rounds) == 40 and all(kept + count <= 32 and kept >= 23 for kept, count in rounds)
+
+
+@pytest.mark.backend_independent
+def test_chat_keeps_the_conversation_and_ends_at_end_of_input():
+    model = chat_model(max_length=256)
+    lines, written = iter(["hello", "", "again"]), []
+
+    def read(prompt):
+        written.append(prompt)
+        return next(lines)  # StopIteration would end the test: EOFError is the terminal's end of input
+
+    def read_or_end(prompt):
+        try:
+            return read(prompt)
+        except StopIteration:
+            raise EOFError from None
+
+    arguments = dict(max_new_tokens=12, chunk_size=4, crop_context=True)
+    messages = chat.conversation(model, "be brief", arguments, read=read_or_end, write=written.append)
+    first = model.chat(messages[:2], max_new_tokens=12)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[2]["content"] == first and messages[4]["content"] == model.chat(messages[:4], max_new_tokens=12)
+    assert "".join(written) == f"> {first}\n> > {messages[4]['content']}\n> \n"
+
+
+@pytest.mark.backend_independent
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux, a terminal to type in")
+def test_chat_in_a_terminal_ctrl_c_ends_a_reply_and_ctrl_d_leaves(tmp_path):
+    chat_model(max_length=32).save(tmp_path / "chat.keras")
+    session = f"keras-tfm-chat-{os.getpid()}"
+    command = f"{sys.executable} -m keras_tfm generate {tmp_path / 'chat.keras'} --chat --max-new-tokens 100000"
+    command += f" --chunk-size 1; echo exit status $? > {tmp_path / 'status'}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command], check=True)
+
+    def screen() -> str:
+        return subprocess.run(
+            ["tmux", "capture-pane", "-p", "-J", "-S", "-", "-t", session], capture_output=True, text=True
+        ).stdout
+
+    def wait_for(condition, what: str) -> str:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if condition(text := screen()):
+                return text
+            time.sleep(0.2)
+        raise AssertionError(f"waited for {what}; the terminal shows:\n{screen()}")
+
+    try:
+        wait_for(lambda text: text.startswith(">"), "the first prompt")  # the pane drops trailing spaces
+        subprocess.run(["tmux", "send-keys", "-t", session, "hello", "Enter"], check=True)
+        wait_for(lambda text: len(text.strip()) > 40, "a long reply")  # it would write 100,000 tokens
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        text = wait_for(lambda text: "[stopped]\n>" in text, "the reply to stop and a new prompt")
+        assert text.splitlines()[0].startswith("> hello")
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-d"], check=True)
+        wait_for(lambda text: (tmp_path / "status").exists(), "the command to end")
+        assert (tmp_path / "status").read_text().strip() == "exit status 0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

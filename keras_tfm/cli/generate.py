@@ -1,6 +1,13 @@
-"""Continue a prompt from the shell, streaming the text as it is made.
+"""Continue a prompt from the shell, or hold a conversation, streaming the text as it is made.
 
     python -m keras_tfm generate CHECKPOINT "Once upon a time" [--max-new-tokens 50] [--temperature 0.8]
+    python -m keras_tfm generate CHECKPOINT --chat [--system "Be brief."]
+
+With --chat, each line typed is a user's turn and the reply streams back; the conversation is kept
+across turns and rendered with the checkpoint's chat template. Ctrl-C ends a reply, Ctrl-D leaves.
+
+A prompt and its new tokens longer than the model's context (max_length) go on as nanoGPT does: each
+token is chosen from the last tokens that fit (--no-crop-context refuses instead).
 
 CHECKPOINT: a Hugging Face checkpoint directory or Hub model id (`keras_tfm.from_huggingface`, with its
 tokenizer), or a `.keras` file saved with a tokenizer (a recipe's, or any model with `model.tokenizer` set).
@@ -20,7 +27,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m keras_tfm generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("checkpoint", help="a Hugging Face directory or Hub id, or a .keras file")
-    parser.add_argument("prompt", help="the text to continue")
+    parser.add_argument("prompt", nargs="?", help="the text to continue (none with --chat)")
+    parser.add_argument("--chat", action="store_true", help="a conversation: read turns from the terminal")
+    parser.add_argument("--system", help="with --chat, a system message that opens the conversation")
+    parser.add_argument(
+        "--crop-context",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="past the model's context, keep the last tokens that fit (default: on)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=50, help="(default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens; 0: all")
@@ -42,6 +57,7 @@ def load(checkpoint: str):
 
 # the library's arguments as this command's flags and words
 FLAGS = {name: "--" + name.replace("_", "-") for name in ("max_new_tokens", "chunk_size", "temperature", "top_k")}
+FLAGS["crop_context"] = "--crop-context"
 FLAGS.update(
     {name: "--" + name.replace("_", "-") for name in ("top_p", "repetition_penalty", "seed")}, token_ids="prompt"
 )
@@ -49,21 +65,21 @@ FLAGS.update(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if (args.prompt is None) != args.chat:
+        print("error: give a prompt, or --chat (and no prompt)", file=sys.stderr)
+        return 2
     try:
         model = load(args.checkpoint)
         if not hasattr(model, "stream"):
             raise InputError(f"{args.checkpoint!r} holds a {type(model).__name__}, not a language model.")
+        if args.chat:
+            from keras_tfm.cli.chat import conversation
+
+            conversation(model, args.system, stream_arguments(args))
+            return 0
+        note_cropping(model, args)
         sys.stdout.write(args.prompt)
-        for piece in model.stream(
-            args.prompt,
-            max_new_tokens=args.max_new_tokens,
-            chunk_size=args.chunk_size,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            seed=args.seed,
-            repetition_penalty=args.repetition_penalty,
-        ):
+        for piece in model.stream(args.prompt, **stream_arguments(args)):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
@@ -78,6 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nerror: {args.checkpoint}: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def note_cropping(model, args: argparse.Namespace) -> None:
+    """Says so on standard error when the prompt and its new tokens pass the model's context."""
+    tokenizer = model.tokenizer
+    length = len(tokenizer.encode_prompt(args.prompt)) if tokenizer is not None else 0
+    if args.crop_context and length + args.max_new_tokens > model.max_length:
+        print(
+            f"note: the prompt ({length} tokens) and {args.max_new_tokens} new tokens pass the model's context of "
+            f"{model.max_length}: each token is chosen from the last tokens that fit (--no-crop-context refuses).",
+            file=sys.stderr,
+        )
+
+
+def stream_arguments(args: argparse.Namespace) -> dict:
+    """`model.stream`'s arguments from the flags."""
+    names = ("max_new_tokens", "chunk_size", "temperature", "top_k", "top_p", "seed", "repetition_penalty")
+    return {name: getattr(args, name) for name in names} | {"crop_context": args.crop_context}
 
 
 def in_flags(error: InputError) -> str:

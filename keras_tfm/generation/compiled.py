@@ -3,6 +3,7 @@ compiled on JAX, TensorFlow and PyTorch. Everything else in `generation/` is `ke
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import keras
@@ -101,7 +102,11 @@ def _plain_replay():
 def torch_trace(fn: Callable, model: keras.Model, example_args: tuple):
     import torch
 
-    return torch.jit.trace(_module(fn, model), example_args, check_trace=False)
+    # The trace records Python values (shapes, the cache's size) as constants on purpose: one trace is
+    # made per shape. TorchScript warns of each, in words that read like a fault.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return torch.jit.trace(_module(fn, model), example_args, check_trace=False)
 
 
 def compile_function(fn: Callable, model: keras.Model) -> Callable:

@@ -11,7 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation import orchestration, prompts
+from keras_tfm.generation import orchestration, prompts, sliding
 from keras_tfm.generation.request import Request, Strategy, check_return_scores
 from keras_tfm.generation.sampling import Sampler, check_decoding, check_return_sequences, logits_controls
 from keras_tfm.layers.arguments import is_integer
@@ -190,6 +190,7 @@ class CausalLM(ZooModel):
         repetition_penalty: float = 1.0,
         min_new_tokens: int = 0,
         no_repeat_ngram_size: int = 0,
+        crop_context: bool = False,
     ):
         """Yields the continuation of one prompt as it is made: text pieces for a string (their
         concatenation is what `generate` adds to the prompt's text), arrays of new token ids for ids.
@@ -197,6 +198,10 @@ class CausalLM(ZooModel):
         The arguments are `generate`'s (greedy or sampling; beam search chooses its tokens only at the
         end). The compiled decoding loop runs `chunk_size` tokens at a time and hands them over between
         chunks, keeping its cache: larger chunks cost less, smaller ones arrive sooner.
+
+        `crop_context=True` goes on past `max_length` as nanoGPT does: each token is chosen from the
+        last tokens that fit, the oldest cropped (`keras_tfm.generation.sliding`); without it, a prompt
+        and `max_new_tokens` longer together than `max_length` are refused.
 
         Example:
         >>> lm = keras_tfm.gpt_shakespeare_char_cpu(num_layers=1)
@@ -224,6 +229,8 @@ class CausalLM(ZooModel):
         check_decoding(owner, max_new_tokens=max_new_tokens, pad_token_id=0, vocabulary_size=self.vocabulary_size)
         controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         strategy = Strategy(Sampler(temperature=temperature, top_k=top_k, top_p=top_p))
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
+        sampling.update(min_new_tokens=min_new_tokens, no_repeat_ngram_size=no_repeat_ngram_size)
         request = Request.of_prompts(
             prompt,
             None,
@@ -237,8 +244,36 @@ class CausalLM(ZooModel):
         )
         if request.buffer.shape[0] != 1:
             raise InputError(f"streams one prompt; received {request.buffer.shape[0]}.", "token_ids", caller=owner)
+        if not isinstance(crop_context, bool):
+            raise InputError(f"expected True or False; received {crop_context!r}.", "crop_context", caller=owner)
+        if crop_context and request.buffer.shape[1] > self.max_length:
+            settings = dict(chunk_size=chunk_size, stop_token_ids=request.stop_token_ids, **sampling)
+            return self._cropped_stream(request, settings, text)
         self._check_fits(owner, request.buffer.shape[1], max_new_tokens)
         return orchestration.stream_pieces(self, request, chunk_size, text, self._decode_text)
+
+    def _cropped_stream(self, request: Request, settings: dict, text: bool):
+        """`stream` past `max_length` (`crop_context`): new ids, or text pieces whose concatenation is
+        what the prompt's text gains."""
+        prompt = request.buffer[0, : int(request.lengths[0])].tolist()
+        rounds = sliding.cropped_stream(
+            lambda context, count, seed: self.stream(context, count, seed=seed, **settings),
+            prompt,
+            request.max_new_tokens,
+            self.max_length,
+            request.seed,
+            request.stop_token_ids,
+        )
+        if not text:
+            yield from rounds
+            return
+        ids, shown = list(prompt), self._decode_text(np.asarray(prompt))
+        for piece in rounds:
+            ids.extend(piece.tolist())
+            ready = self._decode_text(np.asarray(ids)).rstrip("\ufffd")  # a character may end in the next piece
+            if len(ready) > len(shown) and ready.startswith(shown):
+                yield ready[len(shown) :]
+                shown = ready
 
     def _stop_ids(self, stop_token_ids) -> np.ndarray:
         """An id or ids as an int32 array of ids of the vocabulary; None: the checkpoint's end ids."""

@@ -1,11 +1,13 @@
-"""Checkpoints after every epoch and resume: weights, optimizer state and the schedule position.
+"""Checkpoints after every epoch and within epochs, and resume: weights, optimizer state and the schedule
+position.
 
 `save_weights` writes the whole trackable state, the optimizer's moments and its `iterations`
 counter included, so the learning-rate schedule resumes where it stopped. Each checkpoint is a new
 file; `state.json` is replaced atomically after the file is complete, so a run killed at any moment
 (`kill -9`) leaves the previous checkpoint intact and pointed to. `state.json` also records the
 model's weight shapes: resuming another model (other settings, the same directory) is refused, as is a
-damaged checkpoint, with a `CheckpointError` that says what to do.
+damaged checkpoint, with a `CheckpointError` that says what to do. A checkpoint within an epoch records
+the steps of it done (`step`); the runtime resumes there, feeding the batches that follow.
 
 A LoRA model's checkpoint is two files: its weights with the frozen kernels (not the merged ones
 Keras would write, nor the zeroed pairs it would load) and its LoRA pairs (`keras_tfm.models.lora`).
@@ -21,6 +23,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 
 import keras
 
@@ -81,7 +84,12 @@ class CheckpointManager:
         try:
             with open(self.state_path, encoding="utf-8") as file:
                 state = json.load(file)
-            return {**state, "weights": str(state["weights"]), "epoch": int(state["epoch"])}
+            return {
+                **state,
+                "weights": str(state["weights"]),
+                "epoch": int(state["epoch"]),
+                "step": int(state.get("step", 0)),
+            }
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise self._cannot_resume(self.state_path, error) from None
 
@@ -93,20 +101,22 @@ class CheckpointManager:
             f"choose another `output_dir`."
         )
 
-    def save(self, model: keras.Model, epoch: int, extra: dict | None = None) -> str:
-        """Writes the checkpoint of `epoch`: each file under a temporary name, renamed when complete,
-        then `state.json`. A disk without room for it, or a file that cannot be written, stops the run
-        with a `CheckpointError` that names the directory and the last good checkpoint, which is kept."""
-        name = f"epoch-{epoch:05d}.weights.h5"
+    def save(self, model: keras.Model, epoch: int, extra: dict | None = None, step: int = 0) -> str:
+        """Writes the checkpoint of `epoch` epochs and `step` steps of the next done: each file under a
+        temporary name, renamed when complete, then `state.json`. A disk without room for it, or a file
+        that cannot be written, stops the run with a `CheckpointError` that names the directory and the
+        last good checkpoint, which is kept."""
+        stem = f"epoch-{epoch:05d}" + (f"-step-{step:06d}" if step else "")
+        name = f"{stem}.weights.h5"
         path = os.path.join(self.directory, name)
         if not self.writer:
             return path
         files = {"weights": name}
         if lora.lora_layers(model):
-            files["lora"] = f"epoch-{epoch:05d}.lora.npz"
+            files["lora"] = f"{stem}.lora.npz"
         previous = self.state()
         try:
-            self._check_room(model, epoch, previous)
+            self._check_room(model, position(epoch, step), previous)
             with lora.unmerged(model), alone():
                 _write_then_rename(path, lambda temporary: model.save_weights(temporary, overwrite=True))
             if "lora" in files:
@@ -115,10 +125,10 @@ class CheckpointManager:
                         os.path.join(self.directory, files["lora"]),
                         lambda temporary: lora.save_lora_weights(model, temporary),
                     )
-            state = {"epoch": epoch, **files, **_architecture(model), **(extra or {})}
+            state = {"epoch": epoch, "step": step, **files, **_architecture(model), **(extra or {})}
             _write_then_rename(self.state_path, lambda temporary: _write_json(temporary, state))
         except OSError as error:
-            raise self._cannot_write(epoch, previous, error.strerror or str(error)) from None
+            raise self._cannot_write(position(epoch, step), previous, error.strerror or str(error)) from None
         for key in ("weights", "lora"):
             if previous and previous.get(key) and previous[key] != files.get(key):
                 old = os.path.join(self.directory, previous[key])
@@ -126,7 +136,7 @@ class CheckpointManager:
                     os.remove(old)
         return path
 
-    def _check_room(self, model: keras.Model, epoch: int, previous: dict | None) -> None:
+    def _check_room(self, model: keras.Model, where: str, previous: dict | None) -> None:
         """Refuses to start a checkpoint the disk has no room for: HDF5 does not survive running out of
         space in the middle of a file (the interpreter crashes), so the room is measured first."""
         variables = list(model.weights) + list(getattr(model.optimizer, "variables", []) or [])
@@ -135,22 +145,23 @@ class CheckpointManager:
         free = shutil.disk_usage(self.directory).free
         if free < needed:
             raise self._cannot_write(
-                epoch, previous, f"it needs about {needed / 1e6:,.1f} MB and the disk has {free / 1e6:,.1f} MB free"
+                where, previous, f"it needs about {needed / 1e6:,.1f} MB and the disk has {free / 1e6:,.1f} MB free"
             )
 
-    def _cannot_write(self, epoch: int, previous: dict | None, reason: str) -> CheckpointError:
+    def _cannot_write(self, where: str, previous: dict | None, reason: str) -> CheckpointError:
         kept = (
-            f"the last good checkpoint (epoch {previous['epoch']}) is kept there"
+            f"the last good checkpoint ({position(previous['epoch'], previous['step'])}) is kept there"
             if previous
             else "there is no earlier checkpoint"
         )
         return CheckpointError(
-            f"cannot write the checkpoint of epoch {epoch} in {self.directory!r} ({reason}); {kept}. Make room "
+            f"cannot write the checkpoint of {where} in {self.directory!r} ({reason}); {kept}. Make room "
             "(or make the directory writable) and run the same command again to resume."
         )
 
     def restore(self, model: keras.Model, settings: dict | None = None) -> int:
-        """Loads the last checkpoint into a built, compiled `model`; returns the epochs already done (0 if none).
+        """Loads the last checkpoint into a built, compiled `model`; returns the epochs already done (0 if
+        none); `state()["step"]` tells the steps of the next one done.
         `settings`: what the run computes with (JSON values); a checkpoint written with others is refused."""
         state = self.state()
         if state is None:
@@ -196,17 +207,45 @@ def _architecture(model: keras.Model) -> dict:
     }
 
 
-class EpochCheckpoint(keras.callbacks.Callback):
-    """Saves a checkpoint at the end of each epoch, unless the loss has gone bad."""
+def position(epoch: int, step: int) -> str:
+    """Where a checkpoint stands, in words: "epoch 2", or "step 40 of epoch 3"."""
+    return f"step {step} of epoch {epoch + 1}" if step else f"epoch {epoch}"
 
-    def __init__(self, manager: CheckpointManager, extra: dict | None = None):
+
+class Checkpoints(keras.callbacks.Callback):
+    """Saves a checkpoint at the end of each epoch and, within epochs, every `every` steps (counted from
+    the run's start) or, without `every`, when `minutes` have passed since the last; none once the loss
+    has gone bad. `start(epoch, step)` tells where the next `fit` begins."""
+
+    def __init__(self, manager: CheckpointManager, steps_per_epoch: int, extra: dict | None = None, **when):
         super().__init__()
-        self.manager = manager
-        self.extra = extra or {}
+        self.manager, self.steps_per_epoch, self.extra = manager, steps_per_epoch, extra or {}
+        self.every, self.seconds = when.get("every"), 60 * when.get("minutes", 10.0)
+        self.epoch = self.offset = 0
+        self.last = time.monotonic()
+
+    def start(self, epoch: int, step: int) -> None:
+        self.epoch, self.offset = epoch, step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.offset + batch + 1
+        # `self._model`: on JAX, reading `self.model` copies the weights back from the training step's state
+        if step >= self.steps_per_epoch or getattr(self._model, "_keras_tfm_diverged", None) is not None:
+            return  # the epoch's end saves
+        done = self.epoch * self.steps_per_epoch + step
+        due = done % self.every == 0 if self.every else time.monotonic() - self.last >= self.seconds
+        if due:
+            self.manager.save(self.model, self.epoch, self.extra, step=step)
+            self.last = time.monotonic()
 
     def on_epoch_end(self, epoch, logs=None):
+        self.offset = 0
         if getattr(self.model, "_keras_tfm_diverged", None) is None:
             self.manager.save(self.model, epoch + 1, self.extra)
+            self.last = time.monotonic()
 
 
 class StopOnNaN(keras.callbacks.Callback):
@@ -259,9 +298,10 @@ class StopOnInterrupt(keras.callbacks.Callback):
             raise TrainingInterrupted(
                 "interrupted (Ctrl-C); "
                 + (
-                    f"the last checkpoint (epoch {state['epoch']}) is kept in {self.manager.directory}; "
+                    f"the last checkpoint ({position(state['epoch'], state['step'])}) is kept in "
+                    f"{self.manager.directory}; "
                     if state
-                    else "no epoch had finished, so there is no checkpoint yet; "
+                    else "there is no checkpoint yet; "
                 )
                 + "run the same command again to resume."
             )

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import inspect
+import json
 import math
 import os
 import re
@@ -84,20 +86,26 @@ class RecipeParser(argparse.ArgumentParser):
     """An `ArgumentParser` that speaks of the library's arguments as its flags.
 
     `aliases` maps a library argument to this parser's flag where their names differ (for example
-    `{"kind": "tokenizer"}`: `load_or_fit_tokenizer(kind=...)` is given `--tokenizer`).
+    `{"kind": "tokenizer"}`: `load_or_fit_tokenizer(kind=...)` is given `--tokenizer`). `unrecorded`
+    names the recipe's flags that do not change what a run computes (what it samples after training, say).
+    Without `--output-dir`, a run writes to `runs_directory/DATA-MODEL-DIGEST` (`default_output_dir`).
     """
 
     parsed: RecipeParser | None = None  # the parser of the command line being run, for `run_main`
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, runs_directory: str = "runs", **kwargs):
         super().__init__(*args, **kwargs)
         self.aliases: dict[str, str] = {}
+        self.unrecorded: tuple[str, ...] = ()
+        self.runs_directory = runs_directory
         self._destinations: set[str] = set()
 
     def parse_args(self, args=None, namespace=None):
         namespace = super().parse_args(args, namespace)
         self._destinations = set(vars(namespace))
         RecipeParser.parsed = self
+        if getattr(namespace, "output_dir", "") is None:
+            namespace.output_dir = default_output_dir(self.runs_directory, namespace, self.unrecorded)
         return namespace
 
     def flag(self, argument: str) -> str | None:
@@ -112,9 +120,12 @@ class RecipeParser(argparse.ArgumentParser):
         return f"{prefix}: {message}" if prefix else message
 
 
-def recipe_parser(description: str, sizes: dict, default_size: str, default_output_dir: str) -> RecipeParser:
-    """A `RecipeParser` with the flags of the shared runtime; a recipe adds its own to it."""
-    parser = RecipeParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def recipe_parser(description: str, sizes: dict, default_size: str, runs_directory: str) -> RecipeParser:
+    """A `RecipeParser` with the flags of the shared runtime; a recipe adds its own to it. Runs without
+    `--output-dir` go to a directory of their own in `runs_directory`."""
+    parser = RecipeParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter, runs_directory=runs_directory
+    )
 
     model = parser.add_argument_group("model")
     model.add_argument(
@@ -134,6 +145,21 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     training = parser.add_argument_group("training")
     training.add_argument(
         "--epochs", type=POSITIVE, default=10, help="epochs; a checkpoint is written after each (default: %(default)s)"
+    )
+    training.add_argument(
+        "--checkpoint-every",
+        type=POSITIVE,
+        metavar="N",
+        help="also write a checkpoint every N steps within epochs; a stopped run resumes there (default: every "
+        "--checkpoint-minutes)",
+    )
+    training.add_argument(
+        "--checkpoint-minutes",
+        type=number(0.0),
+        default=10.0,
+        metavar="M",
+        help="without --checkpoint-every, a checkpoint within an epoch once M minutes have passed since the "
+        "last; 0 = only at epoch ends (default: %(default)s)",
     )
     training.add_argument(
         "--steps-per-epoch", type=POSITIVE, help="optimizer steps per epoch (default: one pass over the training data)"
@@ -198,8 +224,9 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument(
         "--output-dir",
-        default=default_output_dir,
-        help="checkpoints, logs, metrics.json and plots; rerunning with the same directory resumes (default: %(default)s)",
+        help="checkpoints, logs, metrics.json and plots; rerunning with the same directory resumes (default: "
+        f"{runs_directory}/DATA-MODEL-DIGEST: a directory of each data, model and settings, so that the same command "
+        "resumes and another starts afresh)",
     )
     runtime.add_argument(
         "--precision",
@@ -260,7 +287,11 @@ def recipe_parser(description: str, sizes: dict, default_size: str, default_outp
         metavar="SECONDS",
         help="wait this long for every process to join; a process silent this long counts as lost (default: %(default)s)",
     )
-    runtime.add_argument("--tensorboard", action="store_true", help="also write TensorBoard logs (needs tensorflow)")
+    runtime.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard logs in OUTPUT_DIR/tensorboard (pip install 'keras_tfm[tensorboard]')",
+    )
     runtime.add_argument(
         "--verbose",
         type=int,
@@ -291,9 +322,28 @@ NOT_RECORDED = (
 
 
 def recipe_settings(args: argparse.Namespace, ignore: tuple = ()) -> dict:
-    """The flags that change what a run computes, for `train(settings=...)`: all but `NOT_RECORDED`
-    and the recipe's own `ignore` (what it samples or prints after training, say)."""
-    return {name: value for name, value in vars(args).items() if name not in NOT_RECORDED + tuple(ignore)}
+    """The flags that change what a run computes, for `train(settings=...)`: all but `NOT_RECORDED`,
+    the parser's `unrecorded` and `ignore`."""
+    ignore = (*NOT_RECORDED, *(RecipeParser.parsed.unrecorded if RecipeParser.parsed else ()), *ignore)
+    return {name: value for name, value in vars(args).items() if name not in ignore}
+
+
+def default_output_dir(runs_directory: str, args: argparse.Namespace, unrecorded: tuple = ()) -> str:
+    """`runs_directory/DATA-MODEL-DIGEST`: the data's name (file or dataset), the model's (size or
+    checkpoint) and a digest of the settings that change what the run computes. The same command
+    finds its directory again (and resumes); another recipe, data set, model or setting gets its own."""
+    source = next((getattr(args, name) for name in ("data", "dataset", "finetune") if getattr(args, name, None)), None)
+    data = (
+        re.sub(r"(\.(txt|gz|zip|tar|csv|json))+$", "", os.path.basename(os.path.normpath(source)))
+        if source
+        else "default"
+    )
+    model = getattr(args, "from_huggingface", None) or getattr(args, "model", None) or "model"
+    model = os.path.basename(os.path.normpath(model))
+    settings = {n: v for n, v in vars(args).items() if n not in (*NOT_RECORDED, *unrecorded)}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{data}-{model}")
+    return os.path.join(runs_directory, f"{name}-{digest}")
 
 
 def build_model(sizes: dict, args: argparse.Namespace, **fixed):

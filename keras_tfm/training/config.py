@@ -42,6 +42,10 @@ class TrainingConfig:
         output_dir: checkpoints, `log.csv`, `metrics.json` and plots; a run started again in the same
             directory resumes from its last checkpoint.
         epochs: epochs of training; a checkpoint is written after each.
+        checkpoint_every: also write a checkpoint within epochs every this many steps (a run stopped then
+            resumes there, with the batches that follow); `None`: every `checkpoint_minutes`.
+        checkpoint_minutes: without `checkpoint_every`, a checkpoint within an epoch once this many minutes
+            have passed since the last; 0 turns them off.
         steps_per_epoch: optimizer steps per epoch; `None`: one pass over the training data.
         steps: total optimizer steps; replaces `epochs` (epochs are then at most `steps_per_epoch` long).
         batch_size: global batch size.
@@ -74,6 +78,8 @@ class TrainingConfig:
 
     output_dir: str
     epochs: int = 10
+    checkpoint_every: int | None = None
+    checkpoint_minutes: float = 10.0
     steps_per_epoch: int | None = None
     steps: int | None = None
     batch_size: int = 32
@@ -104,6 +110,7 @@ class TrainingConfig:
             raise InputError(f"expected a directory path; got {self.output_dir!r}.", "output_dir")
         for name, minimum, optional in (
             ("epochs", 1, False),
+            ("checkpoint_every", 1, True),
             ("steps_per_epoch", 1, True),
             ("steps", 1, True),
             ("batch_size", 1, False),
@@ -117,7 +124,7 @@ class TrainingConfig:
         ):
             _check_integer(name, getattr(self, name), minimum, optional)
         _check_integer("seed", self.seed, None, False)
-        for name in ("learning_rate", "weight_decay", "clip_norm"):
+        for name in ("learning_rate", "weight_decay", "clip_norm", "checkpoint_minutes"):
             _check_number(name, getattr(self, name), "a number >= 0", lambda value: value >= 0.0)
         if self.ema is not None:
             _check_number("ema", self.ema, "a momentum in [0, 1), such as 0.999", lambda v: 0.0 <= v < 1.0)

@@ -4,9 +4,11 @@ process reported; what every process of a run must agree on is checked before th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import inspect
 import json
 import math
@@ -25,10 +27,11 @@ from keras_tfm.models import lora
 from keras_tfm.training import distribute
 from keras_tfm.training.checkpoints import (
     CheckpointManager,
-    EpochCheckpoint,
+    Checkpoints,
     StopOnInterrupt,
     StopOnNaN,
     TrainingDiverged,
+    position,
 )
 from keras_tfm.training.config import RESULT_FIELDS, TrainingConfig
 from keras_tfm.training.distribute import (
@@ -45,6 +48,7 @@ from keras_tfm.training.distribute import (
     processes,
     use_cpu_devices,
 )
+from keras_tfm.training.progress import Progress
 from keras_tfm.training.recording import truncate_log, zoo_model
 
 
@@ -85,6 +89,12 @@ def bfloat16_accelerator() -> bool:
 
 def setup(config: TrainingConfig) -> None:
     """Virtual CPU devices, the run's processes, seed and dtype policy; call before building anything."""
+    if config.tensorboard and not all(importlib.util.find_spec(name) for name in ("tensorboard", "tensorflow")):
+        raise InputError(  # Keras' callback writes through TensorFlow's summaries, which need the package
+            "TensorBoard logs are written with the tensorboard and tensorflow packages, and this install lacks "
+            "one: pip install 'keras_tfm[tensorboard]'.",
+            "tensorboard",
+        )
     if config.cpu_devices:
         if keras.backend.backend() == "torch":
             raise InputError("virtual CPU devices need the jax or tensorflow backend, not torch.", "cpu_devices")
@@ -120,7 +130,10 @@ def setup(config: TrainingConfig) -> None:
         ) from None
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(precision(config))
-    log(f"Backend: {keras.backend.backend()}, precision {precision(config)}, output in {config.output_dir}")
+    log(
+        f"Output in {config.output_dir} (checkpoints, log.csv, metrics.json; the same command resumes there). "
+        f"Backend: {keras.backend.backend()}, precision {precision(config)}."
+    )
 
 
 def use_jit(config: TrainingConfig) -> bool:
@@ -235,32 +248,28 @@ def build(
 def fit(
     config: TrainingConfig, model, train_batch, epochs, steps_per_epoch, validation_data, callbacks, settings
 ) -> float:
-    """Resumes from the last checkpoint in `output_dir`, fits the epochs left and returns the seconds
-    it took; raises `TrainingDiverged` if the loss went NaN."""
+    """Resumes from the last checkpoint in `output_dir` (at an epoch's end or within one), fits the steps
+    left and returns the seconds it took; raises `TrainingDiverged` if the loss went NaN."""
     csv_path = os.path.join(config.output_dir, "log.csv")
     manager = CheckpointManager(os.path.join(config.output_dir, "checkpoint"), writer=is_writer())
     distribute.checkpoint_note = lambda: _last_checkpoint(manager)
-    initial_epoch = manager.restore(model, settings)
-    seen = gather_from_processes(initial_epoch)
-    if len(set(seen)) > 1:
-        raise CheckpointError(
-            f"the processes see different checkpoints in {manager.directory!r} (epochs done: "
-            + ", ".join(f"process {index}: {epoch}" for index, epoch in enumerate(seen))
-            + "); `output_dir` must be a directory that every process shares."
-        )
-    if initial_epoch:
-        iterations = model.optimizer.iterations
-        log(
-            f"Resuming from {manager.state_path}: {initial_epoch} epochs done, optimizer step "
-            f"{int(keras.ops.convert_to_numpy(iterations))}."
-        )
-        truncate_log(csv_path, initial_epoch)
+    initial_epoch, initial_step = _resume(model, manager, settings, steps_per_epoch, csv_path)
+    verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     nan_stop = StopOnNaN()
-    run_callbacks = [
+    saving = Checkpoints(
+        manager,
+        steps_per_epoch,
+        {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "settings": settings},
+        every=config.checkpoint_every,
+        minutes=config.checkpoint_minutes or math.inf,
+    )
+    done = initial_epoch * steps_per_epoch + initial_step
+    run_callbacks = [  # the log's row before the checkpoint: a run killed between them redoes (and drops) the row
         StopOnInterrupt(manager),
         nan_stop,
-        EpochCheckpoint(manager, {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "settings": settings}),
-        *([keras.callbacks.CSVLogger(csv_path, append=initial_epoch > 0)] if is_writer() else []),
+        *([keras.callbacks.CSVLogger(csv_path, append=done > 0)] if is_writer() else []),
+        saving,
+        Progress(epochs * steps_per_epoch, done, verbose if is_writer() else 0),
         *(callbacks or []),
     ]
     if config.ema is not None:
@@ -269,41 +278,89 @@ def fit(
         run_callbacks.append(keras.callbacks.SwapEMAWeights())
     if config.tensorboard and is_writer():
         run_callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.output_dir, "tensorboard")))
-
-    def stream():
-        for epoch in range(initial_epoch, epochs):
-            for step in range(steps_per_epoch):
-                yield train_batch(epoch, step)
-
-    data = stream() if processes().engine != "tf_config" else _worker_dataset(stream)
-    verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     start = time.perf_counter()
-    if initial_epoch < epochs:
-        _fit_or_report_lost(
-            model,
-            config,
-            manager,
-            data,
-            steps_per_epoch=steps_per_epoch,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            validation_data=validation_data,
-            validation_batch_size=feed_batch(config),
-            shuffle=False,
-            callbacks=run_callbacks,
-            verbose=verbose if is_writer() else 0,
-        )
-    else:
+    if initial_epoch >= epochs:
         log("Training already finished in this output directory; evaluating.")
         model.optimizer.finalize_variable_values(model.trainable_variables)  # what `fit` does at its end
+    # A resumed epoch's steps left are a `fit` of their own: Keras' epochs all have one length.
+    parts = [(initial_epoch, initial_epoch + 1, initial_step)] if initial_step else []
+    parts += [(initial_epoch + bool(initial_step), epochs, 0)] if initial_epoch + bool(initial_step) < epochs else []
+    for index, (first, last, step) in enumerate(parts):
+        saving.start(first, step)
+        final = index == len(parts) - 1
+        with contextlib.nullcontext() if final else _averages_kept_apart(model.optimizer):
+            _fit_or_report_lost(
+                model,
+                config,
+                manager,
+                _batches(train_batch, first, last, step, steps_per_epoch),
+                steps_per_epoch=steps_per_epoch - step,
+                epochs=last,
+                initial_epoch=first,
+                validation_data=validation_data,
+                validation_batch_size=feed_batch(config),
+                shuffle=False,
+                callbacks=run_callbacks,
+                verbose=verbose if is_writer() else 0,
+            )
+        if model.stop_training:
+            break
     if nan_stop.bad_step is not None:
         state = manager.state()
         raise TrainingDiverged(
             f"the training loss became NaN at step {nan_stop.bad_step} of an epoch; training stopped. "
-            + (f"The last good checkpoint (epoch {state['epoch']}) is kept in {manager.directory}. " if state else "")
+            + (
+                f"The last good checkpoint ({position(state['epoch'], state['step'])}) is kept in {manager.directory}. "
+                if state
+                else ""
+            )
             + "Try a lower `learning_rate`, a smaller `clip_norm` or `precision` float32."
         )
     return time.perf_counter() - start
+
+
+def _resume(model, manager: CheckpointManager, settings: dict, steps_per_epoch: int, csv_path: str) -> tuple:
+    """(epochs done, steps of the next done) by the last checkpoint, loaded into `model`; every process
+    must see the same one."""
+    initial_epoch = manager.restore(model, settings)
+    state = manager.state()
+    initial_step = state["step"] if state else 0
+    seen = gather_from_processes(initial_epoch * steps_per_epoch + initial_step)
+    if len(set(seen)) > 1:
+        raise CheckpointError(
+            f"the processes see different checkpoints in {manager.directory!r} (steps done: "
+            + ", ".join(f"process {index}: {steps}" for index, steps in enumerate(seen))
+            + "); `output_dir` must be a directory that every process shares."
+        )
+    if initial_epoch or initial_step:
+        iterations = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        steps = f" and {initial_step} steps" if initial_step else ""
+        log(f"Resuming from {manager.state_path}: {initial_epoch} epochs{steps} done, optimizer step {iterations}.")
+        truncate_log(csv_path, initial_epoch)
+    return initial_epoch, initial_step
+
+
+@contextlib.contextmanager
+def _averages_kept_apart(optimizer):
+    """`fit` ends by writing the optimizer's moving averages (`ema`) over the weights; a run fitted in two
+    parts must go on training the raw weights after the first."""
+    optimizer.finalize_variable_values = lambda variables: None
+    try:
+        yield
+    finally:
+        del optimizer.finalize_variable_values
+
+
+def _batches(train_batch, first: int, last: int, step: int, steps_per_epoch: int):
+    """The batches of epochs `first` to `last` (excluded), from step `step` of the first; a dataset of
+    them on TensorFlow's multi-worker strategy."""
+
+    def stream():
+        for epoch in range(first, last):
+            for index in range(step if epoch == first else 0, steps_per_epoch):
+                yield train_batch(epoch, index)
+
+    return stream() if processes().engine != "tf_config" else _worker_dataset(stream)
 
 
 def _fit_or_report_lost(model, config: TrainingConfig, manager: CheckpointManager, data, **arguments) -> None:
@@ -330,8 +387,8 @@ def _last_checkpoint(manager: CheckpointManager) -> str:
     except CheckpointError:
         state = None
     if state:
-        return f"The last good checkpoint (epoch {state['epoch']}) is in {manager.directory}. "
-    return "No epoch had finished, so there is no checkpoint yet. "
+        return f"The last good checkpoint ({position(state['epoch'], state['step'])}) is in {manager.directory}. "
+    return "There is no checkpoint yet. "
 
 
 def _digest(value) -> str:

@@ -134,14 +134,13 @@ def saved_weight(checkpoint_directory, shape) -> np.ndarray:
 
 
 @pytest.mark.slow
-def _stopped_after(out, flags, epochs, signal_number) -> subprocess.Popen:
-    """A GPT recipe run in its own process, sent `signal_number` once it has written the checkpoint of
-    epoch `epochs`."""
+def _stopped_after(out, flags, steps, signal_number) -> subprocess.Popen:
+    """A GPT recipe run in its own process, sent `signal_number` once it has written a checkpoint of at
+    least `steps` steps (at an epoch's end or within one)."""
     process = recipe("gpt_lm.py", *flags, "--output-dir", str(out), wait=False)
-    state_path = out / "checkpoint" / "state.json"
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if state_path.exists() and json.loads(state_path.read_text())["epoch"] >= epochs:
+        if steps_done(out) >= steps:
             break
         time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be stopped:\n" + process.stdout.read()
@@ -150,8 +149,17 @@ def _stopped_after(out, flags, epochs, signal_number) -> subprocess.Popen:
     return process
 
 
+def steps_done(out) -> int:
+    """The optimizer steps of the last checkpoint a run in `out` wrote (0 if none)."""
+    state_path = out / "checkpoint" / "state.json"
+    if not state_path.exists():
+        return 0
+    state = json.loads(state_path.read_text())
+    return state["epoch"] * state["steps_per_epoch"] + state["step"]
+
+
 def _args(tmp_path, **overrides):
-    args = recipe_parser("test", {}, "tiny", str(tmp_path)).parse_args([])
+    args = recipe_parser("test", {}, "tiny", "runs").parse_args(["--output-dir", str(tmp_path)])
     args.verbose = 0
     for name, value in overrides.items():
         setattr(args, name, value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import keras
 import numpy as np
@@ -41,12 +42,17 @@ def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
         "--vocabulary-size",
         "300",
         "--remat",
+        "--tensorboard",
         *TINY_GPT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (
         "offline default" in done.stdout and "blocks rematerialized" in done.stdout
     )  # no --data: the bundled text, announced
+    assert done.stdout.startswith(f"Output in {out} (checkpoints,")  # where it goes: the first line
+    # the whole run's progress after each epoch's own line: steps, time, and an estimate while some are left
+    assert re.search(r"val_loss: [0-9.]+\nstep 2/4 \(50%\), [0-9]+ s elapsed, about [0-9]+ s left\n", done.stdout)
+    assert re.search(r"val_loss: [0-9.]+\nstep 4/4 \(100%\), [0-9]+ s elapsed\n", done.stdout)
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["epoch"] == 2 and (out / "checkpoint" / state["weights"]).stat().st_size > 0
     metrics = json.loads((out / "metrics.json").read_text())
@@ -58,6 +64,7 @@ def test_gpt_recipe_short_run_leaves_checkpoint_metrics_and_plots(tmp_path):
     assert (out / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert len((out / "log.csv").read_text().splitlines()) == 3  # header + 2 epochs
     assert (out / "samples.txt").read_text()
+    assert list((out / "tensorboard" / "train").glob("events.out.tfevents.*"))  # on every backend
 
 
 # The recipe's pipeline, the same on every backend; each backend's training is the model tests'.

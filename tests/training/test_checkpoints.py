@@ -13,7 +13,7 @@ import pytest
 
 from keras_tfm.errors import CheckpointError
 from keras_tfm.training import TrainingDiverged, train
-from tests.recipes.helpers import BACKEND, SHAKESPEARE, TINY_GPT, _config, _stopped_after, recipe
+from tests.recipes.helpers import BACKEND, SHAKESPEARE, TINY_GPT, _config, _stopped_after, recipe, steps_done
 
 
 @pytest.mark.skipif(
@@ -22,9 +22,10 @@ from tests.recipes.helpers import BACKEND, SHAKESPEARE, TINY_GPT, _config, _stop
 )
 def test_ctrl_c_then_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
     """Ctrl-C (SIGINT) stops after the step it came in, with one line (it was lost on JAX, and the run
-    went on); the same command resumes, is killed with kill -9, and resumes again: the validation loss is
-    the uninterrupted run's."""
-    flags = ["--data", SHAKESPEARE, "--steps", "24", "--steps-per-epoch", "4", "--sample-every", "0", *TINY_GPT]
+    went on); the same command resumes, is killed with kill -9, and resumes again, each time from a step
+    checkpoint within an epoch: the validation loss is the uninterrupted run's."""
+    flags = ["--data", SHAKESPEARE, "--steps", "24", "--steps-per-epoch", "8", "--checkpoint-every", "2"]
+    flags += ["--sample-every", "0", *TINY_GPT]
     straight = recipe("gpt_lm.py", *flags, "--output-dir", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stdout + straight.stderr
     expected = json.loads((tmp_path / "straight" / "metrics.json").read_text())
@@ -32,12 +33,13 @@ def test_ctrl_c_then_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
 
     out = tmp_path / "stopped"
     state_path = out / "checkpoint" / "state.json"
-    interrupted = _stopped_after(out, flags, 2, signal.SIGINT)
+    interrupted = _stopped_after(out, flags, 4, signal.SIGINT)
     output = interrupted.stdout.read()
-    interrupted_at = json.loads(state_path.read_text())["epoch"]
-    assert interrupted.returncode == 130 and 2 <= interrupted_at < 5, output[-3000:]
+    interrupted_at = steps_done(out)
+    assert interrupted.returncode == 130 and 4 <= interrupted_at < 24, output[-3000:]
+    where = f"epoch {interrupted_at // 8}" if interrupted_at % 8 == 0 else f"step {interrupted_at % 8} of epoch"
     assert re.search(
-        rf"error: interrupted \(Ctrl-C\); the last checkpoint \(epoch {interrupted_at}\) is kept in .*; run the "
+        rf"error: interrupted \(Ctrl-C\); the last checkpoint \({where}.*\) is kept in .*; run the "
         r"same command again to resume\.",
         output,
     ), output[-3000:]
@@ -45,19 +47,19 @@ def test_ctrl_c_then_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
 
     killed_at = interrupted_at
     if BACKEND != "jax":  # JAX's kill -9 and resume: test_processes.py, one of two processes killed
-        killed = _stopped_after(out, flags, interrupted_at + 1, signal.SIGKILL)
-        assert f"Resuming from {state_path}: {interrupted_at} epochs done" in killed.stdout.read()
-        killed_at = json.loads(state_path.read_text())["epoch"]
-        assert interrupted_at < killed_at < 6 and not (out / "metrics.json").exists()
+        killed = _stopped_after(out, flags, interrupted_at + 2, signal.SIGKILL)
+        assert f"Resuming from {state_path}: {interrupted_at // 8} epochs" in killed.stdout.read()
+        killed_at = steps_done(out)
+        assert interrupted_at < killed_at < 24 and not (out / "metrics.json").exists()
 
     resumed = recipe("gpt_lm.py", *flags, "--output-dir", str(out))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{killed_at} epochs done, optimizer step {4 * killed_at}" in resumed.stdout
+    assert f"done, optimizer step {killed_at}." in resumed.stdout
     got = json.loads((out / "metrics.json").read_text())
     assert got["validation_loss"] == pytest.approx(expected["validation_loss"], rel=1e-5, abs=1e-6)
     straight_log = (tmp_path / "straight" / "log.csv").read_text().splitlines()
     resumed_log = (out / "log.csv").read_text().splitlines()
-    assert len(resumed_log) == len(straight_log) == 7  # header + 6 epochs, none repeated or lost
+    assert len(resumed_log) == len(straight_log) == 4  # header + 3 epochs, none repeated or lost
 
 
 def test_a_full_disk_stops_the_run_with_one_line_and_it_resumes_once_there_is_room(tmp_path, monkeypatch):

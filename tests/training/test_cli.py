@@ -233,3 +233,30 @@ def test_training_config_refuses_bad_settings_by_name(changes, message):
     config = TrainingConfig("runs/x", epochs=np.int64(2), learning_rate=np.float32(0.5))  # NumPy numbers are numbers
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.epochs = 3
+
+
+@pytest.mark.backend_independent
+def test_runs_without_an_output_dir_get_one_of_their_data_model_and_settings():
+    """The same command finds its directory again (to resume); another data set, model or setting, or
+    another recipe, gets its own, named by the data and the model."""
+    from tests.recipes.helpers import recipe_function
+
+    def output_dir(name, *flags):
+        sizes = recipe_function(name, "model_sizes")()
+        return recipe_function(name, "flags")(sizes).parse_args(list(flags)).output_dir
+
+    shakespeare = output_dir("gpt_lm.py", "--data", "../shared/data/tinyshakespeare/input.txt")
+    assert re.fullmatch(r"runs/gpt_lm/input-gpt_shakespeare_char_cpu-[0-9a-f]{6}", shakespeare)
+    assert output_dir("gpt_lm.py", "--data", "../shared/data/tinyshakespeare/input.txt") == shakespeare
+    assert (
+        output_dir("gpt_lm.py", "--data", "../shared/data/tinyshakespeare/input.txt", "--prompt", "To") == shakespeare
+    )
+    others = {
+        output_dir("gpt_lm.py"),
+        output_dir("gpt_lm.py", "--data", "../shared/data/tinyshakespeare/input.txt", "--batch-size", "8"),
+        output_dir("gpt_lm.py", "--data", "../shared/data/tinyshakespeare/input.txt", "--model", "gpt2_small"),
+        output_dir("vit.py"),
+        output_dir("gpt_lm.py", "--output-dir", "mine"),
+    }
+    assert len(others | {shakespeare}) == 6 and "mine" in others
+    assert re.fullmatch(r"runs/gpt_lm/default-gpt_shakespeare_char_cpu-[0-9a-f]{6}", output_dir("gpt_lm.py"))

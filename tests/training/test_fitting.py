@@ -17,10 +17,10 @@ from keras_tfm.training import TrainingConfig, plan_steps, train
 from tests.recipes.helpers import BACKEND, _config, _Interrupted, recipe
 
 
-def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
+def test_ema_validates_on_the_averaged_weights_and_resumes_both_within_an_epoch(tmp_path, capsys):
     """--ema: validation, the final evaluation and the returned model use the moving average; the
-    raw weights go on training; an interrupted run resumes both, and a finished one re-evaluates the
-    average."""
+    raw weights go on training; a run stopped within an epoch resumes both from its last step
+    checkpoint, to the uninterrupted run's result, and a finished one re-evaluates the average."""
     from keras_tfm.training import CheckpointManager, make_optimizer
 
     def build():
@@ -33,13 +33,18 @@ def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
 
     validation = batch(99, 0)
 
-    class InterruptAfterSecondEpoch(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            if epoch == 1:
+    class InterruptInThirdEpoch(keras.callbacks.Callback):  # at its last step, before that is saved
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch == 2 and batch == 2:
                 raise _Interrupted
 
     def run(directory, callbacks=()):
-        config = _config(directory, epochs=4, steps_per_epoch=3, batch_size=16, learning_rate=0.05, ema=0.5)
+        config = _config(
+            directory, epochs=4, steps_per_epoch=3, batch_size=16, learning_rate=0.05, ema=0.5, checkpoint_every=2
+        )
         return train(
             config,
             build_model=build,
@@ -62,9 +67,14 @@ def test_ema_validates_on_the_averaged_weights_and_resumes_both(tmp_path):
     assert abs(raw_loss - ema_loss) > 1e-3 * ema_loss, (raw_loss, ema_loss)
 
     with pytest.raises(_Interrupted):
-        run(tmp_path / "resumed", [InterruptAfterSecondEpoch()])
+        run(tmp_path / "resumed", [InterruptInThirdEpoch()])
+    state = json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())
+    assert (state["epoch"], state["step"]) == (2, 2)  # the checkpoint of step 8, within the third epoch
+    capsys.readouterr()
     resumed = run(tmp_path / "resumed")
+    assert "2 epochs and 2 steps done, optimizer step 8." in capsys.readouterr().out
     assert resumed.metrics["validation_loss"] == pytest.approx(ema_loss, rel=1e-5)
+    assert len(resumed.history["loss"]) == 4  # one row per epoch: the resumed epoch's too
 
     finished = run(tmp_path / "straight")  # nothing left to train: evaluates the average again
     assert finished.metrics["validation_loss"] == pytest.approx(ema_loss, rel=1e-5)

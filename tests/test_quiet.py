@@ -1,0 +1,42 @@
+"""What a user's terminal shows: no backend start-up logging or tracing warnings unless asked for."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_tfm import backend_logs
+
+# What a user's first script does: seed (which imports TensorFlow on every backend), train with int64
+# labels (oneDNN's int64 notice on TensorFlow), generate greedily (a traced step on PyTorch).
+SCRIPT = """
+import keras_tfm  # before Keras: on TensorFlow, Keras' import is TensorFlow's
+import keras
+import numpy as np
+keras.utils.set_random_seed(0)
+vit = keras_tfm.vit_tiny(num_classes=10, image_size=8, patch_size=4, num_layers=1)
+vit.fit(np.random.rand(4, 8, 8, 3), np.random.randint(0, 10, 4), verbose=0)
+lm = keras_tfm.DecoderLM(vocabulary_size=16, max_length=8, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=8)
+print(lm.generate([[1, 2]], max_new_tokens=3).tolist())
+"""
+
+
+def test_a_first_script_prints_nothing_on_standard_error():
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    environment.update(KERAS_BACKEND=keras.backend.backend(), KERAS_TFM_BACKEND_LOGS="")
+    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environment, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().startswith("[[1, 2,")
+    assert run.stderr.splitlines() == []
+
+
+@pytest.mark.backend_independent
+def test_only_known_notices_are_held_back(capfd):
+    notice = b"I0000 00:00:1795693235.714294   26414 port.cc:153] oneDNN custom operations are on.\n"
+    with backend_logs.native_notices_filtered():
+        os.write(
+            2, notice + b"E0000 00:00:17956.5 1 op.cc:1] a real failure\nTo enable the following instructions: AVX\n"
+        )
+    assert capfd.readouterr().err == "E0000 00:00:17956.5 1 op.cc:1] a real failure\n"
