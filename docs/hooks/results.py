@@ -1,5 +1,6 @@
 """Makes the performance page's tables from benchmarks/results/*.json at build time, so that the page and
-the benchmarks cannot disagree: a line `<!-- results NAME -->` becomes the tables of NAME.json."""
+the benchmarks cannot disagree: a line `<!-- results NAME [TASK] -->` becomes the tables of NAME.json (of
+its rows of TASK only, where one is named)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,21 @@ import re
 RESULTS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks", "results"
 )
-MARKER = re.compile(r"^<!-- results (\S+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- results (\S+)(?: (\S+))? -->$", re.MULTILINE)
 # Fields that say how a row was measured, not what: in the JSON, not in the tables.
 HIDDEN = {"task", "unit", "windows", "rounds", "command", "date", "error", "contender", "value", "backend_note"}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    return MARKER.sub(lambda match: tables(match.group(1)), markdown)
+    return MARKER.sub(lambda match: tables(*match.groups()), markdown)
 
 
-def tables(name: str) -> str:
+def tables(name: str, only: str | None = None) -> str:
     path = os.path.join(RESULTS, f"{name}.json")
     with open(path) as file:
         record = json.load(file)
     rows = record["results"]
-    tasks = list(dict.fromkeys(row.get("task", "") for row in rows))
+    tasks = [task for task in dict.fromkeys(row.get("task", "") for row in rows) if only in (None, task)]
     out = []
     for task in tasks:
         task_rows = [row for row in rows if row.get("task", "") == task]

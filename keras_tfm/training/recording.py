@@ -25,9 +25,10 @@ def write_records(
     tokenizer,
     labels,
     image_preprocessing,
+    settings: dict | None = None,
 ) -> dict:
-    """Writes the exports, `metrics.json` and the learning curves (process 0 only); returns the history
-    of `log.csv`."""
+    """Writes the exports, `metrics.json` and the learning curves (titled with the model and the data
+    named in `settings`, the recipe's); returns the history of `log.csv` (process 0 only)."""
     with alone():
         record.update(export(config, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing))
     with open(os.path.join(config.output_dir, "metrics.json"), "w", encoding="utf-8") as file:
@@ -38,9 +39,17 @@ def write_records(
     elif history:
         from keras_tfm.viz import plot_learning_curves
 
-        plot_learning_curves(history, os.path.join(config.output_dir, "learning_curves.png"), title=record["model"])
+        title = f"{record['model']} on {data_name(settings or {})}"
+        plot_learning_curves(history, os.path.join(config.output_dir, "learning_curves.png"), title=title)
     log("Metrics: " + json.dumps(record))
     return history
+
+
+def data_name(settings: dict) -> str:
+    """The data a run's settings name: its file or directory, its tensorflow-datasets name, or the
+    recipe's built-in data."""
+    source = next((settings[name] for name in ("data", "dataset", "finetune") if settings.get(name)), None)
+    return os.path.basename(os.path.normpath(str(source))) if source else "the built-in data"
 
 
 def export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, labels, image_preprocessing) -> dict:

@@ -121,7 +121,9 @@ def train(
         zoo_model(model).tokenizer = tokenizer
     if not is_writer():
         return TrainResult(model, record, {})
-    history = write_records(config, model, record, lora_rank, huggingface, tokenizer, labels, image_preprocessing)
+    history = write_records(
+        config, model, record, lora_rank, huggingface, tokenizer, labels, image_preprocessing, settings
+    )
     return TrainResult(model, record, history)
 
 

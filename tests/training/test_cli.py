@@ -260,3 +260,8 @@ def test_runs_without_an_output_dir_get_one_of_their_data_model_and_settings():
     }
     assert len(others | {shakespeare}) == 6 and "mine" in others
     assert re.fullmatch(r"runs/gpt_lm/default-gpt_shakespeare_char_cpu-[0-9a-f]{6}", output_dir("gpt_lm.py"))
+    from keras_tfm.training.recording import data_name  # the learning curves' title names the data too
+
+    assert data_name({"data": "../shared/data/tinyshakespeare/input.txt"}) == "input.txt"
+    assert data_name({"dataset": "tiny_shakespeare"}) == "tiny_shakespeare"
+    assert data_name({"data": None}) == "the built-in data"
