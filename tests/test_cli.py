@@ -118,15 +118,13 @@ def test_chat_keeps_the_conversation_and_ends_at_end_of_input():
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux, a terminal to type in")
 def test_chat_in_a_terminal_ctrl_c_ends_a_reply_and_ctrl_d_leaves(tmp_path):
     chat_model(max_length=32).save(tmp_path / "chat.keras")
-    session = f"keras-tfm-chat-{os.getpid()}"
+    tmux = ["tmux", "-L", f"keras-tfm-chat-{os.getpid()}"]  # a server of its own, stopped at the end
     command = f"{sys.executable} -m keras_tfm generate {tmp_path / 'chat.keras'} --chat --max-new-tokens 100000"
     command += f" --chunk-size 1; echo exit status $? > {tmp_path / 'status'}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command], check=True)
+    subprocess.run([*tmux, "new", "-d", "-x", "200", "-y", "50", command], check=True)
 
     def screen() -> str:
-        return subprocess.run(
-            ["tmux", "capture-pane", "-p", "-J", "-S", "-", "-t", session], capture_output=True, text=True
-        ).stdout
+        return subprocess.run([*tmux, "capture-pane", "-p", "-J", "-S", "-"], capture_output=True, text=True).stdout
 
     def wait_for(condition, what: str) -> str:
         deadline = time.time() + 90
@@ -138,13 +136,13 @@ def test_chat_in_a_terminal_ctrl_c_ends_a_reply_and_ctrl_d_leaves(tmp_path):
 
     try:
         wait_for(lambda text: text.startswith(">"), "the first prompt")  # the pane drops trailing spaces
-        subprocess.run(["tmux", "send-keys", "-t", session, "hello", "Enter"], check=True)
+        subprocess.run([*tmux, "send-keys", "hello", "Enter"], check=True)
         wait_for(lambda text: len(text.strip()) > 40, "a long reply")  # it would write 100,000 tokens
-        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        subprocess.run([*tmux, "send-keys", "C-c"], check=True)
         text = wait_for(lambda text: "[stopped]\n>" in text, "the reply to stop and a new prompt")
         assert text.splitlines()[0].startswith("> hello")
-        subprocess.run(["tmux", "send-keys", "-t", session, "C-d"], check=True)
+        subprocess.run([*tmux, "send-keys", "C-d"], check=True)
         wait_for(lambda text: (tmp_path / "status").exists(), "the command to end")
         assert (tmp_path / "status").read_text().strip() == "exit status 0"
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run([*tmux, "kill-server"], capture_output=True)

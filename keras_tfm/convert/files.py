@@ -8,6 +8,7 @@ import os
 
 from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.registry import check_model_type
+from keras_tfm.convert.safetensors_files import SafetensorsWeights
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.hub import checkpoint_directory
 
@@ -30,13 +31,13 @@ def read_config(path: str) -> dict:
     return config
 
 
-def read_weight_file(file: str) -> dict:
-    """One `.safetensors` or `.bin` file's arrays; a corrupt file is a ValueError naming it."""
+def read_weight_file(file: str, lazy: bool = False):
+    """One `.safetensors` or `.bin` file's arrays (a `.safetensors` file's read one at a time when asked
+    for, with `lazy`); a corrupt file is a `CheckpointError` naming it."""
+    if file.endswith(".safetensors"):
+        weights = SafetensorsWeights([file])
+        return weights if lazy else dict(weights)
     try:
-        if file.endswith(".safetensors"):
-            from safetensors.numpy import load_file
-
-            return load_file(file)
         import torch
 
         state = torch.load(file, map_location="cpu", weights_only=True)
@@ -50,7 +51,7 @@ def read_weights(path: str) -> dict:
     (`save_pretrained` shards what exceeds `max_shard_size`, e.g. GPT-2 XL in fp32)."""
     for name in ("model.safetensors", "pytorch_model.bin"):
         if os.path.isfile(os.path.join(path, name)):
-            return read_weight_file(os.path.join(path, name))
+            return read_weight_file(os.path.join(path, name), lazy=True)
         index_path = os.path.join(path, name + ".index.json")
         if os.path.isfile(index_path):
             weight_map = read_json(index_path, "from_huggingface").get("weight_map")
@@ -58,15 +59,16 @@ def read_weights(path: str) -> dict:
                 raise CheckpointError(
                     f"{index_path!r} has no 'weight_map' of weight names to shard files.", caller="from_huggingface"
                 )
-            weights = {}
-            for shard in sorted(set(weight_map.values())):
-                shard_path = os.path.join(path, shard)
-                if not os.path.isfile(shard_path):
+            shards = [os.path.join(path, shard) for shard in sorted(set(weight_map.values()))]
+            for shard in shards:
+                if not os.path.isfile(shard):
                     raise CheckpointError(
-                        f"shard {shard!r}, listed in {index_path!r}, is missing.", caller="from_huggingface"
+                        f"shard {os.path.basename(shard)!r}, listed in {index_path!r}, is missing.",
+                        caller="from_huggingface",
                     )
-                weights.update(read_weight_file(shard_path))
-            return weights
+            if name.endswith(".safetensors"):
+                return SafetensorsWeights(shards)
+            return {key: value for shard in shards for key, value in read_weight_file(shard).items()}
     raise CheckpointError(
         f"directory {path!r} has neither model.safetensors nor pytorch_model.bin (nor their sharded .index.json).",
         caller="from_huggingface",

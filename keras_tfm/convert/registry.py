@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from keras_tfm.convert.weights import WeightReader
 from keras_tfm.errors import CheckpointError
@@ -59,5 +59,23 @@ def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = No
     records which layers each linear module became. `allow_nan`: load weights that hold NaN."""
     check_model_type(config)
     convert, prefixes, rename = _CONVERTERS[config["model_type"]]
-    w = WeightReader({rename(name): value for name, value in weights.items()}, prefixes, config, allow_nan)
+    w = WeightReader(RenamedWeights(weights, rename), prefixes, config, allow_nan)
     return convert(config, w, num_classes), w
+
+
+class RenamedWeights(Mapping):
+    """`weights` under the names `rename` gives them, each value read only when looked up (a checkpoint's
+    weights may be read from disk one at a time)."""
+
+    def __init__(self, weights: Mapping, rename):
+        self.weights = weights
+        self.names = {rename(name): name for name in weights}
+
+    def __getitem__(self, name: str):
+        return self.weights[self.names[name]]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)

@@ -92,7 +92,9 @@ class WeightReader:
         for prefix in ("",) + self.prefixes:
             if prefix + name in self.weights:
                 self.used.add(prefix + name)
-                array = np.asarray(self.weights[prefix + name], "float32")
+                array = np.asarray(self.weights[prefix + name])
+                if array.dtype.name not in ("float32", "bfloat16", "float16"):  # kept until a variable takes it
+                    array = array.astype("float32")
                 if not self.allow_nan and not np.isfinite(array).all():
                     bad = int(np.size(array) - np.isfinite(array).sum())
                     raise CheckpointError(
