@@ -42,11 +42,37 @@ def main() -> None:
     parser.add_argument("--eval-batches", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--curve-every", type=int, default=100, help="steps between the learning curve's points")
     args = parser.parse_args()
     if not os.path.isfile(args.data):
         raise SystemExit(f"--data: no file at {args.data!r}; pass the path of tiny Shakespeare's input.txt.")
     results = [train_and_evaluate(name, args) for name in args.models]
     write_results("gpt_quality", results)
+
+
+def learning_curve(train: tuple, validation: tuple, batch_size: int, every: int):
+    """A callback that records, every `every` steps, the loss on fixed training and validation batches
+    (timed apart from training, in `seconds`), in `points`."""
+    import keras
+
+    class LearningCurve(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.points = {"step": [], "train_loss": [], "validation_loss": []}
+            self.steps, self.seconds = 0, 0.0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if self.steps % every:
+                return
+            start = time.perf_counter()
+            self.points["step"].append(self.steps)
+            for name, (x, y) in (("train_loss", train), ("validation_loss", validation)):
+                loss = self.model.evaluate(x, y, batch_size=batch_size, verbose=0)
+                self.points[name].append(round(float(loss), 4))
+            self.seconds += time.perf_counter() - start
+
+    return LearningCurve()
 
 
 def train_and_evaluate(name: str, args) -> dict:
@@ -83,10 +109,12 @@ def train_and_evaluate(name: str, args) -> dict:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=keras.backend.backend() != "torch",
     )
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=2)
-    seconds = time.perf_counter() - start
     vx, vy = windows(validation, args.eval_batches * args.batch_size)
+    rows = 20 * args.batch_size  # the curve's batches: the first of the training and validation windows
+    curve = learning_curve((x[:rows], y[:rows]), (vx[:rows], vy[:rows]), args.batch_size, args.curve_every)
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=2, callbacks=[curve])
+    seconds = time.perf_counter() - start - curve.seconds
     validation_loss = model.evaluate(vx, vy, batch_size=args.batch_size, verbose=0)
     saved = os.path.join(tempfile.mkdtemp(), "trained.keras")
     model.save(saved)
@@ -109,6 +137,7 @@ def train_and_evaluate(name: str, args) -> dict:
         **quantized_losses,
         "nanogpt_validation_loss": 1.88,
         "train_seconds": round(seconds, 1),
+        "curve": curve.points,
     }
     print("".join(vocabulary[i] for i in sample))
     print(json.dumps(result), flush=True)

@@ -13,7 +13,19 @@ RESULTS = os.path.join(
 )
 MARKER = re.compile(r"^<!-- results (\S+)(?: (\S+))? -->$", re.MULTILINE)
 # Fields that say how a row was measured, not what: in the JSON, not in the tables.
-HIDDEN = {"task", "unit", "windows", "rounds", "command", "date", "error", "contender", "value", "backend_note"}
+HIDDEN = {
+    "task",
+    "unit",
+    "windows",
+    "rounds",
+    "command",
+    "date",
+    "error",
+    "contender",
+    "value",
+    "backend_note",
+    "curve",
+}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

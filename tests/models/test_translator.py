@@ -52,11 +52,12 @@ def sources(rng, lengths):
 def test_translator_passes_common_checks(tmp_path, rng, variant):
     source = sources(rng, [7, 4])
     target = rng.integers(3, 25, size=(2, 6)).astype("int32")
-    run_layer_checks(  # mixed precision does not depend on these options: checked once, on the first
+    run_layer_checks(  # mixed precision and XLA do not depend on these options: compiled once, on the first
         lambda **kw: tiny_translator(**{**variant, "dropout": 0.1, **kw}),
         (source, target),
         tmp_path=tmp_path,
         mixed_precision=not variant,
+        jit=not variant,
     )
 
 

@@ -62,6 +62,7 @@ def test_ctrl_c_then_kill_9_and_rerun_resumes_to_the_same_result(tmp_path):
     assert len(resumed_log) == len(straight_log) == 4  # header + 3 epochs, none repeated or lost
 
 
+@pytest.mark.backend_independent  # the room is measured before Keras' HDF5 writer runs, the same on every backend
 def test_a_full_disk_stops_the_run_with_one_line_and_it_resumes_once_there_is_room(tmp_path, monkeypatch):
     """HDF5 crashes the interpreter when the disk fills in the middle of a file: the room is measured
     first, and the run stops (status 2) with the last good checkpoint intact and named."""
