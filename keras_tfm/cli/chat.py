@@ -13,19 +13,15 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from keras_tfm.errors import InputError
+from keras_tfm.generation import orchestration
 
 
 def reply_pieces(model, messages: list[dict], stream_arguments: dict) -> Iterator[str]:
     """The model's reply to `messages` as text pieces, as it is made; it ends at the checkpoint's end ids."""
     text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     prompt = np.asarray(model.tokenizer.encode(text)).tolist()  # the template holds the special tokens
-    ids, shown = [], ""
-    for piece in model.stream(prompt, **stream_arguments):  # up to and with an end id, decoded without it
-        ids.extend(piece.tolist())
-        ready = model.tokenizer.decode_text(np.asarray(ids, "int32")).rstrip("\ufffd")
-        if len(ready) > len(shown) and ready.startswith(shown):
-            yield ready[len(shown) :]
-            shown = ready
+    # up to and with an end id, which the tokenizer decodes to nothing
+    yield from orchestration.text_pieces(model.stream(prompt, **stream_arguments), model.tokenizer.decode_text)
 
 
 def conversation(

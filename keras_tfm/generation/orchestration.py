@@ -135,3 +135,16 @@ def stream_pieces(model, request: Request, chunk_size: int, text: bool, decode_t
         if len(ready) > len(shown) and ready.startswith(shown):
             yield ready[len(shown) :]
             shown = ready
+
+
+def text_pieces(id_pieces: Iterator[np.ndarray], decode_text: Callable[[np.ndarray], str], prefix=()):
+    """Arrays of new ids as the text each adds to `prefix` (ids already written), decoded whole at each
+    piece: a token may end inside a character, so a trailing replacement character waits for the next."""
+    ids = list(prefix)
+    shown = decode_text(np.asarray(ids, "int32"))
+    for piece in id_pieces:
+        ids.extend(np.asarray(piece).tolist())
+        ready = decode_text(np.asarray(ids, "int32")).rstrip("\ufffd")
+        if len(ready) > len(shown) and ready.startswith(shown):
+            yield ready[len(shown) :]
+            shown = ready

@@ -267,13 +267,7 @@ class CausalLM(ZooModel):
         if not text:
             yield from rounds
             return
-        ids, shown = list(prompt), self._decode_text(np.asarray(prompt))
-        for piece in rounds:
-            ids.extend(piece.tolist())
-            ready = self._decode_text(np.asarray(ids)).rstrip("\ufffd")  # a character may end in the next piece
-            if len(ready) > len(shown) and ready.startswith(shown):
-                yield ready[len(shown) :]
-                shown = ready
+        yield from orchestration.text_pieces(rounds, self._decode_text, prompt)
 
     def _stop_ids(self, stop_token_ids) -> np.ndarray:
         """An id or ids as an int32 array of ids of the vocabulary; None: the checkpoint's end ids."""

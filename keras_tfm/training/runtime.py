@@ -99,13 +99,7 @@ def train(
     model, lora_rank = build(
         config, build_model, train_batch, epochs * steps_per_epoch, loss, metrics, weighted_metrics
     )
-    trainable = sum(math.prod(variable.shape) for variable in model.trainable_variables)
-    trained = f" ({trainable:,} trained: LoRA rank {lora_rank})" if lora_rank else ""
-    log(
-        f"Model: {model.name}, {model.count_params():,} parameters{trained}; {epochs} epochs x {steps_per_epoch} "
-        f"steps of batch {config.batch_size}; XLA {'on' if use_jit(config) else 'off'}"
-        f"{'; blocks rematerialized' if config.remat else ''}."
-    )
+    trainable = _log_model(config, model, lora_rank, epochs, steps_per_epoch)
     seconds = fit(config, model, train_batch, epochs, steps_per_epoch, validation_data, callbacks, recorded)
     record = {
         "backend": keras.backend.backend(),
@@ -125,6 +119,18 @@ def train(
         config, model, record, lora_rank, huggingface, tokenizer, labels, image_preprocessing, settings
     )
     return TrainResult(model, record, history)
+
+
+def _log_model(config: TrainingConfig, model, lora_rank, epochs: int, steps_per_epoch: int) -> int:
+    """Says what is trained, how long and how; returns the trained parameters."""
+    trainable = sum(math.prod(variable.shape) for variable in model.trainable_variables)
+    trained = f" ({trainable:,} trained: LoRA rank {lora_rank})" if lora_rank else ""
+    log(
+        f"Model: {model.name}, {model.count_params():,} parameters{trained}; {epochs} epochs x {steps_per_epoch} "
+        f"steps of batch {config.batch_size}; XLA {'on' if use_jit(config) else 'off'}"
+        f"{'; blocks rematerialized' if config.remat else ''}."
+    )
+    return trainable
 
 
 def _evaluation(config: TrainingConfig, model, validation_data: tuple, evaluate) -> dict:
