@@ -15,6 +15,10 @@ from keras_tfm.data import CharacterTokenizer
 from keras_tfm.errors import CheckpointError, InputError
 from tests.checks import assert_close, to_numpy
 
+# Tests of input checks that run before Keras' training step: TensorFlow's XLA compile of the step
+# (about 20 s a model here) tests nothing of theirs, and compiled training is tested elsewhere.
+EAGER_ON_TF = {"run_eagerly": keras.backend.backend() == "tensorflow"}
+
 MODELS = {
     "gpt": (
         lambda: keras_tfm.GPT(vocabulary_size=30, max_length=16, num_layers=2, num_heads=2, hidden_dim=16),
@@ -297,14 +301,13 @@ def test_labels_outside_the_logits_are_refused_by_sparse_losses(rng, name):
     make_labels, where, setting, loss = LABELS[name]
     ignored = None
     if loss == "token_cross_entropy":
-        model.compile(optimizer="adam", loss=keras_tfm.TokenCrossEntropy())
+        model.compile(optimizer="adam", loss=keras_tfm.TokenCrossEntropy(), **EAGER_ON_TF)
     elif loss == "sparse_categorical_crossentropy":
-        model.compile(optimizer="adam", loss=loss)
+        model.compile(optimizer="adam", loss=loss, **EAGER_ON_TF)
     else:
         ignored = 7
-        model.compile(
-            optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=7)
-        )
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=7)
+        model.compile(optimizer="adam", loss=loss, **EAGER_ON_TF)
     labels = make_labels(rng)
     model.train_on_batch(x, labels)  # in range: trained
     if ignored is not None:
@@ -379,7 +382,7 @@ def test_labels_are_left_to_other_losses(rng):
     """Only a sparse cross-entropy reads labels as class ids: a ViT regressing to numbers trains on."""
     make, make_inputs = MODELS["vit"]
     model = make()
-    model.compile(optimizer="adam", loss="mse")
+    model.compile(optimizer="adam", loss="mse", **EAGER_ON_TF)
     targets = np.full((2, 3), 5.0, "float32")  # above num_classes=3, as values
     assert np.isfinite(model.train_on_batch(*make_inputs(rng), targets))
 
@@ -423,7 +426,8 @@ def test_empty_inputs_are_refused_and_the_weights_kept(rng, name):
     model = make()
     inputs = make_inputs(rng)[0]
     labels = np.zeros(len(inputs), "int32") if name == "vit" else inputs
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer="adam", loss=loss, **EAGER_ON_TF)
     model.fit(inputs, labels, epochs=1, verbose=0)
     trained = model.get_weights()
     empty, no_labels = inputs[:0], labels[:0]

@@ -75,12 +75,34 @@ def assert_same_run(one, two):
     assert max(np.abs(first[name] - second[name]).max() for name in first) < 1e-5
 
 
+def assert_different_settings_refused(out, flags):
+    """One process with another learning rate and seed would mix two optimizers silently: every process
+    refuses, naming the settings and each process's value, before a step; the checkpoint stays as it was."""
+    state, log = (out / "checkpoint" / "state.json").read_text(), (out / "log.csv").read_text()
+    port = free_port()
+    runs = [
+        start(out, [*flags, "--learning-rate", "0.003"], 0, 2, port),
+        start(out, [*flags, "--learning-rate", "0.5", "--seed", "2"], 1, 2, port),
+    ]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    for run, output in zip(runs, outputs):
+        assert run.returncode == 2, output[-3000:]
+        assert re.search(
+            r"error: the 2 processes of this run were started with different settings: --learning-rate 0\.003 "
+            r"\(process 0\), 0\.5 \(process 1\); --seed 0 \(process 0\), 2 \(process 1\); `validation_data` .*"
+            r"Start every process with the same command and data",
+            output,
+        ), output[-3000:]
+    assert (out / "checkpoint" / "state.json").read_text() == state and (out / "log.csv").read_text() == log
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="JAX processes and TensorFlow workers")
 def test_two_processes_lose_one_then_resume_to_the_run_of_one(tmp_path):
     """Two processes train as one: on JAX, two of one CPU device each as one device does; on TensorFlow,
     two workers (with a moving average of the weights) as one process with two devices.
-    Process 1 is killed mid-run: process 0 stops within a minute naming it and the checkpoint; both
-    started again resume and end with the single run's validation loss and weights."""
+    Process 1 is killed mid-run: process 0 stops within a minute naming it and the checkpoint; both started
+    again with different settings refuse; with the same, they resume and end with the single run's validation
+    loss and weights."""
     plain = ["--data", SHAKESPEARE, "--sample-every", "0", *TINY_GPT, "--steps", "24", "--steps-per-epoch", "4"]
     if BACKEND == "jax":
         flags = [*plain, "--distribute", "data"]
@@ -113,6 +135,7 @@ def test_two_processes_lose_one_then_resume_to_the_run_of_one(tmp_path):
         output,
     ), output[-3000:]
 
+    assert_different_settings_refused(out, flags)
     outputs = run_together(out, flags)
     assert f"Resuming from {state_path}: {epoch} epochs done" in outputs[0]
     assert "of 2 processes (this is process 0)" in outputs[0] and outputs[1].count("Epoch") == 0  # one writer
@@ -123,28 +146,6 @@ def test_two_processes_lose_one_then_resume_to_the_run_of_one(tmp_path):
         # batch (and every batch came a step early). The optimizer's step count says every step ran.
         for run in ("single", "two"):
             assert weights(tmp_path / run / "checkpoint" / "epoch-00006.weights.h5")["optimizer/vars/0"] == 24
-
-
-@pytest.mark.skipif(BACKEND == "torch", reason="JAX processes and TensorFlow workers")
-def test_processes_started_with_different_settings_are_refused_before_training(tmp_path):
-    """One process with another learning rate and seed would mix two optimizers silently: every process
-    refuses, naming the settings and each process's value, before the first step."""
-    plain = ["--data", SHAKESPEARE, "--sample-every", "0", *TINY_GPT, "--steps", "8", "--distribute", "data"]
-    port = free_port()
-    runs = [
-        start(tmp_path, [*plain, "--learning-rate", "0.003"], 0, 2, port),
-        start(tmp_path, [*plain, "--learning-rate", "0.5", "--seed", "2"], 1, 2, port),
-    ]
-    outputs = [run.communicate(timeout=300)[0] for run in runs]
-    for run, output in zip(runs, outputs):
-        assert run.returncode == 2, output[-3000:]
-        assert re.search(
-            r"error: the 2 processes of this run were started with different settings: --learning-rate 0\.003 "
-            r"\(process 0\), 0\.5 \(process 1\); --seed 0 \(process 0\), 2 \(process 1\); `validation_data` .*"
-            r"Start every process with the same command and data",
-            output,
-        ), output[-3000:]
-    assert not (tmp_path / "checkpoint").exists()
 
 
 @pytest.mark.backend_independent
