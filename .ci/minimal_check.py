@@ -126,9 +126,16 @@ def check(directory: str, out: str) -> None:
         timeout=300,
     )
     assert done.returncode == 2 and "pip install 'keras_tfm[tensorboard]'" in done.stderr, done.stderr[-2000:]
+    from keras_tfm.errors import InputError
+
+    try:  # GGUF files need the gguf extra, which this install lacks: said by name
+        keras_tfm.from_gguf(os.path.join(out, "model.gguf"))
+        raise AssertionError("from_gguf ran without the gguf package")
+    except InputError as error:
+        assert "pip install 'keras_tfm[gguf]'" in str(error), error
     print(
         f"{backend}: import keras_tfm {seconds:.1f} s (no other framework imported); from_huggingface, generate, "
-        "stream, chat, python -m keras_tfm generate, save_huggingface and the GPT recipe ran"
+        "stream, chat, python -m keras_tfm generate, save_huggingface and the GPT recipe ran; from_gguf asked for its extra"
     )
 
 

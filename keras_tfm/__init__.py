@@ -2,7 +2,7 @@
 
 # backend_logs first: importing it quiets TensorFlow's start-up logging, before Keras imports TensorFlow.
 from keras_tfm import backend_logs, layers, losses, viz
-from keras_tfm.convert import from_huggingface, from_keras_hub, save_huggingface
+from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_huggingface
 from keras_tfm.losses import TokenCrossEntropy
 from keras_tfm.models import (
     GPT,

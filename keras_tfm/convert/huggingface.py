@@ -133,10 +133,10 @@ def from_huggingface(
         num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = collections.ChainMap(adapter_weights, weights)  # read lazily: no copy of the checkpoint
     dtype = checkpoint_dtype(config, weights, model_or_directory) if dtype == "auto" else dtype
-    _check_room(weights, dtype)
+    check_room(weights, dtype)
     with dtype_policy(dtype):
         model, w = convert_checkpoint(config, weights, num_classes, allow_nan)
-    _return_freed_memory()
+    return_freed_memory()
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
     _attach_generation_settings(model, base if isinstance(base, (str, os.PathLike)) else None, model_or_directory)
@@ -148,12 +148,12 @@ def from_huggingface(
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
-def _check_room(weights, dtype: str) -> None:
+def check_room(weights, dtype: str, caller: str = "from_huggingface") -> None:
     """Refuses, before anything is built, a checkpoint whose weights in `dtype` need more memory than the
     system has available (a load that would end in the out-of-memory killer, or in swap)."""
     files = weights.maps[-1] if isinstance(weights, collections.ChainMap) else weights
     available = safetensors_files.available_memory()
-    if not isinstance(files, safetensors_files.SafetensorsWeights) or available is None:
+    if not hasattr(files, "values_count") or available is None:
         return
     needed = files.values_count() * (4 if dtype == "float32" else 2)
     if needed > available:
@@ -162,11 +162,11 @@ def _check_room(weights, dtype: str) -> None:
             f"the checkpoint's weights need {needed / 2**30:.1f} GiB as {dtype}, and this machine has "
             f"{available / 2**30:.1f} GiB of memory available: free some{smaller}.",
             "dtype",
-            caller="from_huggingface",
+            caller=caller,
         )
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Hands the memory freed while loading (each tensor read, widened and replaced) back to the system:
     glibc keeps it otherwise (JAX's process stayed at 2.3x the float32 weights, 1.4x after this)."""
     if sys.platform.startswith("linux"):
@@ -230,12 +230,12 @@ def _attach_generation_settings(model, directory, in_memory) -> None:
 
     directory = checkpoint_directory(directory)
     tokenizer = checkpoint_tokenizer(directory)
-    _check_tokenizer_fits(model, tokenizer, directory)
+    check_tokenizer_fits(model, tokenizer, directory)
     model.tokenizer = tokenizer
     model.generation_config = generation_settings(directory)
 
 
-def _check_tokenizer_fits(model, tokenizer, directory: str) -> None:
+def check_tokenizer_fits(model, tokenizer, directory: str) -> None:
     """Refuses a checkpoint whose tokenizer makes ids the model has no embedding for."""
     limit = getattr(model, "vocabulary_size", None)  # a translator's two tables: each side's tokenizer
     if tokenizer is not None and isinstance(limit, int) and tokenizer.vocabulary_size > limit:
