@@ -133,9 +133,13 @@ def check(directory: str, out: str) -> None:
         raise AssertionError("from_gguf ran without the gguf package")
     except InputError as error:
         assert "pip install 'keras_tfm[gguf]'" in str(error), error
+    served = subprocess.run(  # the server too: its extra named, before any model is loaded
+        [sys.executable, "-m", "keras_tfm.serve", directory], capture_output=True, text=True, timeout=300
+    )
+    assert served.returncode == 1 and "pip install 'keras_tfm[serve]'" in served.stderr, served.stderr[-2000:]
     print(
         f"{backend}: import keras_tfm {seconds:.1f} s (no other framework imported); from_huggingface, generate, "
-        "stream, chat, python -m keras_tfm generate, save_huggingface and the GPT recipe ran; from_gguf asked for its extra"
+        "stream, chat, python -m keras_tfm generate, save_huggingface and the GPT recipe ran; from_gguf and the server asked for their extras"
     )
 
 

@@ -1,0 +1,132 @@
+"""What batching buys the server: the SmolLM2-135M shape (random weights), greedy, 32-token prompts and
+64 new tokens, with 1, 4, 16 and 64 clients at once, each sending requests one after another for a fixed
+number of requests: throughput (new tokens/s over the run), time to the first streamed token (of a
+request alone, after one that compiled), and p50/p99 latency of whole requests, against one client at a
+time. Each batch size decodes with its own compiled loop: the first batch of each size compiles (on
+JAX and TensorFlow), inside the measured run.
+
+    KERAS_BACKEND=jax python benchmarks/serving.py [--clients 1 4 16 64] [--requests 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_results  # noqa: E402
+
+PROMPT_TOKENS, NEW_TOKENS = 32, 64
+FIRST = 0x10000  # the characters of the ids: the supplementary planes, past the surrogates
+
+
+def server(model):
+    import uvicorn
+
+    from keras_tfm.serve import create_app
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = create_app(model, "smollm2", max_batch_size=64, max_queue=256)
+    running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=running.run, daemon=True).start()
+    while not running.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", running
+
+
+def character_model():
+    """SmolLM2-135M's shape (random weights) with a tokenizer of one character per id."""
+    import tokenizers
+
+    import keras_tfm
+    from keras_tfm.data import HuggingFaceTokenizer
+
+    # one character per id, so that every generated token is text the stream hands out at once
+    vocabulary = {chr(FIRST + i): i for i in range(49152)}
+    letters = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token=chr(FIRST)))
+    letters.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    letters.decoder = tokenizers.decoders.Fuse()
+    model = keras_tfm.smollm2_135m(max_length=256)
+    model.tokenizer = HuggingFaceTokenizer(letters.to_str())
+    return model
+
+
+def run(url: str, clients: int, requests: int) -> dict:
+    import httpx
+
+    rng = np.random.default_rng(clients)
+    prompts = ["".join(chr(FIRST + i) for i in rng.integers(0, 49152, PROMPT_TOKENS)) for _ in range(requests)]
+    latencies, first_tokens, first_tokens_seen = [], [], [False]
+
+    def ask(prompt: str) -> None:
+        body = {"prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "stream": True}
+        start = time.perf_counter()
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: {") and not first_tokens_seen[0]:
+                    first_tokens.append(time.perf_counter() - start)
+                    first_tokens_seen[0] = True
+        latencies.append(time.perf_counter() - start)
+
+    def ask_whole(prompt: str) -> None:
+        start = time.perf_counter()
+        body = {"prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+        answer = httpx.post(url + "/v1/completions", json=body, timeout=600)
+        assert answer.json()["usage"]["completion_tokens"] == NEW_TOKENS, answer.text
+        latencies.append(time.perf_counter() - start)
+
+    ask(prompts[0])  # compiles the streamed decoding of this prompt length
+    first_tokens.clear()
+    first_tokens_seen = [False]
+    ask(prompts[1])  # one streamed request alone: the time to its first token
+    latencies.clear()
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(ask_whole, prompts))
+    seconds = time.perf_counter() - start
+    return {
+        "clients": clients,
+        "requests": requests,
+        "value": round(requests * NEW_TOKENS / seconds, 1),
+        "p50_latency_s": round(float(np.percentile(latencies, 50)), 2),
+        "p99_latency_s": round(float(np.percentile(latencies, 99)), 2),
+        "first_token_s": round(first_tokens[0], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--requests", type=int, default=64)
+    args = parser.parse_args()
+    import keras
+
+    model = character_model()
+    url, running = server(model)
+    backend, results = keras.backend.backend(), []
+    for clients in args.clients:
+        result = run(url, clients, max(args.requests, clients))
+        result.update(contender=f"keras_tfm serve ({backend}), {clients} clients", task="serve", unit="new tokens/s")
+        results.append(result)
+        ratio = result["value"] / results[0]["value"]
+        print(
+            f"{clients:3d} clients: {result['value']:7.1f} new tokens/s ({ratio:.2f}x one client), p50 "
+            f"{result['p50_latency_s']} s, p99 {result['p99_latency_s']} s, first token {result['first_token_s']} s",
+            flush=True,
+        )
+    running.should_exit = True
+    title = f"SmolLM2-135M shape served, greedy, {PROMPT_TOKENS}-token prompts + {NEW_TOKENS} new tokens"
+    write_results(f"serving_{backend}", results, tasks={"serve": title})
+
+
+if __name__ == "__main__":
+    main()

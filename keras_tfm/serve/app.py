@@ -1,0 +1,223 @@
+"""The HTTP side of the server: an OpenAI-compatible API on Starlette (the ASGI toolkit FastAPI is built
+on: routing, streaming responses and a test client, without a validation layer whose 422 errors would not
+be OpenAI's schema). Every refusal is a JSON error in OpenAI's schema; the server keeps serving."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import time
+import uuid
+
+from keras_tfm.errors import InputError
+from keras_tfm.serve import requests
+from keras_tfm.serve.engine import Engine, Ticket
+from keras_tfm.serve.requests import RequestError
+
+
+def create_app(
+    model,
+    model_name: str,
+    api_key: str | None = None,
+    max_batch_size: int = 16,
+    max_queue: int = 64,
+    max_tokens: int | None = None,
+    max_body_bytes: int = 1_000_000,
+):
+    """A Starlette app serving `model` (a `CausalLM` with a tokenizer) as `model_name`.
+
+    Args:
+        model: the model; its tokenizer's chat template serves `/v1/chat/completions`.
+        model_name: the id `/v1/models` lists and requests name in `model`.
+        api_key: when given, every `/v1` request must carry `Authorization: Bearer <api_key>` (else 401).
+        max_batch_size: rows decoded together at most.
+        max_queue: requests waiting at most; more are answered 429.
+        max_tokens: the most tokens a request may ask for (default: the model's context).
+        max_body_bytes: larger request bodies are answered 413.
+    """
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    if model.tokenizer is None:
+        raise ValueError("model: the server needs a model with a tokenizer (`model.tokenizer`).")
+    engine = Engine(model, max_batch_size, max_queue)
+    settings = dict(context=model.max_length, max_tokens_limit=max_tokens or model.max_length)
+
+    async def handle(request, chat: bool):
+        body = await _read_json(request, api_key, max_body_bytes)
+        if body.get("model") not in (None, model_name):
+            raise RequestError(f"the model {body.get('model')!r} does not exist; this server has {model_name!r}.",
+                               "model", 404, "not_found_error")  # fmt: skip
+        prompt_ids = _prompt_ids(model.tokenizer, body, chat)
+        job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
+        ticket = engine.submit(job)
+        if job.stream:
+            return _stream_response(ticket, model_name, chat, body)
+        kind, value = await ticket.events.get()
+        if kind == "error":
+            raise value
+        return JSONResponse(_completion(value, job, model_name, chat))
+
+    async def completions(request):
+        return await handle(request, chat=False)
+
+    async def chat_completions(request):
+        return await handle(request, chat=True)
+
+    async def models(request):
+        _authorize(request, api_key)
+        entry = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "keras_tfm"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def health(request):
+        return JSONResponse({"status": "ok", "waiting": engine.waiting()})
+
+    async def refused(request, error: RequestError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    async def http_error(request, error: HTTPException):
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(RequestError(str(error.detail), None, error.status_code, kind).body(), error.status_code)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ],
+        exception_handlers={RequestError: refused, HTTPException: http_error},
+        lifespan=_closing(engine),
+    )
+    app.state.engine = engine
+    return app
+
+
+def _closing(engine: Engine):
+    """The app's lifespan: the engine's thread ends with the server."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        engine.close()
+
+    return lifespan
+
+
+def _authorize(request, api_key: str | None) -> None:
+    if api_key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        raise RequestError("a valid API key is needed: `Authorization: Bearer <key>`.", None, 401)
+
+
+async def _read_json(request, api_key: str | None, max_body_bytes: int) -> dict:
+    _authorize(request, api_key)
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_body_bytes:
+            raise RequestError(f"the request body is larger than {max_body_bytes:,} bytes.", None, 413)
+    try:
+        parsed = json.loads(body)
+    except ValueError as error:
+        raise RequestError(f"the request body is not valid JSON ({error}).") from None
+    if not isinstance(parsed, dict):
+        raise RequestError("the request body must be a JSON object.")
+    return parsed
+
+
+def _prompt_ids(tokenizer, body: dict, chat: bool) -> list[int]:
+    if not chat:
+        return [int(i) for i in tokenizer.encode_prompt(requests.completion_prompt(body))]
+    if not tokenizer.chat_template:
+        raise RequestError("this model has no chat template; use /v1/completions.", "messages")
+    try:
+        text = tokenizer.apply_chat_template(requests.chat_messages(body), add_generation_prompt=True)
+    except InputError as error:  # the template's own checks (roles out of order, ...)
+        raise RequestError(error.message, "messages") from None
+    return [int(i) for i in tokenizer.encode(text)]  # the template holds the special tokens
+
+
+def _usage(job, choices) -> dict:
+    completion = sum(choice.tokens for choice in choices)
+    return {
+        "prompt_tokens": len(job.prompt),
+        "completion_tokens": completion,
+        "total_tokens": len(job.prompt) + completion,
+    }
+
+
+def _completion(choices, job, model_name: str, chat: bool) -> dict:
+    answer = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "usage": _usage(job, choices),
+    }
+    if chat:
+        answer["choices"] = [
+            {"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
+            for i, c in enumerate(choices)
+        ]
+    else:
+        answer["choices"] = [
+            {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
+            for i, c in enumerate(choices)
+        ]
+    return answer
+
+
+def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict):
+    from starlette.responses import StreamingResponse
+
+    identity = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    include_usage = (
+        bool((body.get("stream_options") or {}).get("include_usage"))
+        if isinstance(body.get("stream_options"), dict)
+        else False
+    )
+
+    def chunk(piece: str | None, finish: str | None = None, usage=None) -> str:
+        if chat:
+            delta = {} if piece is None else {"content": piece}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+        event = {
+            "id": identity,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": [] if usage else [choice],
+        }
+        if usage:
+            event["usage"] = usage
+        return f"data: {json.dumps(event)}\n\n"
+
+    async def events():
+        try:
+            if chat:
+                yield chunk(None).replace('"delta": {}', '"delta": {"role": "assistant", "content": ""}')
+            while True:
+                kind, value = await ticket.events.get()
+                if kind == "text":
+                    yield chunk(value)
+                elif kind == "error":
+                    yield f"data: {json.dumps(value.body())}\n\n"
+                    return
+                else:
+                    yield chunk(None, value[0].finish_reason)
+                    if include_usage:
+                        yield chunk(None, usage=_usage(ticket.job, value))
+                    yield "data: [DONE]\n\n"
+                    return
+        finally:
+            ticket.cancelled = True  # a client that left mid-stream frees its place at the next chunk
+
+    return StreamingResponse(events(), media_type="text/event-stream")

@@ -1,0 +1,139 @@
+"""OpenAI request bodies (`/v1/completions`, `/v1/chat/completions`) checked field by field into one
+`Job`; a bad field is a `RequestError` that the server answers with a 4xx in OpenAI's error schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status, OpenAI's error `type` and the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+
+
+@dataclasses.dataclass
+class Job:
+    """One request's decoding: its prompt ids and settings, and what came of it."""
+
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0
+    stream: bool = False
+    chat: bool = False
+
+    def batch_key(self) -> tuple | None:
+        """Jobs with the same key decode as rows of one batch; None: alone (a seed fixes a whole batch's
+        draws, and a stream hands out its tokens as they come)."""
+        if self.stream or self.seed is not None:
+            return None
+        sampling = (0.0, 1.0) if self.temperature == 0 else (self.temperature, self.top_p)
+        return (*sampling, self.repetition_penalty, self.n)
+
+
+def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or not low <= value <= high:
+        expected = "an integer" if integer else "a number"
+        raise RequestError(f"`{name}` must be {expected} in [{low}, {high}]; received {value!r}.", name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(
+            f"`stop` must be a string or a list of up to 4 non-empty strings; received {stop!r}.", "stop"
+        )
+    return tuple(stops)
+
+
+def parse_job(body, prompt_ids: list[int], context: int, max_tokens_limit: int, chat: bool) -> Job:
+    """The `Job` of a request body whose prompt encodes to `prompt_ids`, for a model of `context` tokens."""
+    room = context - len(prompt_ids)
+    if room < 1:
+        raise RequestError(
+            f"the prompt has {len(prompt_ids)} tokens; this model's context is {context}, with room for none "
+            "to generate.",
+            "messages" if chat else "prompt",
+        )
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    limit = min(room, max_tokens_limit)
+    max_tokens = _number(body, name, limit, 1, limit, integer=True)
+    for unsupported in ("frequency_penalty", "presence_penalty"):
+        if _number(body, unsupported, 0.0, -2.0, 2.0) != 0:
+            raise RequestError(
+                f"`{unsupported}` is not supported; use `repetition_penalty` (> 1 discourages repeats).", unsupported
+            )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(f"`stream` must be true or false; received {stream!r}.", "stream")
+    job = Job(
+        prompt=prompt_ids,
+        max_tokens=max_tokens,
+        temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
+        top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0)),
+        seed=_number(body, "seed", None, -(2**63), 2**63 - 1, integer=True),
+        n=_number(body, "n", 1, 1, 16, integer=True),
+        stop=_stop(body),
+        repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.01, 10.0)),
+        stream=stream,
+        chat=chat,
+    )
+    if job.top_p == 0:
+        job.temperature = 0.0  # no token left to sample from but the likeliest
+    if job.stream and job.n > 1:
+        raise RequestError("`n` > 1 is not supported with `stream`.", "n")
+    return job
+
+
+def chat_messages(body: dict) -> list[dict]:
+    """The conversation of a chat request: a non-empty list of messages with string roles and contents
+    (a content given as text parts is joined)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("`messages` must be a non-empty list of messages.", "messages")
+    checked = []
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):  # [{"type": "text", "text": ...}]
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
+                raise RequestError(f"messages[{index}].content: only text parts are supported.", "messages")
+            content = "".join(part["text"] for part in content)
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("system", "user", "assistant", "developer") or not isinstance(content, str):
+            raise RequestError(
+                f"messages[{index}] must be an object with a `role` (system, user, assistant) and a string "
+                f"`content`; received {message!r:.200}.",
+                "messages",
+            )
+        checked.append({"role": "system" if role == "developer" else role, "content": content})
+    return checked
+
+
+def completion_prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise RequestError(f"`prompt` must be a string; received {type(prompt).__name__}.", "prompt")
+    return prompt

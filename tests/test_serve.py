@@ -1,0 +1,186 @@
+"""The OpenAI-compatible server, called by the official `openai` client and by plain HTTP: the answers
+are `generate`'s, concurrent requests decode together and none is lost, bad requests get OpenAI's
+error schema and the server keeps serving."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from tests.test_cli import chat_model
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+MESSAGES = [{"role": "user", "content": "speak"}]
+
+
+class Server:
+    """`create_app(model, ...)` on uvicorn, on a free port of localhost, in a thread."""
+
+    def __init__(self, model, **settings):
+        from keras_tfm.serve import create_app
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.app = create_app(model, "tiny", **settings)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.02)
+        assert self.server.started
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return chat_model(max_length=64)
+
+
+def test_the_openai_client_gets_what_generate_and_chat_give(model):
+    with Server(model, api_key="secret") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="secret", max_retries=0)
+        assert [entry.id for entry in client.models.list()] == ["tiny"]
+        reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0)
+        expected = model.chat(MESSAGES, max_new_tokens=8)
+        assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "length"
+        prompt = model.tokenizer.encode(model.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True))
+        assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(prompt), 8)
+
+        pieces = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+        )
+        chunks = list(pieces)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+        text = model.generate("to be", max_new_tokens=10)[len("to be") :]
+        completion = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=0)
+        assert completion.choices[0].text == text
+        stop = text[4:6]
+        cut = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=0, stop=[stop])
+        assert cut.choices[0].text == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
+        streamed = client.completions.create(
+            model="tiny", prompt="to be", max_tokens=10, temperature=0, stop=[stop], stream=True
+        )
+        assert "".join(c.choices[0].text for c in streamed) == text[: text.find(stop)]
+
+        sampled = [
+            client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, seed=3)
+            .choices[0]
+            .text
+            for _ in range(2)
+        ]
+        assert sampled[0] == sampled[1] == model.generate("to be", 10, temperature=1.0, seed=3)[len("to be") :]
+        two = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, n=2)
+        assert len(two.choices) == 2 and two.usage.completion_tokens == 20
+
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+@pytest.mark.backend_independent
+def test_concurrent_requests_decode_together_and_none_is_lost(model):
+    """32 clients at once, prompts of different lengths: every answer is the one the prompt gets alone,
+    and the engine decoded several of them as one batch."""
+    prompts = ["to be" + " or not" * (i % 5) + "abcdefgh"[i % 8] for i in range(32)]
+    expected = {p: model.generate(p, max_new_tokens=6)[len(p) :] for p in set(prompts)}
+    with Server(model, max_batch_size=8) as server:
+
+        def ask(prompt):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0}
+            answer = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+            return prompt, answer.json()["choices"][0]["text"]
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(ask, prompts))
+        batches = server.app.state.engine.batch_sizes
+    assert len(answers) == 32 and all(text == expected[prompt] for prompt, text in answers)
+    assert sum(size * count for size, count in batches.items()) == 32 and max(batches) > 1, batches
+
+
+@pytest.mark.backend_independent
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
+    with Server(model, api_key="secret", max_tokens=20, max_body_bytes=2000) as server:
+        headers = {"Authorization": "Bearer secret"}
+
+        def post(path, body, status, param=None, **extra):
+            content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+            answer = httpx.post(server.url + path, content=content, headers={**headers, **extra}, timeout=60)
+            assert answer.status_code == status, answer.text
+            error = answer.json()["error"]
+            assert error["message"] and error["param"] == param, error
+            return error["message"]
+
+        chat = "/v1/chat/completions"
+        assert "not valid JSON" in post(chat, "{'model': ", 400)
+        assert "does not exist" in post(chat, {"model": "gpt-4", "messages": MESSAGES}, 404, "model")
+        assert "`temperature` must be a number" in post(
+            chat, {"messages": MESSAGES, "temperature": "hot"}, 400, "temperature"
+        )
+        assert "`max_tokens` must be an integer in [1, 20]" in post(
+            chat, {"messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens"
+        )
+        assert "[1, 20]" in post(chat, {"messages": MESSAGES, "max_tokens": 21}, 400, "max_tokens")
+        assert "non-empty list" in post(chat, {"messages": []}, 400, "messages")
+        assert "`role`" in post(chat, {"messages": [{"content": 3}]}, 400, "messages")
+        assert "context is 64" in post("/v1/completions", {"prompt": "to be " * 20}, 400, "prompt")
+        assert "frequency_penalty" in post(
+            chat, {"messages": MESSAGES, "frequency_penalty": 1}, 400, "frequency_penalty"
+        )
+        assert "larger than 2,000 bytes" in post(chat, {"messages": MESSAGES * 100}, 413)
+        assert "API key" in post(chat, {"messages": MESSAGES}, 401, Authorization="Bearer nope")
+        assert httpx.get(server.url + "/v1/nothing", headers=headers).status_code == 404
+        assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+        engine = server.app.state.engine
+        engine.max_queue = 0  # full: refused before any work
+        assert "requests waiting" in post(chat, {"messages": MESSAGES}, 429)
+        engine.max_queue = 64
+        answer = httpx.post(
+            server.url + chat, json={"messages": MESSAGES, "max_tokens": 4}, headers=headers, timeout=60
+        )
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.backend_independent
+def test_a_client_that_leaves_mid_stream_frees_its_place(model, monkeypatch):
+    """The decoding of a client that left stops at the next chunk (here a slow one: 100 x 50 ms)."""
+    import numpy as np
+
+    def slow_stream(*args, **kwargs):
+        for _ in range(100):
+            time.sleep(0.05)
+            yield np.array([3])
+
+    with Server(model) as server:
+        monkeypatch.setattr(model, "stream", slow_stream)
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 40, "temperature": 0, "stream": True}
+        started = time.time()
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as answer:
+            next(answer.iter_lines())  # the first event, then the client goes
+        engine = server.app.state.engine
+        deadline = time.time() + 30
+        while engine.streams_left == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert engine.streams_left == 1 and time.time() - started < 4  # not the 5 s of the whole stream
+        monkeypatch.undo()
+        answer = httpx.post(server.url + "/v1/completions", json={"prompt": "to", "max_tokens": 3}, timeout=60)
+        assert answer.status_code == 200
