@@ -46,7 +46,16 @@ def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path):
     command = [sys.executable, "-m", "keras_tfm", "generate", str(tmp_path / "lm.keras"), "hello"]
     command += ["--max-new-tokens", "4000", "--chunk-size", "1"]
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    # A shell's background jobs (as CI runs this suite) start with SIGINT ignored, which Python keeps:
+    # the command gets the default disposition, as in a terminal.
+    run = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert run.stdout.read(5) == "hello"  # the model is loaded
     assert len(run.stdout.read(20)) == 20  # and the reply streams: decoding runs, past its first trace
     run.send_signal(signal.SIGINT)

@@ -313,6 +313,35 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             check_weights_file(self, str(filepath))
         return super().load_weights(filepath, *args, **kwargs)
 
-    def export(self, filepath, *args, **kwargs):
+    def export(self, filepath, format: str = "tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        """Keras' `export` (a SavedModel by default; `format="litert"` or `"onnx"` where Keras and its
+        packages support them), serving `input_signature`, by default the model's own inputs of any batch
+        size and length (`_export_signature`): int32 ids, or a ViT's float images. PyTorch cannot write
+        a SavedModel in Keras 3.15: refused by name, before anything is traced."""
         self._build_on_demand()
-        return super().export(filepath, *args, **kwargs)
+        if keras.backend.backend() == "torch" and format == "tf_saved_model":
+            raise InputError(
+                "Keras cannot export a SavedModel from the PyTorch backend (torch.export rejects its dynamic "
+                "shapes); save the model (`model.save('model.keras')`), load it with KERAS_BACKEND=jax or "
+                "tensorflow and export there.",
+                "format",
+                caller=f"{type(self).__name__}.export",
+            )
+        if input_signature is None:
+            input_signature = self._export_signature()
+        return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs)
+
+    @property
+    def _default_save_signature(self):
+        # TensorFlow's SavedModel writer would trace a signature of the first call's shapes in Keras'
+        # float32 `input_dtype`, which the id checks refuse; `export` writes the model's own instead.
+        return None
+
+    def _export_signature(self) -> list:
+        """What `export` serves when given no signature: int32 token ids of any batch and length (both
+        of a translator's id inputs). Keras would infer float32 inputs, which the id checks refuse."""
+        ids = keras.InputSpec(shape=(None, None), dtype="int32")
+        names = list(self._id_inputs())
+        if names[:2] == ["source_ids", "target_ids"]:
+            return [{"source_ids": ids, "target_ids": ids}]
+        return [ids]

@@ -134,6 +134,7 @@ def test_models_train_as_without_remat(rng, remat_calls, model_name):
     _assert_same_training(make, inputs, targets, loss, remat_calls, expected_blocks=2)
 
 
+@pytest.mark.backend_independent  # which blocks get the flag is Python; training under remat: the tests above
 @pytest.mark.parametrize("model_name", ["vit", "translator"])
 def test_models_hand_remat_to_every_block_and_keep_their_outputs(rng, model_name):
     """Without training (the blocks' own tests train): every block rematerialized, the outputs unchanged."""

@@ -107,8 +107,8 @@ def test_two_processes_lose_one_then_resume_to_the_run_of_one(tmp_path):
     if BACKEND == "jax":
         flags = [*plain, "--distribute", "data"]
         single = recipe("gpt_lm.py", *plain, "--output-dir", str(tmp_path / "single"))
-    else:
-        flags = [*plain, "--distribute", "data", "--ema", "0.9"]
+    else:  # graph mode without XLA: its compile of the step (every process, every start) tests nothing here
+        flags = [*plain, "--distribute", "data", "--ema", "0.9", "--jit-compile", "off"]
         single = recipe("gpt_lm.py", *flags, "--cpu-devices", "2", "--output-dir", str(tmp_path / "single"))
     assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
 
