@@ -46,13 +46,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load(checkpoint: str):
-    """The model of a `.keras` file, or of a Hugging Face checkpoint."""
+def load(checkpoint: str, dtype: str = "float32"):
+    """The model of a `.keras` file (in its own dtype), a `.gguf` file or a Hugging Face checkpoint."""
     import keras_tfm
 
     if checkpoint.endswith(".keras"):
         return keras_tfm.load_model(checkpoint)
-    return keras_tfm.from_huggingface(checkpoint)
+    if checkpoint.endswith(".gguf"):
+        return keras_tfm.from_gguf(checkpoint, dtype=dtype)
+    return keras_tfm.from_huggingface(checkpoint, dtype=dtype)
 
 
 # the library's arguments as this command's flags and words

@@ -24,19 +24,6 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load(checkpoint: str, dtype: str):
-    """The model a checkpoint path or Hub id names."""
-    import keras
-
-    import keras_tfm
-
-    if checkpoint.endswith(".gguf"):
-        return keras_tfm.from_gguf(checkpoint, dtype=dtype)
-    if checkpoint.endswith(".keras"):
-        return keras.saving.load_model(checkpoint)
-    return keras_tfm.from_huggingface(checkpoint, dtype=dtype)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     for name in ("max_batch_size", "max_queue", "port"):
@@ -46,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         import uvicorn
     except ImportError:
         sys.exit("error: the server needs its extra: pip install 'keras_tfm[serve]'")
+    from keras_tfm.cli.generate import load
     from keras_tfm.errors import InputError
     from keras_tfm.serve import create_app
 

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from keras_tfm.generation.orchestration import generated_end
 from keras_tfm.serve.requests import Job, RequestError
 
 
@@ -126,11 +127,11 @@ class Engine:
             ticket.send("done", choices * (1 if sampled else ticket.job.n))
 
     def _choice(self, row: np.ndarray, job: Job) -> Choice:
-        new = [int(i) for i in row[len(job.prompt) : len(job.prompt) + job.max_tokens]]
-        end = next((i + 1 for i, token in enumerate(new) if token in self.stop_ids), None)
-        tokens = new[:end] if end else new
+        start = len(job.prompt)
+        tokens = row[start : generated_end(row, start, job.max_tokens, self.stop_ids)]
+        ended = tokens.size > 0 and int(tokens[-1]) in self.stop_ids
         text, stopped = cut_at_stop(self.model._decode_text(tokens), job.stop)
-        return Choice(text, len(tokens), "stop" if end or stopped else "length")
+        return Choice(text, int(tokens.size), "stop" if ended or stopped else "length")
 
     def _stream(self, ticket: Ticket) -> None:
         job, model = ticket.job, self.model
