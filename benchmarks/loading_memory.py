@@ -1,7 +1,8 @@
 """Peak memory and time of loading a Llama-shaped checkpoint with random bfloat16 weights, on each backend
 and with transformers: the peak above the process's memory after its imports, against the weights' size.
 
-The checkpoint is written shard by shard (never whole in memory) in a temporary directory:
+The checkpoint is written shard by shard (never whole in memory) in a temporary directory (`--directory`
+for another disk: the 8B shape needs 16 GB); results go to `results/loading_memory_{shape}.json`:
 
     python benchmarks/loading_memory.py --shape llama3_2_1b [--dtype bfloat16]
     python benchmarks/loading_memory.py --shape llama3_8b        # 16 GB of bfloat16: needs 24 GB of memory
@@ -109,9 +110,10 @@ def main() -> None:
     parser.add_argument("--shape", choices=SHAPES, default="llama3_2_1b")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--directory", default=None, help="where to write the temporary checkpoint")
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory(dir=args.directory) as directory:
         size = write_checkpoint(directory, SHAPES[args.shape])
         weights_mb = size / 2**20 * (2 if args.dtype == "float32" else 1)
         contenders = [("keras_tfm", backend) for backend in args.backends.split(",")] + [("transformers", None)]
@@ -127,7 +129,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row))
     title = f"Loading a {args.shape}-shaped checkpoint of random bfloat16 weights as {args.dtype}"
-    write_results("loading_memory", rows, tasks={"load": title})
+    write_results(f"loading_memory_{args.shape}", rows, tasks={"load": title})
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False):
     """
     import keras
 
-    from keras_tfm.convert import huggingface
+    from keras_tfm.convert import huggingface, variables
     from keras_tfm.convert.registry import convert_checkpoint
     from keras_tfm.data.tokenizers.gguf import gguf_tokenizer
 
@@ -96,7 +96,7 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False):
         )
     with huggingface.dtype_policy(dtype):
         model, _ = convert_checkpoint(config, weights, None, allow_nan)
-    huggingface.return_freed_memory()
+    variables.return_freed_memory()
     model.tokenizer, model.generation_config = tokenizer, end_ids(metadata)
     if model.compiled:
         model.compile(optimizer=keras.optimizers.AdamW(huggingface.FINE_TUNING_LEARNING_RATE))

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import inspect
 import json
 import os
 import re
-import sys
 
 import keras
 
@@ -30,6 +28,7 @@ from keras_tfm.convert import adapters, bert, gpt2, llama, marian, safetensors_f
 from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.files import checkpoint_directory, read_checkpoint, read_json
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
+from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.convert.weights import WeightWriter
 from keras_tfm.errors import CheckpointError, InputError
 
@@ -164,16 +163,6 @@ def check_room(weights, dtype: str, caller: str = "from_huggingface") -> None:
             "dtype",
             caller=caller,
         )
-
-
-def return_freed_memory() -> None:
-    """Hands the memory freed while loading (each tensor read, widened and replaced) back to the system:
-    glibc keeps it otherwise (JAX's process stayed at 2.3x the float32 weights, 1.4x after this)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # another C library
-            pass
 
 
 @contextlib.contextmanager

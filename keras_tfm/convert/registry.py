@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from keras_tfm.convert.variables import checkpoint_values
 from keras_tfm.convert.weights import WeightReader
 from keras_tfm.errors import CheckpointError
 
@@ -60,7 +61,9 @@ def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = No
     check_model_type(config)
     convert, prefixes, rename = _CONVERTERS[config["model_type"]]
     w = WeightReader(RenamedWeights(weights, rename), prefixes, config, allow_nan)
-    return convert(config, w, num_classes), w
+    with checkpoint_values():
+        model = convert(config, w, num_classes)
+    return model, w
 
 
 class RenamedWeights(Mapping):

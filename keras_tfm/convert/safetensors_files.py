@@ -82,9 +82,8 @@ def checkpoint_dtype(paths: list[str]) -> str:
 
 
 class SafetensorsWeights(Mapping):
-    """The tensors of one or more safetensors files by name, each read (memory-mapped, then copied)
-    when it is looked up and not kept: float types as float32 or float16 NumPy arrays, bfloat16
-    widened to float32."""
+    """The tensors of one or more safetensors files by name, each read from disk when it is looked up
+    and not kept, in its stored dtype (bfloat16 as `ml_dtypes.bfloat16`)."""
 
     def __init__(self, paths: list[str]):
         self.paths = list(paths)
@@ -99,10 +98,19 @@ class SafetensorsWeights(Mapping):
         path, entry, data_start = self._where[name]
         begin, end = entry["data_offsets"]
         dtype, shape = DTYPES[entry["dtype"]], tuple(entry["shape"])
-        if end == begin:  # an empty tensor: nothing to map
-            return np.zeros(shape, dtype)
-        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start + begin, shape=(end - begin,))
-        return np.array(np.frombuffer(raw, dtype=dtype).reshape(shape))  # a copy: the map closes when it goes
+        array = np.empty(shape, dtype)
+        # read into the array itself: a memory map's pages would count against the process as much again
+        target, done = memoryview(array.reshape(-1).view(np.uint8)), 0
+        with open(path, "rb", buffering=0) as file:
+            file.seek(data_start + begin)
+            while done < end - begin:  # one read returns at most 2 GiB on Linux
+                read = file.readinto(target[done:])
+                if not read:
+                    raise CheckpointError(
+                        f"cannot read {path!r}: it ended inside tensor {name!r}.", caller="from_huggingface"
+                    )
+                done += read
+        return array
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)

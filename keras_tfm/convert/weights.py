@@ -8,6 +8,7 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
+from keras_tfm.convert import variables
 from keras_tfm.errors import CheckpointError, InputError
 
 # Hugging Face's activation names (`ACT2FN`) -> Keras'; the first name of each Keras activation is the
@@ -95,7 +96,7 @@ class WeightReader:
                 array = np.asarray(self.weights[prefix + name])
                 if array.dtype.name not in ("float32", "bfloat16", "float16"):  # kept until a variable takes it
                     array = array.astype("float32")
-                if not self.allow_nan and not np.isfinite(array).all():
+                if not self.allow_nan and not all_finite(array):
                     bad = int(np.size(array) - np.isfinite(array).sum())
                     raise CheckpointError(
                         f"the checkpoint's weight {prefix + name!r} holds {bad:,} NaN or infinite "
@@ -140,7 +141,13 @@ class WeightReader:
         checkpoint stores the first array (out, in))."""
         for variable, array, name in zip(layer.weights, arrays, names):
             self.check_shape(name, np.shape(array), tuple(variable.shape), transposed)
-        layer.set_weights(arrays)
+        if len(arrays) != len(layer.weights):
+            raise CheckpointError(
+                f"{layer.name} has {len(layer.weights)} weights; the checkpoint gives {len(arrays)} ({names}).",
+                caller="from_huggingface",
+            )
+        for variable, array in zip(layer.weights, arrays):
+            variables.assign(variable, array)
 
     def __contains__(self, name: str) -> bool:
         return any(prefix + name in self.weights for prefix in ("",) + self.prefixes)
@@ -185,6 +192,12 @@ class WeightReader:
         leftover = self.unused(ignore)
         if leftover:
             raise InputError(f"{model_type} weights not converted: {leftover[:5]}", caller=caller)
+
+
+def all_finite(array: np.ndarray, chunk: int = 1 << 22) -> bool:
+    """`np.isfinite(array).all()` a slice at a time: no boolean copy of a large tensor."""
+    flat = array.reshape(-1) if array.flags.c_contiguous else np.ravel(array)
+    return all(np.isfinite(flat[i : i + chunk]).all() for i in range(0, flat.size, chunk))
 
 
 def require_options(model_type: str, config: dict, caller: str = "from_huggingface", **computed) -> None:

@@ -125,7 +125,7 @@ class Bert(ZooModel):
         ]
 
     def build(self, token_ids_shape=None):
-        self.call(ops.zeros((1, 2), "int32"))
+        self.call(keras.KerasTensor((1, 2), "int32"))  # builds sub-layers, computes nothing
         self.built = True
 
     def call(self, token_ids, segment_ids=None, padding_mask=None, output_positions=None, training=None):

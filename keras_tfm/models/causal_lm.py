@@ -32,7 +32,7 @@ class CausalLM(ZooModel):
         return TokenCrossEntropy()
 
     def build(self, token_ids_shape=None):
-        self.call(ops.zeros((1, min(2, self.max_length)), "int32"))  # builds every sub-layer
+        self.call(keras.KerasTensor((1, min(2, self.max_length)), "int32"))  # builds every sub-layer, computes nothing
         self.built = True
 
     def _id_inputs(self) -> dict:

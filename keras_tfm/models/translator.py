@@ -144,7 +144,7 @@ class Translator(ZooModel):
             self.output_bias = self.add_weight(
                 shape=(self.target_vocabulary_size,), initializer="zeros", name="output_bias"
             )
-        ids = ops.ones((1, 2), "int32")
+        ids = keras.KerasTensor((1, 2), "int32")  # builds sub-layers, computes nothing
         self.call({"source_ids": ids, "target_ids": ids})
         self.built = True
 

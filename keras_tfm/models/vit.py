@@ -147,7 +147,8 @@ class ViT(ZooModel):
             shape=(1, 1, self.hidden_dim),
             initializer=keras.initializers.TruncatedNormal(stddev=0.02),
         )
-        self.call(ops.zeros((1, self.image_size, self.image_size, self.num_channels)))  # builds sub-layers
+        # a symbolic call builds every sub-layer and computes nothing
+        self.call(keras.KerasTensor((1, self.image_size, self.image_size, self.num_channels)))
         self.built = True
 
     def _check_images(self, images) -> None:
