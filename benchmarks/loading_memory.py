@@ -6,6 +6,7 @@ for another disk: the 8B shape needs 16 GB); results go to `results/loading_memo
 
     python benchmarks/loading_memory.py --shape llama3_2_1b [--dtype bfloat16]
     python benchmarks/loading_memory.py --shape llama3_8b        # 16 GB of bfloat16: needs 24 GB of memory
+    python benchmarks/loading_memory.py --shape llama3_8b --quantize int8   # int8 while loading: 8 GB
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def peak_mb():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
 def now_mb():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
-contender, directory, dtype = sys.argv[1:4]
+contender, directory, dtype, quantize = sys.argv[1:5]
 if contender == "transformers":
     import torch, transformers
 else:
@@ -43,7 +44,7 @@ start = time.perf_counter()
 if contender == "transformers":
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, torch_dtype=getattr(torch, dtype))
 else:
-    model = keras_tfm.from_huggingface(directory, dtype=dtype)
+    model = keras_tfm.from_huggingface(directory, dtype=dtype, quantize=None if quantize == "none" else quantize)
 print(json.dumps({"seconds": time.perf_counter() - start, "baseline_MB": baseline, "peak_MB": peak_mb()}))
 """
 
@@ -95,10 +96,13 @@ def write_checkpoint(directory: str, shape: tuple, shard_bytes: int = 2 << 30) -
     return size
 
 
-def measure(contender: str, backend: str | None, directory: str, dtype: str) -> dict:
+def measure(contender: str, backend: str | None, directory: str, dtype: str, quantize: str) -> dict:
     environment = {**os.environ, "PYTHONPATH": REPO, **({"KERAS_BACKEND": backend} if backend else {})}
     done = subprocess.run(
-        [sys.executable, "-c", WORKER, contender, directory, dtype], capture_output=True, text=True, env=environment
+        [sys.executable, "-c", WORKER, contender, directory, dtype, quantize],
+        capture_output=True,
+        text=True,
+        env=environment,
     )
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else "failed"}
@@ -110,15 +114,19 @@ def main() -> None:
     parser.add_argument("--shape", choices=SHAPES, default="llama3_2_1b")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--quantize", default="none", choices=["none", "int8", "int4"], help="quantize while loading")
     parser.add_argument("--directory", default=None, help="where to write the temporary checkpoint")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(dir=args.directory) as directory:
         size = write_checkpoint(directory, SHAPES[args.shape])
-        weights_mb = size / 2**20 * (2 if args.dtype == "float32" else 1)
-        contenders = [("keras_tfm", backend) for backend in args.backends.split(",")] + [("transformers", None)]
+        weights_mb = (
+            size / 2**20 * {"none": 2 if args.dtype == "float32" else 1, "int8": 0.5, "int4": 0.25}[args.quantize]
+        )
+        contenders = [("keras_tfm", backend) for backend in args.backends.split(",")]
+        contenders += [("transformers", None)] if args.quantize == "none" else []
         for contender, backend in contenders:
-            result = measure(contender, backend, directory, args.dtype)
+            result = measure(contender, backend, directory, args.dtype, args.quantize)
             name = f"{contender} ({backend or 'torch'})"
             row = {"contender": name, "task": "load", "unit": "peak above imports, MB", **result}
             if "peak_MB" in result:
@@ -128,8 +136,10 @@ def main() -> None:
             row["weights_MB"] = round(weights_mb)
             rows.append(row)
             print(json.dumps(row))
-    title = f"Loading a {args.shape}-shaped checkpoint of random bfloat16 weights as {args.dtype}"
-    write_results(f"loading_memory_{args.shape}", rows, tasks={"load": title})
+    loaded = args.dtype if args.quantize == "none" else f"{args.quantize} (quantized while loading)"
+    title = f"Loading a {args.shape}-shaped checkpoint of random bfloat16 weights as {loaded}"
+    suffix = "" if args.quantize == "none" else f"_{args.quantize}"
+    write_results(f"loading_memory_{args.shape}{suffix}", rows, tasks={"load": title})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import keras
 from keras_tfm.compat import sublayers
 
 # Importing each model type's module registers its converter and exporter.
-from keras_tfm.convert import adapters, bert, gpt2, llama, marian, safetensors_files, vit  # noqa: F401
+from keras_tfm.convert import adapters, bert, gpt2, llama, marian, quantized_loading, safetensors_files, vit  # noqa: F401
 from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.files import checkpoint_directory, read_checkpoint, read_json
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
@@ -65,7 +65,12 @@ FINE_TUNING_LEARNING_RATE = 5e-5
 
 
 def from_huggingface(
-    model_or_directory, num_classes: int | None = None, adapter=None, allow_nan: bool = False, dtype: str = "float32"
+    model_or_directory,
+    num_classes: int | None = None,
+    adapter=None,
+    allow_nan: bool = False,
+    dtype: str = "float32",
+    quantize: str | None = None,
 ):
     """A keras_tfm model with the weights of a Hugging Face model.
 
@@ -92,6 +97,10 @@ def from_huggingface(
             what most of its weights are stored in). Weights are read one at a time from safetensors
             files and made this dtype as they are set, so a bfloat16 checkpoint loaded in bfloat16
             never holds a float32 copy of itself.
+        quantize: "int8" or "int4": the model comes quantized, as `model.quantize(quantize)` after a float
+            load would make it (the same values), without ever holding the float model: its dense
+            layers and embeddings are built quantized, and each is set from its float weights alone
+            (`dtype` is then the float dtype of the rest: norms, and the computations). None: float.
 
     A checkpoint read from a directory or Hub id comes with its tokenizer as `model.tokenizer`
     (`keras_tfm.data.checkpoint_tokenizer`: its `tokenizer.json`, GPT-2's `vocab.json` and
@@ -127,14 +136,15 @@ def from_huggingface(
         raise InputError(
             f"expected one of {', '.join(DTYPES)}; received {dtype!r}.", "dtype", caller="from_huggingface"
         )
+    _check_quantize(quantize, num_classes, adapter)
     config, weights, adapter_config, adapter_weights, base = _checkpoint_parts(model_or_directory, adapter)
     if adapter_config is not None:
         num_classes = adapters.check_weights(adapter_weights, num_classes)
         weights = collections.ChainMap(adapter_weights, weights)  # read lazily: no copy of the checkpoint
     dtype = checkpoint_dtype(config, weights, model_or_directory) if dtype == "auto" else dtype
-    check_room(weights, dtype)
+    check_room(weights, quantize or dtype)
     with dtype_policy(dtype):
-        model, w = convert_checkpoint(config, weights, num_classes, allow_nan)
+        model, w = convert_checkpoint(config, weights, num_classes, allow_nan, quantize)
     return_freed_memory()
     if adapter_config is not None:
         adapters.enable_adapter(model, w, adapter_config)
@@ -145,16 +155,35 @@ def from_huggingface(
 
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int4": 0.5}  # per value: what a load needs
+
+
+def _check_quantize(quantize, num_classes, adapter) -> None:
+    if quantize is not None and quantize not in quantized_loading.MODES:
+        raise InputError(
+            f"expected None or one of {', '.join(quantized_loading.MODES)}; received {quantize!r}.",
+            "quantize",
+            caller="from_huggingface",
+        )
+    if quantize is not None and (num_classes is not None or adapter is not None):
+        raise InputError(
+            f"quantize={quantize!r} with {'num_classes' if num_classes is not None else 'adapter'}: a new "
+            "head or an adapter's pairs are float weights to train; load without `quantize` (then "
+            "`model.quantize(...)` quantizes what exists).",
+            "quantize",
+            caller="from_huggingface",
+        )
 
 
 def check_room(weights, dtype: str, caller: str = "from_huggingface") -> None:
-    """Refuses, before anything is built, a checkpoint whose weights in `dtype` need more memory than the
-    system has available (a load that would end in the out-of-memory killer, or in swap)."""
+    """Refuses, before anything is built, a checkpoint whose weights in `dtype` (or quantized: "int8",
+    "int4") need more memory than the system has available (a load that would end in the out-of-memory
+    killer, or in swap)."""
     files = weights.maps[-1] if isinstance(weights, collections.ChainMap) else weights
     available = safetensors_files.available_memory()
     if not hasattr(files, "values_count") or available is None:
         return
-    needed = files.values_count() * (4 if dtype == "float32" else 2)
+    needed = int(files.values_count() * BYTES[dtype])
     if needed > available:
         smaller = " (or dtype='bfloat16', half of it)" if dtype == "float32" else ""
         raise CheckpointError(

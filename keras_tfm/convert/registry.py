@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from keras_tfm.compat import sublayers
+from keras_tfm.convert.quantized_loading import quantized_build
 from keras_tfm.convert.variables import checkpoint_values
 from keras_tfm.convert.weights import WeightReader
 from keras_tfm.errors import CheckpointError
@@ -55,14 +57,28 @@ def check_model_type(config: dict) -> None:
         )
 
 
-def convert_checkpoint(config: dict, weights: dict, num_classes: int | None = None, allow_nan: bool = False):
+def convert_checkpoint(
+    config: dict, weights: dict, num_classes: int | None = None, allow_nan: bool = False, quantize: str | None = None
+):
     """(model, the WeightReader that filled it) for a checkpoint's config and weights: the reader
-    records which layers each linear module became. `allow_nan`: load weights that hold NaN."""
+    records which layers each linear module became. `allow_nan`: load weights that hold NaN;
+    `quantize`: "int8" or "int4", the layers `model.quantize` quantizes built quantized and set a layer
+    at a time (`quantized_loading`)."""
     check_model_type(config)
     convert, prefixes, rename = _CONVERTERS[config["model_type"]]
     w = WeightReader(RenamedWeights(weights, rename), prefixes, config, allow_nan)
-    with checkpoint_values():
+    with checkpoint_values(), quantized_build(quantize):
         model = convert(config, w, num_classes)
+        unset = [
+            layer.path for layer in sublayers(model) if layer.quantization_mode and id(layer) not in w.quantized_layers
+        ]
+        if unset:  # its initializer's values, quantized, would stand in for weights: refuse instead
+            raise CheckpointError(
+                f"quantize={quantize!r}: the checkpoint has no weights for {', '.join(unset[:3])}; load it without "
+                "`quantize`, then call `model.quantize(...)`.",
+                "quantize",
+                caller="from_huggingface",
+            )
     return model, w
 
 

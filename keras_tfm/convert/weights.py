@@ -8,7 +8,7 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
-from keras_tfm.convert import variables
+from keras_tfm.convert import quantized_loading, variables
 from keras_tfm.errors import CheckpointError, InputError
 
 # Hugging Face's activation names (`ACT2FN`) -> Keras'; the first name of each Keras activation is the
@@ -88,6 +88,7 @@ class WeightReader:
         self.used: set[str] = set()
         self.linear_layers: dict[str, list] = {}  # checkpoint module name -> the Dense layers made from it
         self.lora_pairs: dict[str, tuple] = {}  # module name -> its (lora_A, lora_B) from a peft adapter
+        self.quantized_layers: set[int] = set()  # ids of the quantized layers it set
 
     def __call__(self, name: str) -> np.ndarray:
         for prefix in ("",) + self.prefixes:
@@ -139,6 +140,10 @@ class WeightReader:
     def assign(self, layer, arrays: list, names, transposed: bool = False) -> None:
         """`layer.set_weights(arrays)` once each array has its variable's shape (`transposed`: the
         checkpoint stores the first array (out, in))."""
+        if layer.quantization_mode:  # built quantized (`quantize=` while loading): the float layer's shapes
+            self.quantized_layers.add(id(layer))
+            quantized_loading.assign_quantized(layer, arrays, self._shape_check(names, transposed))
+            return
         for variable, array, name in zip(layer.weights, arrays, names):
             self.check_shape(name, np.shape(array), tuple(variable.shape), transposed)
         if len(arrays) != len(layer.weights):
@@ -148,6 +153,10 @@ class WeightReader:
             )
         for variable, array in zip(layer.weights, arrays):
             variables.assign(variable, array)
+
+    def _shape_check(self, names, transposed: bool):
+        """`check(index, array, needed shape)` refusing the checkpoint's array `names[index]` of another shape."""
+        return lambda index, array, needed: self.check_shape(names[index], np.shape(array), needed, transposed)
 
     def __contains__(self, name: str) -> bool:
         return any(prefix + name in self.weights for prefix in ("",) + self.prefixes)
