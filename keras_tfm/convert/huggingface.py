@@ -124,19 +124,7 @@ def from_huggingface(
     or BERT checkpoint a new head to fine-tune, and `adapter="path/to/peft_adapter"` adds a peft
     adapter's LoRA pairs.
     """
-    if num_classes is not None and (
-        isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
-    ):
-        raise InputError(
-            f"num_classes must be a positive integer or None; received {num_classes!r}.", caller="from_huggingface"
-        )
-    if not isinstance(allow_nan, bool):
-        raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_huggingface")
-    if dtype not in DTYPES:
-        raise InputError(
-            f"expected one of {', '.join(DTYPES)}; received {dtype!r}.", "dtype", caller="from_huggingface"
-        )
-    _check_quantize(quantize, num_classes, adapter)
+    _check_arguments(num_classes, allow_nan, dtype, quantize, adapter)
     config, weights, adapter_config, adapter_weights, base = _checkpoint_parts(model_or_directory, adapter)
     if adapter_config is not None:
         num_classes = adapters.check_weights(adapter_weights, num_classes)
@@ -158,7 +146,20 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int4": 0.5}  # per value: what a load needs
 
 
-def _check_quantize(quantize, num_classes, adapter) -> None:
+def _check_arguments(num_classes, allow_nan, dtype, quantize, adapter) -> None:
+    """Refuses `from_huggingface`'s options that are not what they should be, naming them."""
+    if num_classes is not None and (
+        isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
+    ):
+        raise InputError(
+            f"num_classes must be a positive integer or None; received {num_classes!r}.", caller="from_huggingface"
+        )
+    if not isinstance(allow_nan, bool):
+        raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_huggingface")
+    if dtype not in DTYPES:
+        raise InputError(
+            f"expected one of {', '.join(DTYPES)}; received {dtype!r}.", "dtype", caller="from_huggingface"
+        )
     if quantize is not None and quantize not in quantized_loading.MODES:
         raise InputError(
             f"expected None or one of {', '.join(quantized_loading.MODES)}; received {quantize!r}.",
