@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import sys
 
 import keras
 import numpy as np
@@ -20,7 +21,8 @@ import numpy as np
 from keras_tfm.convert import variables
 
 MODES = ("int8", "int4")
-_COLLECT: list = []  # gc.collect itself, while `quantized_build` makes Keras' calls to it no-ops
+BLOCK_BYTES = 32 << 20  # float32 bytes of the part of a layer quantized at once: bounds Keras' temporaries
+_COLLECT: list = []  # `collect()` of the open `quantized_build` block
 _POLICIES: dict[tuple, str] = {}  # (layer kind, mode, float dtype) -> the policy Keras' quantize gives
 
 
@@ -57,7 +59,7 @@ def quantized_build(mode: str | None):
     for cls in classes:
         cls.build = quantized(builds[cls])
     try:
-        with _one_collection_per_layer() as collect:
+        with _collections_by_garbage() as collect, _configs_without_tensorflow():
             _COLLECT.append(collect)
             yield
     finally:
@@ -87,43 +89,112 @@ def _policy_of(kind, mode: str, source) -> str:
 
 def assign_quantized(layer, arrays: list, check=lambda index, array, needed: None) -> None:
     """Sets quantized `layer` from the checkpoint's float `arrays` (in the order of the float layer's
-    weights): a float copy of the layer takes them and Keras quantizes it; its weights go to `layer`.
-    `check(index, array, needed shape)` refuses an array of another shape than its float weight."""
-    source = layer.dtype_policy.get_config()["source_name"]  # the float policy it was quantized from
-    float_layer = type(layer).from_config({**layer.get_config(), "dtype": source})
-    float_layer._probe = True  # built float in `quantized_build`'s block
-    if isinstance(layer, keras.layers.Embedding):
-        float_layer.build()
-    else:
-        float_layer.build((None, np.shape(arrays[0])[0]))
-    for index, (variable, array) in enumerate(zip(float_layer.weights, arrays)):
-        check(index, array, tuple(variable.shape))
-        variables.assign(variable, array)
-    float_layer.quantize(layer.quantization_mode, type_check=False)
-    layer.quantization_config = float_layer.quantization_config  # int4's block size and quantizers
-    if hasattr(float_layer, "inputs_quantizer"):  # Keras sets it when building quantized, not in `quantize`
-        layer.inputs_quantizer = float_layer.inputs_quantizer
-    quantized = {variable.name: variable for variable in float_layer.weights}
+    weights). A float copy of the layer takes them and Keras quantizes it; its weights go to `layer`. A
+    large layer goes a block of output channels (a `Dense`'s columns, an embedding's rows) at a time:
+    Keras' int8 and int4 scales are per channel, so the blocks' values are the whole layer's, while
+    Keras' float32 temporaries stay near `BLOCK_BYTES`. `check(index, array, needed shape)` refuses an
+    array of another shape than its float weight."""
+    config = layer.get_config()
+    size_key = next(key for key in ("units", "vocabulary_size", "input_dim") if key in config)
+    size = config[size_key]
+    float32_bytes = 4 * sum(int(np.size(array)) for array in arrays) // size  # of one channel
+    block = min(size, max(2, BLOCK_BYTES // max(float32_bytes, 1) // 2 * 2))  # int4 packs channels in pairs
+    values, offsets = {}, {}
+    for start in range(0, size, block):
+        part = _float_copy(layer, config, size_key, min(block, size - start))
+        for index, (variable, array) in enumerate(zip(part.weights, arrays)):
+            axis = _channel_axis(layer, variable)
+            if start == 0:
+                check(index, array, tuple(variable.shape[:axis]) + (size,) + tuple(variable.shape[axis + 1 :]))
+            channels = array[(slice(None),) * axis + (slice(start, start + block),)]
+            variables.assign(variable, np.ascontiguousarray(channels))
+        part.quantize(layer.quantization_mode, type_check=False)
+        layer.quantization_config = part.quantization_config  # int4's block size and quantizers
+        if hasattr(part, "inputs_quantizer"):  # Keras sets it when building quantized, not in `quantize`
+            layer.inputs_quantizer = part.inputs_quantizer
+        for variable in part.weights:
+            _place(values, offsets, variable, layer)
+        del part, variable
+        _COLLECT[-1]()  # the float copy lives in reference cycles: freed before the next
     for variable in layer.weights:
-        variables.assign(variable, quantized[variable.name].value)
-    del float_layer, quantized
-    _COLLECT[-1]()  # the float layer lives in reference cycles: freed now, before the next layer's
+        if variable.name in values:
+            variables.assign(variable, values.pop(variable.name))
     if keras.backend.backend() == "jax":  # it computes asynchronously: one layer at a time
         for variable in layer.weights:
             variable.value.block_until_ready()
     variables.return_freed_memory()  # what the C library keeps of the freed buffers
 
 
+def _channel_axis(layer, variable) -> int:
+    """The axis of `variable`'s output channels, float or quantized: a `Dense`'s last (kernels (in, out),
+    scales (out,) or (groups, out)), an embedding's rows, which its untied reverse projection has last."""
+    if isinstance(layer, keras.layers.Dense) or variable.name.startswith("reverse_"):
+        return len(variable.shape) - 1
+    return 0
+
+
+def _float_copy(layer, config: dict, size_key: str, channels: int):
+    """A built float copy of quantized `layer` (`config`: its config) with `channels` output channels."""
+    source = layer.dtype_policy.get_config()["source_name"]  # the float policy it was quantized from
+    copy = type(layer).from_config({**config, "dtype": source, size_key: channels})
+    copy._probe = True  # built float in `quantized_build`'s block
+    if isinstance(copy, keras.layers.Embedding):
+        copy.build()
+    else:
+        copy.build((None, layer._kernel.shape[0]))  # int8 and packed int4 kernels keep the input axis
+    return copy
+
+
+def _place(values: dict, offsets: dict, variable, layer) -> None:
+    """Puts a block's quantized `variable` into the layer's, after the channels placed so far: in place
+    where the backend allows it, else into `values[variable.name]`, the whole value (a block of every
+    channel is the whole value)."""
+    part, axis = variable.value, _channel_axis(layer, variable)
+    target = next(weight for weight in layer.weights if weight.name == variable.name)
+    if tuple(part.shape) == tuple(target.shape):
+        values[variable.name] = part
+        return
+    part = keras.ops.convert_to_numpy(part)
+    start = offsets.get(variable.name, 0)
+    index = (slice(None),) * axis + (slice(start, start + part.shape[axis]),)
+    offsets[variable.name] = start + part.shape[axis]
+    if variables.assign_part(target, index, part):
+        return
+    if start == 0:
+        values[variable.name] = np.empty(tuple(target.shape), part.dtype)
+    values[variable.name][index] = part
+
+
 @contextlib.contextmanager
-def _one_collection_per_layer():
+def _configs_without_tensorflow():
+    """Keras' `get_config` imports TensorFlow where it is installed, to ask whether values are TensorFlow
+    objects (+460 MB on JAX and PyTorch); none is while TensorFlow is not imported, so it is not asked."""
+    tensorflow = getattr(getattr(keras.src.utils, "module_utils", None), "tensorflow", None)
+    if "tensorflow" in sys.modules or getattr(tensorflow, "_available", True) is not None:
+        yield  # imported, known to be missing, or another Keras
+        return
+    tensorflow._available = False
+    try:
+        yield
+    finally:
+        tensorflow._available = None
+
+
+@contextlib.contextmanager
+def _collections_by_garbage():
     """Keras' `__delattr__` runs a full `gc.collect()` for each variable it deletes (0.3 s in a process
-    holding a model): quantizing a layer collects once, after it; objects older than the load are frozen
-    out of the collections meanwhile (`gc.freeze`), so that each looks at the new ones only."""
+    holding a model): in this block it does not; `collect()` collects the objects made since its last
+    call and freezes the survivors (`gc.freeze`), so that each collection looks at the new objects only."""
     collect = gc.collect
+
+    def collect_new() -> None:
+        collect()
+        gc.freeze()
+
     gc.freeze()
     gc.collect = lambda generation=2: 0
     try:
-        yield collect
+        yield collect_new
     finally:
         gc.collect = collect
         gc.unfreeze()

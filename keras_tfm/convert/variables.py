@@ -92,19 +92,37 @@ def _assign_torch(tensor, array: np.ndarray) -> None:
 
 
 def _assign_tensorflow(tf_variable, array: np.ndarray, slice_bytes: int = 1 << 24) -> None:
-    import tensorflow as tf
-
-    def tensor(part):  # TensorFlow reads NumPy's bfloat16 through float32; its bits it takes as they are
-        if part.dtype.name == "bfloat16":
-            return tf.cast(tf.bitcast(tf.convert_to_tensor(part.view(np.uint16)), tf.bfloat16), tf_variable.dtype)
-        return tf.cast(tf.convert_to_tensor(part), tf_variable.dtype)
-
     if array.ndim == 0 or array.nbytes <= slice_bytes:
-        tf_variable.assign(tensor(array))
+        tf_variable.assign(_tensorflow_tensor(array, tf_variable.dtype))
         return
     rows = max(1, slice_bytes * len(array) // array.nbytes)
     for start in range(0, len(array), rows):
-        tf_variable[start : start + rows].assign(tensor(array[start : start + rows]))
+        tf_variable[start : start + rows].assign(_tensorflow_tensor(array[start : start + rows], tf_variable.dtype))
+
+
+def _tensorflow_tensor(array: np.ndarray, dtype):
+    """`array` as a TensorFlow tensor of `dtype`: TensorFlow reads NumPy's bfloat16 through float32, its bits
+    it takes as they are."""
+    import tensorflow as tf
+
+    if array.dtype.name == "bfloat16":
+        return tf.cast(tf.bitcast(tf.convert_to_tensor(array.view(np.uint16)), tf.bfloat16), dtype)
+    return tf.cast(tf.convert_to_tensor(array), dtype)
+
+
+def assign_part(variable, index: tuple, array: np.ndarray) -> bool:
+    """`variable[index] = array` in the variable's own storage, on PyTorch and TensorFlow; False on JAX,
+    whose arrays cannot change in place (assign the whole value there)."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        _assign_torch(variable.value[index], array)
+    elif backend == "tensorflow":
+        variable.value[index].assign(_tensorflow_tensor(array, variable.value.dtype))
+    else:
+        return False
+    for pending in _PENDING:
+        pending.pop(id(variable), None)
+    return True
 
 
 def return_freed_memory() -> None:

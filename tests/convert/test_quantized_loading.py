@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.convert import quantized_loading
 from keras_tfm.errors import InputError
 from tests.checks import to_numpy
 
@@ -25,10 +26,13 @@ def llama_directory(tmp_path_factory, tied: bool):
 
 # int8 with a separate lm_head (a Dense); int4 with the head tied to the token embedding (its reverse)
 @pytest.mark.parametrize("mode, tied", [("int8", False), ("int4", True)])
-def test_quantizing_while_loading_gives_what_quantize_after_loading_gives(tmp_path_factory, mode, tied):
+def test_quantizing_while_loading_gives_what_quantize_after_loading_gives(tmp_path_factory, monkeypatch, mode, tied):
     directory = llama_directory(tmp_path_factory, tied)
     after = keras_tfm.from_huggingface(str(directory))
     after.quantize(mode)
+    # 40 channels of 64 float32 inputs a block: the key/value layers (32 outputs) whole, the embedding and
+    # the head (100 rows) in blocks of 40, 40 and 20
+    monkeypatch.setattr(quantized_loading, "BLOCK_BYTES", 40 * 64 * 4)
     loaded = keras_tfm.from_huggingface(str(directory), quantize=mode)
     expected = {w.path.split("/", 1)[1]: w for w in after.weights}
     received = {w.path.split("/", 1)[1]: w for w in loaded.weights}
