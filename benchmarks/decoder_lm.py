@@ -3,9 +3,10 @@
 random weights), batch 1, a 128-token prompt, 128 new tokens: keras_tfm's `DecoderLM` vs keras-hub's
 `LlamaCausalLM` (each Keras backend) vs transformers' `LlamaForCausalLM.generate` (PyTorch), and the
 bound of this machine: the same matrix products alone in JAX (`matmul_ceiling`). `stream`: what
-`DecoderLM.stream` (chunks of 16) costs against `generate` for 200 new tokens, each backend.
+`DecoderLM.stream` (chunks of 16) costs against `generate` for 200 new tokens, each backend. `dtype`:
+the same generation in float32 and bfloat16 (keras_tfm's dtype policy, transformers' `model.to`).
 
-    python benchmarks/decoder_lm.py [--rounds 2] [--only generate | stream]
+    python benchmarks/decoder_lm.py [--rounds 2] [--only generate | stream | dtype]
 
 Writes benchmarks/results/decoder_lm.json.
 """
@@ -88,11 +89,12 @@ def matmul_ceiling() -> dict:
     return timed(lambda: generate(prompt).block_until_ready())
 
 
-def smollm_shaped(max_length: int):
-    """keras_tfm's DecoderLM of CONFIG, random weights."""
+def smollm_shaped(max_length: int, dtype: str | None = None):
+    """keras_tfm's DecoderLM of CONFIG, random weights (`dtype`: its dtype policy; None: Keras' default)."""
     import keras_tfm
 
     return keras_tfm.DecoderLM(
+        dtype=dtype,
         vocabulary_size=CONFIG["vocabulary_size"],
         max_length=max_length,
         num_layers=CONFIG["num_layers"],
@@ -136,8 +138,8 @@ def worker(contender: str, task: str) -> dict:
         return streaming(contender == "keras_tfm_stream")
     prompt = prompt_ids().astype("int32")
     total = GENERATE["prompt"] + GENERATE["new_tokens"]
-    if contender == "keras_tfm":
-        model = smollm_shaped(total)
+    if contender.startswith("keras_tfm"):  # keras_tfm, keras_tfm_float32, keras_tfm_bfloat16
+        model = smollm_shaped(total, contender.split("_")[-1] if contender != "keras_tfm" else None)
 
         def generate():
             out = model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])
@@ -170,7 +172,7 @@ def worker(contender: str, task: str) -> dict:
     if contender == "matmul_ceiling":
         return matmul_ceiling()
 
-    if contender == "hugging_face":
+    if contender.startswith("hugging_face"):  # hugging_face, hugging_face_float32, hugging_face_bfloat16
         import torch
         import transformers
 
@@ -189,6 +191,7 @@ def worker(contender: str, task: str) -> dict:
             eos_token_id=None,
         )
         model = transformers.LlamaForCausalLM(config).eval()
+        model = model.to(torch.bfloat16) if contender.endswith("bfloat16") else model
         prompt = torch.tensor(prompt, dtype=torch.long)
         kwargs = dict(
             max_new_tokens=GENERATE["new_tokens"],
@@ -210,12 +213,16 @@ if __name__ == "__main__":
         {
             "generate": ("Greedy generation, SmolLM2-135M shape, batch 1, 128 + 128 tokens", "new tokens/s"),
             "stream": ("Streaming in chunks of 16 against generate, 16 + 200 tokens", "new tokens/s"),
+            "dtype": (
+                "Greedy generation in float32 and bfloat16, SmolLM2-135M shape, 128 + 128 tokens",
+                "new tokens/s",
+            ),
         },
         contenders=[*DEFAULT_CONTENDERS, ("matrix products only (jax)", "matmul_ceiling", "jax")],
         baselines={f"keras-hub {backend}": f"keras_hub ({backend})" for backend in BACKENDS}
         | {"Hugging Face": "hugging_face (torch)"},
         results_name="decoder_lm",
-        same_backend={"stream": "keras_tfm generate"},
+        same_backend={"stream": "keras_tfm generate", "dtype": "keras_tfm float32"},
         task_contenders={
             "stream": (
                 [
@@ -224,6 +231,18 @@ if __name__ == "__main__":
                     for how in ("generate", "stream")
                 ],
                 {f"generate {backend}": f"keras_tfm generate ({backend})" for backend in BACKENDS},
-            )
+            ),
+            "dtype": (
+                [
+                    (f"keras_tfm {dtype} ({backend})", f"keras_tfm_{dtype}", backend)
+                    for backend in BACKENDS
+                    for dtype in ("float32", "bfloat16")
+                ]
+                + [
+                    (f"transformers {dtype} (torch)", f"hugging_face_{dtype}", "torch")
+                    for dtype in ("float32", "bfloat16")
+                ],
+                {f"float32 {backend}": f"keras_tfm float32 ({backend})" for backend in BACKENDS},
+            ),
         },
     )
