@@ -1,6 +1,7 @@
 """`python -m keras_tfm generate`: a prompt continued from the shell, streamed."""
 
 import contextlib
+import gc
 import io
 import os
 import shutil
@@ -12,7 +13,7 @@ import time
 import pytest
 
 import keras_tfm
-from keras_tfm.cli import chat, generate
+from keras_tfm.cli import chat, generate, interrupt
 from keras_tfm.data import CharacterTokenizer
 from keras_tfm.generation import sliding
 
@@ -155,3 +156,21 @@ def test_chat_in_a_terminal_ctrl_c_ends_a_reply_and_ctrl_d_leaves(tmp_path):
         assert (tmp_path / "status").read_text().strip() == "exit status 0"
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+@pytest.mark.backend_independent
+def test_ctrl_c_while_a_reply_streams_is_noted_not_raised_wherever_python_is():
+    # a KeyboardInterrupt raised inside a garbage-collection callback (JAX has one) would be lost
+    collections = []
+    gc.callbacks.append(lambda phase, info: collections.append(phase) or time.sleep(0.01))
+    try:
+        with interrupt.ctrl_c_between_pieces() as pressed:
+            os.kill(os.getpid(), signal.SIGINT)
+            gc.collect()
+            assert pressed == [signal.SIGINT]  # noted, and nothing raised in the callback
+            with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C does not wait for a piece
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+    finally:
+        gc.callbacks.pop()
+    assert collections and signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from keras_tfm.cli.interrupt import ctrl_c_between_pieces
 from keras_tfm.errors import InputError
 from keras_tfm.generation import orchestration
 
@@ -49,10 +50,13 @@ def conversation(
         messages.append({"role": "user", "content": line})
         reply = ""
         try:
-            for piece in reply_pieces(model, messages, stream_arguments):
-                reply += piece
-                write(piece)
-                sys.stdout.flush()
+            with ctrl_c_between_pieces() as pressed:
+                for piece in reply_pieces(model, messages, stream_arguments):
+                    reply += piece
+                    write(piece)
+                    sys.stdout.flush()
+                    if pressed:
+                        raise KeyboardInterrupt
         except KeyboardInterrupt:  # Ctrl-C while it writes: this reply ends here
             write(" [stopped]")
         write("\n")
