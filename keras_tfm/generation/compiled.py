@@ -9,6 +9,8 @@ from collections.abc import Callable
 import keras
 from keras import ops, tree
 
+from keras_tfm.layers.attention import cache_writer
+
 
 def decoding_functions(step: Callable, model: keras.Model, traceable: bool = True) -> tuple[Callable, Callable]:
     """`(step, while_loop)` for a decoding loop over `model`'s one-token `step`.
@@ -100,13 +102,25 @@ def _plain_replay():
 
 
 def torch_trace(fn: Callable, model: keras.Model, example_args: tuple):
+    """`fn` recorded with `torch.jit.trace`, writing the key/value cache in place (`_write_in_place`): a
+    decoding loop passes each step's cache on and never reads the old one again."""
     import torch
 
     # The trace records Python values (shapes, the cache's size) as constants on purpose: one trace is
     # made per shape. TorchScript warns of each, in words that read like a fault.
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), cache_writer(_write_in_place):
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         return torch.jit.trace(_module(fn, model), example_args, check_trace=False)
+
+
+def _write_in_place(cache, start: tuple, entries):
+    """`ops.slice_update(cache, start, entries)` for a cache written along its positions (axis 3), in
+    `cache` itself: Keras' update copies the whole cache, in every layer at every step (the tracing run
+    writes the first step's entries, which its first replay writes again, the same)."""
+    import torch
+
+    positions = torch.arange(entries.shape[3], device=cache.device) + start[3]
+    return cache.index_copy_(3, positions, entries)
 
 
 def compile_function(fn: Callable, model: keras.Model) -> Callable:

@@ -4,6 +4,8 @@ results are merged by one output projection (W_o)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import numpy as np
 from keras import ops
@@ -18,6 +20,19 @@ from keras_tfm.layers.rotary import RotaryEmbedding
 # Masked logits, and scores of what must never be chosen in decoding; softmax is taken in float32,
 # where exp(-1e9) == 0 exactly.
 LARGE_NEGATIVE = -1e9
+_CACHE_WRITERS: list = []  # `write(cache, start, entries)` that `update_cache` uses inside `cache_writer`
+
+
+@contextlib.contextmanager
+def cache_writer(write):
+    """Inside this block `update_cache` writes new keys and values with `write(cache, start, entries)`
+    instead of `ops.slice_update`, which returns a new cache: a decoding loop that never reads an old
+    cache again may write it in place (`generation.compiled` does on PyTorch)."""
+    _CACHE_WRITERS.append(write)
+    try:
+        yield
+    finally:
+        _CACHE_WRITERS.pop()
 
 
 def _check_inputs(query, value, key) -> None:
@@ -258,7 +273,8 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 )
         new_entries = self.precompute_key_value(value, key, start_index=cache_update_index, angles=angles)
         # one update of the joint cache: a functional update copies its input (PyTorch)
-        return ops.slice_update(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
+        write = _CACHE_WRITERS[-1] if _CACHE_WRITERS else ops.slice_update
+        return write(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
 
     def _check_cacheable(self, cache=None):
         if self.value_dim != self.key_dim:

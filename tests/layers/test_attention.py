@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_tfm.layers import MultiHeadAttention
+from keras_tfm.layers import MultiHeadAttention, attention
 from tests.checks import assert_close, to_numpy
 
 
@@ -225,3 +225,18 @@ def test_compiled_training_and_prediction_with_unknown_lengths(rng):
         assert np.isfinite(history.history["loss"][0])
         for predicted, called in zip(model.predict([x, mask], batch_size=4, verbose=0), model([x, mask])):
             assert_close(predicted, called, atol=1e-5)
+
+
+def test_a_cache_update_makes_a_new_cache_unless_a_decoding_loop_writes_in_place(x):
+    layer = MultiHeadAttention(num_heads=2, key_dim=8)
+    cache, index = ops.zeros((2, 2, 2, 10, 8)), ops.convert_to_tensor(2, "int32")
+    _, updated = layer(x[:, :3], use_causal_mask=True, cache=cache, cache_update_index=index)
+    assert not np.any(to_numpy(cache))  # the layer's own call leaves its input as it was
+    assert np.all(np.any(to_numpy(updated)[:, :, :, 2:5] != 0, axis=-1)) and not np.any(to_numpy(updated)[:, :, :, 5:])
+    if keras.backend.backend() == "torch":  # the traced decoding loops write in place: the same values
+        from keras_tfm.generation import compiled
+
+        with attention.cache_writer(compiled._write_in_place):
+            _, in_place = layer(x[:, :3], use_causal_mask=True, cache=cache, cache_update_index=index)
+        assert in_place is cache
+        np.testing.assert_array_equal(to_numpy(in_place), to_numpy(updated))
