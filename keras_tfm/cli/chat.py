@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from keras_tfm.cli.interrupt import ctrl_c_between_pieces
+from keras_tfm.cli.interrupt import pieces_until_ctrl_c
 from keras_tfm.errors import InputError
 from keras_tfm.generation import orchestration
 
@@ -50,13 +50,10 @@ def conversation(
         messages.append({"role": "user", "content": line})
         reply = ""
         try:
-            with ctrl_c_between_pieces() as pressed:
-                for piece in reply_pieces(model, messages, stream_arguments):
-                    reply += piece
-                    write(piece)
-                    sys.stdout.flush()
-                    if pressed:
-                        raise KeyboardInterrupt
+            for piece in pieces_until_ctrl_c(reply_pieces(model, messages, stream_arguments)):
+                reply += piece
+                write(piece)
+                sys.stdout.flush()
         except KeyboardInterrupt:  # Ctrl-C while it writes: this reply ends here
             write(" [stopped]")
         write("\n")

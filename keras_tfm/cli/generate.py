@@ -19,7 +19,7 @@ import argparse
 import re
 import sys
 
-from keras_tfm.cli.interrupt import ctrl_c_between_pieces
+from keras_tfm.cli.interrupt import pieces_until_ctrl_c
 from keras_tfm.errors import InputError
 
 
@@ -82,12 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         note_cropping(model, args)
         sys.stdout.write(args.prompt)
-        with ctrl_c_between_pieces() as pressed:
-            for piece in model.stream(args.prompt, **stream_arguments(args)):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-                if pressed:
-                    raise KeyboardInterrupt
+        for piece in pieces_until_ctrl_c(model.stream(args.prompt, **stream_arguments(args))):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
         sys.stdout.write("\n")
     except KeyboardInterrupt:  # Ctrl-C: what was written stays; one line, as the recipes end
         sys.stdout.flush()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -33,3 +33,12 @@ def ctrl_c_between_pieces() -> Iterator[list]:
         yield pressed
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def pieces_until_ctrl_c(pieces: Iterable[str]) -> Iterator[str]:
+    """`pieces` as they come; after the piece during which Ctrl-C was pressed, `KeyboardInterrupt`."""
+    with ctrl_c_between_pieces() as pressed:
+        for piece in pieces:
+            yield piece
+            if pressed:
+                raise KeyboardInterrupt

@@ -67,8 +67,7 @@ def assign(variable, array: np.ndarray) -> None:
         _assign_jax(variable, array)
     else:
         (_assign_torch if backend == "torch" else _assign_tensorflow)(variable.value, array)
-        for pending in _PENDING:
-            pending.pop(id(variable), None)
+        _assigned(variable)
 
 
 def _assign_jax(variable, array: np.ndarray) -> None:
@@ -120,9 +119,14 @@ def assign_part(variable, index: tuple, array: np.ndarray) -> bool:
         variable.value[index].assign(_tensorflow_tensor(array, variable.value.dtype))
     else:
         return False
+    _assigned(variable)
+    return True
+
+
+def _assigned(variable) -> None:
+    """`variable` holds the checkpoint's values: `checkpoint_values` leaves it as it is."""
     for pending in _PENDING:
         pending.pop(id(variable), None)
-    return True
 
 
 def return_freed_memory() -> None:
