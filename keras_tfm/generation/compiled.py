@@ -110,7 +110,50 @@ def torch_trace(fn: Callable, model: keras.Model, example_args: tuple):
     # made per shape. TorchScript warns of each, in words that read like a fault.
     with warnings.catch_warnings(), cache_writer(_write_in_place):
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        return torch.jit.trace(_module(fn, model), example_args, check_trace=False)
+        traced = torch.jit.trace(_module(fn, model), example_args, check_trace=False)
+    _specialize(traced.graph)
+    return traced
+
+
+def _specialize(graph) -> None:
+    """Simplifies a trace that will only ever replay the shapes it was made with. Keras reads shapes
+    as tensors and converts every input, so a SmolLM2-shaped step records ~24,000 nodes, most of them
+    shape arithmetic and `aten::to`s that change nothing; each costs the interpreter a dispatch. With
+    every size a constant, that arithmetic folds away, and what is left repeated in each layer (the
+    positions' rotation angles, the mask) is computed once: ~3,000 nodes, the same values."""
+    import torch
+
+    for node in list(graph.nodes()):
+        if node.kind() != "aten::size":
+            continue
+        tensor, *dim = node.inputs()
+        sizes = tensor.type().sizes() if isinstance(tensor.type(), torch._C.TensorType) else None
+        if sizes is None or None in sizes or (dim and dim[0].toIValue() is None):
+            continue
+        with graph.insert_point_guard(node):
+            size = graph.insertConstant(sizes[dim[0].toIValue()] if dim else list(sizes))
+        node.output().replaceAllUsesWith(size)
+        node.destroy()
+    torch._C._jit_pass_constant_propagation(graph)
+    for node in list(graph.nodes()):
+        if node.kind() == "aten::to" and _changes_nothing(node):
+            node.output().replaceAllUsesWith(next(node.inputs()))
+            node.destroy()
+    torch._C._jit_pass_cse(graph)
+    torch._C._jit_pass_dce(graph)
+
+
+def _changes_nothing(node) -> bool:
+    """Whether an `aten::to` node's output is its input: same dtype and device, known from the trace."""
+    import torch
+
+    source, target = next(node.inputs()).type(), node.output().type()
+    if not (isinstance(source, torch._C.TensorType) and isinstance(target, torch._C.TensorType)):
+        return False
+    return source.scalarType() is not None and (source.scalarType(), source.device()) == (
+        target.scalarType(),
+        target.device(),
+    )
 
 
 def _write_in_place(cache, start: tuple, entries):

@@ -1,8 +1,10 @@
 """DecoderLM: the shared checks, cached decoding with grouped keys and values and a sliding window, and
 the named sizes (their parameter counts are transformers' own for the same configuration)."""
 
+import keras
 import numpy as np
 import pytest
+from keras import ops
 
 import keras_tfm
 from tests.checks import run_layer_checks, to_numpy
@@ -43,6 +45,32 @@ def test_cached_decoding_of_ragged_prompts_equals_full_forward_greedy():
         n = len(prompt) + 12
         assert row[:n].tolist() == full_forward_greedy(model, prompt, 12)
     assert model.empty_cache(1, 8)[0].shape == (1, 2, 2, 8, 4)  # only the key/value heads are cached
+
+
+def test_a_pytorch_decoding_trace_keeps_its_values_and_drops_its_shape_arithmetic():
+    if keras.backend.backend() != "torch":
+        pytest.skip("PyTorch's traced decoding step")
+    import torch
+
+    from keras_tfm.generation import compiled
+
+    model = tiny_lm()
+    model(np.zeros((1, 4), "int32"))
+    token, index = ops.convert_to_tensor([[3], [9]], "int32"), ops.convert_to_tensor(4, "int32")
+    cache = tuple(
+        ops.convert_to_tensor(np.random.default_rng(i).normal(size=c.shape), "float32")
+        for i, c in enumerate(model.empty_cache(2, 12))
+    )
+    eager_logits, eager_cache = model.call_with_cache(token, cache, index)
+    copies = tuple(ops.copy(c) for c in cache)  # the trace writes its cache in place
+    traced = compiled.torch_trace(model.call_with_cache, model, (token, copies, index))
+    nodes = [node.kind() for node in traced.graph.nodes()]
+    assert "aten::size" not in nodes and len(nodes) < 700  # ~350; ~2,000 with the shapes read at run time
+    with torch.no_grad():
+        logits, new_cache = traced(token, tuple(ops.copy(c) for c in cache), index)
+    np.testing.assert_array_equal(to_numpy(logits), to_numpy(eager_logits))
+    for ours, expected in zip(new_cache, eager_cache):
+        np.testing.assert_array_equal(to_numpy(ours), to_numpy(expected))
 
 
 def test_beam_search_and_sampling_decode_from_the_grouped_cache():
