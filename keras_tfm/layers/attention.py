@@ -445,18 +445,16 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         scale = 1.0 / float(self.key_dim) ** 0.5
         query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
         if not self._unfused(query_heads, explicit):
-            if self.num_key_value_heads != self.num_heads:  # the fused kernels want one key head per query head
-                groups = self.num_heads // self.num_key_value_heads
+            groups = self.num_heads // self.num_key_value_heads
+            key_heads, value_heads = ops.cast(key_heads, query_heads.dtype), ops.cast(value_heads, query_heads.dtype)
+            if groups > 1 and not is_causal and (mask is None or mask.shape[1] == 1):
+                return self._fused_in_groups(query_heads, key_heads, value_heads, mask, scale), None
+            if groups > 1:  # the fused kernels want one key head per query head
                 key_heads = ops.repeat(key_heads, groups, axis=2)
                 value_heads = ops.repeat(value_heads, groups, axis=2)
             # Fused kernels (flash attention on GPU) where the backend has them.
             attended = ops.dot_product_attention(
-                query_heads,
-                ops.cast(key_heads, query_heads.dtype),
-                ops.cast(value_heads, query_heads.dtype),
-                mask=mask,
-                scale=scale,
-                is_causal=is_causal,
+                query_heads, key_heads, value_heads, mask=mask, scale=scale, is_causal=is_causal
             )
             return attended, None
         # query heads in groups that share a key/value head (one group each without GQA), so
@@ -472,6 +470,21 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         dropped = self.weights_dropout(weights, training=training)
         dropped = ops.reshape(dropped, (-1, self.num_key_value_heads, groups, query_length, key_length))
         return ops.einsum("bhgqk,bkhd->bqhgd", dropped, ops.cast(value_heads, self.compute_dtype)), weights
+
+    def _fused_in_groups(self, query_heads, key_heads, value_heads, mask, scale: float):
+        """The fused attention of grouped-query heads without repeating the keys and values (a copy of
+        the whole cache in every layer at every decoding step): the query heads that share a key/value
+        head become extra query rows of it. `mask` must be the same for every head."""
+        groups, kv_heads = self.num_heads // self.num_key_value_heads, self.num_key_value_heads
+        query_length, key_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
+        rows = ops.reshape(query_heads, (-1, query_length, kv_heads, groups, self.key_dim))
+        rows = ops.reshape(ops.transpose(rows, (0, 3, 1, 2, 4)), (-1, groups * query_length, kv_heads, self.key_dim))
+        if mask is not None:  # (batch, 1, query_length, key_length), once per group
+            mask = ops.broadcast_to(mask, (ops.shape(mask)[0], 1, query_length, key_length))
+            mask = ops.tile(mask, (1, 1, groups, 1))
+        attended = ops.dot_product_attention(rows, key_heads, value_heads, mask=mask, scale=scale)
+        attended = ops.reshape(attended, (-1, groups, query_length, kv_heads, self.value_dim))
+        return ops.reshape(ops.transpose(attended, (0, 2, 3, 1, 4)), (-1, query_length, self.num_heads, self.value_dim))
 
     def compute_mask(self, query, value=None, key=None, query_mask=None, **kwargs):
         return query_mask

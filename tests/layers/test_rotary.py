@@ -123,7 +123,16 @@ def test_grouped_query_attention_is_attention_with_shared_key_value_heads(rng):
     q, q_bias, k, k_bias, v, v_bias, o, o_bias = grouped.get_weights()
     repeat = lambda w: np.repeat(w.reshape(*w.shape[:-1], 2, 8), 2, axis=-2).reshape(*w.shape[:-1], 32)  # noqa: E731
     full.set_weights([q, q_bias, repeat(k), repeat(k_bias), repeat(v), repeat(v_bias), o, o_bias])
-    for kwargs in (dict(use_causal_mask=True), dict(return_attention_weights=True)):
+    padding = np.arange(7)[None, :] < np.array([[7], [4]])
+    per_head = rng.random(size=(2, 4, 7, 7)) < 0.7
+    per_head[..., 0] = True
+    for kwargs in (
+        dict(use_causal_mask=True),
+        dict(return_attention_weights=True),
+        dict(value_mask=padding),  # the query heads of a group become extra rows of one fused attention
+        dict(value_mask=padding, use_causal_mask=True),
+        dict(attention_mask=per_head),  # a mask per query head: the key/value heads repeated instead
+    ):
         ours, expected = grouped(x, **kwargs), full(x, **kwargs)
         for a, b in zip(
             ours if isinstance(ours, tuple) else [ours], expected if isinstance(expected, tuple) else [expected]
@@ -133,6 +142,10 @@ def test_grouped_query_attention_is_attention_with_shared_key_value_heads(rng):
     cache = np.zeros((2, 2, 2, 7, 8), "float32")
     out, cache = grouped(x, use_causal_mask=True, cache=cache, cache_update_index=0)
     assert_close(out, full(x, use_causal_mask=True), atol=1e-5)
+    full_cache = np.repeat(to_numpy(cache), 2, axis=2)
+    step, _ = grouped(x[:, 3:5], use_causal_mask=True, cache=cache, cache_update_index=3)
+    expected, _ = full(x[:, 3:5], use_causal_mask=True, cache=full_cache, cache_update_index=3)
+    assert_close(step, expected, atol=1e-5)
 
 
 def test_a_sliding_window_hides_what_lies_before_it(rng):
