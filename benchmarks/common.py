@@ -13,11 +13,17 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_worker(script: str, backend: str, args: list[str], timeout: int = 900) -> dict:
-    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+def run_worker(script: str, backend: str, args: list[str], timeout: int = 900, log: str | None = None) -> dict:
+    """Runs `script --worker *args` with KERAS_BACKEND=`backend`; returns the last JSON line it printed, or
+    {"error": [its last line of output]}. `log`: a file to keep all of its output in."""
+    path = os.pathsep.join([REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(
         [sys.executable, script, "--worker", *args], env=env, capture_output=True, text=True, timeout=timeout
     )
+    if log:
+        with open(log, "w") as file:
+            file.write(result.stdout + result.stderr)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         return {"error": (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]}
@@ -25,12 +31,17 @@ def run_worker(script: str, backend: str, args: list[str], timeout: int = 900) -
 
 
 def write_results(
-    name: str, results: list[dict], tasks: dict[str, str] | None = None, baselines: dict[str, str] | None = None
+    name: str,
+    results: list[dict],
+    tasks: dict[str, str] | None = None,
+    baselines: dict[str, str] | None = None,
+    machine: str | None = None,
 ) -> str:
     """Writes `results` as benchmarks/results/{name}.json with the date, the machine, the library versions
     and the command that produced them (a re-measurement replaces the file); returns its path. `tasks`:
     the title of each task's table (the rows' "task"), which the performance page shows; `baselines`:
-    task -> the contender prefix its rows are compared with on the same backend (default keras_hub)."""
+    task -> the contender prefix its rows are compared with on the same backend (default keras_hub);
+    `machine`: the accelerator that ran them, where one did (the host's processor is added)."""
     import datetime
     import importlib.metadata
     import platform
@@ -51,7 +62,8 @@ def write_results(
     record = {
         "benchmark": name,
         "date": datetime.date.today().isoformat(),
-        "machine": f"{processor or platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}",
+        "machine": (f"{machine}, host " if machine else "")
+        + f"{processor or platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}",
         "versions": versions,
         "command": backend + "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
         "tasks": tasks or {},

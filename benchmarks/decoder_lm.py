@@ -89,22 +89,44 @@ def matmul_ceiling() -> dict:
     return timed(lambda: generate(prompt).block_until_ready())
 
 
-def smollm_shaped(max_length: int, dtype: str | None = None):
-    """keras_tfm's DecoderLM of CONFIG, random weights (`dtype`: its dtype policy; None: Keras' default)."""
+def smollm_shaped(max_length: int, dtype: str | None = None, config: dict = CONFIG):
+    """keras_tfm's DecoderLM of `config`, random weights (`dtype`: its dtype policy; None: Keras' default)."""
     import keras_tfm
 
     return keras_tfm.DecoderLM(
         dtype=dtype,
-        vocabulary_size=CONFIG["vocabulary_size"],
+        vocabulary_size=config["vocabulary_size"],
         max_length=max_length,
-        num_layers=CONFIG["num_layers"],
-        num_heads=CONFIG["num_heads"],
-        num_key_value_heads=CONFIG["num_key_value_heads"],
-        hidden_dim=CONFIG["hidden_dim"],
-        intermediate_dim=CONFIG["intermediate_dim"],
-        rotary_embedding={"max_wavelength": CONFIG["rope_theta"]},
-        layer_norm_epsilon=CONFIG["layer_norm_epsilon"],
+        num_layers=config["num_layers"],
+        num_heads=config["num_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        hidden_dim=config["hidden_dim"],
+        intermediate_dim=config["intermediate_dim"],
+        rotary_embedding={"max_wavelength": config["rope_theta"]},
+        layer_norm_epsilon=config["layer_norm_epsilon"],
     )
+
+
+def hugging_face_llama(max_length: int, config: dict = CONFIG):
+    """transformers' LlamaForCausalLM of `config` (tied output, no end id), random weights, in the default
+    dtype of PyTorch and on its default device."""
+    import transformers
+
+    hf_config = transformers.LlamaConfig(
+        vocab_size=config["vocabulary_size"],
+        num_hidden_layers=config["num_layers"],
+        num_attention_heads=config["num_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        hidden_size=config["hidden_dim"],
+        intermediate_size=config["intermediate_dim"],
+        rope_theta=config["rope_theta"],
+        rms_norm_eps=config["layer_norm_epsilon"],
+        max_position_embeddings=max_length,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    return transformers.LlamaForCausalLM(hf_config).eval()
 
 
 def streaming(stream: bool) -> dict:
@@ -174,23 +196,8 @@ def worker(contender: str, task: str) -> dict:
 
     if contender.startswith("hugging_face"):  # hugging_face, hugging_face_float32, hugging_face_bfloat16
         import torch
-        import transformers
 
-        config = transformers.LlamaConfig(
-            vocab_size=CONFIG["vocabulary_size"],
-            num_hidden_layers=CONFIG["num_layers"],
-            num_attention_heads=CONFIG["num_heads"],
-            num_key_value_heads=CONFIG["num_key_value_heads"],
-            hidden_size=CONFIG["hidden_dim"],
-            intermediate_size=CONFIG["intermediate_dim"],
-            rope_theta=CONFIG["rope_theta"],
-            rms_norm_eps=CONFIG["layer_norm_epsilon"],
-            max_position_embeddings=total,
-            tie_word_embeddings=True,
-            bos_token_id=None,
-            eos_token_id=None,
-        )
-        model = transformers.LlamaForCausalLM(config).eval()
+        model = hugging_face_llama(total)
         model = model.to(torch.bfloat16) if contender.endswith("bfloat16") else model
         prompt = torch.tensor(prompt, dtype=torch.long)
         kwargs = dict(

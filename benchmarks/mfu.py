@@ -173,13 +173,7 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     title = f"GPT training MFU on {name}: {config['num_layers']} layers, {config['hidden_dim']} wide, context {config['context']}, batch {config['batch']}"
-    path = write_results("mfu", [dict(row, task="mfu") for row in rows], tasks={"mfu": title})
-    with open(path) as file:  # the device measured, before the host's processor
-        record = json.load(file)
-    record["machine"] = f"{name}, {record['machine']}" if gpu else record["machine"]
-    with open(path, "w") as file:
-        json.dump(record, file, indent=2)
-        file.write("\n")
+    write_results("mfu", [dict(row, task="mfu") for row in rows], tasks={"mfu": title}, machine=name if gpu else None)
 
 
 if __name__ == "__main__":

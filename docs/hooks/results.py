@@ -148,6 +148,14 @@ SUMMARY = [
         "hugging_face (torch)",
     ),
     (
+        "Llama-3.2-1B-shaped decoding in bfloat16, batch 1, against transformers' compiled static cache (new tokens/s)",
+        "gpu_decoding",
+        "batch_1",
+        "keras_tfm (jax)",
+        None,
+        "hugging_face static cache (torch)",
+    ),
+    (
         "Translator beam search (sentences/s)",
         "translator",
         "translate",
@@ -160,28 +168,40 @@ SUMMARY = [
 
 def summary() -> str:
     """The README's results table, from the same files as the performance page."""
-    lines = ["| result | keras_tfm | keras-hub | Hugging Face |", "|---|---:|---:|---:|"]
+    lines = ["| result | machine | keras_tfm | keras-hub | Hugging Face |", "|---|---|---:|---:|---:|"]
     for what, name, task, ours, hub, hugging_face in SUMMARY:
-        with open(os.path.join(RESULTS, f"{name}.json")) as file:
-            rows = {row["contender"]: row for row in json.load(file)["results"] if row.get("task") == task}
-        cells = [_cell(rows[ours]["value"]) + f" ({ours.split('(')[1][:-1]})"]
+        record = _record(name)
+        rows = {row["contender"]: row for row in record["results"] if row.get("task") == task}
+        cells = [_machine(record), _cell(rows[ours]["value"]) + f" ({ours.split('(')[1][:-1]})"]
         for other in (hub, hugging_face):
             cells.append(
                 f"{_cell(rows[other]['value'])} ({rows[ours]['value'] / rows[other]['value']:.2f}x)" if other else ""
             )
         lines.append(f"| [{what}](docs/performance.md) | " + " | ".join(cells) + " |")
-    with open(os.path.join(RESULTS, "gpt_quality.json")) as file:
-        for row in json.load(file)["results"]:
-            lines.append(
-                f"| [`{row['model']}()`, tiny Shakespeare validation loss](docs/performance.md#quality) | "
-                f"{row['validation_loss']:.3f} | | nanoGPT: {row['nanogpt_validation_loss']} |"
-            )
-    with open(os.path.join(RESULTS, "recipes.json")) as file:
-        for row in json.load(file)["results"]:
-            lines.append(
-                f"| [{row['run']}: {row['metric']}](docs/performance.md#quality) | {row['result']} | | target {row['target']} |"
-            )
+    record = _record("gpt_quality")
+    for row in record["results"]:
+        lines.append(
+            f"| [`{row['model']}()`, tiny Shakespeare validation loss](docs/performance.md#quality) | "
+            f"{_machine(record)} | {row['validation_loss']:.3f} | | nanoGPT: {row['nanogpt_validation_loss']} |"
+        )
+    record = _record("recipes")
+    for row in record["results"]:
+        lines.append(
+            f"| [{row['run']}: {row['metric']}](docs/performance.md#quality) | {_machine(record)} | "
+            f"{row['result']} | | target {row['target']} |"
+        )
     return "\n".join(lines) + "\n"
+
+
+def _record(name: str) -> dict:
+    with open(os.path.join(RESULTS, f"{name}.json")) as file:
+        return json.load(file)
+
+
+def _machine(record: dict) -> str:
+    """The processor or accelerator a record was measured on, shortly: "AMD EPYC", "NVIDIA H200"."""
+    first = record["machine"].split(",")[0]
+    return re.sub(r"\(R\)| Processor", "", first).strip()
 
 
 if __name__ == "__main__":  # python docs/hooks/results.py: the README's table
