@@ -5,8 +5,10 @@ random weights), batch 1, a 128-token prompt, 128 new tokens: keras_tfm's `Decod
 bound of this machine: the same matrix products alone in JAX (`matmul_ceiling`). `stream`: what
 `DecoderLM.stream` (chunks of 16) costs against `generate` for 200 new tokens, each backend. `dtype`:
 the same generation in float32 and bfloat16 (keras_tfm's dtype policy, transformers' `model.to`).
+`int8`: what weight-only int8 could gain, each backend: one step's matrix products alone, in float32 and
+with int8 weights (`products_of_a_step`).
 
-    python benchmarks/decoder_lm.py [--rounds 2] [--only generate | stream | dtype]
+    python benchmarks/decoder_lm.py [--rounds 2] [--only generate | stream | dtype | int8]
 
 Writes benchmarks/results/decoder_lm.json.
 """
@@ -89,6 +91,80 @@ def matmul_ceiling() -> dict:
     return timed(lambda: generate(prompt).block_until_ready())
 
 
+def products_of_a_step(mode: str) -> dict:
+    """Every matrix product of one decoding step at batch 1 (each layer's seven projections and the tied
+    output), nothing else, in float32 or with weight-only int8 weights (`int8`: scaled per output
+    channel, the product with float32 activations; `int8_bfloat16`: with bfloat16 ones), compiled as
+    each backend decodes: `jax.jit`, `tf.function(jit_compile=True)`, PyTorch's
+    `torch._weight_int8pack_mm` (its CPU kernel for weight-only int8). Steps/s: the bound on tokens/s
+    that the products alone set."""
+    import keras
+    import numpy as np
+
+    hidden, inner = CONFIG["hidden_dim"], CONFIG["intermediate_dim"]
+    kv = hidden // CONFIG["num_heads"] * CONFIG["num_key_value_heads"]
+    shapes = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, inner), (hidden, inner)]
+    shapes = shapes * CONFIG["num_layers"] + [(inner, hidden)] * CONFIG["num_layers"]
+    shapes.append((hidden, CONFIG["vocabulary_size"]))
+    rng = np.random.default_rng(0)
+    kernels = [rng.normal(size=shape).astype("float32") * 0.02 for shape in shapes]
+    scales = [np.abs(kernel).max(axis=0) / 127 for kernel in kernels]
+    quantized = [np.round(kernel / scale).astype("int8") for kernel, scale in zip(kernels, scales)]
+    inputs = {k: rng.normal(size=(1, k)).astype("float32") for k in (hidden, inner)}
+    step = _backend_products(keras.backend.backend(), mode, kernels, quantized, scales, inputs)
+    for _ in range(3):
+        step()
+    rates = []
+    for _ in range(GENERATE["repeats"]):
+        with Timer() as timer:
+            for _ in range(20):
+                step()
+        rates.append(20 / timer.seconds)
+    return {"value": max(rates), "windows": [round(rate, 1) for rate in rates]}
+
+
+def _backend_products(backend: str, mode: str, kernels, quantized, scales, inputs):
+    import keras
+
+    if backend == "torch":
+        import torch
+
+        dtype = torch.bfloat16 if mode == "int8_bfloat16" else torch.float32
+        xs = {k: torch.tensor(x, dtype=dtype) for k, x in inputs.items()}
+        if mode == "float32":
+            weights = [torch.tensor(kernel) for kernel in kernels]
+            return lambda: [xs[w.shape[0]] @ w for w in weights]
+        # the kernel wants (output, input) int8 rows and scales of the activations' dtype
+        packed = [(torch.tensor(q.T.copy()), torch.tensor(s, dtype=dtype)) for q, s in zip(quantized, scales)]
+        return lambda: [torch._weight_int8pack_mm(xs[q.shape[1]], q, s) for q, s in packed]
+    xs = dict(inputs)
+    if mode == "float32":
+        arguments = (kernels,)
+
+        def products(kernels):
+            return [xs[kernel.shape[0]] @ kernel for kernel in kernels]
+    else:
+        arguments = (quantized, scales)
+
+        def products(quantized, scales):
+            cast = "bfloat16" if mode == "int8_bfloat16" else "float32"
+            return [
+                (keras.ops.cast(xs[q.shape[0]], cast) @ keras.ops.cast(q, cast)) * keras.ops.cast(s, cast)
+                for q, s in zip(quantized, scales)
+            ]
+
+    if backend == "jax":
+        import jax
+
+        compiled, arguments = jax.jit(products), jax.device_put(arguments)
+        return lambda: jax.block_until_ready(compiled(*arguments))
+    import tensorflow as tf
+
+    compiled = tf.function(products, jit_compile=True)
+    arguments = tf.nest.map_structure(tf.constant, arguments)
+    return lambda: [out.numpy() for out in compiled(*arguments)[-1:]]
+
+
 def smollm_shaped(max_length: int, dtype: str | None = None, config: dict = CONFIG):
     """keras_tfm's DecoderLM of `config`, random weights (`dtype`: its dtype policy; None: Keras' default)."""
     import keras_tfm
@@ -158,6 +234,8 @@ def worker(contender: str, task: str) -> dict:
 
     if task == "stream":
         return streaming(contender == "keras_tfm_stream")
+    if task == "int8":
+        return products_of_a_step(contender)
     prompt = prompt_ids().astype("int32")
     total = GENERATE["prompt"] + GENERATE["new_tokens"]
     if contender.startswith("keras_tfm"):  # keras_tfm, keras_tfm_float32, keras_tfm_bfloat16
@@ -224,12 +302,16 @@ if __name__ == "__main__":
                 "Greedy generation in float32 and bfloat16, SmolLM2-135M shape, 128 + 128 tokens",
                 "new tokens/s",
             ),
+            "int8": (
+                "The matrix products of one decoding step alone, float32 and weight-only int8, SmolLM2-135M shape, batch 1",
+                "steps/s",
+            ),
         },
         contenders=[*DEFAULT_CONTENDERS, ("matrix products only (jax)", "matmul_ceiling", "jax")],
         baselines={f"keras-hub {backend}": f"keras_hub ({backend})" for backend in BACKENDS}
         | {"Hugging Face": "hugging_face (torch)"},
         results_name="decoder_lm",
-        same_backend={"stream": "keras_tfm generate", "dtype": "keras_tfm float32"},
+        same_backend={"stream": "keras_tfm generate", "dtype": "keras_tfm float32", "int8": "float32 products"},
         task_contenders={
             "stream": (
                 [
@@ -250,6 +332,14 @@ if __name__ == "__main__":
                     for dtype in ("float32", "bfloat16")
                 ],
                 {f"float32 {backend}": f"keras_tfm float32 ({backend})" for backend in BACKENDS},
+            ),
+            "int8": (
+                [
+                    (f"{mode} products ({backend})", mode, backend)
+                    for backend in BACKENDS
+                    for mode in ("float32", "int8", "int8_bfloat16")
+                ],
+                {f"float32 {backend}": f"float32 products ({backend})" for backend in BACKENDS},
             ),
         },
     )

@@ -111,8 +111,8 @@ SUMMARY = [
         "Llama-family generation, SmolLM2-135M shape (new tokens/s)",
         "decoder_lm",
         "generate",
-        "keras_tfm (tensorflow)",
-        "keras_hub (tensorflow)",
+        "keras_tfm (torch)",
+        "keras_hub (torch)",
         "hugging_face (torch)",
     ),
     (
