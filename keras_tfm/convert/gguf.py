@@ -41,7 +41,7 @@ _BLOCK_NAMES = {
 }
 
 
-def from_gguf(path, dtype: str = "float32", allow_nan: bool = False):
+def from_gguf(path, dtype: str = "float32", allow_nan: bool = False, quantize: str | None = None):
     """A `DecoderLM` with the weights, tokenizer, chat template and end ids of a llama.cpp GGUF file.
 
     Args:
@@ -50,8 +50,11 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False):
         dtype: the model's dtype policy: "float32" (default), "bfloat16" or "float16". Quantized tensors
             (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants, ...) are dequantized one at a time as they are
             set, so memory holds the model in `dtype` and one tensor more, never the whole file's tensors.
-            `model.quantize("int8")` after loading gives a weight-quantized model again.
         allow_nan: load weights that hold NaN or infinite values; by default refused, naming the weight.
+        quantize: "int8" or "int4": the model comes quantized again in Keras' form, as
+            `model.quantize(quantize)` after a float load would make it, without ever holding the float
+            model: each layer is built quantized and set from its tensor dequantized alone, so a Q8_0
+            file loads in about its own size (`dtype` is then the float dtype of the rest). None: float.
 
     The tokenizer (`model.tokenizer`) is rebuilt from the file's vocabulary with Hugging Face
     `tokenizers` (byte-level BPE for Llama 3, Qwen and SmolLM2; SentencePiece BPE for Llama 2 and
@@ -69,7 +72,7 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False):
     """
     import keras
 
-    from keras_tfm.convert import huggingface, variables
+    from keras_tfm.convert import huggingface, quantized_loading, variables
     from keras_tfm.convert.registry import convert_checkpoint
     from keras_tfm.data.tokenizers.gguf import gguf_tokenizer
 
@@ -79,13 +82,19 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False):
         )
     if not isinstance(allow_nan, bool):
         raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_gguf")
+    if quantize is not None and quantize not in quantized_loading.MODES:
+        raise InputError(
+            f"expected None or one of {', '.join(quantized_loading.MODES)}; received {quantize!r}.",
+            "quantize",
+            caller="from_gguf",
+        )
     reader, metadata = read_gguf(path)
     config = gguf_config(metadata, {tensor.name for tensor in reader.tensors})
     factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if factors is not None:
         config["rope_scaling"] = llama3_rope_scaling(np.asarray(factors.data, np.float64), config)
     weights = GGUFWeights(reader, config)
-    huggingface.check_room(weights, dtype, "from_gguf")
+    huggingface.check_room(weights, quantize or dtype, "from_gguf")
     tokenizer = gguf_tokenizer(metadata)  # before the model: a tokenizer it cannot build is refused first
     if tokenizer is not None and tokenizer.vocabulary_size > config["vocab_size"]:
         raise CheckpointError(
@@ -95,7 +104,7 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False):
             caller="from_gguf",
         )
     with huggingface.dtype_policy(dtype):
-        model, _ = convert_checkpoint(config, weights, None, allow_nan)
+        model, _ = convert_checkpoint(config, weights, None, allow_nan, quantize)
     variables.return_freed_memory()
     model.tokenizer, model.generation_config = tokenizer, end_ids(metadata)
     if model.compiled:

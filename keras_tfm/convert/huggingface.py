@@ -186,11 +186,13 @@ def check_room(weights, dtype: str, caller: str = "from_huggingface") -> None:
         return
     needed = int(files.values_count() * BYTES[dtype])
     if needed > available:
-        smaller = " (or dtype='bfloat16', half of it)" if dtype == "float32" else ""
+        smaller = {"float32": " (or dtype='bfloat16', half of it, or quantize='int8', a quarter)"}.get(
+            dtype, " (or quantize='int8', half of it)" if dtype in ("bfloat16", "float16") else ""
+        )
         raise CheckpointError(
             f"the checkpoint's weights need {needed / 2**30:.1f} GiB as {dtype}, and this machine has "
             f"{available / 2**30:.1f} GiB of memory available: free some{smaller}.",
-            "dtype",
+            "quantize" if dtype in quantized_loading.MODES else "dtype",
             caller=caller,
         )
 

@@ -80,3 +80,11 @@ def test_a_checkpoint_larger_than_the_memory_left_is_refused_before_loading(bflo
     with pytest.raises(CheckpointError, match=r"need .* GiB as float32, and this machine has .* dtype='bfloat16'"):
         keras_tfm.from_huggingface(str(directory))
     assert keras_tfm.from_huggingface(str(directory), dtype="bfloat16").dtype_policy.name == "bfloat16"
+    monkeypatch.setattr(safetensors_files, "available_memory", lambda: 1.5 * values)  # room for int8 only
+    with pytest.raises(CheckpointError, match=r"as bfloat16, .* free some \(or quantize='int8', half of it\)"):
+        keras_tfm.from_huggingface(str(directory), dtype="bfloat16")
+    assert any(w.dtype == "int8" for w in keras_tfm.from_huggingface(str(directory), quantize="int8").weights)
+    monkeypatch.setattr(safetensors_files, "available_memory", lambda: 0.3 * values)
+    with pytest.raises(CheckpointError, match=r"as int4") as error:
+        keras_tfm.from_huggingface(str(directory), quantize="int4")
+    assert error.value.argument == "quantize"

@@ -203,6 +203,26 @@ def test_a_gguf_file_gives_the_logits_of_transformers_gguf_loader(tmp_path, byte
     assert ours.count_params() == sum(p.numel() for p in oracle.parameters())
 
 
+@pytest.mark.backend_independent  # the loading is from_huggingface's, tested on every backend
+def test_a_quantized_file_loads_into_keras_int8_as_quantize_after_loading_makes_it(tmp_path, byte_level):
+    model = hf_model("llama", len(byte_level["tokens"]))
+    path = tmp_path / "tiny-q8.gguf"
+    write_gguf(path, model, byte_level, gguf.GGMLQuantizationType.Q8_0)
+    after = keras_tfm.from_gguf(path)
+    after.quantize("int8")
+    loaded = keras_tfm.from_gguf(path, quantize="int8")
+    expected = {w.path.split("/", 1)[1]: w for w in after.weights}
+    assert sorted(w.path.split("/", 1)[1] for w in loaded.weights) == sorted(expected)
+    for weight in loaded.weights:
+        reference = expected[weight.path.split("/", 1)[1]]
+        assert weight.dtype == reference.dtype, weight.path
+        np.testing.assert_array_equal(to_numpy(weight), to_numpy(reference), err_msg=weight.path)
+    assert sum(w.dtype == "int8" for w in loaded.weights) >= 1 + 7 * 2  # the embedding and every dense layer
+    assert loaded.tokenizer is not None and loaded.generation_config == after.generation_config
+    with pytest.raises(InputError, match=r"quantize: from_gguf: expected None or one of int8, int4; received 'q8'"):
+        keras_tfm.from_gguf(path, quantize="q8")
+
+
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("quantization", ["Q4_K", "Q6_K"])
 def test_k_quantized_files_dequantize_as_transformers_does(tmp_path, byte_level, quantization):
