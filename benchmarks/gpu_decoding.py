@@ -5,10 +5,12 @@ installed beside a GPU build of its framework, against transformers' `generate` 
 default dynamic cache, and its static cache, which transformers compiles with `torch.compile`). Each
 row also gives the GPU memory the process peaked at.
 
-    python benchmarks/gpu_decoding.py [--backends jax torch] [--check]
+    python benchmarks/gpu_decoding.py [--backends jax torch] [--quantization] [--check]
 
+`--quantization`: what `model.quantize("int8")` does to decoding speed on the GPU: keras_tfm alone, the
+SmolLM2-135M shape, batch 1, float32 and bfloat16 weights, each also quantized to int8.
 `--check` runs a 2-layer model of the same layout on whatever device there is, to try the script.
-Writes benchmarks/results/gpu_decoding.json (with --check: gpu_decoding_check.json).
+Writes benchmarks/results/gpu_decoding.json or gpu_quantization.json (with --check: ..._check.json).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Timer, print_table, report, run_worker, write_results  # noqa: E402
+from decoder_lm import CONFIG as SMOLLM2  # noqa: E402
 from decoder_lm import hugging_face_llama, smollm_shaped  # noqa: E402
 
 CONFIG = dict(
@@ -41,6 +44,13 @@ CONTENDERS = [  # (row name, contender, backend); transformers' static cache com
     ("hugging_face (torch)", "hugging_face", "torch"),
     ("hugging_face static cache (torch)", "hugging_face_static", "torch"),
 ]
+# --quantization: keras_tfm:DTYPE:QUANTIZE of the SmolLM2-135M shape (decoder_lm.py's), batch 1
+QUANTIZATION = [
+    (f"keras_tfm {dtype}{' int8' if quantize else ''} ({backend})", f"keras_tfm:{dtype}:{quantize}", backend)
+    for backend in ("jax", "torch", "tensorflow")
+    for dtype in ("float32", "bfloat16")
+    for quantize in ("", "int8")
+]
 
 
 def prompts(batch: int, vocabulary_size: int):
@@ -60,12 +70,15 @@ def timed(generate, batch: int) -> dict:
     return {"value": max(rates), "windows": [round(rate, 1) for rate in rates]}
 
 
-def keras_tfm_rows(config: dict) -> tuple[list[dict], str, float]:
+def keras_tfm_rows(config: dict, dtype: str = "bfloat16", quantize: str = "", batches=BATCHES):
+    """(rows, device, peak GB) of keras_tfm's generate on this backend; `quantize`: `model.quantize`'s mode."""
     import keras
 
-    model = smollm_shaped(PROMPT + NEW_TOKENS, "bfloat16", config)
+    model = smollm_shaped(PROMPT + NEW_TOKENS, dtype, config)
+    if quantize:
+        model.quantize(quantize)
     rows = []
-    for batch in BATCHES:
+    for batch in batches:
         ids = prompts(batch, config["vocabulary_size"])
 
         def generate(ids=ids, batch=batch):
@@ -132,6 +145,9 @@ def worker(contender: str, check: bool) -> dict:
     config = CHECK if check else CONFIG
     if contender == "keras_tfm":
         rows, device, peak = keras_tfm_rows(config)
+    elif contender.startswith("keras_tfm:"):
+        _, dtype, quantize = contender.split(":")
+        rows, device, peak = keras_tfm_rows(CHECK if check else SMOLLM2, dtype, quantize, batches=(1,))
     else:
         rows, device, peak = hugging_face_rows(config, static=contender == "hugging_face_static")
     return {"rows": rows, "device": device, "peak_gpu_memory_gb": round(peak, 2)}
@@ -140,6 +156,11 @@ def worker(contender: str, check: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["jax", "torch", "tensorflow"], help="Keras backends to time")
+    parser.add_argument(
+        "--quantization",
+        action="store_true",
+        help="keras_tfm alone, SmolLM2-135M shape, batch 1: float32 and bfloat16, each also int8 (model.quantize)",
+    )
     parser.add_argument("--check", action="store_true", help="a 2-layer model, to try the script on any device")
     parser.add_argument("--timeout", type=int, default=300, help="seconds each contender's process may take")
     parser.add_argument("--logs", help="a folder to keep each contender's whole output in")
@@ -149,10 +170,10 @@ def main() -> None:
         report(worker(args.worker[0], args.worker[1] == "1"))
         return
     script, runs = os.path.abspath(__file__), {}
-    for name, contender, backend in CONTENDERS:
-        if contender == "keras_tfm" and backend not in args.backends:
+    for name, contender, backend in QUANTIZATION if args.quantization else CONTENDERS:
+        if contender.startswith("keras_tfm") and backend not in args.backends:
             continue
-        log = os.path.join(args.logs, f"{contender}_{backend}.log") if args.logs else None
+        log = os.path.join(args.logs, f"{contender.replace(':', '_')}_{backend}.log") if args.logs else None
         flags = [contender, "1" if args.check else "0"]
         try:
             runs[name] = run_worker(script, backend, flags, timeout=args.timeout, log=log)
@@ -160,21 +181,37 @@ def main() -> None:
             runs[name] = {"error": [f"took over {args.timeout} s"]}
         print(name, runs[name], flush=True)
     devices = {run["device"] for run in runs.values() if "device" in run}
+    machine = ", ".join(sorted(devices)) or "no device answered"
+    name = ("gpu_quantization" if args.quantization else "gpu_decoding") + ("_check" if args.check else "")
+    if args.quantization:
+        title = "Greedy decoding, SmolLM2-135M shape, float and int8 weights, batch 1, 128 + 128 tokens"
+        rows = [(row_name, {**run.get("rows", [run])[0], **_peak(run)}) for row_name, run in runs.items()]
+        print_table(title, "new tokens/s", rows, {f"float32 {b}": f"keras_tfm float32 ({b})" for b in args.backends})
+        results = [{"contender": n, "task": "batch_1", "unit": "new tokens/s", **_without_batch(r)} for n, r in rows]
+        write_results(name, results, {"batch_1": title}, {"batch_1": "keras_tfm float32"}, machine=machine)
+        return
     results, titles = [], {}
     for batch in BATCHES:
         task = f"batch_{batch}"
         titles[task] = f"Greedy decoding in bfloat16, Llama-3.2-1B shape, batch {batch}, 128 + 128 tokens"
         rows = []
-        for name, run in runs.items():
+        for row_name, run in runs.items():
             found = [row for row in run.get("rows", []) if row["batch"] == batch]
-            rows.append((name, {**found[0], "peak_gpu_memory_gb": run["peak_gpu_memory_gb"]} if found else run))
+            rows.append((row_name, {**found[0], **_peak(run)} if found else run))
         print_table(titles[task], "new tokens/s", rows, {"transformers": "hugging_face (torch)"})
         results += [
-            {"contender": name, "task": task, "unit": "new tokens/s", **{k: v for k, v in row.items() if k != "batch"}}
-            for name, row in rows
+            {"contender": row_name, "task": task, "unit": "new tokens/s", **_without_batch(row)}
+            for row_name, row in rows
         ]
-    machine = ", ".join(sorted(devices)) or "no device answered"
-    write_results("gpu_decoding_check" if args.check else "gpu_decoding", results, titles, machine=machine)
+    write_results(name, results, titles, machine=machine)
+
+
+def _peak(run: dict) -> dict:
+    return {"peak_gpu_memory_gb": run["peak_gpu_memory_gb"]} if "peak_gpu_memory_gb" in run else {}
+
+
+def _without_batch(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key != "batch"}
 
 
 if __name__ == "__main__":
