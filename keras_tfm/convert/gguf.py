@@ -53,8 +53,9 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False, quantize: s
         allow_nan: load weights that hold NaN or infinite values; by default refused, naming the weight.
         quantize: "int8" or "int4": the model comes quantized again in Keras' form, as
             `model.quantize(quantize)` after a float load would make it, without ever holding the float
-            model: each layer is built quantized and set from its tensor dequantized alone, so a Q8_0
-            file loads in about its own size (`dtype` is then the float dtype of the rest). None: float.
+            model: each layer is built quantized and set from its tensor dequantized alone, so memory
+            holds the quantized model and about one float tensor more (`dtype` is then the float dtype
+            of the rest). None: float.
 
     The tokenizer (`model.tokenizer`) is rebuilt from the file's vocabulary with Hugging Face
     `tokenizers` (byte-level BPE for Llama 3, Qwen and SmolLM2; SentencePiece BPE for Llama 2 and
@@ -82,12 +83,7 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False, quantize: s
         )
     if not isinstance(allow_nan, bool):
         raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_gguf")
-    if quantize is not None and quantize not in quantized_loading.MODES:
-        raise InputError(
-            f"expected None or one of {', '.join(quantized_loading.MODES)}; received {quantize!r}.",
-            "quantize",
-            caller="from_gguf",
-        )
+    quantized_loading.check_mode(quantize, "from_gguf")
     reader, metadata = read_gguf(path)
     config = gguf_config(metadata, {tensor.name for tensor in reader.tensors})
     factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)

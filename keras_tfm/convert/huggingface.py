@@ -144,6 +144,12 @@ def from_huggingface(
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int4": 0.5}  # per value: what a load needs
+# what to load instead when a dtype does not fit
+SMALLER = {
+    "float32": " (or dtype='bfloat16', half of it, or quantize='int8', a quarter)",
+    "bfloat16": " (or quantize='int8', half of it)",
+    "float16": " (or quantize='int8', half of it)",
+}
 
 
 def _check_arguments(num_classes, allow_nan, dtype, quantize, adapter) -> None:
@@ -160,12 +166,7 @@ def _check_arguments(num_classes, allow_nan, dtype, quantize, adapter) -> None:
         raise InputError(
             f"expected one of {', '.join(DTYPES)}; received {dtype!r}.", "dtype", caller="from_huggingface"
         )
-    if quantize is not None and quantize not in quantized_loading.MODES:
-        raise InputError(
-            f"expected None or one of {', '.join(quantized_loading.MODES)}; received {quantize!r}.",
-            "quantize",
-            caller="from_huggingface",
-        )
+    quantized_loading.check_mode(quantize, "from_huggingface")
     if quantize is not None and (num_classes is not None or adapter is not None):
         raise InputError(
             f"quantize={quantize!r} with {'num_classes' if num_classes is not None else 'adapter'}: a new "
@@ -186,12 +187,9 @@ def check_room(weights, dtype: str, caller: str = "from_huggingface") -> None:
         return
     needed = int(files.values_count() * BYTES[dtype])
     if needed > available:
-        smaller = {"float32": " (or dtype='bfloat16', half of it, or quantize='int8', a quarter)"}.get(
-            dtype, " (or quantize='int8', half of it)" if dtype in ("bfloat16", "float16") else ""
-        )
         raise CheckpointError(
             f"the checkpoint's weights need {needed / 2**30:.1f} GiB as {dtype}, and this machine has "
-            f"{available / 2**30:.1f} GiB of memory available: free some{smaller}.",
+            f"{available / 2**30:.1f} GiB of memory available: free some{SMALLER.get(dtype, '')}.",
             "quantize" if dtype in quantized_loading.MODES else "dtype",
             caller=caller,
         )

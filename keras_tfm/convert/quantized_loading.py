@@ -19,11 +19,20 @@ import keras
 import numpy as np
 
 from keras_tfm.convert import variables
+from keras_tfm.errors import InputError
 
 MODES = ("int8", "int4")
 BLOCK_BYTES = 32 << 20  # float32 bytes of the part of a layer quantized at once: bounds Keras' temporaries
 _COLLECT: list = []  # `collect()` of the open `quantized_build` block
 _POLICIES: dict[tuple, str] = {}  # (layer kind, mode, float dtype) -> the policy Keras' quantize gives
+
+
+def check_mode(quantize, caller: str) -> None:
+    """Refuses a `quantize` argument that is neither None nor one of MODES, naming it."""
+    if quantize is not None and quantize not in MODES:
+        raise InputError(
+            f"expected None or one of {', '.join(MODES)}; received {quantize!r}.", "quantize", caller=caller
+        )
 
 
 def quantizable(layer) -> bool:
