@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.initializers import own_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -53,7 +54,7 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
             input_dim=vocabulary_size,
             output_dim=hidden_dim,
             mask_zero=mask_zero,
-            embeddings_initializer=embeddings_initializer,
+            embeddings_initializer=own_initializer(embeddings_initializer),
             **kwargs,
         )
         self.vocabulary_size = vocabulary_size
@@ -134,8 +135,8 @@ class PatchEmbedding(keras.layers.Layer):
             kernel_size=patch_size,
             strides=patch_size,
             padding="valid",
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=own_initializer(self.kernel_initializer),
+            bias_initializer=own_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name="projection",
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 
 
@@ -24,8 +25,8 @@ def projection(owner: keras.layers.Layer, units: int, name: str, use_bias: bool 
     return keras.layers.Dense(
         units,
         use_bias=owner.use_bias if use_bias is None else use_bias,
-        kernel_initializer=owner.kernel_initializer,
-        bias_initializer=owner.bias_initializer,
+        kernel_initializer=own_initializer(owner.kernel_initializer),
+        bias_initializer=own_initializer(owner.bias_initializer),
         dtype=owner.dtype_policy,
         name=name,
     )

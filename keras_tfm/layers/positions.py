@@ -14,6 +14,7 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.initializers import own_initializer
 
 
 def _sinusoids(positions, dim: int, max_wavelength: float, interleave: bool):
@@ -56,7 +57,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.max_length, inputs_shape[-1]),
-            initializer=self.initializer,
+            initializer=own_initializer(self.initializer),
         )
         self.built = True
 

@@ -15,6 +15,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models.base import ZooModel
 
 _ENCODER_ARGUMENTS = (
@@ -201,7 +202,7 @@ class BertMLM(_BertWithHead):
         self.transform = keras.layers.Dense(
             self.encoder.hidden_dim,
             activation=head_activation or self.encoder.activation,
-            kernel_initializer=init,
+            kernel_initializer=own_initializer(init),
             dtype=policy,
             name="transform",
         )
@@ -268,10 +269,16 @@ class BertClassifier(_BertWithHead):
         policy = self.dtype_policy
         init = keras.initializers.TruncatedNormal(stddev=0.02)
         self.pooler = keras.layers.Dense(
-            self.encoder.hidden_dim, activation="tanh", kernel_initializer=init, dtype=policy, name="pooler"
+            self.encoder.hidden_dim,
+            activation="tanh",
+            kernel_initializer=own_initializer(init),
+            dtype=policy,
+            name="pooler",
         )
         self.pooled_dropout = keras.layers.Dropout(self.classifier_dropout, dtype=policy, name="pooled_dropout")
-        self.classifier = keras.layers.Dense(num_classes, kernel_initializer=init, dtype=policy, name="classifier")
+        self.classifier = keras.layers.Dense(
+            num_classes, kernel_initializer=own_initializer(init), dtype=policy, name="classifier"
+        )
         self._compile_defaults()
 
     def _label_range(self) -> tuple[int, str]:

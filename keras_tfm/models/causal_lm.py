@@ -15,6 +15,7 @@ from keras_tfm.generation import orchestration, prompts, sliding
 from keras_tfm.generation.request import Request, Strategy, check_return_scores
 from keras_tfm.generation.sampling import Sampler, check_decoding, check_return_sequences, logits_controls
 from keras_tfm.layers.arguments import is_integer
+from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models.base import ZooModel
 
 
@@ -52,7 +53,7 @@ class CausalLM(ZooModel):
         return keras.layers.Dense(
             self.vocabulary_size,
             use_bias=False,
-            kernel_initializer=initializer,
+            kernel_initializer=own_initializer(initializer),
             dtype=self.dtype_policy,
             name="lm_head",
         )

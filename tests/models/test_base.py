@@ -134,6 +134,18 @@ def test_export_with_no_arguments_serves_any_batch_and_length_before_or_after_a_
         assert_close(np.asarray(served.serve(inputs)), to_numpy(model(inputs)), atol=1e-5)
 
 
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name", MODELS)
+def test_a_new_models_random_weights_are_each_drawn_on_their_own(name):
+    """Keras fixes an unseeded initializer's seed when the initializer is made: one instance handed to
+    every layer gave each query, key and value kernel the same values, and every layer the first's."""
+    model = MODELS[name][0]()
+    model.build()
+    drawn = [to_numpy(w) for w in model.weights if to_numpy(w).std() > 0]  # not the ones and zeros
+    assert len(drawn) > 8
+    assert len({w.tobytes() for w in drawn}) == len(drawn)
+
+
 @pytest.mark.parametrize(
     "size, model",
     [
