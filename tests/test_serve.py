@@ -97,23 +97,30 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
 
 @pytest.mark.backend_independent
 def test_concurrent_requests_decode_together_and_none_is_lost(model):
-    """32 clients at once, prompts of different lengths: every answer is the one the prompt gets alone,
-    and the engine decoded several of them as one batch."""
-    prompts = ["to be" + " or not" * (i % 5) + "abcdefgh"[i % 8] for i in range(32)]
-    expected = {p: model.generate(p, max_new_tokens=6)[len(p) :] for p in set(prompts)}
+    """32 clients at once, prompts of different lengths and `max_tokens`: every answer is the one the
+    prompt gets alone, the engine decoded several of them as one batch, and its loops ran at a few
+    padded shapes (a compile each), not one per batch."""
+    asks = [("to be" + " or not" * (i % 5) + "abcdefgh"[i % 8], 3 + i % 4) for i in range(32)]
+    expected = {(p, m): model.generate(p, max_new_tokens=m)[len(p) :] for p, m in set(asks)}
     with Server(model, max_batch_size=8) as server:
 
-        def ask(prompt):
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0}
+        def ask(prompt_and_limit):
+            prompt, limit = prompt_and_limit
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": limit, "temperature": 0}
             answer = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
             assert answer.status_code == 200, answer.text
-            return prompt, answer.json()["choices"][0]["text"]
+            return prompt_and_limit, answer.json()["choices"][0]["text"]
 
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            answers = list(pool.map(ask, prompts))
-        batches = server.app.state.engine.batch_sizes
-    assert len(answers) == 32 and all(text == expected[prompt] for prompt, text in answers)
-    assert sum(size * count for size, count in batches.items()) == 32 and max(batches) > 1, batches
+            answers = list(pool.map(ask, asks))
+        engine = server.app.state.engine
+    assert len(answers) == 32 and all(text == expected[asked] for asked, text in answers)
+    assert sum(size * count for size, count in engine.batch_sizes.items()) == 32 and max(engine.batch_sizes) > 1
+    # rows padded to powers of two; width and room to 32, or what the 64-token context leaves
+    longest = max(len(model.tokenizer.encode_prompt(prompt)) for prompt, _ in asks)
+    assert longest > 32
+    assert {rows for rows, _, _ in engine.shapes} <= {1, 2, 4, 8}, engine.shapes
+    assert {(width, room) for _, width, room in engine.shapes} <= {(32, 32), (longest, 64 - longest)}, engine.shapes
 
 
 @pytest.mark.backend_independent

@@ -1,6 +1,11 @@
 """The decoding engine behind the server: one thread owns the model and decodes the waiting jobs, those
 that arrived together with the same sampling settings as the rows of one batch (prompts of any lengths,
-each cut at its own `max_tokens` and stop strings); streams and seeded jobs decode alone."""
+each cut at its own `max_tokens` and stop strings); streams and seeded jobs decode alone.
+
+Every decoding loop is compiled for its shapes, so a batch is padded to a few sizes (`bucket`): rows to
+a power of two, the prompts' width and the room for new tokens to a multiple of 32. A server then
+compiles a handful of loops in its first minutes instead of one for nearly every batch, and each row
+still stops at its own `max_tokens`."""
 
 from __future__ import annotations
 
@@ -11,8 +16,13 @@ import threading
 
 import numpy as np
 
+from keras_tfm.generation import orchestration
 from keras_tfm.generation.orchestration import generated_end
+from keras_tfm.generation.request import Request, Strategy
+from keras_tfm.generation.sampling import LogitsControls, Sampler
 from keras_tfm.serve.requests import Job, RequestError
+
+WIDTH_STEP = 32  # prompt widths and rooms for new tokens are padded to multiples of this
 
 
 @dataclasses.dataclass
@@ -52,6 +62,7 @@ class Engine:
         self._closed = False
         self.batch_sizes: collections.Counter = collections.Counter()  # rows per batch decoded
         self.streams_left = 0  # streams whose client left before the end
+        self.shapes: collections.Counter = collections.Counter()  # (rows, prompt width, room) decoded
         self._thread = threading.Thread(target=self._run, name="keras_tfm-engine", daemon=True)
         self._thread.start()
 
@@ -111,20 +122,40 @@ class Engine:
     def _decode(self, batch: list[Ticket]) -> None:
         job = batch[0].job
         self.batch_sizes[len(batch)] += 1
-        sampled = job.temperature > 0
-        output = self.model.generate(
-            [ticket.job.prompt for ticket in batch],
-            max(ticket.job.max_tokens for ticket in batch),
-            temperature=job.temperature,
-            top_p=job.top_p,
-            seed=job.seed,
-            repetition_penalty=job.repetition_penalty,
-            num_return_sequences=job.n if sampled else 1,
-        )
+        copies = job.n if job.temperature > 0 else 1
+        output, _ = orchestration.run(self.model, self._request([t.job for t in batch], copies))
         rows = iter(np.asarray(output))
         for ticket in batch:
-            choices = [self._choice(next(rows), ticket.job) for _ in range(ticket.job.n if sampled else 1)]
-            ticket.send("done", choices * (1 if sampled else ticket.job.n))
+            choices = [self._choice(next(rows), ticket.job) for _ in range(copies)]
+            ticket.send("done", choices * (1 if copies > 1 else ticket.job.n))
+
+    def _request(self, jobs: list[Job], copies: int = 1) -> Request:
+        """The jobs' prompts as one `Request` of bucketed shapes (`bucket`), `copies` rows each; rows added
+        to fill the bucket repeat the first prompt for one token, and are dropped after."""
+        rows = bucket(len(jobs), self.max_batch_size // copies, power_of_two=True)
+        prompts = [job.prompt for job in jobs] + [jobs[0].prompt] * (rows - len(jobs))
+        limits = [job.max_tokens for job in jobs] + [1] * (rows - len(jobs))
+        width, room = max(map(len, prompts)), max(limits)
+        room = bucket(room, self.model.max_length - width)  # the checked width + max_tokens fit the context
+        width = bucket(width, self.model.max_length - room)
+        ids = np.zeros((rows, width), "int32")
+        for row, prompt in zip(ids, prompts):
+            row[: len(prompt)] = prompt
+        self.shapes[(rows * copies, width, room)] += 1
+        job = jobs[0]
+        sampler = Sampler(temperature=job.temperature, top_p=job.top_p if job.temperature > 0 else 1.0)
+        return Request.of_prompts(
+            ids,
+            np.arange(width)[None] < np.array([len(p) for p in prompts])[:, None],
+            self.model.vocabulary_size,
+            Strategy(sampler, num_return_sequences=copies),
+            max_new_tokens=room,
+            stop_token_ids=np.asarray(self.stop_ids, "int32"),
+            pad_token_id=self.model._pad_id(None),
+            controls=LogitsControls(repetition_penalty=job.repetition_penalty),
+            seed=job.seed,
+            row_max_new_tokens=np.repeat(np.array(limits, "int32"), copies),
+        )
 
     def _choice(self, row: np.ndarray, job: Job) -> Choice:
         start = len(job.prompt)
@@ -135,15 +166,7 @@ class Engine:
 
     def _stream(self, ticket: Ticket) -> None:
         job, model = ticket.job, self.model
-        pieces = model.stream(
-            job.prompt,
-            job.max_tokens,
-            chunk_size=self.stream_chunk,
-            temperature=job.temperature,
-            top_p=job.top_p,
-            seed=job.seed,
-            repetition_penalty=job.repetition_penalty,
-        )
+        pieces = orchestration.stream_pieces(model, self._request([job]), self.stream_chunk, False, model._decode_text)
         tokens, sent, text, finish = [], "", "", "length"
         try:
             for piece in pieces:
@@ -173,3 +196,10 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     """`text` up to the first of the stop strings (which is left out), and whether one was found."""
     cuts = [index for index in (text.find(stop) for stop in stops) if index >= 0]
     return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+def bucket(size: int, limit: int, power_of_two: bool = False) -> int:
+    """`size` rounded up to a power of two, or to a multiple of `WIDTH_STEP`, but not past `limit`
+    (and never below `size`)."""
+    rounded = 1 << (size - 1).bit_length() if power_of_two else -(-size // WIDTH_STEP) * WIDTH_STEP
+    return max(size, min(rounded, limit))
