@@ -12,6 +12,23 @@ from keras import ops, tree
 from keras_tfm.layers.attention import cache_writer
 
 
+class CompiledFunctions:
+    """A model's compiled decoding functions by setting. Not a dict: Keras and TensorFlow track a dict
+    attribute of a model, and a SavedModel of a model that has generated would then try to save them."""
+
+    def __init__(self):
+        self._functions: dict = {}
+
+    def __contains__(self, key) -> bool:
+        return key in self._functions
+
+    def __getitem__(self, key):
+        return self._functions[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._functions[key] = value
+
+
 def decoding_functions(step: Callable, model: keras.Model, traceable: bool = True) -> tuple[Callable, Callable]:
     """`(step, while_loop)` for a decoding loop over `model`'s one-token `step`.
 

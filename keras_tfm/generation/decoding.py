@@ -90,7 +90,7 @@ def decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, seed_state,
     columns that hold prompt tokens (a Python int: the prefill's shape)."""
     state = prefill(decoder, batch, prompt_width, cache, seed_state)
     state = decode_until(
-        decoder, state, batch, ops.convert_to_tensor(batch.buffer.shape[1], "int32"), sampler, with_scores
+        decoder, state, batch, ops.convert_to_tensor(ops.shape(batch.buffer)[1], "int32"), sampler, with_scores
     )
     return (state.buffer, state.seed_state, state.scores) if with_scores else (state.buffer, state.seed_state)
 
@@ -101,7 +101,7 @@ def prefill(decoder: Decoder, batch: Batch, prompt_width: int, cache, seed_state
     # eager PyTorch would compute the prompt positions' unused logits: the step skips them
     _, cache = decoder.step(batch.buffer[:, :prompt_width], cache, 0, *batch.context, output_logits=False)
     start = ops.min(batch.lengths)
-    rows, total = batch.buffer.shape
+    rows, total = ops.shape(batch.buffer)
     done = ops.zeros((rows,), "bool")
     seen = decoder.controls.initial_seen(batch.buffer, start, decoder.vocabulary_size)
     return LoopState(start, batch.buffer, cache, done, seed_state, seen, ops.zeros((rows, total), "float32"))
@@ -113,7 +113,7 @@ def decode_until(
     """Writes positions from `state.t` on, until position `until`, the end of the buffer, or every row
     is done; returns the new state. With `with_scores`, `state.scores` receives each new token's
     log-probability."""
-    rows, total = state.buffer.shape
+    rows, total = ops.shape(state.buffer)
     end = batch.lengths + batch.max_new_tokens  # (rows,) first position a row no longer writes
     constants = (batch.prompt_mask, end, batch.stop_token_ids, batch.pad_token_id, until, batch.context)
 
@@ -133,7 +133,7 @@ def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler
     """One position `t` of every row: its prompt token while it reads its prompt, else a new one."""
     prompt_mask, end, stop_token_ids, pad_token_id, _, context = constants
     t, buffer, cache, done, seed_state, seen, scores = state
-    rows = buffer.shape[0]
+    rows = ops.shape(buffer)[0]
     vessel = _seed_vessel()
     previous = ops.slice(buffer, (0, t - 1), (rows, 1))
     logits, cache = decoder.step(previous, cache, t - 1, *context)

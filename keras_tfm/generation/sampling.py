@@ -57,8 +57,7 @@ class Sampler:
             return logits
         logits = logits / self.temperature
         if self.top_k and self.top_k < logits.shape[-1]:  # a larger top_k keeps every token
-            kth_largest = ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
-            logits = ops.where(logits < kth_largest, LARGE_NEGATIVE, logits)
+            logits = ops.where(logits < self.kth_largest(logits), LARGE_NEGATIVE, logits)
         if self.top_p < 1.0:
             descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
             probabilities = ops.softmax(descending, axis=-1)
@@ -68,6 +67,10 @@ class Sampler:
             threshold = ops.min(kept, axis=-1, keepdims=True)
             logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
         return logits
+
+    def kth_largest(self, logits):
+        """`(rows, 1)`: each row's `top_k`-th largest logit."""
+        return ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,8 @@ class LogitsControls:
     def initial_seen(self, buffer, start, vocabulary_size: int):
         """`(rows, vocabulary)`: which tokens `buffer[:, :start]` holds (a placeholder without a penalty)."""
         if not self.penalizes:
-            return ops.zeros((buffer.shape[0], 1), "bool")
-        positions = ops.arange(buffer.shape[1])[None, :] < start
+            return ops.zeros((ops.shape(buffer)[0], 1), "bool")
+        positions = ops.arange(ops.shape(buffer)[1])[None, :] < start
         hits = ops.logical_and(ops.one_hot(buffer, vocabulary_size, dtype="int32") > 0, positions[..., None])
         return ops.any(hits, axis=1)
 

@@ -315,7 +315,8 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     f"{_shown((batch, key_length))}; received shape {tuple(value_mask.shape)}.",
                     caller="MultiHeadAttention",
                 )
-            masks.append(ops.cast(value_mask, "bool")[:, None, None, :])
+            # expand_dims, not `[:, None, None, :]`: LiteRT has no strided slice that adds axes
+            masks.append(ops.expand_dims(ops.cast(value_mask, "bool"), (1, 2)))
         if attention_mask is not None:
             rank = len(attention_mask.shape)
             expected = (batch, query_length, key_length) if rank == 3 else (batch, None, query_length, key_length)
@@ -331,7 +332,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     caller="MultiHeadAttention",
                 )
             attention_mask = ops.cast(attention_mask, "bool")
-            masks.append(attention_mask[:, None] if rank == 3 else attention_mask)
+            masks.append(ops.expand_dims(attention_mask, 1) if rank == 3 else attention_mask)
         if use_causal_mask or has_cache:
             offset = 0 if cache_update_index is None else cache_update_index
             query_positions = ops.arange(query_length) + offset
@@ -344,7 +345,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     )
             else:  # a cache is only filled up to the current step
                 visible = ops.broadcast_to(key_positions[None, :] < offset + query_length, (query_length, key_length))
-            masks.append(visible[None, None])
+            masks.append(ops.expand_dims(visible, (0, 1)))
         if not masks:
             return None
         mask = masks[0]
@@ -395,8 +396,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         window_hides_keys = self.sliding_window is not None and not (
             isinstance(key_length, int) and key_length <= self.sliding_window
         )
+        # TensorFlow has no fused kernel: its `is_causal` builds this same mask, with a slice LiteRT lacks
         self_attention_only_causal = (
             use_causal_mask
+            and keras.backend.backend() != "tensorflow"
             and cache is None
             and value_mask is None
             and attention_mask is None

@@ -13,7 +13,7 @@ from keras_tfm.compat import BuildBeforeQuantizeCheck, sublayers
 from keras_tfm.errors import InputError
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
-from keras_tfm.models import lora
+from keras_tfm.models import exporting, lora
 from keras_tfm.models.inputs import check_data, check_ids, check_not_empty, check_weights_file
 
 
@@ -314,22 +314,13 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         return super().load_weights(filepath, *args, **kwargs)
 
     def export(self, filepath, format: str = "tf_saved_model", verbose=None, input_signature=None, **kwargs):
-        """Keras' `export` (a SavedModel by default; `format="litert"` or `"onnx"` where Keras and its
-        packages support them), serving `input_signature`, by default the model's own inputs of any batch
-        size and length (`_export_signature`): int32 ids, or a ViT's float images. PyTorch cannot write
-        a SavedModel in Keras 3.15: refused by name, before anything is traced."""
-        self._build_on_demand()
-        if keras.backend.backend() == "torch" and format == "tf_saved_model":
-            raise InputError(
-                "Keras cannot export a SavedModel from the PyTorch backend (torch.export rejects its dynamic "
-                "shapes); save the model (`model.save('model.keras')`), load it with KERAS_BACKEND=jax or "
-                "tensorflow and export there.",
-                "format",
-                caller=f"{type(self).__name__}.export",
-            )
-        if input_signature is None:
-            input_signature = self._export_signature()
-        return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs)
+        """Keras' `export`: a TensorFlow SavedModel (default), `format="litert"` (a `.tflite` file) or
+        `format="onnx"`, serving `input_signature`, by default the model's own inputs of any batch
+        size and length (`_export_signature`): int32 ids, or a ViT's float images. A backend that cannot
+        write a format is refused by name before anything is traced (`models.exporting.CANNOT`);
+        LiteRT and ONNX are written from TensorFlow, SavedModels from TensorFlow or JAX (the Deploy
+        guide shows each artifact run in its runtime)."""
+        exporting.export(self, filepath, format, verbose, input_signature, **kwargs)
 
     @property
     def _default_save_signature(self):
@@ -340,8 +331,7 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
     def _export_signature(self) -> list:
         """What `export` serves when given no signature: int32 token ids of any batch and length (both
         of a translator's id inputs). Keras would infer float32 inputs, which the id checks refuse."""
-        ids = keras.InputSpec(shape=(None, None), dtype="int32")
         names = list(self._id_inputs())
         if names[:2] == ["source_ids", "target_ids"]:
-            return [{"source_ids": ids, "target_ids": ids}]
-        return [ids]
+            return [{name: keras.InputSpec(shape=(None, None), dtype="int32", name=name) for name in names[:2]}]
+        return [keras.InputSpec(shape=(None, None), dtype="int32", name=names[0] if names else "token_ids")]

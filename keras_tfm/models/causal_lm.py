@@ -11,11 +11,12 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation import orchestration, prompts, sliding
+from keras_tfm.generation import compiled, exported, orchestration, prompts, sliding
 from keras_tfm.generation.request import Request, Strategy, check_return_scores
 from keras_tfm.generation.sampling import Sampler, check_decoding, check_return_sequences, logits_controls
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.initializers import own_initializer
+from keras_tfm.models import exporting
 from keras_tfm.models.base import ZooModel
 
 
@@ -25,7 +26,7 @@ class CausalLM(ZooModel):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._generate_functions: dict = {}
+        self._generate_functions = compiled.CompiledFunctions()
 
     def default_loss(self) -> keras.losses.Loss:
         from keras_tfm.losses import TokenCrossEntropy
@@ -285,6 +286,64 @@ class CausalLM(ZooModel):
             if not isinstance(pad_token_id, int) or not 0 <= pad_token_id < self.vocabulary_size:
                 pad_token_id = 0
         return pad_token_id
+
+    def export(
+        self,
+        filepath,
+        format: str = "tf_saved_model",
+        verbose=None,
+        input_signature=None,
+        max_new_tokens: int | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop_token_ids=None,
+        **kwargs,
+    ) -> None:
+        """`ZooModel.export`; a SavedModel also holds the decoding loop as its `generate` endpoint, which
+        TensorFlow's loader or TensorFlow Serving runs without Keras:
+        `generate(token_ids, lengths, max_new_tokens, seed)` takes int32 prompts `(batch, width)`
+        (right-padded), each prompt's length `(batch,)`, how many tokens to add (a scalar, at most the
+        exported `max_new_tokens`) and a seed (a scalar; greedy decoding ignores it), and returns
+        `{"token_ids": (batch, width + max_new_tokens), "lengths": (batch,)}`: each prompt, its new
+        tokens (up to and with a stop token), then the pad id; and where each row ends. Greedy rows equal
+        `generate`'s.
+
+        Args:
+            max_new_tokens: the most tokens the endpoint adds (its output's room); a prompt's length
+                plus this must fit the model's `max_length`. None (default): 128, or `max_length - 1`
+                where that is less.
+            temperature, top_k, top_p: the endpoint's sampling, as `generate`'s (0: greedy).
+            stop_token_ids: as `generate`'s (default: the checkpoint's end ids).
+        """
+        owner = f"{type(self).__name__}.export"
+        exporting.check_format(format, owner)
+        endpoints = ()
+        if format == "tf_saved_model":
+            max_new_tokens = min(128, self.max_length - 1) if max_new_tokens is None else max_new_tokens
+            check_decoding(owner, max_new_tokens=max_new_tokens)
+            self._check_fits(owner, 1 + max_new_tokens, max_new_tokens)
+            sampler = exported.SortingSampler(temperature=temperature, top_k=top_k, top_p=top_p)
+            stops, pad = self._stop_ids(stop_token_ids).tolist(), self._pad_id(None)
+
+            room = max_new_tokens
+
+            def generate(token_ids, lengths, max_new_tokens, seed):  # the names are the signature's
+                return exported.decode_tensors(
+                    self, token_ids, lengths, max_new_tokens, seed, room, sampler, stops, pad
+                )
+
+            signature = [
+                keras.InputSpec(shape=shape, dtype="int32", name=name)
+                for name, shape in (
+                    ("token_ids", (None, None)),
+                    ("lengths", (None,)),
+                    ("max_new_tokens", ()),
+                    ("seed", ()),
+                )
+            ]
+            endpoints = (exporting.Endpoint("generate", generate, signature),)
+        exporting.export(self, filepath, format, verbose, input_signature, endpoints, **kwargs)
 
     def chat(self, messages: list[dict], max_new_tokens: int = 256, **generate_arguments) -> str:
         """The model's reply to a conversation: the messages rendered with the checkpoint's chat template

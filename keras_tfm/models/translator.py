@@ -19,9 +19,9 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation import orchestration, prompts
+from keras_tfm.generation import compiled, exported, orchestration, prompts
 from keras_tfm.generation.request import Request, Strategy
-from keras_tfm.generation.sampling import check_decoding, logits_controls
+from keras_tfm.generation.sampling import Sampler, check_decoding, logits_controls
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -30,6 +30,7 @@ from keras_tfm.layers import (
     TokenEmbedding,
 )
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.models import exporting
 from keras_tfm.models.base import ZooModel
 
 
@@ -136,7 +137,7 @@ class Translator(ZooModel):
         self.end_token_id = end_token_id
 
         self._make_layers(remat)
-        self._generate_functions: dict = {}
+        self._generate_functions = compiled.CompiledFunctions()
         self._compile_defaults()
 
     def build(self, inputs_shape=None):
@@ -369,6 +370,52 @@ class Translator(ZooModel):
             end = row.index(self.end_token_id) if self.end_token_id in row else len(row)
             translations.append(self.tokenizer.decode_target(row[:end]))
         return translations[0] if isinstance(texts, str) else translations
+
+    def export(
+        self,
+        filepath,
+        format: str = "tf_saved_model",
+        verbose=None,
+        input_signature=None,
+        max_length: int | None = None,
+        **kwargs,
+    ) -> None:
+        """`ZooModel.export`; a SavedModel also holds greedy translation as its `translate` endpoint,
+        which TensorFlow's loader or TensorFlow Serving runs without Keras: `translate(source_ids)` takes
+        int32 sources `(batch, length)` padded with `pad_token_id` and returns `{"token_ids": (batch,
+        max_length), "lengths": (batch,)}`, as `translate` returns them (the end token included), and
+        each translation's length.
+
+        Args:
+            max_length: most target tokens per sentence, the end token included (as `translate`'s).
+                None (default): 64, or the model's `max_length - 1` where that is less.
+        """
+        owner = "Translator.export"
+        exporting.check_format(format, owner)
+        endpoints = ()
+        if format == "tf_saved_model":
+            max_length = min(64, self.max_length - 1) if max_length is None else max_length
+            check_decoding(owner, max_length=max_length)
+            if max_length + 1 > self.max_length:
+                raise InputError(
+                    f"max_length + 1 = {max_length + 1} exceeds the model's max_length={self.max_length}.",
+                    "max_length",
+                    caller=owner,
+                )
+
+            def translate(source_ids):
+                rows = ops.shape(source_ids)[0]
+                starts = ops.full((rows, 1), self.start_token_id, "int32")
+                stops, pad = [self.end_token_id], self.pad_token_id
+                inputs = (ops.cast(source_ids, "int32"),)
+                out = exported.decode_tensors(
+                    self, starts, ops.ones((rows,), "int32"), max_length, 0, max_length, Sampler(), stops, pad, inputs
+                )
+                return {"token_ids": out["token_ids"][:, 1:], "lengths": out["lengths"] - 1}
+
+            signature = [keras.InputSpec(shape=(None, None), dtype="int32", name="source_ids")]
+            endpoints = (exporting.Endpoint("translate", translate, signature),)
+        exporting.export(self, filepath, format, verbose, input_signature, endpoints, **kwargs)
 
     def _encode_sources(self, owner: str, texts) -> list[list[int]]:
         if self.tokenizer is None:

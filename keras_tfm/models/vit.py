@@ -136,7 +136,7 @@ class ViT(ZooModel):
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True) if self.include_top else None
 
     def _export_signature(self) -> list:
-        return [keras.InputSpec(shape=(None, self.image_size, self.image_size, 3), dtype="float32")]
+        return [keras.InputSpec(shape=(None, self.image_size, self.image_size, 3), dtype="float32", name="images")]
 
     def _label_range(self) -> tuple[int, str] | None:
         return (self.num_classes, "num_classes") if self.include_top else None

@@ -98,42 +98,6 @@ def test_keras_methods_that_read_weights_build_a_new_model_first(tmp_path, rng, 
     assert len(make().get_weights()) == len(trained.weights)
 
 
-EXPORTS = {  # inputs of two batch sizes and (but ViT) two lengths; BertMLM's encoder is the classifier's
-    "gpt": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
-    "decoder_lm": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
-    "bert_classifier": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
-    "translator": lambda rng: [
-        {"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
-        {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))},
-    ],
-    "vit": lambda rng: [rng.random((2, 16, 16, 3)), rng.random((3, 16, 16, 3))],
-}
-
-
-@pytest.mark.parametrize("name", EXPORTS)
-def test_export_with_no_arguments_serves_any_batch_and_length_before_or_after_a_call(tmp_path, rng, name):
-    """`model.export(path)` as Keras documents it: the model's own inputs (int32 ids, a ViT's images) of
-    any batch and length, whether the model has been called or not; TensorFlow's loader runs it.
-    PyTorch, which Keras 3.15 cannot export to a SavedModel, is refused by name."""
-    model = MODELS[name][0]()
-    if keras.backend.backend() == "torch":
-        with pytest.raises(InputError, match=r"format: .*\.export: Keras cannot export a SavedModel from the PyTorch"):
-            model.export(str(tmp_path / "served"))
-        assert not (tmp_path / "served").exists()
-        return
-    tf = pytest.importorskip("tensorflow")
-    batches = [
-        keras.tree.map_structure(lambda x: x.astype("float32" if x.dtype.kind == "f" else "int32"), inputs)
-        for inputs in EXPORTS[name](rng)
-    ]
-    if name in ("gpt", "bert_classifier", "translator"):  # after a first call: Keras' traced shapes change nothing
-        model(batches[0])
-    model.export(str(tmp_path / "served"), verbose=False)
-    served = tf.saved_model.load(str(tmp_path / "served"))
-    for inputs in batches:
-        assert_close(np.asarray(served.serve(inputs)), to_numpy(model(inputs)), atol=1e-5)
-
-
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("name", MODELS)
 def test_a_new_models_random_weights_are_each_drawn_on_their_own(name):

@@ -1,0 +1,126 @@
+"""`model.export` for every zoo model: Keras' formats (a TensorFlow SavedModel, LiteRT, ONNX) with the
+model's own input signature, refused by name before anything is traced where a backend cannot write a
+format; a SavedModel of a model that decodes also holds its decoding loop (a `generate` or `translate`
+endpoint, `generation.exported`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import NamedTuple
+
+import keras
+
+from keras_tfm.errors import InputError
+
+# Each format and what the backends that cannot write it lack (checked with every family at dynamic
+# batch and length, each artifact run in its own runtime).
+CANNOT = {
+    "tf_saved_model": {"torch": "torch.export rejects the models' dynamic shapes"},
+    "onnx": {
+        "jax": "Keras' jax2onnx route cannot trace the models at a length that is not fixed",
+        "torch": "torch.onnx cannot export Keras' layer normalization at a dynamic batch and length",
+    },
+    "litert": {
+        "jax": "Keras converts to LiteRT from TensorFlow graphs",
+        "torch": "Keras' litert-torch route is not checked with these models",
+    },
+}
+# The packages a format needs beyond the backend (the `export` extra).
+PACKAGES = {"tf_saved_model": ("tensorflow",), "litert": ("tensorflow",), "onnx": ("tensorflow", "tf2onnx", "onnx")}
+
+
+class Endpoint(NamedTuple):
+    """One more function of a SavedModel: its `name`, the traced `function` and its `input_signature`."""
+
+    name: str
+    function: Callable
+    input_signature: list
+
+
+def export(model, filepath, format: str, verbose, input_signature, endpoints: tuple = (), **kwargs) -> None:
+    """Writes `model` in `format` serving `input_signature` (default: the model's own inputs); a
+    SavedModel also serves each of `endpoints`."""
+    owner = f"{type(model).__name__}.export"
+    check_format(format, owner)
+    model._build_on_demand()
+    if input_signature is None:
+        input_signature = model._export_signature()
+    if format == "onnx":
+        _teach_tf2onnx_erfc()
+    if format != "tf_saved_model":
+        return keras.Model.export(
+            model, filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs
+        )
+    from keras.export import ExportArchive
+
+    archive = ExportArchive()
+    archive.track_and_add_endpoint("serve", model, input_signature, **kwargs)
+    for endpoint in endpoints:
+        _add_endpoint(archive, endpoint)
+    if keras.backend.backend() == "tensorflow":
+        # Keras tracks its variable wrappers and, apart, the tf.Variables the endpoints read: TensorFlow
+        # would write every weight twice. Tracking the tf.Variables alone writes each once.
+        trackable = archive._tf_trackable
+        for name in ("variables", "trainable_variables", "non_trainable_variables"):
+            setattr(trackable, name, [variable.value for variable in getattr(trackable, name)])
+    archive.write_out(filepath, verbose=True if verbose is None else verbose)
+
+
+def _add_endpoint(archive, endpoint: Endpoint) -> None:
+    """On TensorFlow the endpoint is compiled with XLA, as `generate` runs it: the same random draws for
+    a seed, and a decoding loop of fused steps (JAX's jax2tf export is XLA already)."""
+    if keras.backend.backend() != "tensorflow":
+        archive.add_endpoint(endpoint.name, endpoint.function, input_signature=endpoint.input_signature)
+        return
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name) for spec in endpoint.input_signature]
+    function = tf.function(endpoint.function, input_signature=specs, jit_compile=True, autograph=False)
+    function.get_concrete_function()
+    archive.add_endpoint(endpoint.name, function)
+
+
+def check_format(format: str, owner: str) -> None:
+    """Refuses a format Keras does not know, one this backend cannot write, or one whose packages are
+    missing, naming what would work."""
+    if format not in CANNOT:
+        raise InputError(f"must be one of {sorted(CANNOT)}; received format={format!r}.", "format", caller=owner)
+    backend = keras.backend.backend()
+    if backend in CANNOT[format]:
+        able = " or ".join(b for b in ("tensorflow", "jax") if b not in CANNOT[format])
+        raise InputError(
+            f"cannot write format={format!r} from the {backend} backend: {CANNOT[format][backend]}. Save the "
+            f"model (`model.save('model.keras')`), load it with KERAS_BACKEND={able} and export it there.",
+            "format",
+            caller=owner,
+        )
+    missing = [name for name in PACKAGES[format] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise InputError(
+            f"format={format!r} needs {', '.join(missing)}, which this install lacks: pip install 'keras_tfm[export]'.",
+            "format",
+            caller=owner,
+        )
+
+
+def _teach_tf2onnx_erfc() -> None:
+    """tf2onnx converts TensorFlow's exact GELU (`0.5 * x * erfc(-x / sqrt(2))`) but not its `Erfc`;
+    this writes it as `1 - Erf(x)`, which ONNX has (once per process)."""
+    import numpy as np
+    from tf2onnx import utils
+    from tf2onnx.handler import tf_op
+
+    if any("Erfc" in handlers for handlers in tf_op.get_opsets().get("", [])):
+        return
+
+    @tf_op("Erfc")
+    class Erfc:
+        @classmethod
+        def version_9(cls, ctx, node, **kwargs):
+            dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+            one = ctx.make_const(utils.make_name("one"), np.array(1, dtype))
+            erf = ctx.make_node("Erf", [node.input[0]], op_name_scope=node.name)
+            shapes, dtypes = node.output_shapes, node.output_dtypes
+            ctx.remove_node(node.name)
+            ctx.make_node("Sub", [one.output[0], erf.output[0]], outputs=[node.output[0]], shapes=shapes, dtypes=dtypes)

@@ -1,0 +1,207 @@
+"""`model.export` in every format and family, each artifact run in its own runtime (TensorFlow's
+SavedModel loader, onnxruntime, LiteRT's interpreter), and decoding exported as a SavedModel endpoint."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_tfm.errors import InputError
+from tests.checks import assert_close, to_numpy
+from tests.models.test_base import MODELS
+
+BACKEND = keras.backend.backend()
+
+EXPORTS = {  # inputs of two batch sizes and (but ViT) two lengths; BertMLM's encoder is the classifier's
+    "gpt": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
+    "decoder_lm": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
+    "bert_classifier": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
+    "translator": lambda rng: [
+        {"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
+        {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))},
+    ],
+    "vit": lambda rng: [rng.random((2, 16, 16, 3)), rng.random((3, 16, 16, 3))],
+}
+
+
+def _batches(name, rng) -> list:
+    return [
+        keras.tree.map_structure(lambda x: x.astype("float32" if x.dtype.kind == "f" else "int32"), inputs)
+        for inputs in EXPORTS[name](rng)
+    ]
+
+
+def _input_name(name: str) -> str:
+    return "images" if name == "vit" else "token_ids"
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_export_with_no_arguments_serves_any_batch_and_length_before_or_after_a_call(tmp_path, rng, name):
+    """`model.export(path)` as Keras documents it: the model's own inputs (int32 ids, a ViT's images) of
+    any batch and length, whether the model has been called or not; TensorFlow's loader runs it.
+    PyTorch, which Keras 3.15 cannot export to a SavedModel, is refused by name."""
+    model = MODELS[name][0]()
+    if BACKEND == "torch":
+        with pytest.raises(
+            InputError, match=r"format: .*\.export: cannot write format='tf_saved_model' from the torch"
+        ):
+            model.export(str(tmp_path / "served"))
+        assert not (tmp_path / "served").exists()
+        return
+    tf = pytest.importorskip("tensorflow")
+    batches = _batches(name, rng)
+    if name in ("gpt", "bert_classifier", "translator"):  # after a first call: Keras' traced shapes change nothing
+        model(batches[0])
+    model.export(str(tmp_path / "served"), verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    for inputs in batches:
+        assert_close(np.asarray(served.serve(inputs)), to_numpy(model(inputs)), atol=1e-5)
+    saved = tf.train.load_checkpoint(str(tmp_path / "served" / "variables" / "variables")).get_variable_to_shape_map()
+    written = sum(int(np.prod(shape)) for name, shape in saved.items() if name != "_CHECKPOINTABLE_OBJECT_GRAPH")
+    assert written == sum(int(np.prod(v.shape)) for v in model.variables)  # each once (Keras writes them twice on TF)
+
+
+def _run_artifact(path: str, format: str, inputs, input_name: str) -> np.ndarray:
+    """The artifact run in its own runtime, fed by input name (the model's own names)."""
+    feeds = inputs if isinstance(inputs, dict) else {input_name: inputs}
+    if format == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(path)
+        assert sorted(i.name for i in session.get_inputs()) == sorted(feeds)
+        return session.run(None, feeds)[0]
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=path).get_signature_runner()
+    outputs = runner(**feeds)
+    assert len(outputs) == 1
+    return next(iter(outputs.values()))
+
+
+@pytest.mark.parametrize("format", ["onnx", "litert"])
+@pytest.mark.parametrize("name", EXPORTS)
+def test_onnx_and_litert_artifacts_give_the_models_outputs_in_their_runtimes(tmp_path, rng, name, format):
+    """ONNX (onnxruntime) and LiteRT (its interpreter) from TensorFlow: every family, two batch sizes and
+    lengths, after a first call. JAX and PyTorch, whose routes fail on these models, are refused by name
+    with the backend that can, before anything is written."""
+    model = MODELS[name][0]()
+    path = str(tmp_path / ("model.onnx" if format == "onnx" else "model.tflite"))
+    if BACKEND != "tensorflow":
+        expected = (
+            rf"format: {type(model).__name__}\.export: cannot write format='{format}' from the {BACKEND} backend: "
+        )
+        with pytest.raises(InputError, match=expected + r".*KERAS_BACKEND=tensorflow and export it there"):
+            model.export(path, format=format)
+        assert not os.path.exists(path)
+        return
+    batches = _batches(name, rng)
+    model(batches[0])
+    model.export(path, format=format, verbose=False)
+    for inputs in batches:
+        assert_close(_run_artifact(path, format, inputs, _input_name(name)), to_numpy(model(inputs)), atol=1e-5)
+
+
+def test_an_unknown_format_is_refused_by_name(tmp_path):
+    model = MODELS["gpt"][0]()
+    with pytest.raises(
+        InputError,
+        match=r"format: GPT\.export: must be one of \['litert', 'onnx', 'tf_saved_model'\]; received format='pdf'",
+    ):
+        model.export(str(tmp_path / "served"), format="pdf")
+    assert not (tmp_path / "served").exists()
+
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3]]
+
+
+def _padded(prompts) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.zeros((len(prompts), max(map(len, prompts))), "int32")
+    for row, prompt in zip(ids, prompts):
+        row[: len(prompt)] = prompt
+    return ids, np.array([len(p) for p in prompts], "int32")
+
+
+def _expected_ends(output: np.ndarray, prompts, max_new_tokens: int, stops) -> list[int]:
+    ends = []
+    for row, prompt in zip(output, prompts):
+        new = list(row[len(prompt) : len(prompt) + max_new_tokens])
+        hits = [i for i, token in enumerate(new) if token in stops]
+        ends.append(len(prompt) + (hits[0] + 1 if hits else len(new)))
+    return ends
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch writes no SavedModel (refusal tested above)")
+@pytest.mark.parametrize("name", ["gpt", "decoder_lm"])
+def test_a_saved_models_generate_endpoint_decodes_as_generate_does(tmp_path, name):
+    """The exported greedy loop, run by TensorFlow's loader: prompts of three lengths, fewer new tokens
+    than the exported room, a stop token met by one row: `generate`'s ids, then the pad id, and each
+    row's end."""
+    tf = pytest.importorskip("tensorflow")
+    model = MODELS[name][0]()
+    free = model.generate(PROMPTS, 4, stop_token_ids=())
+    stop = int(free[0, len(PROMPTS[0])])  # row 0 stops at its first new token
+    expected = model.generate(PROMPTS, 4, stop_token_ids=[stop])
+    model.export(str(tmp_path / "served"), verbose=False, max_new_tokens=6, stop_token_ids=[stop])
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    ids, lengths = _padded(PROMPTS)
+    out = served.generate(token_ids=ids, lengths=lengths, max_new_tokens=np.int32(4), seed=np.int32(0))
+    output = out["token_ids"].numpy()
+    assert output.shape == (3, ids.shape[1] + 6)
+    np.testing.assert_array_equal(output[:, : expected.shape[1]], expected)
+    assert (output[:, expected.shape[1] :] == 0).all()
+    assert out["lengths"].numpy().tolist() == _expected_ends(expected, PROMPTS, 4, [stop])
+    assert out["lengths"].numpy()[0] == len(PROMPTS[0]) + 1
+    assert set(served.signatures) == {"serve", "serving_default", "generate"}  # what TensorFlow Serving hosts
+    assert_close(np.asarray(served.serve(ids)), to_numpy(model(ids)), atol=1e-5)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch writes no SavedModel (refusal tested above)")
+def test_a_saved_models_sampling_endpoint_draws_as_generate_does_for_a_seed(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    model = MODELS["decoder_lm"][0]()
+    sampling = dict(temperature=0.9, top_k=12, top_p=0.9)
+    model.export(str(tmp_path / "served"), verbose=False, max_new_tokens=5, stop_token_ids=(), **sampling)
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    ids, lengths = _padded(PROMPTS)
+    draws = []
+    for seed in (3, 4):
+        expected = model.generate(PROMPTS, 5, stop_token_ids=(), seed=seed, **sampling)
+        out = served.generate(token_ids=ids, lengths=lengths, max_new_tokens=np.int32(5), seed=np.int32(seed))
+        np.testing.assert_array_equal(out["token_ids"].numpy(), expected)
+        draws.append(expected)
+    assert not np.array_equal(*draws)  # the seed is an input, not a constant of the trace
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch writes no SavedModel (refusal tested above)")
+def test_a_translators_saved_model_translates_as_translate_does(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    model = MODELS["translator"][0]()
+    sources = np.array([[3, 4, 5, 6, 7], [8, 9, 2, 0, 0]], "int32")
+    model.export(str(tmp_path / "served"), verbose=False, max_length=6)
+    served = tf.saved_model.load(str(tmp_path / "served"))  # kept: its functions read its variables
+    out = served.translate(source_ids=sources)
+    expected = model.translate(sources, max_length=6)
+    np.testing.assert_array_equal(out["token_ids"].numpy(), expected)
+    ends = [row.tolist().index(model.end_token_id) + 1 if model.end_token_id in row else 6 for row in expected]
+    assert out["lengths"].numpy().tolist() == ends
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(max_new_tokens=0), r"`max_new_tokens` must be an integer >= 1; received 0"),
+        (
+            dict(max_new_tokens=16),
+            r"max_new_tokens: DecoderLM\.export: prompt length 1 \+ max_new_tokens 16 exceeds max_length=16",
+        ),
+        (dict(temperature=-1.0), r"`temperature` must be a finite number >= 0; received -1.0"),
+    ],
+)
+def test_bad_decoding_settings_are_refused_before_anything_is_written(tmp_path, arguments, message):
+    if BACKEND == "torch":
+        pytest.skip("PyTorch refuses the format first")
+    model = MODELS["decoder_lm"][0]()
+    with pytest.raises(InputError, match=message):
+        model.export(str(tmp_path / "served"), **arguments)
+    assert not (tmp_path / "served").exists()
