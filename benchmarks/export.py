@@ -51,8 +51,8 @@ def runner(format: str, path: str):
     if format == "onnx":
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(path)
-        return lambda ids: session.run(None, {"token_ids": ids})[0], session
+        inference = onnxruntime.InferenceSession(path)
+        return lambda ids: inference.run(None, {"token_ids": ids})[0], inference
     from ai_edge_litert.interpreter import Interpreter
 
     run = Interpreter(model_path=path).get_signature_runner()

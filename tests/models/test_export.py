@@ -68,9 +68,9 @@ def _run_artifact(path: str, format: str, inputs, input_name: str) -> np.ndarray
     if format == "onnx":
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(path)
-        assert sorted(i.name for i in session.get_inputs()) == sorted(feeds)
-        return session.run(None, feeds)[0]
+        inference = onnxruntime.InferenceSession(path)
+        assert sorted(i.name for i in inference.get_inputs()) == sorted(feeds)
+        return inference.run(None, feeds)[0]
     from ai_edge_litert.interpreter import Interpreter
 
     runner = Interpreter(model_path=path).get_signature_runner()
