@@ -294,9 +294,9 @@ class CausalLM(ZooModel):
         verbose=None,
         input_signature=None,
         max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
         stop_token_ids=None,
         **kwargs,
     ) -> None:
@@ -313,17 +313,21 @@ class CausalLM(ZooModel):
             max_new_tokens: the most tokens the endpoint adds (its output's room); a prompt's length
                 plus this must fit the model's `max_length`. None (default): 128, or `max_length - 1`
                 where that is less.
-            temperature, top_k, top_p: the endpoint's sampling, as `generate`'s (0: greedy).
+            temperature, top_k, top_p: the endpoint's sampling, as `generate`'s (default: greedy).
             stop_token_ids: as `generate`'s (default: the checkpoint's end ids).
         """
         owner = f"{type(self).__name__}.export"
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        exporting.check_decoding_settings(
+            format, owner, max_new_tokens=max_new_tokens, **sampling, stop_token_ids=stop_token_ids
+        )
         exporting.check_format(format, owner)
         endpoints = ()
         if format == "tf_saved_model":
             max_new_tokens = min(128, self.max_length - 1) if max_new_tokens is None else max_new_tokens
             check_decoding(owner, max_new_tokens=max_new_tokens)
             self._check_fits(owner, 1 + max_new_tokens, max_new_tokens)
-            sampler = exported.SortingSampler(temperature=temperature, top_k=top_k, top_p=top_p)
+            sampler = exported.SortingSampler(**{k: v for k, v in sampling.items() if v is not None})
             stops, pad = self._stop_ids(stop_token_ids).tolist(), self._pad_id(None)
 
             room = max_new_tokens

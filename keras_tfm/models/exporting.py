@@ -81,6 +81,19 @@ def _add_endpoint(archive, endpoint: Endpoint) -> None:
     archive.add_endpoint(endpoint.name, function)
 
 
+def check_decoding_settings(format: str, owner: str, **settings) -> None:
+    """Refuses decoding settings given (not None) for a format that holds no decoding loop: only a
+    SavedModel does, so they would be dropped without a word."""
+    given = [name for name, value in settings.items() if value is not None]
+    if format != "tf_saved_model" and given:
+        raise InputError(
+            f"only a SavedModel holds the decoding loop; format={format!r} writes the model's forward pass. "
+            f"Leave out {', '.join(given)}, or export format='tf_saved_model'.",
+            given[0],
+            caller=owner,
+        )
+
+
 def check_format(format: str, owner: str) -> None:
     """Refuses a format Keras does not know, one this backend cannot write, or one whose packages are
     missing, naming what would work."""

@@ -391,6 +391,7 @@ class Translator(ZooModel):
                 None (default): 64, or the model's `max_length - 1` where that is less.
         """
         owner = "Translator.export"
+        exporting.check_decoding_settings(format, owner, max_length=max_length)
         exporting.check_format(format, owner)
         endpoints = ()
         if format == "tf_saved_model":

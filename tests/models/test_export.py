@@ -187,6 +187,19 @@ def test_a_translators_saved_model_translates_as_translate_does(tmp_path):
     assert out["lengths"].numpy().tolist() == ends
 
 
+@pytest.mark.parametrize("format", ["onnx", "litert"])
+def test_decoding_settings_for_a_format_without_the_loop_are_refused_not_dropped(tmp_path, format):
+    lm, translator = MODELS["decoder_lm"][0](), MODELS["translator"][0]()
+    with pytest.raises(
+        InputError,
+        match=rf"temperature: DecoderLM\.export: only a SavedModel holds the decoding loop; format='{format}'",
+    ):
+        lm.export(str(tmp_path / "model"), format=format, temperature=0.7, top_p=0.9)
+    with pytest.raises(InputError, match=r"max_length: Translator\.export: only a SavedModel holds the decoding loop"):
+        translator.export(str(tmp_path / "model"), format=format, max_length=8)
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [
