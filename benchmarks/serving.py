@@ -2,10 +2,13 @@
 64 new tokens, with 1, 4, 16 and 64 clients at once, each sending requests one after another for a fixed
 number of requests: throughput (new tokens/s over the run), time to the first streamed token (of a
 request alone, after one that compiled), and p50/p99 latency of whole requests, against one client at a
-time. Each batch size decodes with its own compiled loop: the first batch of each size compiles (on
-JAX and TensorFlow), inside the measured run.
+time. Each cache shape (rows, length) decodes with its own compiled loop: the first chunk of each shape
+compiles (on JAX and TensorFlow), inside the measured run.
 
-    KERAS_BACKEND=jax python benchmarks/serving.py [--clients 1 4 16 64] [--requests 64]
+    KERAS_BACKEND=jax python benchmarks/serving.py [--clients 1 4 16 64] [--requests 64] [--mixed]
+
+`--mixed`: each request asks for 8 to 128 new tokens (drawn per request), so that requests end at
+different steps and rows free up while others decode (written to `serving_mixed_<backend>.json`).
 """
 
 from __future__ import annotations
@@ -60,11 +63,14 @@ def character_model():
     return model
 
 
-def run(url: str, clients: int, requests: int) -> dict:
+def run(url: str, clients: int, requests: int, mixed: bool = False) -> dict:
     import httpx
 
     rng = np.random.default_rng(clients)
     prompts = ["".join(chr(FIRST + i) for i in rng.integers(0, 49152, PROMPT_TOKENS)) for _ in range(requests)]
+    # mixed: each request asks for 8 to 128 new tokens, so requests end at different steps
+    asked = iter(rng.integers(8, 2 * NEW_TOKENS + 1, requests).tolist() if mixed else [NEW_TOKENS] * requests)
+    lengths = {}
     latencies, first_tokens, first_tokens_seen = [], [], [False]
 
     def ask(prompt: str) -> None:
@@ -79,9 +85,10 @@ def run(url: str, clients: int, requests: int) -> dict:
 
     def ask_whole(prompt: str) -> None:
         start = time.perf_counter()
-        body = {"prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+        lengths[prompt] = new_tokens = next(asked)
+        body = {"prompt": prompt, "max_tokens": new_tokens, "temperature": 0}
         answer = httpx.post(url + "/v1/completions", json=body, timeout=600)
-        assert answer.json()["usage"]["completion_tokens"] == NEW_TOKENS, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == new_tokens, answer.text
         latencies.append(time.perf_counter() - start)
 
     ask(prompts[0])  # compiles the streamed decoding of this prompt length
@@ -96,7 +103,7 @@ def run(url: str, clients: int, requests: int) -> dict:
     return {
         "clients": clients,
         "requests": requests,
-        "value": round(requests * NEW_TOKENS / seconds, 1),
+        "value": round(sum(lengths.values()) / seconds, 1),
         "p50_latency_s": round(float(np.percentile(latencies, 50)), 2),
         "p99_latency_s": round(float(np.percentile(latencies, 99)), 2),
         "first_token_s": round(first_tokens[0], 3),
@@ -107,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--mixed", action="store_true", help="each request asks for 8 to 128 new tokens")
     args = parser.parse_args()
     import keras
 
@@ -114,7 +122,7 @@ def main() -> None:
     url, running = server(model)
     backend, results = keras.backend.backend(), []
     for clients in args.clients:
-        result = run(url, clients, max(args.requests, clients))
+        result = run(url, clients, max(args.requests, clients), args.mixed)
         result.update(contender=f"keras_tfm serve ({backend}), {clients} clients", task="serve", unit="new tokens/s")
         results.append(result)
         ratio = result["value"] / results[0]["value"]
@@ -124,8 +132,9 @@ def main() -> None:
             flush=True,
         )
     running.should_exit = True
-    title = f"SmolLM2-135M shape served, greedy, {PROMPT_TOKENS}-token prompts + {NEW_TOKENS} new tokens"
-    write_results(f"serving_{backend}", results, tasks={"serve": title})
+    asked = f"8 to {2 * NEW_TOKENS} new tokens each" if args.mixed else f"{NEW_TOKENS} new tokens"
+    title = f"SmolLM2-135M shape served, greedy, {PROMPT_TOKENS}-token prompts + {asked}"
+    write_results(f"serving{'_mixed' if args.mixed else ''}_{backend}", results, tasks={"serve": title})
 
 
 if __name__ == "__main__":

@@ -82,12 +82,12 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
         assert "".join(c.choices[0].text for c in streamed) == text[: text.find(stop)]
 
         sampled = [
-            client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, seed=3)
+            client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, seed=seed)
             .choices[0]
             .text
-            for _ in range(2)
+            for seed in (3, 3, 4)
         ]
-        assert sampled[0] == sampled[1] == model.generate("to be", 10, temperature=1.0, seed=3)[len("to be") :]
+        assert sampled[0] == sampled[1] != sampled[2]
         two = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, n=2)
         assert len(two.choices) == 2 and two.usage.completion_tokens == 20
 
@@ -95,32 +95,78 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
             openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
 
 
+def slowed(engine, monkeypatch, seconds: float) -> None:
+    """Every chunk of the engine's decoding takes `seconds` longer."""
+    advance = engine._advance
+
+    def slow_advance():
+        time.sleep(seconds)
+        advance()
+
+    monkeypatch.setattr(engine, "_advance", slow_advance)
+
+
 @pytest.mark.backend_independent
 def test_concurrent_requests_decode_together_and_none_is_lost(model):
-    """32 clients at once, prompts of different lengths and `max_tokens`: every answer is the one the
-    prompt gets alone, the engine decoded several of them as one batch, and its loops ran at a few
-    padded shapes (a compile each), not one per batch."""
-    asks = [("to be" + " or not" * (i % 5) + "abcdefgh"[i % 8], 3 + i % 4) for i in range(32)]
-    expected = {(p, m): model.generate(p, max_new_tokens=m)[len(p) :] for p, m in set(asks)}
+    """32 clients at once, prompts of different lengths, `max_tokens` and sampling settings: every answer
+    is the one the request gets alone (greedy: `generate`'s; seeded draws: the server's own, whoever shares
+    the batch), rows decoded together, and the loops ran at a few cache shapes (a compile each)."""
+    asks = [
+        ("to be" + " or not" * (i % 5) + "abcdefgh"[i % 8], 3 + i % 4, i if i % 4 == 1 else None) for i in range(32)
+    ]
+    expected = {(p, m, None): model.generate(p, max_new_tokens=m)[len(p) :] for p, m, seed in asks if seed is None}
     with Server(model, max_batch_size=8) as server:
 
-        def ask(prompt_and_limit):
-            prompt, limit = prompt_and_limit
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": limit, "temperature": 0}
-            answer = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+        def ask(asked):
+            prompt, limit, seed = asked
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": limit, "temperature": 0 if seed is None else 1}
+            answer = httpx.post(server.url + "/v1/completions", json={**body, "seed": seed}, timeout=120)
             assert answer.status_code == 200, answer.text
-            return prompt_and_limit, answer.json()["choices"][0]["text"]
+            return asked, answer.json()["choices"][0]["text"]
 
+        expected.update(ask(asked) for asked in asks if asked[2] is not None)  # alone, one after another
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             answers = list(pool.map(ask, asks))
         engine = server.app.state.engine
     assert len(answers) == 32 and all(text == expected[asked] for asked, text in answers)
-    assert sum(size * count for size, count in engine.batch_sizes.items()) == 32 and max(engine.batch_sizes) > 1
-    # rows padded to powers of two; width and room to 32, or what the 64-token context leaves
-    longest = max(len(model.tokenizer.encode_prompt(prompt)) for prompt, _ in asks)
-    assert longest > 32
-    assert {rows for rows, _, _ in engine.shapes} <= {1, 2, 4, 8}, engine.shapes
-    assert {(width, room) for _, width, room in engine.shapes} <= {(32, 32), (longest, 64 - longest)}, engine.shapes
+    assert max(engine.rows_per_chunk) > 1, engine.rows_per_chunk
+    # rows in powers of two; lengths a power of two from 32 within the 64-token context
+    assert {rows for rows, _ in engine.shapes} <= {1, 2, 4, 8}, engine.shapes
+    assert {length for _, length in engine.shapes} <= {32, 64}, engine.shapes
+
+
+@pytest.mark.backend_independent
+def test_a_request_joins_rows_that_are_decoding(model, monkeypatch):
+    """A short request sent while a long stream decodes joins its batch and ends first (it does not wait
+    for the stream's end); both get what each would get alone."""
+    prompt = model.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    long_text = model.generate(prompt, max_new_tokens=40)[len(prompt) :]
+    short_text = model.generate("to be", max_new_tokens=3)[len("to be") :]
+    with Server(model) as server:
+        engine = server.app.state.engine
+        slowed(engine, monkeypatch, 0.1)  # 10 chunks of 4 tokens: a second of stream
+        streamed, ended = [], {}
+        body = {"messages": MESSAGES, "max_tokens": 40, "temperature": 0, "stream": True}
+
+        def stream():
+            with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data: {"):
+                        streamed.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+            ended["long"] = time.time()
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        deadline = time.time() + 30
+        while not "".join(streamed) and time.time() < deadline:
+            time.sleep(0.01)
+        short = httpx.post(
+            server.url + "/v1/completions", json={"prompt": "to be", "max_tokens": 3, "temperature": 0}, timeout=60
+        )
+        ended["short"] = time.time()
+        thread.join(timeout=60)
+    assert short.json()["choices"][0]["text"] == short_text and "".join(streamed) == long_text
+    assert ended["short"] < ended["long"] and engine.joined_running == 1
 
 
 @pytest.mark.backend_independent
@@ -169,25 +215,18 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
 
 @pytest.mark.backend_independent
 def test_a_client_that_leaves_mid_stream_frees_its_place(model, monkeypatch):
-    """The decoding of a client that left stops at the next chunk (here a slow one: 100 x 50 ms)."""
-    import numpy as np
-
-    def slow_stream(*args, **kwargs):
-        for _ in range(100):
-            time.sleep(0.05)
-            yield np.array([3])
-
+    """The decoding of a client that left stops at the next chunk (here slow ones: 10 x 0.5 s)."""
     with Server(model) as server:
-        monkeypatch.setattr(model, "stream", slow_stream)
+        engine = server.app.state.engine
+        slowed(engine, monkeypatch, 0.5)
         body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 40, "temperature": 0, "stream": True}
         started = time.time()
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as answer:
             next(answer.iter_lines())  # the first event, then the client goes
-        engine = server.app.state.engine
         deadline = time.time() + 30
-        while engine.streams_left == 0 and time.time() < deadline:
+        while engine.clients_left == 0 and time.time() < deadline:
             time.sleep(0.05)
-        assert engine.streams_left == 1 and time.time() - started < 4  # not the 5 s of the whole stream
+        assert engine.clients_left == 1 and time.time() - started < 3  # not the 5 s of the whole stream
         monkeypatch.undo()
         answer = httpx.post(server.url + "/v1/completions", json={"prompt": "to", "max_tokens": 3}, timeout=60)
-        assert answer.status_code == 200
+        assert answer.status_code == 200 and not engine._busy()

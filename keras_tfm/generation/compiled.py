@@ -101,7 +101,7 @@ def fast_step(step: Callable, model: keras.Model) -> Callable:
         if token_ids.shape[1] != 1 or not output_logits:  # the prefill runs once per call: eager is fine
             return step(token_ids, cache, index, *context, output_logits=output_logits)
         index = ops.convert_to_tensor(index, "int32")
-        key = (tuple(token_ids.shape), *_shape_key((cache, context)))
+        key = (tuple(token_ids.shape), tuple(index.shape), *_shape_key((cache, context)))
         if key not in traced:
             traced[key] = torch_trace(step, model, (token_ids, cache, index, *context))
         with _plain_replay():
@@ -179,6 +179,9 @@ def _write_in_place(cache, start: tuple, entries):
     writes the first step's entries, which its first replay writes again, the same)."""
     import torch
 
+    if len(getattr(start[3], "shape", ())) == 1:  # each row at its own position (one new position each)
+        cache[torch.arange(cache.shape[0], device=cache.device), :, :, start[3]] = entries[:, :, :, 0]
+        return cache
     positions = torch.arange(entries.shape[3], device=cache.device) + start[3]
     return cache.index_copy_(3, positions, entries)
 

@@ -59,18 +59,28 @@ class Sampler:
         if self.top_k and self.top_k < logits.shape[-1]:  # a larger top_k keeps every token
             logits = ops.where(logits < self.kth_largest(logits), LARGE_NEGATIVE, logits)
         if self.top_p < 1.0:
-            descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
-            probabilities = ops.softmax(descending, axis=-1)
-            mass_before = ops.cumsum(probabilities, axis=-1) - probabilities
-            # the smallest logit still inside the nucleus; the most likely token is always kept
-            kept = ops.where(mass_before < self.top_p, descending, -LARGE_NEGATIVE)
-            threshold = ops.min(kept, axis=-1, keepdims=True)
-            logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
+            logits = nucleus(logits, self.top_p)
         return logits
 
     def kth_largest(self, logits):
         """`(rows, 1)`: each row's `top_k`-th largest logit."""
         return ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
+
+
+def nucleus(logits, top_p):
+    """`logits` `(rows, vocabulary)` with every token outside the smallest set whose probability reaches
+    `top_p` (a number, or `(rows, 1)`: each row's) made very negative; the likeliest is always kept."""
+    descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
+    probabilities = ops.softmax(descending, axis=-1)
+    mass_before = ops.cumsum(probabilities, axis=-1) - probabilities
+    threshold = ops.min(ops.where(mass_before < top_p, descending, -LARGE_NEGATIVE), axis=-1, keepdims=True)
+    return ops.where(logits < threshold, LARGE_NEGATIVE, logits)
+
+
+def penalized(scores, seen, penalty):
+    """transformers' repetition penalty: the scores of the tokens `seen` divided by `penalty` where
+    positive, multiplied where negative (a number, or `(rows, 1)`: each row's)."""
+    return ops.where(seen, ops.where(scores < 0, scores * penalty, scores / penalty), scores)
 
 
 @dataclass(frozen=True)
@@ -140,8 +150,7 @@ class LogitsControls:
         if self.no_repeat_ngram_size:
             scores = ops.where(self.banned_ngrams(buffer, t, scores.shape[-1]), LARGE_NEGATIVE, scores)
         if self.penalizes:
-            penalized = ops.where(scores < 0, scores * self.repetition_penalty, scores / self.repetition_penalty)
-            scores = ops.where(seen, penalized, scores)
+            scores = penalized(scores, seen, self.repetition_penalty)
         if self.min_new_tokens:
             vocabulary = ops.arange(scores.shape[-1])
             is_stop = ops.any(vocabulary[:, None] == stop_token_ids[None, :], axis=-1)

@@ -14,6 +14,7 @@ from keras_tfm.compat import get_keras_mask, on_xla_cpu
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.feed_forward import projection
+from keras_tfm.layers.positions import is_per_row
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 from keras_tfm.layers.rotary import RotaryEmbedding
 
@@ -60,6 +61,20 @@ def _static_dims_differ(received, expected) -> bool:
 def _shown(shape) -> tuple:
     """A shape for an error message: unknown dimensions (tensors while tracing) as None."""
     return tuple(d if isinstance(d, int) else None for d in shape)
+
+
+def _write_rows(cache, start: tuple, entries):
+    """`cache` `(batch, 2, heads, length, dim)` with each row's one new position `entries[b, :, :, 0]`
+    written at its own position `start[3][b]`: a scatter of the new entries only."""
+    positions = start[3]
+    rows, _, heads, _, dim = ops.shape(entries)
+    count = rows * 2 * heads
+    row = ops.repeat(ops.arange(rows), 2 * heads)
+    kind = ops.tile(ops.repeat(ops.arange(2), heads), [rows])
+    head = ops.tile(ops.arange(heads), [2 * rows])
+    position = ops.repeat(ops.cast(positions, "int32"), 2 * heads)
+    indices = ops.stack([row, kind, head, position], axis=1)
+    return ops.scatter_update(cache, indices, ops.reshape(entries, (count, dim)))
 
 
 def _to_cache_layout(heads):
@@ -116,8 +131,9 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             the attention runs over the whole cache (self-attention decoding). Without it, the cache
             is used as precomputed keys and values (cross-attention decoding; see
             `precompute_key_value`).
-        cache_update_index: int or scalar tensor, where to write into `cache`. (`update_cache`
-            writes the cache without attending.)
+        cache_update_index: int or scalar tensor, where to write into `cache`; or, for one new
+            position per row, a `(batch,)` int tensor: each row's own position (rows that decode at
+            different positions, as a server's). (`update_cache` writes the cache without attending.)
         return_attention_weights: also return the `(batch, num_heads, query_length, key_length)`
             attention weights.
 
@@ -271,9 +287,15 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     f"received {index}.",
                     caller="MultiHeadAttention",
                 )
+        if is_per_row(index) and value.shape[1] != 1:
+            raise InputError(
+                f"a `cache_update_index` per row writes one position per row; received `value` of shape "
+                f"{tuple(value.shape)}.",
+                caller="MultiHeadAttention",
+            )
         new_entries = self.precompute_key_value(value, key, start_index=cache_update_index, angles=angles)
         # one update of the joint cache: a functional update copies its input (PyTorch)
-        write = _CACHE_WRITERS[-1] if _CACHE_WRITERS else ops.slice_update
+        write = _CACHE_WRITERS[-1] if _CACHE_WRITERS else (_write_rows if is_per_row(index) else ops.slice_update)
         return write(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
 
     def _check_cacheable(self, cache=None):
@@ -333,7 +355,9 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 )
             attention_mask = ops.cast(attention_mask, "bool")
             masks.append(ops.expand_dims(attention_mask, 1) if rank == 3 else attention_mask)
-        if use_causal_mask or has_cache:
+        if (use_causal_mask or has_cache) and is_per_row(cache_update_index):
+            masks.append(self._per_row_mask(query_length, key_length, cache_update_index, use_causal_mask))
+        elif use_causal_mask or has_cache:
             offset = 0 if cache_update_index is None else cache_update_index
             query_positions = ops.arange(query_length) + offset
             key_positions = ops.arange(key_length)
@@ -352,6 +376,21 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         for other in masks[1:]:
             mask = ops.logical_and(mask, other)
         return mask
+
+    def _per_row_mask(self, query_length, key_length, offsets, use_causal_mask: bool):
+        """`(batch, 1, query_length, key_length)`: the causal (and sliding-window) mask, or a cache's
+        filled part, of rows whose queries start at their own positions `offsets` `(batch,)`."""
+        query_positions = ops.expand_dims(offsets, 1) + ops.arange(query_length)[None, :]
+        query_positions = ops.expand_dims(query_positions, 2)  # (batch, query_length, 1)
+        key_positions = ops.arange(key_length)[None, None, :]
+        if not use_causal_mask:  # a cache is only filled up to the current step
+            last = ops.expand_dims(ops.expand_dims(offsets + query_length, 1), 2)
+            visible = ops.broadcast_to(key_positions < last, (ops.shape(offsets)[0], query_length, key_length))
+            return ops.expand_dims(visible, 1)
+        visible = key_positions <= query_positions
+        if self.sliding_window is not None:
+            visible = ops.logical_and(visible, key_positions > query_positions - self.sliding_window)
+        return ops.expand_dims(visible, 1)
 
     def call(
         self,

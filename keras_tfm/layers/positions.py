@@ -17,6 +17,13 @@ from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.initializers import own_initializer
 
 
+def is_per_row(start_index) -> bool:
+    """Whether `start_index` gives each row its own first position (a `(batch,)` tensor), rather than
+    one position for every row (an int or a scalar tensor): the server's rows decode at their own
+    positions."""
+    return len(getattr(start_index, "shape", ())) == 1
+
+
 def _sinusoids(positions, dim: int, max_wavelength: float, interleave: bool):
     """sin/cos of `positions` (float, shape (n,)) at `dim // 2` geometric frequencies -> (n, dim)."""
     half = dim // 2
@@ -37,7 +44,8 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
     Call arguments:
         inputs: `(batch, length, hidden_dim)`; only its shape is used.
-        start_index: position of the first token (an int or scalar tensor), for cached decoding.
+        start_index: position of the first token (an int or scalar tensor), for cached decoding;
+            or a `(batch,)` int tensor: each row's own first position.
 
     Masks: passes the input's Keras mask through unchanged.
 
@@ -71,7 +79,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
                 caller="LearnedPositionEmbedding",
             )
         table = ops.cast(self.embeddings, self.compute_dtype)
-        if isinstance(length, int):
+        if is_per_row(start_index):
+            positions = ops.take(table, ops.expand_dims(start_index, 1) + ops.arange(ops.shape(inputs)[1])[None, :], 0)
+        elif isinstance(length, int):
             positions = ops.slice(table, (start_index, 0), (length, table.shape[-1]))
         else:  # unknown while tracing, or symbolic (JAX export): a slice of it would need `length <= max_length`
             positions = ops.take(table, ops.arange(ops.shape(inputs)[1]) + start_index, axis=0)

@@ -19,6 +19,7 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.positions import is_per_row
 
 SCALINGS = ("linear", "llama3", "dynamic", "yarn")
 
@@ -90,7 +91,8 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Call arguments:
         inputs: `(batch, length, num_heads, head_dim)` queries or keys.
-        start_index: position of the first token (an int or scalar tensor), for cached decoding.
+        start_index: position of the first token (an int or scalar tensor), for cached decoding;
+            or a `(batch,)` int tensor: each row's own first position.
 
     The angles are computed in float32 and their cos and sin cast to the compute dtype, as transformers
     does. "dynamic" computes its base from `start_index + length`, as transformers' model does for the
@@ -193,19 +195,24 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def cos_sin(self, length, head_dim: int, start_index=0):
         """cos and sin of the angles of positions `start_index ... start_index + length - 1`:
-        two `(length, rotary_dim)` float32 tensors (each frequency twice: halves, as Llama)."""
+        two `(length, rotary_dim)` float32 tensors (each frequency twice: halves, as Llama); for a
+        `(batch,)` `start_index` (each row at its own position), `(batch, length, rotary_dim)`."""
         inv_freq, scale = self.inverse_frequencies(head_dim)
-        positions = ops.cast(ops.arange(length) + start_index, "float32")
+        if is_per_row(start_index):  # (batch, length): each row at its own position
+            positions = ops.cast(ops.expand_dims(start_index, 1) + ops.arange(length)[None, :], "float32")
+        else:
+            positions = ops.cast(ops.arange(length) + start_index, "float32")
         inv_freq = ops.convert_to_tensor(inv_freq)
         if self.scaling == "dynamic":
             dim = self.rotary_dim(head_dim)
-            seen = ops.maximum(ops.cast(start_index + length, "float32"), float(self.original_max_length))
+            last = ops.max(start_index) if is_per_row(start_index) else start_index
+            seen = ops.maximum(ops.cast(last + length, "float32"), float(self.original_max_length))
             base = self.max_wavelength * (
                 (self.scaling_factor * seen / self.original_max_length) - (self.scaling_factor - 1)
             ) ** (dim / (dim - 2))
             exponents = ops.convert_to_tensor(np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
             inv_freq = 1.0 / ops.power(base, exponents)
-        angles = positions[:, None] * inv_freq[None, :]
+        angles = ops.expand_dims(positions, -1) * inv_freq
         angles = ops.concatenate([angles, angles], axis=-1)
         if scale == 1.0:  # one op less each (PyTorch dispatches every op of a decoding step)
             return ops.cos(angles), ops.sin(angles)
@@ -220,9 +227,12 @@ class RotaryEmbedding(keras.layers.Layer):
         return self.rotate(inputs, self.angles(ops.shape(inputs)[1], inputs.shape[-1], inputs.dtype, start_index))
 
     def angles(self, length, head_dim: int, dtype, start_index=0) -> tuple:
-        """`(cos, sin)` of positions `start_index, ...`, shaped `(1, length, 1, rotary_dim)` in `dtype`:
+        """`(cos, sin)` of positions `start_index, ...`, shaped `(1, length, 1, rotary_dim)` in `dtype`
+        (`(batch, length, 1, rotary_dim)` for a `(batch,)` `start_index`):
         what `rotate` applies (computed once for the queries and keys of one attention)."""
         cos, sin = self.cos_sin(length, head_dim, start_index)
+        if is_per_row(start_index):
+            return ops.expand_dims(ops.cast(cos, dtype), 2), ops.expand_dims(ops.cast(sin, dtype), 2)
         return ops.cast(cos, dtype)[None, :, None, :], ops.cast(sin, dtype)[None, :, None, :]
 
     def rotate(self, inputs, angles: tuple):

@@ -4,6 +4,7 @@ be OpenAI's schema). Every refusal is a JSON error in OpenAI's schema; the serve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -56,7 +57,11 @@ def create_app(
         ticket = engine.submit(job)
         if job.stream:
             return _stream_response(ticket, model_name, chat, body)
-        kind, value = await ticket.events.get()
+        try:
+            kind, value = await ticket.events.get()
+        except asyncio.CancelledError:  # the client left: its rows are given back at the next chunk
+            ticket.cancelled = True
+            raise
         if kind == "error":
             raise value
         return JSONResponse(_completion(value, job, model_name, chat))

@@ -1,28 +1,29 @@
-"""The decoding engine behind the server: one thread owns the model and decodes the waiting jobs, those
-that arrived together with the same sampling settings as the rows of one batch (prompts of any lengths,
-each cut at its own `max_tokens` and stop strings); streams and seeded jobs decode alone.
+"""The decoding engine behind the server, with continuous batching: one thread owns the model and a
+key/value cache of a few rows (slots). Between two chunks of `chunk_steps` decoding steps, waiting
+requests are prefilled into free rows and join the batch, whatever their prompt lengths and sampling
+settings, and requests that ended (a stop token or string, their `max_tokens`, a client that left) give
+their rows back. Streams get their text after every chunk.
 
-Every decoding loop is compiled for its shapes, so a batch is padded to a few sizes (`bucket`): rows to
-a power of two, the prompts' width and the room for new tokens to a multiple of 32. A server then
-compiles a handful of loops in its first minutes instead of one for nearly every batch, and each row
-still stops at its own `max_tokens`."""
+Every compiled loop is for one cache shape, so the cache keeps a few shapes: rows a power of two (up to
+`max_batch_size`), length a power of two from 32 (up to the context), grown when a request needs more
+and shrunk when the rows that are left fit a smaller one. The device side is
+`generation.continuous`; this file keeps the books."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import dataclasses
+import random
 import threading
 
 import numpy as np
+from keras import ops
 
-from keras_tfm.generation import orchestration
-from keras_tfm.generation.orchestration import generated_end
-from keras_tfm.generation.request import Request, Strategy
-from keras_tfm.generation.sampling import LogitsControls, Sampler
+from keras_tfm.generation import continuous
 from keras_tfm.serve.requests import Job, RequestError
 
-WIDTH_STEP = 32  # prompt widths and rooms for new tokens are padded to multiples of this
+WIDTH_STEP = 32  # prompt widths are padded to multiples of this; cache lengths start there
 
 
 @dataclasses.dataclass
@@ -34,35 +35,53 @@ class Choice:
 
 class Ticket:
     """A job in the engine: its events (`("text", piece)`, `("done", [Choice])`, `("error", error)`) arrive
-    on an asyncio queue of the server's loop; `cancelled` (a client that left) frees its place."""
+    on an asyncio queue of the server's loop; `cancelled` (a client that left) frees its rows."""
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
         self.job, self.loop = job, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = False
+        self.rows: list[Row] = []
 
     def send(self, kind: str, value) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
-class Engine:
-    """Decodes `Ticket`s on its own thread. `max_batch_size` rows at most per batch; `max_queue` jobs
-    waiting at most (more are refused with 429, before any work)."""
+@dataclasses.dataclass(eq=False)  # rows are found in the slots by identity
+class Row:
+    """One continuation of a ticket in a row of the cache: its new tokens so far, how it ended, and the
+    text a stream has sent."""
 
-    def __init__(self, model, max_batch_size: int = 16, max_queue: int = 64, stream_chunk: int = 4):
-        self.model, self.max_batch_size, self.max_queue, self.stream_chunk = (
+    ticket: Ticket
+    tokens: list = dataclasses.field(default_factory=list)
+    finish: str | None = None
+    text: str = ""
+    sent: str = ""
+
+
+class Engine:
+    """Decodes `Ticket`s on its own thread. `max_batch_size` rows at most decode together; `max_queue` jobs
+    waiting at most (more are refused with 429, before any work); `chunk_steps` steps between two
+    chances to join or leave."""
+
+    def __init__(self, model, max_batch_size: int = 16, max_queue: int = 64, chunk_steps: int = 4):
+        self.model, self.max_batch_size, self.max_queue, self.chunk_steps = (
             model,
             max_batch_size,
             max_queue,
-            stream_chunk,
+            chunk_steps,
         )
-        self.stop_ids = [int(i) for i in np.asarray(model._stop_ids(None)).reshape(-1)]
+        model._build_on_demand()  # the cache's shape is read from the built layers
+        self.stop_ids = {int(i) for i in np.asarray(model._stop_ids(None)).reshape(-1)}
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._condition = threading.Condition()
         self._closed = False
-        self.batch_sizes: collections.Counter = collections.Counter()  # rows per batch decoded
-        self.streams_left = 0  # streams whose client left before the end
-        self.shapes: collections.Counter = collections.Counter()  # (rows, prompt width, room) decoded
+        self._slots: list[Row | None] = []
+        self._cache = self._seen = None
+        self.rows_per_chunk: collections.Counter = collections.Counter()  # busy rows in each chunk decoded
+        self.shapes: collections.Counter = collections.Counter()  # (rows, length) of each chunk decoded
+        self.joined_running = 0  # requests that joined rows already decoding
+        self.clients_left = 0  # requests whose client left before the end
         self._thread = threading.Thread(target=self._run, name="keras_tfm-engine", daemon=True)
         self._thread.start()
 
@@ -88,108 +107,211 @@ class Engine:
             self._condition.notify()
         self._thread.join(timeout=30)
 
-    def _next_batch(self) -> list[Ticket] | None:
-        """The oldest waiting ticket with every later one that can share its batch."""
+    def _busy(self) -> list[int]:
+        return [slot for slot, row in enumerate(self._slots) if row is not None]
+
+    def _next_tickets(self) -> list[Ticket] | None:
+        """The waiting tickets whose rows fit beside the busy ones, oldest first (waits while there is
+        nothing to do); None once the engine is closed."""
         with self._condition:
-            while not self._waiting and not self._closed:
+            while not self._waiting and not self._busy() and not self._closed:
                 self._condition.wait()
             if self._closed:
                 return None
-            first = self._waiting.popleft()
-            key, batch, rows = first.job.batch_key(), [first], first.job.n
-            if key is not None:
-                for ticket in list(self._waiting):
-                    if ticket.job.batch_key() == key and rows + ticket.job.n <= self.max_batch_size:
-                        self._waiting.remove(ticket)
-                        batch.append(ticket)
-                        rows += ticket.job.n
-            return batch
+            free, taken = self.max_batch_size - len(self._busy()), []
+            while self._waiting and _rows_of(self._waiting[0].job) <= free:
+                ticket = self._waiting.popleft()
+                if ticket.cancelled:  # its client left while it waited
+                    self.clients_left += 1
+                    continue
+                taken.append(ticket)
+                free -= _rows_of(ticket.job)
+            return taken
 
     def _run(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            batch = [ticket for ticket in batch if not ticket.cancelled]
-            if not batch:
-                continue
-            try:
-                if batch[0].job.stream:
-                    self._stream(batch[0])
-                else:
-                    self._decode(batch)
-            except Exception as error:  # a fault in one batch answers its requests; the server goes on
-                for ticket in batch:
-                    ticket.send("error", RequestError(f"decoding failed: {error}", status=500, kind="server_error"))
+        while (tickets := self._next_tickets()) is not None:
+            if tickets:
+                try:
+                    self._admit(tickets)
+                except Exception as error:  # a fault answers the requests it touched; the server goes on
+                    self._fail(tickets, error)
+            if self._busy():
+                try:
+                    self._advance()
+                except Exception as error:
+                    self._fail({row.ticket for row in self._slots if row is not None}, error)
+                    self._slots, self._cache = [], None
 
-    def _decode(self, batch: list[Ticket]) -> None:
-        job = batch[0].job
-        self.batch_sizes[len(batch)] += 1
-        copies = job.n if job.temperature > 0 else 1
-        output, _ = orchestration.run(self.model, self._request([t.job for t in batch], copies))
-        rows = iter(np.asarray(output))
-        for ticket in batch:
-            choices = [self._choice(next(rows), ticket.job) for _ in range(copies)]
-            ticket.send("done", choices * (1 if copies > 1 else ticket.job.n))
+    def _fail(self, tickets, error: Exception) -> None:
+        for ticket in tickets:
+            for row in ticket.rows:
+                if row in self._slots:
+                    self._slots[self._slots.index(row)] = None
+            ticket.send("error", RequestError(f"decoding failed: {error}", status=500, kind="server_error"))
 
-    def _request(self, jobs: list[Job], copies: int = 1) -> Request:
-        """The jobs' prompts as one `Request` of bucketed shapes (`bucket`), `copies` rows each; rows added
-        to fill the bucket repeat the first prompt for one token, and are dropped after."""
-        rows = bucket(len(jobs), self.max_batch_size // copies, power_of_two=True)
-        prompts = [job.prompt for job in jobs] + [jobs[0].prompt] * (rows - len(jobs))
-        limits = [job.max_tokens for job in jobs] + [1] * (rows - len(jobs))
-        width, room = max(map(len, prompts)), max(limits)
-        room = bucket(room, self.model.max_length - width)  # the checked width + max_tokens fit the context
-        width = bucket(width, self.model.max_length - room)
-        ids = np.zeros((rows, width), "int32")
+    def _admit(self, tickets: list[Ticket]) -> None:
+        """Prefills the tickets' prompts and writes them into free rows (the cache grown if it must be)."""
+        if self._busy():
+            self.joined_running += len(tickets)
+        rows = len(self._busy()) + sum(_rows_of(t.job) for t in tickets)
+        length = max([len(t.job.prompt) + t.job.max_tokens for t in tickets] + self._lengths_needed())
+        self._reshape(rows, length)
+        prompts = [t.job.prompt for t in tickets]
+        count = bucket(len(prompts), self.max_batch_size, power_of_two=True)
+        width = bucket(max(map(len, prompts)), self._length())
+        ids = np.zeros((count, width), "int32")
         for row, prompt in zip(ids, prompts):
             row[: len(prompt)] = prompt
-        self.shapes[(rows * copies, width, room)] += 1
-        job = jobs[0]
-        sampler = Sampler(temperature=job.temperature, top_p=job.top_p if job.temperature > 0 else 1.0)
-        return Request.of_prompts(
-            ids,
-            np.arange(width)[None] < np.array([len(p) for p in prompts])[:, None],
-            self.model.vocabulary_size,
-            Strategy(sampler, num_return_sequences=copies),
-            max_new_tokens=room,
-            stop_token_ids=np.asarray(self.stop_ids, "int32"),
-            pad_token_id=self.model._pad_id(None),
-            controls=LogitsControls(repetition_penalty=job.repetition_penalty),
-            seed=job.seed,
-            row_max_new_tokens=np.repeat(np.array(limits, "int32"), copies),
+        filled = self._compiled("prefill", continuous.prefill)(ops.convert_to_tensor(ids))
+        sources, slots = [], []
+        free = iter(slot for slot, row in enumerate(self._slots) if row is None)
+        for source, ticket in enumerate(tickets):
+            for copy in range(_rows_of(ticket.job)):
+                slot = next(free)
+                ticket.rows.append(Row(ticket))
+                self._slots[slot] = ticket.rows[-1]
+                self._start_row(slot, ticket.job, copy)
+                sources.append(source)
+                slots.append(slot)
+        seen_rows = np.zeros((len(slots), self._seen.shape[1]), bool)
+        for index, source in enumerate(sources):
+            seen_rows[index, prompts[source]] = True
+        self._cache, self._seen = continuous.admit(self._cache, self._seen, filled, sources, slots, seen_rows)
+
+    def _start_row(self, slot: int, job: Job, copy: int) -> None:
+        """A row's first step feeds its prompt's last token at its position, with the request's settings."""
+        self._tokens[slot], self._positions[slot] = job.prompt[-1], len(job.prompt) - 1
+        seed = random.getrandbits(32) if job.seed is None else job.seed + copy * 0x9E3779B9
+        self._settings[0][slot], self._settings[1][slot] = job.temperature, job.top_p
+        self._settings[2][slot], self._settings[3][slot] = job.repetition_penalty, seed & 0xFFFFFFFF
+
+    def _lengths_needed(self) -> list[int]:
+        return [len(row.ticket.job.prompt) + row.ticket.job.max_tokens for row in self._slots if row is not None]
+
+    def _length(self) -> int:
+        return 0 if self._cache is None else int(self._cache[0].shape[3])
+
+    def _reshape(self, rows: int, length: int) -> None:
+        """The cache in the fewest rows and positions of the bucketed shapes that hold `rows` rows of
+        `length` positions; the busy rows move to its first rows."""
+        rows = bucket(rows, self.max_batch_size, power_of_two=True)
+        length = max(WIDTH_STEP, bucket(length, self.model.max_length, power_of_two=True))
+        if (rows, length) == (len(self._slots), self._length()):
+            return
+        busy = self._busy()
+        if self._cache is None:
+            self._cache = self.model.empty_cache(rows, length)
+            self._seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "bool")
+        else:
+            self._cache, self._seen = continuous.resized(self._cache, self._seen, busy, rows, length)
+        tokens, positions, settings = np.zeros(rows, "int32"), np.zeros(rows, "int32"), _free_settings(rows)
+        if busy:
+            tokens[: len(busy)], positions[: len(busy)] = self._tokens[busy], self._positions[busy]
+            for kept, old in zip(settings, self._settings):
+                kept[: len(busy)] = old[busy]
+        self._tokens, self._positions, self._settings = tokens, positions, settings
+        self._slots = [self._slots[slot] for slot in busy] + [None] * (rows - len(busy))
+
+    def _advance(self) -> None:
+        """One chunk of steps for every row; then each busy row takes its new tokens, and the rows that
+        ended are given back."""
+        busy = self._busy()
+        features = self._features(busy)
+        chunk = self._compiled(
+            ("chunk", features, self.chunk_steps), continuous.decode_chunk, features, self.chunk_steps
         )
+        self.shapes[(len(self._slots), self._length())] += 1
+        self.rows_per_chunk[len(busy)] += 1
+        settings = continuous.RowSettings(
+            *(ops.convert_to_tensor(v.astype("int32" if i == 3 else "float32")) for i, v in enumerate(self._settings))
+        )
+        self._cache, self._seen, generated = chunk(
+            self._cache,
+            ops.convert_to_tensor(self._tokens),
+            ops.convert_to_tensor(self._positions),
+            self._seen,
+            settings,
+        )
+        generated = ops.convert_to_numpy(generated)
+        self._tokens = generated[:, -1].astype("int32")
+        self._positions = np.minimum(self._positions + self.chunk_steps, self._length() - 1).astype("int32")
+        for slot in busy:
+            row = self._slots[slot]
+            self._take(row, generated[slot])
+            if row.finish is not None:
+                self._slots[slot] = None
+                self._tokens[slot] = self._positions[slot] = 0
+                self._finish(row.ticket)
+        if self._busy():
+            self._reshape(len(self._busy()), max(self._lengths_needed()))
+        else:
+            self._slots, self._cache, self._seen = [], None, None
 
-    def _choice(self, row: np.ndarray, job: Job) -> Choice:
-        start = len(job.prompt)
-        tokens = row[start : generated_end(row, start, job.max_tokens, self.stop_ids)]
-        ended = tokens.size > 0 and int(tokens[-1]) in self.stop_ids
-        text, stopped = cut_at_stop(self.model._decode_text(tokens), job.stop)
-        return Choice(text, int(tokens.size), "stop" if ended or stopped else "length")
+    def _compiled(self, key, make, *arguments):
+        """A compiled function of `continuous`, kept on the model beside `generate`'s (every engine of the
+        model, and every shape it is called with, reuses it)."""
+        key = ("serve", key)
+        if key not in self.model._generate_functions:
+            self.model._generate_functions[key] = make(self.model, *arguments)
+        return self.model._generate_functions[key]
 
-    def _stream(self, ticket: Ticket) -> None:
-        job, model = ticket.job, self.model
-        pieces = orchestration.stream_pieces(model, self._request([job]), self.stream_chunk, False, model._decode_text)
-        tokens, sent, text, finish = [], "", "", "length"
-        try:
-            for piece in pieces:
-                if ticket.cancelled:
-                    self.streams_left += 1
-                    return
-                tokens += [int(i) for i in np.asarray(piece).reshape(-1)]
-                text, stopped = cut_at_stop(model._decode_text(tokens), job.stop)
-                ended = stopped or any(token in self.stop_ids for token in tokens)
-                # hold back what could still become a stop string, and a character cut mid-way
-                safe = len(text) if ended else max(len(text) - max(map(len, job.stop), default=1) + 1, 0)
-                safe = safe if ended or not text.endswith("\ufffd") else min(safe, len(text) - 1)
-                if safe > len(sent):
-                    ticket.send("text", text[len(sent) : safe])
-                    sent = text[:safe]
-                if ended:
-                    finish = "stop"
-                    break
-        finally:
-            pieces.close()
-        if len(text) > len(sent) and finish == "length":
-            ticket.send("text", text[len(sent) :])
-        ticket.send("done", [Choice(text, len(tokens), finish)])
+    def _features(self, busy: list[int]) -> continuous.Features:
+        temperature, top_p, penalty = (self._settings[i][busy] for i in range(3))
+        sampling = temperature > 0
+        return continuous.Features(bool(sampling.any()), bool((top_p[sampling] < 1).any()), bool((penalty != 1).any()))
+
+    def _take(self, row: Row, generated: np.ndarray) -> None:
+        """The row's share of a chunk's tokens: up to its `max_tokens` or a stop token, then its text (cut
+        at a stop string) and, for a stream, the text that can no longer change."""
+        job = row.ticket.job
+        if row.ticket.cancelled:
+            row.finish = "cancelled"
+            return
+        for token in generated.tolist():
+            if len(row.tokens) == job.max_tokens:
+                break
+            row.tokens.append(token)
+            if token in self.stop_ids:
+                row.finish = "stop"
+                break
+        if row.finish is None and len(row.tokens) == job.max_tokens:
+            row.finish = "length"
+        if not (job.stream or job.stop or row.finish):
+            return
+        row.text, stopped = cut_at_stop(self.model._decode_text(np.asarray(row.tokens, "int32")), job.stop)
+        if stopped:
+            row.finish = "stop"
+        if job.stream:
+            self._send_text(row)
+
+    def _send_text(self, row: Row) -> None:
+        """Sends a stream the text that no later token can change: all of it once the row ended, else
+        all but what could still become a stop string, and a character cut mid-way."""
+        text, stops = row.text, row.ticket.job.stop
+        safe = len(text) if row.finish else max(len(text) - max(map(len, stops), default=1) + 1, 0)
+        safe = safe if row.finish or not text.endswith("\ufffd") else min(safe, len(text) - 1)
+        if safe > len(row.sent):
+            row.ticket.send("text", text[len(row.sent) : safe])
+            row.sent = text[:safe]
+
+    def _finish(self, ticket: Ticket) -> None:
+        if any(row.finish is None for row in ticket.rows):
+            return
+        if ticket.cancelled:
+            self.clients_left += 1
+            return
+        choices = [Choice(r.text, len(r.tokens), "length" if r.finish == "length" else "stop") for r in ticket.rows]
+        ticket.send("done", choices * (ticket.job.n // len(choices)))
+
+
+def _rows_of(job: Job) -> int:
+    """Rows a job decodes: one per continuation, one for all of a greedy job's (they are the same)."""
+    return job.n if job.temperature > 0 else 1
+
+
+def _free_settings(rows: int) -> list[np.ndarray]:
+    """Free rows' settings (what they compute is dropped): greedy, no nucleus, no penalty, seed 0."""
+    return [np.zeros(rows, "float32"), np.ones(rows, "float32"), np.ones(rows, "float32"), np.zeros(rows, "int64")]
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:

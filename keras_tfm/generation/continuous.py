@@ -1,0 +1,151 @@
+"""Continuous batching, the device side: a fixed set of rows (slots) of one key/value cache, each row at
+its own position with its own sampling settings and its own random stream, so that a request can join
+the batch between two chunks of steps and leave when it ends (`serve.engine` keeps the books).
+
+- `admit` prefills new prompts and writes them into free rows of the cache.
+- `decode_chunk` runs every row `steps` positions on (a compiled loop), each row feeding its last token
+  at its own position (`call_with_cache` with a `(rows,)` `cache_update_index`).
+- `resized` copies the cache into more or fewer rows, or a longer or shorter length.
+
+Each row draws its tokens from a counter-based generator: the noise of a draw depends only on the row's
+seed and position, never on the other rows, so a seeded request gets the same answer whoever it shares
+the batch with. (Keras' generators give one stream per call, shared by every row of a batch.)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from keras import ops
+
+from keras_tfm.generation import compiled
+from keras_tfm.generation.sampling import nucleus, penalized
+
+
+class RowSettings(NamedTuple):
+    """Each row's sampling: `temperature` (0: greedy), `top_p`, `repetition_penalty` (float32) and
+    `seed` (int32), each `(rows,)`."""
+
+    temperature: object
+    top_p: object
+    repetition_penalty: object
+    seed: object
+
+
+class Features(NamedTuple):
+    """What a compiled chunk computes, fixed for its function: whether any row samples, cuts a nucleus
+    (`top_p` < 1) or penalizes repeats. Rows that do not are unchanged by the others' features."""
+
+    sampling: bool = False
+    nucleus: bool = False
+    penalty: bool = False
+
+
+def _shift_right(x, bits: int):
+    """`x >> bits` of int32 bits read as unsigned (a logical shift)."""
+    return ops.bitwise_and(ops.right_shift(x, bits), (1 << (32 - bits)) - 1)
+
+
+def _int32(value: int):
+    return ops.convert_to_tensor(np.array(value, np.uint32).astype(np.int32))
+
+
+def _mix(x):
+    """lowbias32 (C. Wellons' integer hash) on int32 bits; products wrap modulo 2**32 on every backend."""
+    x = ops.bitwise_xor(x, _shift_right(x, 16))
+    x = x * _int32(0x7FEB352D)
+    x = ops.bitwise_xor(x, _shift_right(x, 15))
+    x = x * _int32(0x846CA68B)
+    return ops.bitwise_xor(x, _shift_right(x, 16))
+
+
+def row_uniforms(seeds, positions, width: int):
+    """`(rows, width)` float32 uniforms in (0, 1), a function of each row's seed and position only."""
+    row_keys = _mix(ops.bitwise_xor(_mix(seeds), positions * _int32(0x9E3779B9)))
+    bits = _mix(ops.expand_dims(row_keys, 1) + ops.arange(width, dtype="int32")[None, :])
+    return (ops.cast(_shift_right(bits, 8), "float32") + 0.5) / float(1 << 24)
+
+
+def choose_rows(logits, seen, settings: RowSettings, positions, features: Features):
+    """Each row's next token from its `logits` `(rows, vocabulary)`, with transformers' meanings: the
+    repetition penalty on the tokens `seen`, then greedy (temperature 0) or a draw from the logits
+    divided by the temperature, cut to the nucleus of `top_p` (Gumbel-max with `row_uniforms`)."""
+    scores = ops.cast(logits, "float32")
+    if features.penalty:
+        scores = penalized(scores, seen, ops.expand_dims(settings.repetition_penalty, 1))
+    greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
+    if not features.sampling:
+        return greedy
+    temperature = ops.expand_dims(settings.temperature, 1)
+    warped = scores / ops.maximum(temperature, 1e-6)
+    if features.nucleus:
+        warped = nucleus(warped, ops.expand_dims(settings.top_p, 1))
+    uniforms = row_uniforms(settings.seed, positions, ops.shape(scores)[-1])
+    sampled = ops.cast(ops.argmax(warped - ops.log(-ops.log(uniforms)), axis=-1), "int32")
+    return ops.where(settings.temperature > 0, sampled, greedy)
+
+
+def decode_chunk(model, features: Features, steps: int):
+    """A compiled `(cache, tokens, positions, seen, settings) -> (cache, seen, generated)`: every row
+    feeds its token at its position, then the token it chose at the next, `steps` times; `generated`
+    `(rows, steps)` holds the chosen tokens. A row past the cache's end writes its last position again
+    (its request has ended; the host drops what it generated)."""
+
+    def step_rows(i, cache, tokens, positions, seen, generated, settings):
+        logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, positions)
+        chosen = choose_rows(logits[:, -1, :], seen, settings, positions, features)
+        generated = ops.slice_update(generated, (0, i), ops.expand_dims(chosen, 1))
+        if features.penalty:
+            seen = ops.logical_or(seen, ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32") > 0)
+        last = ops.shape(cache[0])[3] - 1
+        return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings
+
+    _, while_loop = compiled.decoding_functions(model.call_with_cache, model, traceable=True)
+
+    def chunk(cache, tokens, positions, seen, settings):
+        generated = ops.zeros((ops.shape(tokens)[0], steps), "int32")
+        start = (ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings)
+        result = while_loop(lambda i, *rest: i < steps, step_rows, start)
+        return result[1], result[4], result[5]
+
+    return compiled.compile_function(chunk, model)
+
+
+def prefill(model):
+    """A compiled `(token_ids) -> cache`: the keys and values of right-padded prompts `(rows, width)`,
+    a cache of `width` positions (what follows a prompt's end is overwritten as the row decodes)."""
+
+    def fill(token_ids):
+        rows, width = ops.shape(token_ids)
+        _, cache = model.call_with_cache(token_ids, model.empty_cache(rows, width), 0, output_logits=False)
+        return cache
+
+    return compiled.compile_function(fill, model)
+
+
+def admit(cache, seen, filled, sources, slots, seen_rows):
+    """`cache` and `seen` with rows `slots` `(k,)` replaced: by rows `sources` `(k,)` of the prefilled
+    cache `filled` (its positions from 0, the rest zeros) and by `seen_rows` `(k, vocabulary)`."""
+    indices = ops.expand_dims(ops.convert_to_tensor(slots, "int32"), 1)
+    updated = []
+    for layer, new in zip(cache, filled):
+        new = ops.take(new, ops.convert_to_tensor(sources, "int32"), axis=0)
+        room = ops.shape(layer)[3] - ops.shape(new)[3]
+        new = ops.pad(new, ((0, 0), (0, 0), (0, 0), (0, room), (0, 0)))
+        updated.append(ops.scatter_update(layer, indices, ops.cast(new, layer.dtype)))
+    seen = ops.scatter_update(seen, indices, ops.convert_to_tensor(seen_rows, "bool"))
+    return tuple(updated), seen
+
+
+def resized(cache, seen, kept, rows: int, length: int):
+    """The rows `kept` of `cache` and `seen`, now rows `0 ... len(kept) - 1` of a cache of `rows` rows and
+    `length` positions (cut or padded with zeros)."""
+    kept = ops.convert_to_tensor(np.asarray(kept, "int32"))
+    added = rows - int(kept.shape[0])
+    layers = []
+    for layer in cache:
+        layer = ops.take(layer, kept, axis=0)[:, :, :, :length]
+        room = length - int(layer.shape[3])
+        layers.append(ops.pad(layer, ((0, added), (0, 0), (0, 0), (0, room), (0, 0))))
+    return tuple(layers), ops.pad(ops.take(seen, kept, axis=0), ((0, added), (0, 0)))

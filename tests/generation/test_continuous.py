@@ -1,0 +1,135 @@
+"""Continuous batching's device side: rows at their own positions step as each would alone, rows that
+join a running cache (and move when it is resized) continue as `generate` does, and each row draws from
+its own distribution with its own random stream."""
+
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_tfm
+from keras_tfm.errors import InputError
+from keras_tfm.generation import compiled, continuous
+
+VOCABULARY = 50
+
+
+def decoder_lm():
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, num_key_value_heads=2, hidden_dim=32,
+        intermediate_dim=64, max_length=64, sliding_window=6, query_key_norm=True,
+    )  # fmt: skip
+    model.build()
+    return model
+
+
+def gpt():
+    model = keras_tfm.GPT(vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, hidden_dim=32, max_length=64)
+    model.build()
+    return model
+
+
+@pytest.mark.parametrize("make", [decoder_lm, gpt], ids=["rotary_window", "learned_positions"])
+def test_rows_at_their_own_positions_step_as_each_alone(make, rng):
+    model = make()
+    step = compiled.compile_function(model.call_with_cache, model)  # eager JAX compiles every op per shape
+    prompts = [rng.integers(0, VOCABULARY, n).astype("int32") for n in (3, 8, 13)]  # 13 > the window
+    alone, caches = [], []
+    for prompt in prompts:  # what follows a prompt in the cache is overwritten or masked: pad them alike
+        _, cache = step(np.pad(prompt, (0, 16 - len(prompt)))[None], model.empty_cache(1, 16), 0)
+        logits, _ = step(prompt[None, -1:], cache, ops.convert_to_tensor(len(prompt) - 1, "int32"))
+        alone.append(ops.convert_to_numpy(logits)[0, -1])
+        caches.append(cache)
+    joined = tuple(ops.concatenate(layer, axis=0) for layer in zip(*caches))
+    positions = ops.convert_to_tensor(np.array([len(p) - 1 for p in prompts], "int32"))
+    logits, _ = step(np.array([[p[-1]] for p in prompts], "int32"), joined, positions)
+    np.testing.assert_allclose(ops.convert_to_numpy(logits)[:, -1], np.stack(alone), atol=1e-5)
+    with pytest.raises(InputError, match="one position per row"):
+        model.call_with_cache(np.zeros((3, 2), "int32"), joined, positions)
+
+
+def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0):
+    values = [np.broadcast_to(np.asarray(v, d), (rows,)).copy() for v, d in
+              ((temperature, "float32"), (top_p, "float32"), (penalty, "float32"), (seed, "int32"))]  # fmt: skip
+    return continuous.RowSettings(*(ops.convert_to_tensor(v) for v in values))
+
+
+def test_rows_that_join_a_running_cache_continue_as_generate_does(rng):
+    """Two prompts decode in a cache of four rows; a third (with a repetition penalty) joins after one
+    chunk; the cache then shrinks to two rows and grows in length. Every row's greedy tokens are
+    `generate`'s for its prompt alone."""
+    model = decoder_lm()
+    prompts = [rng.integers(0, VOCABULARY, n).astype("int32") for n in (4, 9, 6)]
+    penalties = [1.0, 1.0, 1.5]
+    expected = [
+        model.generate([p.tolist()], 12, stop_token_ids=(), repetition_penalty=r)[0, len(p) : len(p) + 12]
+        for p, r in zip(prompts, penalties)
+    ]
+    cache, seen = model.empty_cache(4, 32), ops.zeros((4, VOCABULARY), "bool")
+    tokens, positions, slots, got = np.zeros(4, "int32"), np.zeros(4, "int32"), {}, {}
+
+    def admit(cache, seen, index, slot):
+        prompt = prompts[index]
+        filled = continuous.prefill(model)(ops.convert_to_tensor(np.pad(prompt, (0, 32 - len(prompt)))[None]))
+        seen_row = np.zeros((1, VOCABULARY), bool)
+        seen_row[0, prompt] = True
+        tokens[slot], positions[slot], slots[index], got[index] = prompt[-1], len(prompt) - 1, slot, []
+        return continuous.admit(cache, seen, filled, [0], [slot], seen_row)
+
+    cache, seen = admit(cache, seen, 0, 3)
+    cache, seen = admit(cache, seen, 1, 1)
+    for chunk in range(3):
+        if chunk == 1:
+            cache, seen = admit(cache, seen, 2, 0)
+        if chunk == 2:  # row 3 (prompt 0) leaves; rows 0 and 1 move to a cache of 2 rows, 48 positions
+            kept = [0, 1]
+            cache, seen = continuous.resized(cache, seen, kept, 2, 48)
+            tokens, positions = tokens[kept], positions[kept]
+            slots = {index: kept.index(slot) for index, slot in slots.items() if slot in kept}
+        rows = len(tokens)
+        penalty = np.ones(rows, "float32")
+        if 2 in slots:
+            penalty[slots[2]] = penalties[2]
+        decode = continuous.decode_chunk(model, continuous.Features(penalty=bool((penalty != 1).any())), 4)
+        cache, seen, generated = decode(
+            cache,
+            ops.convert_to_tensor(tokens),
+            ops.convert_to_tensor(positions),
+            seen,
+            settings(rows, penalty=penalty),
+        )
+        generated = ops.convert_to_numpy(generated)
+        tokens, positions = generated[:, -1].copy(), positions + 4
+        for index, slot in slots.items():
+            got[index].extend(generated[slot].tolist())
+    np.testing.assert_array_equal(got[0], expected[0][:8])
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[2], expected[2][:8])
+
+
+def test_each_row_draws_from_its_own_distribution_and_stream():
+    """4,000 rows of the same logits, seeds 0 ... 3,999: the tokens' frequencies are the softmax's (within
+    four standard deviations); top-p keeps the smallest nucleus; a greedy row takes the argmax; a row's
+    draw depends on its seed and position only, not on the rows beside it."""
+    probabilities = np.array([0.1, 0.2, 0.3, 0.15, 0.25], "float32")
+    rows = 4000
+    logits = np.tile(np.log(probabilities), (rows, 1))
+    positions = ops.convert_to_tensor(np.full(rows, 7, "int32"))
+    sampled = continuous.Features(sampling=True)
+    seeds = np.arange(rows)
+    drawn = ops.convert_to_numpy(
+        continuous.choose_rows(logits, None, settings(rows, 1.0, seed=seeds), positions, sampled)
+    )
+    tolerance = 4 * np.sqrt(probabilities * (1 - probabilities) / rows)
+    assert np.all(np.abs(np.bincount(drawn, minlength=5) / rows - probabilities) < tolerance)
+    nucleus = continuous.Features(sampling=True, nucleus=True)
+    cut = ops.convert_to_numpy(
+        continuous.choose_rows(logits, None, settings(rows, 1.0, 0.7, seed=seeds), positions, nucleus)
+    )
+    kept = np.array([0, 0.2, 0.3, 0, 0.25]) / 0.75  # 0.3 + 0.25 + 0.2 is the first mass past 0.7
+    assert np.all(np.abs(np.bincount(cut, minlength=5) / rows - kept) < 4 * np.sqrt(kept * (1 - kept) / rows) + 1e-9)
+    mixed = settings(3, temperature=np.array([1.0, 0.0, 1.0]), seed=np.array([11, 0, 12]))
+    three = continuous.choose_rows(logits[:3], None, mixed, positions[:3], sampled)
+    alone = continuous.choose_rows(logits[:1], None, settings(1, 1.0, seed=11), positions[:1], sampled)
+    assert ops.convert_to_numpy(three)[1] == 2 and ops.convert_to_numpy(three)[0] == ops.convert_to_numpy(alone)[0]
+    later = continuous.choose_rows(logits, None, settings(rows, 1.0, seed=seeds), positions + 1, sampled)
+    assert np.mean(ops.convert_to_numpy(later) == drawn) < 0.35  # another position, another draw
