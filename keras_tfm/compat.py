@@ -31,6 +31,7 @@ __all__ = [
     "in_symbolic_scope",
     "on_xla_cpu",
     "one_garbage_collection",
+    "patch_tf2onnx",
     "set_keras_mask",
     "set_pre_tokenizer",
     "sublayers",
@@ -150,3 +151,11 @@ def jax_live_processes(count: int) -> list[int]:
     if isinstance(live, dict):
         return sorted(int(index) for index in live)
     return sorted(int(getattr(node, "process_id", node)) for node in live)
+
+
+def patch_tf2onnx() -> None:
+    """Keras' fix of tf2onnx for NumPy 2 (tf2onnx reads `np.object`, `np.bool`, ...), which Keras applies
+    before its own ONNX export; a model's own function exported with tf2onnx needs it too."""
+    from keras.src.export.tf2onnx_lib import patch_tf2onnx as patch
+
+    patch()

@@ -133,3 +133,13 @@ def test_jaxlib_client_reports_live_processes():
 
     assert hasattr(distributed.global_state, "client")
     assert "get_live_nodes" in dir(_jax.DistributedRuntimeClient)
+
+
+@pytest.mark.backend_independent
+def test_keras_patches_tf2onnx_for_numpy_2():
+    pytest.importorskip("tf2onnx")
+    from tf2onnx import tf_utils
+
+    compat.patch_tf2onnx()
+    assert hasattr(np, "object")  # tf2onnx reads it; NumPy 2 removed it
+    assert tf_utils.__name__ == "tf2onnx.tf_utils"

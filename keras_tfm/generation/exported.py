@@ -1,7 +1,10 @@
-"""Decoding as one traced function of tensors: what an exported SavedModel's `generate` (a causal LM)
-or `translate` (a translator) endpoint runs, so that TensorFlow's loader or TensorFlow Serving decodes
-without Python Keras. The loop is `decoding.decode`, as `generate` runs it; here every size but the
-room for new tokens (`room`, fixed at export) is a traced value: any batch, any prompt length."""
+"""Decoding as traced functions of tensors, so that an exported model decodes without Python Keras.
+
+`decode_tensors` is the whole loop: what a SavedModel's `generate` (a causal LM) or `translate` (a
+translator) endpoint runs in TensorFlow's loader or TensorFlow Serving. The loop is `decoding.decode`,
+as `generate` runs it; every size but the room for new tokens (`room`, fixed at export) is a traced
+value: any batch, any prompt length. `cached_step` is one step over a key/value cache that the caller
+holds: what a LiteRT or ONNX model exports, whose runtime has no loop of ours."""
 
 from __future__ import annotations
 
@@ -67,3 +70,14 @@ def _ends(output, lengths, max_new_tokens, stops):
     stopped = ops.logical_and(new, ops.any(ops.equal(output[:, :, None], stops[None, None, :]), axis=-1))
     first = ops.cast(ops.argmax(ops.cast(stopped, "int32"), axis=1), "int32") + 1
     return ops.where(ops.any(stopped, axis=1), first, lengths + max_new_tokens)
+
+
+def cached_step(model, token_ids, position, cache) -> dict:
+    """The model on `token_ids` `(rows, length)` at positions `position ... position + length - 1` (a
+    scalar shared by the rows), reading and writing `cache`: one tensor `(layers, rows, 2,
+    key_value_heads, cache_length, head_dim)` that the caller passes back at the next step (zeros
+    before the first). Returns `{"logits": (rows, length, vocabulary), "updated_cache": `cache` with this step written}` (an
+    output of its own name: tf2onnx would give an input and an output of one name the same tensor)."""
+    layers = tuple(ops.unstack(cache, axis=0))
+    logits, layers = model.call_with_cache(ops.cast(token_ids, "int32"), layers, ops.cast(position, "int32"))
+    return {"logits": logits, "updated_cache": ops.stack(layers, axis=0)}

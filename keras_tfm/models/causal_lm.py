@@ -298,6 +298,7 @@ class CausalLM(ZooModel):
         top_k: int | None = None,
         top_p: float | None = None,
         stop_token_ids=None,
+        cache_length: int | None = None,
         **kwargs,
     ) -> None:
         """`ZooModel.export`; a SavedModel also holds the decoding loop as its `generate` endpoint, which
@@ -315,6 +316,14 @@ class CausalLM(ZooModel):
                 where that is less.
             temperature, top_k, top_p: the endpoint's sampling, as `generate`'s (default: greedy).
             stop_token_ids: as `generate`'s (default: the checkpoint's end ids).
+            cache_length: exports the model's step over a key/value cache of this many positions, which
+                the caller holds, so that a runtime without our loop decodes (LiteRT, onnxruntime):
+                `decode(token_ids, position, cache)` takes int32 `token_ids` `(batch, length)` placed at
+                positions `position ...` (an int32 scalar, shared by the rows) and the float `cache`
+                `(num_layers, batch, 2, num_key_value_heads, cache_length, head_dim)` (zeros at first),
+                and returns `{"logits": (batch, length, vocabulary_size), "updated_cache": ...}` to pass back.
+                A LiteRT or ONNX file then holds this step instead of the forward pass (its signature or
+                graph `decode`); a SavedModel gets it as one more endpoint. At most `max_length`.
         """
         owner = f"{type(self).__name__}.export"
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -322,7 +331,18 @@ class CausalLM(ZooModel):
             format, owner, max_new_tokens=max_new_tokens, **sampling, stop_token_ids=stop_token_ids
         )
         exporting.check_format(format, owner)
-        endpoints = ()
+        step = None if cache_length is None else self._cached_step(owner, cache_length)
+        if step is not None and format != "tf_saved_model":
+            if input_signature is not None or kwargs:
+                given = "input_signature" if input_signature is not None else next(iter(kwargs))
+                raise InputError(
+                    f"with cache_length, format={format!r} writes the cached step alone, whose signature is "
+                    f"fixed; received {given}.",
+                    given,
+                    caller=owner,
+                )
+            return exporting.export_function(self, filepath, format, step, verbose)
+        endpoints = () if step is None else (step,)
         if format == "tf_saved_model":
             max_new_tokens = min(128, self.max_length - 1) if max_new_tokens is None else max_new_tokens
             check_decoding(owner, max_new_tokens=max_new_tokens)
@@ -346,8 +366,37 @@ class CausalLM(ZooModel):
                     ("seed", ()),
                 )
             ]
-            endpoints = (exporting.Endpoint("generate", generate, signature),)
+            endpoints = (*endpoints, exporting.Endpoint("generate", generate, signature))
         exporting.export(self, filepath, format, verbose, input_signature, endpoints, **kwargs)
+
+    def _cached_step(self, owner: str, cache_length) -> exporting.Endpoint:
+        """The `decode` endpoint of `export(..., cache_length=)`: `exported.cached_step` over a cache of
+        `cache_length` positions."""
+        if not is_integer(cache_length) or not 1 <= cache_length <= self.max_length:
+            raise InputError(
+                f"must be an integer in [1, max_length={self.max_length}]; received {cache_length!r}.",
+                "cache_length",
+                caller=owner,
+            )
+        self._build_on_demand()
+        attention = self.blocks[0].self_attention
+        shape = (len(self.blocks), None, 2, attention.num_key_value_heads, cache_length, attention.key_dim)
+
+        def decode(token_ids, position, cache):  # the names are the signature's
+            return exported.cached_step(self, token_ids, position, cache)
+
+        signature = [
+            keras.InputSpec(shape=(None, None), dtype="int32", name="token_ids"),
+            keras.InputSpec(shape=(), dtype="int32", name="position"),
+            keras.InputSpec(shape=shape, dtype=self.compute_dtype, name="cache"),
+        ]
+        cache_shape = ", ".join("batch" if size is None else str(size) for size in shape)
+        symbolic = {
+            "polymorphic_shapes": ["(batch, length)", "()", f"({cache_shape})"],
+            "polymorphic_constraints": [f"length <= {cache_length}"],
+            "with_gradient": False,  # an inference step: no gradient to trace (it would lose the constraint)
+        }
+        return exporting.Endpoint("decode", decode, signature, symbolic)
 
     def chat(self, messages: list[dict], max_new_tokens: int = 256, **generate_arguments) -> str:
         """The model's reply to a conversation: the messages rendered with the checkpoint's chat template

@@ -31,11 +31,14 @@ PACKAGES = {"tf_saved_model": ("tensorflow",), "litert": ("tensorflow",), "onnx"
 
 
 class Endpoint(NamedTuple):
-    """One more function of a SavedModel: its `name`, the traced `function` and its `input_signature`."""
+    """One more function of a SavedModel: its `name`, the traced `function` and its `input_signature`;
+    `jax2tf_kwargs`: the symbolic shapes of its inputs on JAX, where inputs share an unknown dimension
+    or one is bounded (Keras names each unknown dimension apart: JAX cannot tell two batches are one)."""
 
     name: str
     function: Callable
     input_signature: list
+    jax2tf_kwargs: dict | None = None
 
 
 def export(model, filepath, format: str, verbose, input_signature, endpoints: tuple = (), **kwargs) -> None:
@@ -47,7 +50,7 @@ def export(model, filepath, format: str, verbose, input_signature, endpoints: tu
     if input_signature is None:
         input_signature = model._export_signature()
     if format == "onnx":
-        _teach_tf2onnx_erfc()
+        _teach_tf2onnx()
     if format != "tf_saved_model":
         return keras.Model.export(
             model, filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs
@@ -67,11 +70,52 @@ def export(model, filepath, format: str, verbose, input_signature, endpoints: tu
     archive.write_out(filepath, verbose=True if verbose is None else verbose)
 
 
+def export_function(model, filepath, format: str, endpoint: Endpoint, verbose) -> None:
+    """Writes `endpoint` alone as a LiteRT model (one signature, named as the endpoint) or an ONNX graph,
+    from TensorFlow: what a model exports in place of its forward pass (a causal LM's cached step)."""
+    import tensorflow as tf
+
+    check_format(format, f"{type(model).__name__}.export")
+    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name) for spec in endpoint.input_signature]
+    function = tf.function(endpoint.function, input_signature=specs, autograph=False)
+    if format == "onnx":
+        import tf2onnx
+
+        from keras_tfm.compat import patch_tf2onnx
+
+        patch_tf2onnx()
+        _teach_tf2onnx()
+        tf2onnx.convert.from_function(function, specs, output_path=str(filepath))
+        return
+    import tempfile
+
+    from keras.export import ExportArchive
+
+    with tempfile.TemporaryDirectory() as saved:
+        archive = ExportArchive()
+        archive.track(model)
+        archive.add_endpoint(endpoint.name, function)
+        archive.write_out(saved, verbose=False)
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=[endpoint.name])
+        # builtin operations only: the LiteRT runtime of pip and phones has no TensorFlow kernels
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        flat = converter.convert()
+    with open(filepath, "wb") as file:
+        file.write(flat)
+    if verbose:
+        print(f"Saved a LiteRT model with the signature {endpoint.name!r} to {filepath}")
+
+
 def _add_endpoint(archive, endpoint: Endpoint) -> None:
     """On TensorFlow the endpoint is compiled with XLA, as `generate` runs it: the same random draws for
     a seed, and a decoding loop of fused steps (JAX's jax2tf export is XLA already)."""
     if keras.backend.backend() != "tensorflow":
-        archive.add_endpoint(endpoint.name, endpoint.function, input_signature=endpoint.input_signature)
+        archive.add_endpoint(
+            endpoint.name,
+            endpoint.function,
+            input_signature=endpoint.input_signature,
+            jax2tf_kwargs=endpoint.jax2tf_kwargs or {},
+        )
         return
     import tensorflow as tf
 
@@ -117,23 +161,62 @@ def check_format(format: str, owner: str) -> None:
         )
 
 
-def _teach_tf2onnx_erfc() -> None:
-    """tf2onnx converts TensorFlow's exact GELU (`0.5 * x * erfc(-x / sqrt(2))`) but not its `Erfc`;
-    this writes it as `1 - Erf(x)`, which ONNX has (once per process)."""
-    import numpy as np
-    from tf2onnx import utils
+def _teach_tf2onnx() -> None:
+    """What tf2onnx lacks (once per process): `Erfc` (TensorFlow's exact GELU, `0.5 * x * erfc(-x /
+    sqrt(2))`), written as `1 - Erf(x)`; and `XlaDynamicUpdateSlice` (Keras' `slice_update` on
+    TensorFlow: a decoding step's cache write), written as a `ScatterND`."""
     from tf2onnx.handler import tf_op
 
     if any("Erfc" in handlers for handlers in tf_op.get_opsets().get("", [])):
         return
+    tf_op("Erfc")(_Erfc)
+    tf_op("XlaDynamicUpdateSlice")(_DynamicUpdateSlice)
 
-    @tf_op("Erfc")
-    class Erfc:
-        @classmethod
-        def version_9(cls, ctx, node, **kwargs):
-            dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
-            one = ctx.make_const(utils.make_name("one"), np.array(1, dtype))
-            erf = ctx.make_node("Erf", [node.input[0]], op_name_scope=node.name)
-            shapes, dtypes = node.output_shapes, node.output_dtypes
-            ctx.remove_node(node.name)
-            ctx.make_node("Sub", [one.output[0], erf.output[0]], outputs=[node.output[0]], shapes=shapes, dtypes=dtypes)
+
+class _Erfc:
+    @classmethod
+    def version_9(cls, ctx, node, **kwargs):
+        import numpy as np
+        from tf2onnx import utils
+
+        dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+        one = ctx.make_const(utils.make_name("one"), np.array(1, dtype))
+        erf = ctx.make_node("Erf", [node.input[0]], op_name_scope=node.name)
+        shapes, dtypes = node.output_shapes, node.output_dtypes
+        ctx.remove_node(node.name)
+        ctx.make_node("Sub", [one.output[0], erf.output[0]], outputs=[node.output[0]], shapes=shapes, dtypes=dtypes)
+
+
+class _DynamicUpdateSlice:
+    """`update` written into `data` from `starts` (clamped so that it fits, as XLA does): a `ScatterND`
+    whose indices are every position of the update, offset by the starts."""
+
+    @classmethod
+    def version_11(cls, ctx, node, **kwargs):
+        import numpy as np
+        from onnx import TensorProto
+        from tf2onnx import utils
+
+        data, update, starts = node.input
+        rank = ctx.get_rank(update)
+
+        def const(value):
+            return ctx.make_const(utils.make_name("const"), np.array(value, np.int64)).output[0]
+
+        def op(kind, inputs, **attributes):
+            return ctx.make_node(kind, inputs, attr=attributes, op_name_scope=node.name).output[0]
+
+        shape = op("Shape", [update])
+        room = op("Sub", [op("Shape", [data]), shape])
+        starts = op("Min", [op("Max", [op("Cast", [starts], to=TensorProto.INT64), const([0] * rank)]), room])
+        with_one = op("Concat", [shape, const([1])], axis=0)
+        coordinates = []
+        for axis in range(rank):
+            start = op("Gather", [starts, const(axis)])
+            line = op("Range", [start, op("Add", [start, op("Gather", [shape, const(axis)])]), const(1)])
+            line = op("Reshape", [line, const([-1 if i == axis else 1 for i in range(rank)])])
+            coordinates.append(op("Reshape", [op("Expand", [line, shape]), with_one]))
+        indices = op("Concat", coordinates, axis=rank)
+        shapes, dtypes = node.output_shapes, node.output_dtypes
+        ctx.remove_node(node.name)
+        ctx.make_node("ScatterND", [data, indices, update], outputs=[node.output[0]], shapes=shapes, dtypes=dtypes)

@@ -187,6 +187,73 @@ def test_a_translators_saved_model_translates_as_translate_does(tmp_path):
     assert out["lengths"].numpy().tolist() == ends
 
 
+def _step_runner(path: str, format: str):
+    """`decode(token_ids, position, cache) -> (logits, cache)` of an exported cached step, in its runtime."""
+    if format == "tf_saved_model":
+        import tensorflow as tf
+
+        served = tf.saved_model.load(path)  # owns the variables: kept alive with the function
+
+        def run(**feeds):
+            outputs = served.decode(**feeds)
+            return outputs["logits"].numpy(), outputs["updated_cache"].numpy()
+
+        return run
+    if format == "onnx":
+        import onnxruntime
+
+        inference = onnxruntime.InferenceSession(path)
+        assert sorted(i.name for i in inference.get_inputs()) == ["cache", "position", "token_ids"]
+        names = [o.name for o in inference.get_outputs()]
+        return lambda **feeds: tuple(inference.run(names, feeds))
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=path).get_signature_runner("decode")
+
+    def run(**feeds):
+        outputs = runner(**feeds)
+        return outputs["logits"], outputs["updated_cache"]
+
+    return run
+
+
+@pytest.mark.parametrize("format", ["tf_saved_model", "onnx", "litert"])
+def test_an_exported_cached_step_decodes_as_generate_does(tmp_path, format):
+    """`export(..., cache_length=)`: the model's step over a cache the caller holds, run in each runtime
+    by a plain greedy loop (a prefill at position 0, then one token at a time): the first logits are the
+    model's and the tokens `generate`'s, for a batch of two prompts and for one."""
+    model = MODELS["decoder_lm"][0]()
+    path = str(tmp_path / {"tf_saved_model": "served", "onnx": "step.onnx", "litert": "step.tflite"}[format])
+    if BACKEND == "torch" or (BACKEND == "jax" and format != "tf_saved_model"):
+        with pytest.raises(InputError, match=rf"format: DecoderLM\.export: cannot write format='{format}'"):
+            model.export(path, format=format, cache_length=12)
+        return
+    model.export(path, format=format, cache_length=12, verbose=False)
+    step = _step_runner(path, format)
+    attention = model.blocks[0].self_attention
+    for prompts in ([[3, 5, 7, 2], [4, 4, 9, 1]], [[6, 2]]):
+        ids = np.array(prompts, "int32")
+        cache = np.zeros(
+            (len(model.blocks), len(prompts), 2, attention.num_key_value_heads, 12, attention.key_dim), "float32"
+        )
+        logits, cache = step(token_ids=ids, position=np.array(0, "int32"), cache=cache)
+        assert_close(logits, to_numpy(model(ids)), atol=1e-5)
+        tokens = []
+        for position in range(ids.shape[1], ids.shape[1] + 5):
+            tokens.append(logits[:, -1].argmax(-1).astype("int32"))
+            logits, cache = step(token_ids=tokens[-1][:, None], position=np.array(position, "int32"), cache=cache)
+        expected = model.generate(prompts, max_new_tokens=5, stop_token_ids=())[:, ids.shape[1] :]
+        np.testing.assert_array_equal(np.stack(tokens, axis=1), expected)
+    with pytest.raises(
+        InputError, match=r"cache_length: DecoderLM\.export: must be an integer in \[1, max_length=16\]"
+    ):
+        model.export(str(tmp_path / "other"), format=format, cache_length=17)
+    if format != "tf_saved_model":
+        with pytest.raises(InputError, match=r"input_signature: DecoderLM\.export: with cache_length, format="):
+            model.export(str(tmp_path / "other"), format=format, cache_length=8, input_signature=[None])
+    assert not (tmp_path / "other").exists()
+
+
 @pytest.mark.parametrize("format", ["onnx", "litert"])
 def test_decoding_settings_for_a_format_without_the_loop_are_refused_not_dropped(tmp_path, format):
     lm, translator = MODELS["decoder_lm"][0](), MODELS["translator"][0]()
