@@ -3,8 +3,9 @@ weights), exported as a SavedModel (with its `generate` endpoint) from TensorFlo
 and ONNX from TensorFlow. Per artifact: its size and the export's time; the logits of one 128-token
 prompt in each runtime (TensorFlow's SavedModel loader, LiteRT's interpreter, onnxruntime) against
 Keras' `predict_on_batch`; greedy decoding (32-token prompt, 64 new tokens) by the SavedModel's
-`generate` against `model.generate`. One process per backend and format, whose peak resident memory is
-the export's; each timing is the best of five.
+`generate` against `model.generate`, and by the cached step (`export(..., cache_length=256)`) in LiteRT's
+interpreter and onnxruntime, called from a Python loop (a prefill, then a call per token). One process
+per backend and format, whose peak resident memory is the export's; each timing is the best of five.
 
     python benchmarks/export.py [--backends tensorflow jax]
 """
@@ -22,7 +23,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import report, write_results  # noqa: E402
 
-PROMPT, NEW_TOKENS, FORWARD = 32, 64, 128
+PROMPT, NEW_TOKENS, FORWARD, CACHE = 32, 64, 128, 256
+STEPS = {"litert_step": "litert", "onnx_step": "onnx"}  # the cached step's workers and their formats
 
 
 def best_of(run, times: int = 5) -> float:
@@ -59,6 +61,81 @@ def runner(format: str, path: str):
     return lambda ids: run(token_ids=ids)["output_0"], run
 
 
+def step_runner(format: str, path: str):
+    """The cached step `(ids, position, cache) -> (logits, cache)` in its runtime."""
+    if format == "onnx":
+        import onnxruntime
+
+        inference = onnxruntime.InferenceSession(path)
+        names = [output.name for output in inference.get_outputs()]
+
+        def run(ids, position, cache):
+            return tuple(inference.run(names, {"token_ids": ids, "position": position, "cache": cache}))
+
+        return run
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=path).get_signature_runner("decode")
+
+    def run(ids, position, cache):
+        outputs = runner(token_ids=ids, position=position, cache=cache)
+        return outputs["logits"], outputs["updated_cache"]
+
+    return run
+
+
+def step_worker(model, worker: str, rng) -> None:
+    """Exports the cached step to LiteRT or ONNX and decodes with it greedily, against `model.generate`."""
+    import resource
+
+    format = STEPS[worker]
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "step.tflite" if format == "litert" else "step.onnx")
+        start = time.perf_counter()
+        model.export(path, format=format, verbose=False, cache_length=CACHE)
+        export_s = time.perf_counter() - start
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+        row = {
+            "task": "artifacts",
+            "backend": "tensorflow",
+            "format": f"{format}, cached step",
+            "mb": round(size_mb(path)),
+        }
+        report(
+            {
+                **row,
+                "weights_mb": round(model.count_params() * 4 / 1e6),
+                "export_s": round(export_s, 1),
+                "peak_rss_mb": round(peak),
+            }
+        )
+        step = step_runner(format, path)
+        attention = model.blocks[0].self_attention
+        empty = np.zeros((len(model.blocks), 1, 2, attention.num_key_value_heads, CACHE, attention.key_dim), "float32")
+        prompt = rng.integers(0, 49152, (1, PROMPT)).astype("int32")
+
+        def greedy() -> np.ndarray:
+            logits, cache = step(prompt, np.array(0, "int32"), empty)
+            tokens = []
+            for position in range(PROMPT, PROMPT + NEW_TOKENS):
+                tokens.append(logits[:, -1].argmax(-1).astype("int32"))
+                logits, cache = step(tokens[-1][:, None], np.array(position, "int32"), cache)
+            return np.stack(tokens, axis=1)
+
+        same = bool(np.array_equal(greedy(), model.generate(prompt, NEW_TOKENS, stop_token_ids=())[:, PROMPT:]))
+        seconds = best_of(greedy, 3)
+        runs = f"{'LiteRT' if format == 'litert' else 'onnxruntime'} cached step, a Python loop"
+        report(
+            {
+                "task": "decoding",
+                "backend": "tensorflow",
+                "runs": runs,
+                "new_tokens_per_s": round(NEW_TOKENS / seconds, 1),
+                "same_tokens": same,
+            }
+        )
+
+
 def worker(format: str) -> None:
     """Exports to `format` and runs the artifact, in a process of its own: its peak memory is the export's."""
     import resource
@@ -71,6 +148,8 @@ def worker(format: str) -> None:
     rng = np.random.default_rng(0)
     model = keras_tfm.smollm2_135m(max_length=256)
     model.build()
+    if format in STEPS:
+        return step_worker(model, format, rng)
     ids = rng.integers(0, 49152, (1, FORWARD)).astype("int32")
     expected = model.predict_on_batch(ids)
     if format == "tf_saved_model":
@@ -120,7 +199,7 @@ def decoding(model, served, backend: str, rng) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax"])
-    parser.add_argument("--worker", choices=["tf_saved_model", "litert", "onnx"])
+    parser.add_argument("--worker", choices=["tf_saved_model", "litert", "onnx", *STEPS])
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker)
@@ -129,7 +208,7 @@ def main() -> None:
 
     results = []
     for backend in args.backends:
-        for format in ["tf_saved_model", "litert", "onnx"] if backend == "tensorflow" else ["tf_saved_model"]:
+        for format in ["tf_saved_model", "litert", "onnx", *STEPS] if backend == "tensorflow" else ["tf_saved_model"]:
             env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
             command = [sys.executable, __file__, "--worker", format]
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3000)
