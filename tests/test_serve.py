@@ -169,6 +169,21 @@ def test_a_request_joins_rows_that_are_decoding(model, monkeypatch):
     assert ended["short"] < ended["long"] and engine.joined_running == 1
 
 
+def test_a_model_with_a_position_table_decodes_to_the_end_of_its_context(model):
+    """A GPT of 16 positions asked for every token its context leaves: the rows' cache never outgrows
+    the position table (chunks of 4 steps overshoot a row's end), and the answer is `generate`'s."""
+    import keras_tfm
+
+    gpt = keras_tfm.GPT(vocabulary_size=29, max_length=16, num_layers=1, num_heads=2, hidden_dim=8)
+    gpt.tokenizer = model.tokenizer
+    room = 16 - len(gpt.tokenizer.encode_prompt("to be"))
+    with Server(gpt) as server:
+        answer = httpx.post(server.url + "/v1/completions", json={"prompt": "to be", "temperature": 0}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] == gpt.generate("to be", max_new_tokens=room)[len("to be") :]
+    assert answer.json()["usage"]["completion_tokens"] == room
+
+
 @pytest.mark.backend_independent
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
     with Server(model, api_key="secret", max_tokens=20, max_body_bytes=2000) as server:

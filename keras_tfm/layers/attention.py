@@ -63,6 +63,17 @@ def _shown(shape) -> tuple:
     return tuple(d if isinstance(d, int) else None for d in shape)
 
 
+def _check_per_row(index, value) -> None:
+    """Refuses a per-row `cache_update_index` (a `(batch,)` tensor) of another batch than `value`'s, or
+    with more than one new position per row."""
+    if is_per_row(index) and (value.shape[1] != 1 or _static_dims_differ(index.shape, value.shape[:1])):
+        raise InputError(
+            f"a `cache_update_index` per row, of shape (batch,), writes one position per row; received "
+            f"shape {tuple(index.shape)} for `value` of shape {tuple(value.shape)}.",
+            caller="MultiHeadAttention",
+        )
+
+
 def _write_rows(cache, start: tuple, entries):
     """`cache` `(batch, 2, heads, length, dim)` with each row's one new position `entries[b, :, :, 0]`
     written at its own position `start[3][b]`: a scatter of the new entries only."""
@@ -287,12 +298,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     f"received {index}.",
                     caller="MultiHeadAttention",
                 )
-        if is_per_row(index) and value.shape[1] != 1:
-            raise InputError(
-                f"a `cache_update_index` per row writes one position per row; received `value` of shape "
-                f"{tuple(value.shape)}.",
-                caller="MultiHeadAttention",
-            )
+        _check_per_row(index, value)
         new_entries = self.precompute_key_value(value, key, start_index=cache_update_index, angles=angles)
         # one update of the joint cache: a functional update copies its input (PyTorch)
         write = _CACHE_WRITERS[-1] if _CACHE_WRITERS else (_write_rows if is_per_row(index) else ops.slice_update)
@@ -415,6 +421,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             value_mask = get_keras_mask(value)
 
         start_index = 0 if cache_update_index is None else cache_update_index
+        _check_per_row(start_index, query)
         angles = self._angles(query, start_index)
         query_heads = self._split_heads(self.query_dense(query), self.key_dim)
         query_heads = self._positioned(query_heads, getattr(self, "query_norm", None), angles)

@@ -79,6 +79,13 @@ class LearnedPositionEmbedding(keras.layers.Layer):
                 caller="LearnedPositionEmbedding",
             )
         table = ops.cast(self.embeddings, self.compute_dtype)
+        rows = inputs.shape[0]
+        if is_per_row(start_index) and isinstance(rows, int) and start_index.shape[0] not in (None, rows):
+            raise InputError(
+                f"`start_index` per row must have shape (batch,) = ({rows},); received shape "
+                f"{tuple(start_index.shape)}.",
+                caller="LearnedPositionEmbedding",
+            )
         if is_per_row(start_index):
             positions = ops.take(table, ops.expand_dims(start_index, 1) + ops.arange(ops.shape(inputs)[1])[None, :], 0)
         elif isinstance(length, int):

@@ -195,7 +195,8 @@ class Engine:
         """The cache in the fewest rows and positions of the bucketed shapes that hold `rows` rows of
         `length` positions; the busy rows move to its first rows."""
         rows = bucket(rows, self.max_batch_size, power_of_two=True)
-        length = max(WIDTH_STEP, bucket(length, self.model.max_length, power_of_two=True))
+        context = self.model.max_length  # never past it: a position table has no row beyond
+        length = max(min(WIDTH_STEP, context), bucket(length, context, power_of_two=True))
         if (rows, length) == (len(self._slots), self._length()):
             return
         busy = self._busy()

@@ -43,8 +43,10 @@ def test_rows_at_their_own_positions_step_as_each_alone(make, rng):
     positions = ops.convert_to_tensor(np.array([len(p) - 1 for p in prompts], "int32"))
     logits, _ = step(np.array([[p[-1]] for p in prompts], "int32"), joined, positions)
     np.testing.assert_allclose(ops.convert_to_numpy(logits)[:, -1], np.stack(alone), atol=1e-5)
-    with pytest.raises(InputError, match="one position per row"):
+    with pytest.raises(InputError, match=r"one position per row; received shape \(3,\) for `value` of shape"):
         model.call_with_cache(np.zeros((3, 2), "int32"), joined, positions)
+    with pytest.raises(InputError, match=r"per row.* shape \(batch,\).*received shape \(2,\)"):
+        model.call_with_cache(np.zeros((3, 1), "int32"), joined, positions[:2])
 
 
 def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0):
