@@ -420,21 +420,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         if value_mask is None:
             value_mask = get_keras_mask(value)
 
-        start_index = 0 if cache_update_index is None else cache_update_index
-        _check_per_row(start_index, query)
-        angles = self._angles(query, start_index)
-        query_heads = self._split_heads(self.query_dense(query), self.key_dim)
-        query_heads = self._positioned(query_heads, getattr(self, "query_norm", None), angles)
-        # self-attention's keys sit where its queries do: the same rotation
-        key_angles = angles if key is query else None
-        if cache is not None:
-            self._check_cacheable(cache)
-            if cache_update_index is not None:
-                cache = self.update_cache(value, cache, cache_update_index, key, angles=key_angles)
-            key_heads, value_heads = _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1])
-        else:
-            key_heads, value_heads = self._key_value_heads(value, key, angles=key_angles)
-
+        query_heads, key_heads, value_heads, cache = self._heads(query, value, key, cache, cache_update_index)
         # ints, or tensors where a traced function leaves them unknown (TensorFlow's `fit` and
         # `predict` retrace with unknown batch and length once shapes vary)
         batch, query_length = ops.shape(query)[0], ops.shape(query)[1]
@@ -479,6 +465,23 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         if cache is not None:
             extras.append(cache)
         return (output, *extras) if extras else output
+
+    def _heads(self, query, value, key, cache, cache_update_index) -> tuple:
+        """The query, key and value heads (the keys and values from the cache, written first when
+        `cache_update_index` is given) and the cache (None without one)."""
+        start_index = 0 if cache_update_index is None else cache_update_index
+        _check_per_row(start_index, query)
+        angles = self._angles(query, start_index)
+        query_heads = self._split_heads(self.query_dense(query), self.key_dim)
+        query_heads = self._positioned(query_heads, getattr(self, "query_norm", None), angles)
+        # self-attention's keys sit where its queries do: the same rotation
+        key_angles = angles if key is query else None
+        if cache is None:
+            return query_heads, *self._key_value_heads(value, key, angles=key_angles), None
+        self._check_cacheable(cache)
+        if cache_update_index is not None:
+            cache = self.update_cache(value, cache, cache_update_index, key, angles=key_angles)
+        return query_heads, _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1]), cache
 
     def _unfused(self, query_heads, explicit: bool) -> bool:
         """Whether the weights are computed here rather than by the fused op. The fused op needs equal

@@ -344,30 +344,32 @@ class CausalLM(ZooModel):
             return exporting.export_function(self, filepath, format, step, verbose)
         endpoints = () if step is None else (step,)
         if format == "tf_saved_model":
-            max_new_tokens = min(128, self.max_length - 1) if max_new_tokens is None else max_new_tokens
-            check_decoding(owner, max_new_tokens=max_new_tokens)
-            self._check_fits(owner, 1 + max_new_tokens, max_new_tokens)
-            sampler = exported.SortingSampler(**{k: v for k, v in sampling.items() if v is not None})
-            stops, pad = self._stop_ids(stop_token_ids).tolist(), self._pad_id(None)
-
-            room = max_new_tokens
-
-            def generate(token_ids, lengths, max_new_tokens, seed):  # the names are the signature's
-                return exported.decode_tensors(
-                    self, token_ids, lengths, max_new_tokens, seed, room, sampler, stops, pad
-                )
-
-            signature = [
-                keras.InputSpec(shape=shape, dtype="int32", name=name)
-                for name, shape in (
-                    ("token_ids", (None, None)),
-                    ("lengths", (None,)),
-                    ("max_new_tokens", ()),
-                    ("seed", ()),
-                )
-            ]
-            endpoints = (*endpoints, exporting.Endpoint("generate", generate, signature))
+            endpoints = (*endpoints, self._generate_endpoint(owner, max_new_tokens, sampling, stop_token_ids))
         exporting.export(self, filepath, format, verbose, input_signature, endpoints, **kwargs)
+
+    def _generate_endpoint(self, owner: str, max_new_tokens, sampling: dict, stop_token_ids) -> exporting.Endpoint:
+        """The SavedModel's `generate` endpoint: `exported.decode_tensors` with the export's settings."""
+        max_new_tokens = min(128, self.max_length - 1) if max_new_tokens is None else max_new_tokens
+        check_decoding(owner, max_new_tokens=max_new_tokens)
+        self._check_fits(owner, 1 + max_new_tokens, max_new_tokens)
+        sampler = exported.SortingSampler(**{k: v for k, v in sampling.items() if v is not None})
+        stops, pad = self._stop_ids(stop_token_ids).tolist(), self._pad_id(None)
+
+        room = max_new_tokens
+
+        def generate(token_ids, lengths, max_new_tokens, seed):  # the names are the signature's
+            return exported.decode_tensors(self, token_ids, lengths, max_new_tokens, seed, room, sampler, stops, pad)
+
+        signature = [
+            keras.InputSpec(shape=shape, dtype="int32", name=name)
+            for name, shape in (
+                ("token_ids", (None, None)),
+                ("lengths", (None,)),
+                ("max_new_tokens", ()),
+                ("seed", ()),
+            )
+        ]
+        return exporting.Endpoint("generate", generate, signature)
 
     def _cached_step(self, owner: str, cache_length) -> exporting.Endpoint:
         """The `decode` endpoint of `export(..., cache_length=)`: `exported.cached_step` over a cache of

@@ -57,14 +57,7 @@ def create_app(
         ticket = engine.submit(job)
         if job.stream:
             return _stream_response(ticket, model_name, chat, body)
-        try:
-            kind, value = await ticket.events.get()
-        except asyncio.CancelledError:  # the client left: its rows are given back at the next chunk
-            ticket.cancelled = True
-            raise
-        if kind == "error":
-            raise value
-        return JSONResponse(_completion(value, job, model_name, chat))
+        return JSONResponse(_completion(await _answer(ticket), job, model_name, chat))
 
     async def completions(request):
         return await handle(request, chat=False)
@@ -99,6 +92,19 @@ def create_app(
     )
     app.state.engine = engine
     return app
+
+
+async def _answer(ticket: Ticket) -> list:
+    """The choices of a ticket decoded whole; its decoding error raised; a client that left (the request
+    cancelled) gives its rows back at the engine's next chunk."""
+    try:
+        kind, value = await ticket.events.get()
+    except asyncio.CancelledError:
+        ticket.cancelled = True
+        raise
+    if kind == "error":
+        raise value
+    return value
 
 
 def _closing(engine: Engine):
