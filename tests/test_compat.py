@@ -143,3 +143,60 @@ def test_keras_patches_tf2onnx_for_numpy_2():
     compat.patch_tf2onnx()
     assert hasattr(np, "object")  # tf2onnx reads it; NumPy 2 removed it
     assert tf_utils.__name__ == "tf2onnx.tf_utils"
+
+
+def int8_dense(rng, units: int = 24) -> keras.layers.Dense:
+    dense = keras.layers.Dense(units)
+    dense.build((None, 40))
+    dense.set_weights([rng.normal(size=(40, units)).astype("float32"), np.zeros(units, "float32")])
+    dense.quantize("int8")
+    return dense
+
+
+def test_torch_int8_products_are_keras_own_and_traceable(rng):
+    """Keras' int8 `Dense` on PyTorch: the product on the CPU's int8 kernel gives Keras' int32 sums; with
+    autograd off, `torch.jit.trace` records it as ops (no call back into Python); with autograd on,
+    Keras' custom gradient (through the dequantized kernel) still applies."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("a fault of Keras' PyTorch backend")
+    import torch
+
+    dense = int8_dense(rng)
+    x = rng.normal(size=(2, 3, 40)).astype("float32")
+    quantized, scale = keras.quantizers.abs_max_quantize(x, axis=-1)
+    kernel, kernel_scale = (keras.ops.convert_to_numpy(v) for v in (dense._kernel, dense.kernel_scale))
+    sums = keras.ops.convert_to_numpy(quantized).astype("int64") @ kernel.astype("int64")
+    expected = sums.astype("float32") / (kernel_scale * keras.ops.convert_to_numpy(scale))
+    compat.mend_torch_int8_products()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(dense(x)), expected, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        traced = torch.jit.trace(dense, (torch.tensor(x),), check_trace=False)
+    kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+    assert "aten::_int_mm" in kinds and "prim::PythonOp" not in kinds
+    inputs = torch.tensor(x, requires_grad=True)
+    dense(inputs).sum().backward()
+    float_kernel = kernel.astype("float32") / kernel_scale
+    np.testing.assert_allclose(inputs.grad.numpy(), np.broadcast_to(float_kernel.sum(1), x.shape), rtol=1e-5)
+
+
+def test_int8_kernels_laid_by_column_keep_their_values(rng):
+    if keras.backend.backend() != "torch":
+        pytest.skip("PyTorch's int8 kernel")
+    dense = int8_dense(rng)
+    before = keras.ops.convert_to_numpy(dense._kernel)
+    compat.int8_kernels_by_column(dense)
+    assert dense._kernel.value.stride() == (1, 40)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(dense._kernel), before)
+    dense._kernel.assign(before[::-1].copy())  # a load writes into the variable: the layout stays
+    assert dense._kernel.value.stride() == (1, 40)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(dense._kernel), before[::-1])
+
+
+def test_variables_added_after_build_are_tracked_again():
+    if keras.backend.backend() != "torch":
+        pytest.skip("PyTorch's module parameters")
+    model = keras.Sequential([keras.layers.Dense(4)])
+    model.build((None, 3))
+    model.layers[0].enable_lora(2)
+    compat.track_variables_again(model)
+    assert len(list(model.parameters())) == len(model.variables) == 4

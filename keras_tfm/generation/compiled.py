@@ -9,6 +9,7 @@ from collections.abc import Callable
 import keras
 from keras import ops, tree
 
+from keras_tfm import compat
 from keras_tfm.layers.attention import cache_writer
 
 
@@ -18,6 +19,15 @@ class CompiledFunctions:
 
     def __init__(self):
         self._functions: dict = {}
+        self._variables: list = []
+
+    def of(self, model: keras.Model) -> CompiledFunctions:
+        """These functions, emptied first if `model`'s variables are not those they were made with: a
+        compiled function holds the variables it saw, and `quantize` or `enable_lora` replace or add some."""
+        variables = list(model.variables)
+        if len(variables) != len(self._variables) or any(a is not b for a, b in zip(variables, self._variables)):
+            self._functions, self._variables = {}, variables
+        return self
 
     def __contains__(self, key) -> bool:
         return key in self._functions
@@ -128,11 +138,11 @@ def torch_trace(fn: Callable, model: keras.Model, example_args: tuple):
     with warnings.catch_warnings(), cache_writer(_write_in_place):
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(_module(fn, model), example_args, check_trace=False)
-    _specialize(traced.graph)
+    _specialize(traced.graph, traced)
     return traced
 
 
-def _specialize(graph) -> None:
+def _specialize(graph, module) -> None:
     """Simplifies a trace that will only ever replay the shapes it was made with. Keras reads shapes
     as tensors and converts every input, so a SmolLM2-shaped step records ~24,000 nodes, most of them
     shape arithmetic and `aten::to`s that change nothing; each costs the interpreter a dispatch. With
@@ -140,6 +150,7 @@ def _specialize(graph) -> None:
     positions' rotation angles, the mask) is computed once: ~3,000 nodes, the same values."""
     import torch
 
+    _type_weights(graph, module)
     for node in list(graph.nodes()):
         if node.kind() != "aten::size":
             continue
@@ -158,6 +169,23 @@ def _specialize(graph) -> None:
             node.destroy()
     torch._C._jit_pass_cse(graph)
     torch._C._jit_pass_dce(graph)
+
+
+def _type_weights(graph, module) -> None:
+    """Gives each weight the trace reads (a `prim::GetAttr` chain from the traced `module`) the type of its
+    tensor, which the trace leaves unknown: Keras converts every weight it reads, and with both types
+    known, `_changes_nothing` can tell that the conversion changes nothing."""
+    import torch
+
+    objects = {next(graph.inputs()).unique(): module}
+    for node in graph.nodes():
+        if node.kind() != "prim::GetAttr" or next(node.inputs()).unique() not in objects:
+            continue
+        value = getattr(objects[next(node.inputs()).unique()], node.s("name"), None)
+        if isinstance(value, torch.Tensor):
+            node.output().setType(torch._C.TensorType.create_from_tensor(value))
+        elif value is not None:
+            objects[node.output().unique()] = value
 
 
 def _changes_nothing(node) -> bool:
@@ -189,7 +217,8 @@ def _write_in_place(cache, start: tuple, entries):
 def compile_function(fn: Callable, model: keras.Model) -> Callable:
     """Compiles `fn` once for this backend: XLA through `jax.jit` (the model's variables passed in
     as state) or `tf.function(jit_compile=True)`. PyTorch runs the loop in Python without autograd
-    (see `decoding_functions` for what it traces)."""
+    (see `decoding_functions` for what it traces), its int8 products on the CPU's int8 kernel
+    (`compat.mend_torch_int8_products`)."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
@@ -205,6 +234,9 @@ def compile_function(fn: Callable, model: keras.Model) -> Callable:
 
         return tf.function(fn, jit_compile=True)  # one trace per batch shape, like jax.jit
     import torch
+
+    compat.mend_torch_int8_products()
+    compat.int8_kernels_by_column(model)
 
     def run_without_autograd(*args):
         with torch.no_grad():

@@ -34,8 +34,8 @@ def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.nda
     log-probability from its row's prompt end on, `(rows, max_new_tokens)`; `inputs`: the model's own
     (a translator's source ids)."""
     model._build_on_demand()  # weights must exist before the loop is traced
-    key = ("run", *request.compiled_key)
-    if key not in model._generate_functions:
+    key, functions = ("run", *request.compiled_key), model._generate_functions.of(model)
+    if key not in functions:
         decoder, width = _decoder(model, request), request.prompt_width
         strategy, with_scores = request.strategy, request.return_scores
 
@@ -49,8 +49,8 @@ def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.nda
                 return beam_decode(decoder, batch, width, cache, strategy.search), seed_state
             return decode(decoder, batch, width, cache, seed_state, strategy.sampler, with_scores)
 
-        model._generate_functions[key] = compiled.compile_function(loop, model)
-    output, *scores = model._generate_functions[key](request.batch(), request.seed_state(), *inputs)
+        functions[key] = compiled.compile_function(loop, model)
+    output, *scores = functions[key](request.batch(), request.seed_state(), *inputs)
     output = ops.convert_to_numpy(output)
     if not request.return_scores:
         return output, None
@@ -63,8 +63,8 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
     """Decodes the request's one row `chunk_size` positions at a time, keeping the cache between
     chunks; yields `(row, written, finished)`: the row so far and how many of its positions are written."""
     model._build_on_demand()
-    key = ("stream", *request.compiled_key)
-    if key not in model._generate_functions:
+    key, functions = ("stream", *request.compiled_key), model._generate_functions.of(model)
+    if key not in functions:
         decoder, width, sampler = _decoder(model, request), request.prompt_width, request.strategy.sampler
 
         def start(batch, seed_state):
@@ -74,11 +74,8 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
         def advance(state, batch, until):
             return decode_until(decoder, state, batch, until, sampler)
 
-        model._generate_functions[key] = (
-            compiled.compile_function(start, model),
-            compiled.compile_function(advance, model),
-        )
-    start, advance = model._generate_functions[key]
+        functions[key] = (compiled.compile_function(start, model), compiled.compile_function(advance, model))
+    start, advance = functions[key]
     batch = request.batch()
     state = start(batch, request.seed_state())
     total = request.buffer.shape[1]

@@ -136,6 +136,8 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         with warnings.catch_warnings(), one_garbage_collection():
             warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method implemented")
             super().quantize(mode, **kwargs)
+        if hasattr(self, "_generate_functions"):  # they hold the float kernels: free them now
+            self._generate_functions.of(self)
 
     def enable_lora(
         self,

@@ -20,6 +20,7 @@ import os
 import keras
 import numpy as np
 
+from keras_tfm.compat import track_variables_again
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.layers.quantization import _named_sublayers
 
@@ -101,6 +102,7 @@ def enable_lora(
     targets = _matching(dense, target_layer_names)
     for layer in targets.values():
         layer.enable_lora(rank, lora_alpha=lora_alpha)
+    track_variables_again(model)
     return list(targets)
 
 

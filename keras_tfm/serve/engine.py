@@ -251,10 +251,10 @@ class Engine:
     def _compiled(self, key, make, *arguments):
         """A compiled function of `continuous`, kept on the model beside `generate`'s (every engine of the
         model, and every shape it is called with, reuses it)."""
-        key = ("serve", key)
-        if key not in self.model._generate_functions:
-            self.model._generate_functions[key] = make(self.model, *arguments)
-        return self.model._generate_functions[key]
+        key, functions = ("serve", key), self.model._generate_functions.of(self.model)
+        if key not in functions:
+            functions[key] = make(self.model, *arguments)
+        return functions[key]
 
     def _features(self, busy: list[int]) -> continuous.Features:
         temperature, top_p, penalty = (self._settings[i][busy] for i in range(3))

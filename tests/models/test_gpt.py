@@ -65,10 +65,30 @@ def test_cached_greedy_equals_full_forward_greedy():
 
 def test_a_quantized_model_generates_as_its_full_forward_passes():
     # its reloaded .keras file gives the same logits: tests/models/test_base.py
-    model = peaked(tiny_gpt())
-    model.quantize("int8")
+    model, twin = peaked(tiny_gpt()), tiny_gpt()
+    twin.set_weights(model.get_weights())
     prompt = [3, 17, 5, 9]
+    model.generate([prompt], max_new_tokens=10, return_scores=True)  # compiled with the float kernels
+    model.quantize("int8")
+    twin.quantize("int8")
     assert model.generate([prompt], max_new_tokens=10)[0].tolist() == full_forward_greedy(model, prompt, 10)
+    scores = model.generate([prompt], max_new_tokens=10, return_scores=True)[1]
+    assert_close(scores, twin.generate([prompt], max_new_tokens=10, return_scores=True)[1], atol=1e-5)
+
+
+def test_generate_after_enable_lora_decodes_with_the_pairs():
+    model = tiny_gpt()
+    model.build()
+    prompt = [3, 17, 5, 9]
+    model.generate([prompt], max_new_tokens=6)  # compiled before the pairs existed
+    model.enable_lora(rank=2)
+    for layer in model._flatten_layers():
+        if isinstance(layer, keras.layers.Dense) and layer.lora_enabled:
+            layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.5, "float32"))
+    output, scores = model.generate([prompt], max_new_tokens=6, return_scores=True)
+    log_probs = keras.ops.log_softmax(model(output[:, :-1]), axis=-1)
+    expected = np.take_along_axis(to_numpy(log_probs)[0, 3:], output[0, 4:, None], axis=-1)[:, 0]
+    assert_close(scores[0], expected, atol=1e-4)
 
 
 @pytest.mark.parametrize("sampling", [dict(), dict(num_beams=2), dict(temperature=1.0, seed=1)])
