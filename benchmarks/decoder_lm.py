@@ -4,7 +4,8 @@ random weights), batch 1, a 128-token prompt, 128 new tokens: keras_tfm's `Decod
 `LlamaCausalLM` (each Keras backend) vs transformers' `LlamaForCausalLM.generate` (PyTorch), and the
 bound of this machine: the same matrix products alone in JAX (`matmul_ceiling`). `stream`: what
 `DecoderLM.stream` (chunks of 16) costs against `generate` for 200 new tokens, each backend. `dtype`:
-the same generation in float32 and bfloat16 (keras_tfm's dtype policy, transformers' `model.to`).
+the same generation in float32 and bfloat16 (keras_tfm's dtype policy, transformers' `model.to`), and
+with int8 weights (`model.quantize("int8")` of the float32 model).
 `int8`: what weight-only int8 could gain, each backend: one step's matrix products alone, in float32 and
 with int8 weights (`products_of_a_step`).
 
@@ -238,8 +239,11 @@ def worker(contender: str, task: str) -> dict:
         return products_of_a_step(contender)
     prompt = prompt_ids().astype("int32")
     total = GENERATE["prompt"] + GENERATE["new_tokens"]
-    if contender.startswith("keras_tfm"):  # keras_tfm, keras_tfm_float32, keras_tfm_bfloat16
-        model = smollm_shaped(total, contender.split("_")[-1] if contender != "keras_tfm" else None)
+    if contender.startswith("keras_tfm"):  # keras_tfm, keras_tfm_float32, keras_tfm_bfloat16, keras_tfm_int8
+        dtype = contender.split("_")[-1] if contender != "keras_tfm" else None
+        model = smollm_shaped(total, "float32" if dtype == "int8" else dtype)
+        if dtype == "int8":
+            model.quantize("int8")
 
         def generate():
             out = model.generate(prompt, max_new_tokens=GENERATE["new_tokens"])
@@ -299,7 +303,7 @@ if __name__ == "__main__":
             "generate": ("Greedy generation, SmolLM2-135M shape, batch 1, 128 + 128 tokens", "new tokens/s"),
             "stream": ("Streaming in chunks of 16 against generate, 16 + 200 tokens", "new tokens/s"),
             "dtype": (
-                "Greedy generation in float32 and bfloat16, SmolLM2-135M shape, 128 + 128 tokens",
+                "Greedy generation in float32, bfloat16 and int8 (`quantize`), SmolLM2-135M shape, 128 + 128 tokens",
                 "new tokens/s",
             ),
             "int8": (
@@ -325,7 +329,7 @@ if __name__ == "__main__":
                 [
                     (f"keras_tfm {dtype} ({backend})", f"keras_tfm_{dtype}", backend)
                     for backend in BACKENDS
-                    for dtype in ("float32", "bfloat16")
+                    for dtype in ("float32", "bfloat16", "int8")
                 ]
                 + [
                     (f"transformers {dtype} (torch)", f"hugging_face_{dtype}", "torch")

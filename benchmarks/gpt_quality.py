@@ -6,7 +6,8 @@ lr 1e-3 with warmup and cosine decay, first 90% of the text for training) report
 `keras_tfm.llama_shakespeare_char_cpu()` (the Llama form: RoPE, RMSNorm, SwiGLU; the same 0.80M
 parameters) in turn on the same number of tokens (2000 x 12 x 64, the same random windows, as nanoGPT
 samples them) and evaluates each on the last 10%; then evaluates each trained model again quantized to
-int8 and to int4 weights (`model.quantize`). Writes benchmarks/results/gpt_quality.json.
+int8 and to int4 weights (`model.quantize`): its loss, and how far it answers from the float model
+(`quantization_error`). Writes benchmarks/results/gpt_quality.json.
 
     python benchmarks/gpt_quality.py [--data ../shared/data/tinyshakespeare/input.txt] [--learning-rate 3e-3]
 """
@@ -75,6 +76,24 @@ def learning_curve(train: tuple, validation: tuple, batch_size: int, every: int)
     return LearningCurve()
 
 
+def quantization_error(model, quantized, windows: np.ndarray, mode: str) -> dict:
+    """How far `quantized` answers from the float `model` on validation `windows`: the share of positions
+    whose most likely next character is the same, the mean absolute logit difference, and
+    the share of greedy continuations' characters that are the same (16 prompts of 16 characters, 32 new
+    each: after a first difference the two go their own ways)."""
+    logits = model.predict(windows, batch_size=len(windows), verbose=0)
+    quantized_logits = quantized.predict(windows, batch_size=len(windows), verbose=0)
+    difference = np.abs(logits - quantized_logits)
+    prompts = windows[:16, :16]
+    greedy = model.generate(prompts, max_new_tokens=32)[:, 16:]
+    quantized_greedy = quantized.generate(prompts, max_new_tokens=32)[:, 16:]
+    return {
+        f"top1_agreement_{mode}": round(float((logits.argmax(-1) == quantized_logits.argmax(-1)).mean()), 4),
+        f"logit_mean_difference_{mode}": round(float(difference.mean()), 4),
+        f"greedy_agreement_{mode}": round(float((greedy == quantized_greedy).mean()), 4),
+    }
+
+
 def train_and_evaluate(name: str, args) -> dict:
     import keras
 
@@ -124,6 +143,7 @@ def train_and_evaluate(name: str, args) -> dict:
         quantized.quantize(mode)
         loss = quantized.evaluate(vx, vy, batch_size=args.batch_size, verbose=0)
         quantized_losses[f"validation_loss_{mode}"] = round(float(loss), 4)
+        quantized_losses.update(quantization_error(model, quantized, vx[:rows], mode))
     sample = model.generate(
         [[vocabulary.index("\n")]], max_new_tokens=model.max_length - 1, temperature=0.8, top_k=20, seed=0
     )[0]
