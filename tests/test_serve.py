@@ -5,14 +5,19 @@ error schema and the server keeps serving."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from tests.test_cli import chat_model
+from tests.test_cli import chat_model, saved_language_model
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -125,8 +130,10 @@ def test_concurrent_requests_decode_together_and_none_is_lost(model):
             return asked, answer.json()["choices"][0]["text"]
 
         expected.update(ask(asked) for asked in asks if asked[2] is not None)  # alone, one after another
-        with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            answers = list(pool.map(ask, asks))
+        with concurrent.futures.ThreadPoolExecutor(33) as pool:
+            empty = pool.submit(httpx.post, server.url + "/v1/completions", json={"prompt": ""}, timeout=120)
+            answers = list(pool.map(ask, asks))  # none fails beside the empty prompt's refusal
+        assert empty.result().status_code == 400, empty.result().text
         engine = server.app.state.engine
     assert len(answers) == 32 and all(text == expected[asked] for asked, text in answers)
     assert max(engine.rows_per_chunk) > 1, engine.rows_per_chunk
@@ -186,11 +193,12 @@ def test_a_model_with_a_position_table_decodes_to_the_end_of_its_context(model):
 
 @pytest.mark.backend_independent
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
-    with Server(model, api_key="secret", max_tokens=20, max_body_bytes=2000) as server:
+    with Server(model, api_key="secret", max_tokens=20, max_body_bytes=10_000, max_batch_size=4) as server:
         headers = {"Authorization": "Bearer secret"}
 
         def post(path, body, status, param=None, **extra):
             content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+            extra = {"Content-Type": "application/json", **extra}
             answer = httpx.post(server.url + path, content=content, headers={**headers, **extra}, timeout=60)
             assert answer.status_code == status, answer.text
             error = answer.json()["error"]
@@ -213,8 +221,20 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
         assert "frequency_penalty" in post(
             chat, {"messages": MESSAGES, "frequency_penalty": 1}, 400, "frequency_penalty"
         )
-        assert "larger than 2,000 bytes" in post(chat, {"messages": MESSAGES * 100}, 413)
+        assert "larger than 10,000 bytes" in post(chat, {"messages": MESSAGES * 400}, 413)
         assert "API key" in post(chat, {"messages": MESSAGES}, 401, Authorization="Bearer nope")
+        # what a hostile web page or a broken client sends: refused in OpenAI's schema, never a 500
+        assert "application/json" in post(
+            chat, json.dumps({"messages": MESSAGES}), 415, **{"Content-Type": "text/plain"}
+        )
+        assert "Host header" in post(chat, {"messages": MESSAGES}, 400, Host="evil.example:8000")
+        assert "nested too deeply" in post(chat, "[" * 4000 + "]" * 4000, 400)
+        assert "[0.0, 2.0]" in post(
+            chat, f'{{"messages": {json.dumps(MESSAGES)}, "temperature": {"9" * 400}}}', 400, "temperature"
+        )
+        assert "not valid JSON" in post(chat, '{"messages": [{"role": "user", "content": "\\ud800"}]}', 400)
+        assert "encodes to no tokens" in post("/v1/completions", {"prompt": ""}, 400, "prompt")
+        assert "`n` must be at most 4" in post("/v1/completions", {"prompt": "to", "n": 5, "temperature": 1}, 400, "n")
         assert httpx.get(server.url + "/v1/nothing", headers=headers).status_code == 404
         assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
@@ -245,3 +265,76 @@ def test_a_client_that_leaves_mid_stream_frees_its_place(model, monkeypatch):
         monkeypatch.undo()
         answer = httpx.post(server.url + "/v1/completions", json={"prompt": "to", "max_tokens": 3}, timeout=60)
         assert answer.status_code == 200 and not engine._busy()
+
+
+@pytest.mark.backend_independent
+def test_defaults_come_from_the_checkpoint_and_tokenizing_leaves_the_loop_free(model, monkeypatch):
+    """A request that names no length or sampling gets the checkpoint's generation settings (here greedy,
+    5 tokens), listed by /v1/models; while one prompt tokenizes slowly, other clients are answered."""
+    monkeypatch.setattr(model, "generation_config", {"do_sample": False, "max_new_tokens": 5})
+    with Server(model) as server:
+        entry = httpx.get(server.url + "/v1/models").json()["data"][0]
+        assert entry["max_model_len"] == 64 and entry["defaults"] == {
+            "max_tokens": 5,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "repetition_penalty": 1.0,
+        }
+        answer = httpx.post(server.url + "/v1/completions", json={"prompt": "to be"}, timeout=60).json()
+        assert answer["choices"][0]["text"] == model.generate("to be", max_new_tokens=5)[len("to be") :]
+        encode = model.tokenizer.encode_prompt
+        monkeypatch.setattr(model.tokenizer, "encode_prompt", lambda text: time.sleep(2) or encode(text))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(httpx.post, server.url + "/v1/completions", json={"prompt": "to"}, timeout=60)
+            time.sleep(0.3)
+            started = time.time()
+            assert httpx.get(server.url + "/health", timeout=60).status_code == 200
+            assert time.time() - started < 1.0  # not behind the 2 s of tokenizing
+            assert slow.result().status_code == 200
+    monkeypatch.setattr(model, "generation_config", {"temperature": 7})
+    with pytest.raises(ValueError, match=r"generation_config: `temperature` must be a number in \[0.0, 2.0\]"):
+        Server(model)
+    import keras_tfm
+
+    with pytest.raises(ValueError, match="needs a language model"):
+        Server(keras_tfm.vit_tiny(num_classes=2, image_size=8, patch_size=4, num_layers=1))
+    monkeypatch.setattr(model, "generation_config", None)
+    with pytest.raises(ValueError, match="api_key: an empty key"):
+        Server(model, api_key="")
+
+
+@pytest.mark.backend_independent
+def test_the_command_refuses_what_no_one_could_use_and_stops_on_sigterm(tmp_path, capsys):
+    """Bad flags end in one line; a served model stops on the first SIGTERM, with status 0, its streams
+    answered or cancelled within the shutdown timeout."""
+    from keras_tfm.serve.__main__ import main
+
+    saved_language_model(tmp_path / "lm.keras", max_length=64)
+    for flags, said in ((["--port", "70000"], "--port must be in [0, 65535]"), (["--api-key", ""], "--api-key is empty"),
+                        (["--max-tokens", "0"], "--max-tokens must be at least 1")):  # fmt: skip
+        with pytest.raises(SystemExit) as ended:
+            main([str(tmp_path / "lm.keras"), *flags])
+        assert ended.value.code == 2 and said in capsys.readouterr().err
+    command = [sys.executable, "-m", "keras_tfm.serve", str(tmp_path / "lm.keras")]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    server = subprocess.Popen(
+        command + ["--port", str(port), "--shutdown-timeout", "2"], stderr=subprocess.PIPE, text=True, env=environment
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and server.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.2)
+        body = {"prompt": "to be", "max_tokens": 8, "temperature": 0}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=120).status_code == 200
+        server.send_signal(signal.SIGTERM)
+        _, err = server.communicate(timeout=30)
+    finally:
+        server.kill()
+    assert server.returncode == 0 and "Traceback" not in err, err[-2000:]

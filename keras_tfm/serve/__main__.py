@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 
@@ -15,20 +16,54 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=os.environ.get("KERAS_TFM_API_KEY"),
-                        help="requests must carry `Authorization: Bearer KEY` (default: $KERAS_TFM_API_KEY)")  # fmt: skip
+                        help="requests must carry `Authorization: Bearer KEY` (default: $KERAS_TFM_API_KEY, "
+                             "which, unlike this flag, other users cannot read in the process list)")  # fmt: skip
     parser.add_argument("--model-name", help="the model's id in the API (default: the checkpoint's name)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--max-batch-size", type=int, default=16, help="rows decoded together at most")
     parser.add_argument("--max-queue", type=int, default=64, help="requests waiting at most; more get 429")
     parser.add_argument("--max-tokens", type=int, help="the most tokens a request may ask for (default: the context)")
+    parser.add_argument("--default-max-tokens", type=int, default=512,
+                        help="the length of a request that names none, unless the checkpoint's generation config "
+                             "has `max_new_tokens` (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--allowed-hosts", nargs="+",
+                        help="the Host names requests may carry, or '*' for any (default: localhost, 127.0.0.1 "
+                             "and [::1] when --host is a loopback address, else any)")  # fmt: skip
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="on SIGTERM or Ctrl-C, seconds the requests being answered have to finish before "
+                             "they are cancelled (default: %(default)s)")  # fmt: skip
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    for name in ("max_batch_size", "max_queue", "port"):
-        if getattr(args, name) < 1:
+def _checked(args: argparse.Namespace) -> argparse.Namespace:
+    """Refuses, by flag, settings that would give a server no one can use."""
+    for name in ("max_batch_size", "max_queue", "default_max_tokens", "max_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser().error(f"--{name.replace('_', '-')} must be at least 1; received {getattr(args, name)}")
+    if not 0 <= args.port <= 65535:
+        parser().error(f"--port must be in [0, 65535]; received {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        parser().error("--api-key is empty: give a key (or leave it and $KERAS_TFM_API_KEY out for no key)")
+    if args.shutdown_timeout < 0:
+        parser().error(f"--shutdown-timeout must be at least 0; received {args.shutdown_timeout}")
+    return args
+
+
+def allowed_hosts(args: argparse.Namespace) -> tuple[str, ...] | None:
+    from keras_tfm.serve.app import LOOPBACK_HOSTS
+
+    if args.allowed_hosts:
+        return tuple(args.allowed_hosts)
+    return LOOPBACK_HOSTS if args.host in ("127.0.0.1", "localhost", "::1") else None
+
+
+def _exit_quietly(signum, frame) -> None:
+    """After uvicorn's graceful shutdown it raises the signal it caught again: the server ended as asked."""
+    sys.exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _checked(parser().parse_args(argv))
     try:
         import uvicorn
     except ImportError:
@@ -39,12 +74,25 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         model = load(args.checkpoint, args.dtype)
-    except InputError as error:
-        sys.exit(f"error: {error}")
-    name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
-    app = create_app(model, name, args.api_key, args.max_batch_size, args.max_queue, args.max_tokens)
+        name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
+        app = create_app(
+            model,
+            name,
+            args.api_key,
+            args.max_batch_size,
+            args.max_queue,
+            args.max_tokens,
+            default_max_tokens=args.default_max_tokens,
+            allowed_hosts=allowed_hosts(args),
+        )
+    except (InputError, ValueError) as error:
+        sys.exit(f"error: {args.checkpoint}: {error}")
     print(f"Serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    for caught in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(caught, _exit_quietly)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout
+    )
 
 
 if __name__ == "__main__":

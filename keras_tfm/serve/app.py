@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import time
@@ -16,6 +17,9 @@ from keras_tfm.serve import requests
 from keras_tfm.serve.engine import Engine, Ticket
 from keras_tfm.serve.requests import RequestError
 
+# the names a browser on this machine uses for a server bound to loopback; any other `Host` is refused
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
 
 def create_app(
     model,
@@ -25,6 +29,8 @@ def create_app(
     max_queue: int = 64,
     max_tokens: int | None = None,
     max_body_bytes: int = 1_000_000,
+    default_max_tokens: int = requests.Defaults.max_tokens,
+    allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
 ):
     """A Starlette app serving `model` (a `CausalLM` with a tokenizer) as `model_name`.
 
@@ -32,27 +38,37 @@ def create_app(
         model: the model; its tokenizer's chat template serves `/v1/chat/completions`.
         model_name: the id `/v1/models` lists and requests name in `model`.
         api_key: when given, every `/v1` request must carry `Authorization: Bearer <api_key>` (else 401).
-        max_batch_size: rows decoded together at most.
+        max_batch_size: rows decoded together at most; a request for more choices (`n`) is refused.
         max_queue: requests waiting at most; more are answered 429.
         max_tokens: the most tokens a request may ask for (default: the model's context).
         max_body_bytes: larger request bodies are answered 413.
+        default_max_tokens: the length of a request that names none (the checkpoint's
+            `max_new_tokens`, where its generation config has one, comes first).
+        allowed_hosts: the `Host` names (any port) requests may carry; others get 400, so that a web
+            page whose name resolves to this machine (DNS rebinding) cannot read its answers. None: any.
     """
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    if model.tokenizer is None:
-        raise ValueError("model: the server needs a model with a tokenizer (`model.tokenizer`).")
+    _check_model(model, api_key)
+    try:
+        defaults = requests.Defaults.of(model.generation_config, default_max_tokens)
+    except RequestError as error:
+        raise ValueError(f"model.generation_config: {error.message}") from None
     engine = Engine(model, max_batch_size, max_queue)
-    settings = dict(context=model.max_length, max_tokens_limit=max_tokens or model.max_length)
+    settings = dict(context=model.max_length, max_tokens_limit=max_tokens or model.max_length, defaults=defaults)
+    hosts = None if allowed_hosts is None else {host.lower() for host in allowed_hosts}
 
     async def handle(request, chat: bool):
-        body = await _read_json(request, api_key, max_body_bytes)
+        body = await _read_json(request, api_key, max_body_bytes, hosts)
         if body.get("model") not in (None, model_name):
-            raise RequestError(f"the model {body.get('model')!r} does not exist; this server has {model_name!r}.",
+            raise RequestError(f"the model {body.get('model')!r:.100} does not exist; this server has {model_name!r}.",
                                "model", 404, "not_found_error")  # fmt: skip
-        prompt_ids = _prompt_ids(model.tokenizer, body, chat)
+        # off the event loop: a long prompt's tokenization must not hold up every other client
+        prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat)
         job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
         ticket = engine.submit(job)
         if job.stream:
@@ -66,8 +82,16 @@ def create_app(
         return await handle(request, chat=True)
 
     async def models(request):
+        _check_host(request, hosts)
         _authorize(request, api_key)
-        entry = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "keras_tfm"}
+        entry = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "keras_tfm",
+            "max_model_len": model.max_length,  # vLLM's name: the context, prompt and new tokens together
+            "defaults": dataclasses.asdict(defaults),  # what a request that leaves these out gets
+        }
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def health(request):
@@ -80,6 +104,10 @@ def create_app(
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         return JSONResponse(RequestError(str(error.detail), None, error.status_code, kind).body(), error.status_code)
 
+    async def server_error(request, error: Exception):  # a fault of the server's, still in OpenAI's schema
+        answer = RequestError(f"the server failed: {type(error).__name__}: {error}"[:500], None, 500, "server_error")
+        return JSONResponse(answer.body(), status_code=500)
+
     app = Starlette(
         routes=[
             Route("/health", health),
@@ -87,7 +115,7 @@ def create_app(
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
-        exception_handlers={RequestError: refused, HTTPException: http_error},
+        exception_handlers={RequestError: refused, HTTPException: http_error, Exception: server_error},
         lifespan=_closing(engine),
     )
     app.state.engine = engine
@@ -118,6 +146,33 @@ def _closing(engine: Engine):
     return lifespan
 
 
+def _check_model(model, api_key: str | None) -> None:
+    """Refuses, before any request, a model the server cannot serve and an empty key."""
+    if not callable(getattr(model, "generate", None)) or not hasattr(model, "empty_cache"):
+        raise ValueError(
+            f"model: the server needs a language model (GPT, DecoderLM); received a {type(model).__name__}."
+        )
+    if model.tokenizer is None:
+        raise ValueError("model: the server needs a model with a tokenizer (`model.tokenizer`).")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key: an empty key would let every request in; give a key, or None for no key.")
+
+
+def _check_host(request, hosts: set[str] | None) -> None:
+    """Refuses a `Host` header outside `hosts` (its port aside)."""
+    if hosts is None:
+        return
+    host = request.headers.get("host", "").lower()
+    name = host[: host.find("]") + 1] if host.startswith("[") else host.rsplit(":", 1)[0]  # [::1]:8000, a:8000
+    if name not in hosts and "*" not in hosts:
+        raise RequestError(
+            f"the Host header {host!r:.100} is not one this server answers ({', '.join(sorted(hosts))}); "
+            "start it with `--allowed-hosts` naming it.",
+            None,
+            400,
+        )
+
+
 def _authorize(request, api_key: str | None) -> None:
     if api_key is None:
         return
@@ -126,8 +181,16 @@ def _authorize(request, api_key: str | None) -> None:
         raise RequestError("a valid API key is needed: `Authorization: Bearer <key>`.", None, 401)
 
 
-async def _read_json(request, api_key: str | None, max_body_bytes: int) -> dict:
+async def _read_json(request, api_key: str | None, max_body_bytes: int, hosts: set[str] | None) -> dict:
+    _check_host(request, hosts)
     _authorize(request, api_key)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":  # a web page may send text/plain across origins without asking first
+        raise RequestError(
+            f"the request body must be sent as `Content-Type: application/json`; received {kind or 'none'!r:.100}.",
+            None,
+            415,
+        )
     body = b""
     async for chunk in request.stream():
         body += chunk
@@ -135,8 +198,11 @@ async def _read_json(request, api_key: str | None, max_body_bytes: int) -> dict:
             raise RequestError(f"the request body is larger than {max_body_bytes:,} bytes.", None, 413)
     try:
         parsed = json.loads(body)
-    except ValueError as error:
-        raise RequestError(f"the request body is not valid JSON ({error}).") from None
+        json.dumps(parsed, ensure_ascii=False).encode()  # a lone surrogate (\ud800) has no UTF-8
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply.") from None
+    except ValueError as error:  # UnicodeError, and an integer of too many digits, are ValueErrors
+        raise RequestError(f"the request body is not valid JSON ({str(error)[:200]}).") from None
     if not isinstance(parsed, dict):
         raise RequestError("the request body must be a JSON object.")
     return parsed

@@ -44,7 +44,8 @@ class Ticket:
         self.rows: list[Row] = []
 
     def send(self, kind: str, value) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        if not self.loop.is_closed():  # a server already gone has no one to tell
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
 @dataclasses.dataclass(eq=False)  # rows are found in the slots by identity
@@ -86,8 +87,16 @@ class Engine:
         self._thread.start()
 
     def submit(self, job: Job) -> Ticket:
+        if _rows_of(job) > self.max_batch_size:  # it would wait for rows that never come
+            raise RequestError(
+                f"`n` must be at most {self.max_batch_size} (the server's `--max-batch-size`) when sampling; "
+                f"received {job.n}.",
+                "n",
+            )
         ticket = Ticket(job, asyncio.get_running_loop())
         with self._condition:
+            if self._closed:
+                raise RequestError("the server is shutting down.", status=503, kind="server_error")
             if len(self._waiting) >= self.max_queue:
                 raise RequestError(
                     f"the server has {self.max_queue} requests waiting, its limit; try again shortly.",
@@ -102,10 +111,16 @@ class Engine:
         return len(self._waiting)
 
     def close(self) -> None:
+        """Stops after the chunk being decoded; the requests not yet answered get a 503 error."""
         with self._condition:
             self._closed = True
             self._condition.notify()
         self._thread.join(timeout=30)
+        with self._condition:
+            unanswered = list(self._waiting) + list({row.ticket: None for row in self._slots if row is not None})
+            self._waiting.clear()
+        for ticket in unanswered:
+            ticket.send("error", RequestError("the server shut down before answering.", None, 503, "server_error"))
 
     def _busy(self) -> list[int]:
         return [slot for slot, row in enumerate(self._slots) if row is not None]

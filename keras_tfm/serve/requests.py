@@ -47,9 +47,11 @@ def _number(body: dict, name: str, default, low: float, high: float, integer: bo
     if value is None:
         return default
     kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or not low <= value <= high:
+    # ints compare exactly: a 400-digit one is out of range, not a float overflow
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not isinstance(value, kind) or not finite or not low <= value <= high:
         expected = "an integer" if integer else "a number"
-        raise RequestError(f"`{name}` must be {expected} in [{low}, {high}]; received {value!r}.", name)
+        raise RequestError(f"`{name}` must be {expected} in [{low}, {high}]; received {value!r:.80}.", name)
     return value
 
 
@@ -65,8 +67,46 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def parse_job(body, prompt_ids: list[int], context: int, max_tokens_limit: int, chat: bool) -> Job:
-    """The `Job` of a request body whose prompt encodes to `prompt_ids`, for a model of `context` tokens."""
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    """What a request that leaves a field out gets: the checkpoint's generation settings where its
+    `generation_config` has them, else OpenAI's (temperature 1, top_p 1), and a finite length."""
+
+    max_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def of(cls, generation_config: dict | None, max_tokens: int = 512) -> Defaults:
+        """The defaults of a model's `generation_config` (as `from_huggingface` reads it from
+        `generation_config.json`): `do_sample` false means greedy, as in transformers."""
+        config = generation_config or {}
+        picked = {"max_tokens": config.get("max_new_tokens") or max_tokens}
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if config.get(name) is not None:
+                picked[name] = config[name]
+        if config.get("do_sample") is False:
+            picked["temperature"] = 0.0
+        defaults = cls(**picked)
+        _number(defaults.__dict__, "max_tokens", None, 1, 2**31, integer=True)  # checked as a request's
+        _number(defaults.__dict__, "temperature", None, 0.0, 2.0)
+        _number(defaults.__dict__, "top_p", None, 0.0, 1.0)
+        _number(defaults.__dict__, "repetition_penalty", None, 0.01, 10.0)
+        return defaults
+
+
+def parse_job(
+    body, prompt_ids: list[int], context: int, max_tokens_limit: int, chat: bool, defaults: Defaults = Defaults()
+) -> Job:
+    """The `Job` of a request body whose prompt encodes to `prompt_ids`, for a model of `context` tokens;
+    the fields it leaves out take `defaults`."""
+    if not prompt_ids:
+        raise RequestError(
+            "the prompt encodes to no tokens (an empty prompt, and a tokenizer that adds no start token); "
+            "give at least one character.",
+            "messages" if chat else "prompt",
+        )
     room = context - len(prompt_ids)
     if room < 1:
         raise RequestError(
@@ -76,7 +116,7 @@ def parse_job(body, prompt_ids: list[int], context: int, max_tokens_limit: int, 
         )
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     limit = min(room, max_tokens_limit)
-    max_tokens = _number(body, name, limit, 1, limit, integer=True)
+    max_tokens = _number(body, name, min(limit, defaults.max_tokens), 1, limit, integer=True)
     for unsupported in ("frequency_penalty", "presence_penalty"):
         if _number(body, unsupported, 0.0, -2.0, 2.0) != 0:
             raise RequestError(
@@ -88,12 +128,12 @@ def parse_job(body, prompt_ids: list[int], context: int, max_tokens_limit: int, 
     job = Job(
         prompt=prompt_ids,
         max_tokens=max_tokens,
-        temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
-        top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0)),
+        temperature=float(_number(body, "temperature", defaults.temperature, 0.0, 2.0)),
+        top_p=float(_number(body, "top_p", defaults.top_p, 0.0, 1.0)),
         seed=_number(body, "seed", None, -(2**63), 2**63 - 1, integer=True),
         n=_number(body, "n", 1, 1, 16, integer=True),
         stop=_stop(body),
-        repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.01, 10.0)),
+        repetition_penalty=float(_number(body, "repetition_penalty", defaults.repetition_penalty, 0.01, 10.0)),
         stream=stream,
         chat=chat,
     )
