@@ -41,13 +41,15 @@ _BLOCK_NAMES = {
 }
 
 
-def from_gguf(path, dtype: str = "float32", allow_nan: bool = False, quantize: str | None = None):
+def from_gguf(path, dtype: str | None = None, allow_nan: bool = False, quantize: str | None = None):
     """A `DecoderLM` with the weights, tokenizer, chat template and end ids of a llama.cpp GGUF file.
 
     Args:
         path: a `.gguf` file of a Llama-architecture model (Llama, Mistral, SmolLM2, TinyLlama: GGUF
             architecture "llama"), a Qwen2 ("qwen2") or a Qwen3 ("qwen3"); one file, not split.
-        dtype: the model's dtype policy: "float32" (default), "bfloat16" or "float16". Quantized tensors
+        dtype: the model's dtype policy: None (default), the global policy (float32 unless
+            `keras.config.set_dtype_policy` says otherwise); "float32", "bfloat16", "float16",
+            "mixed_float16" or "mixed_bfloat16". Quantized tensors
             (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants, ...) are dequantized one at a time as they are
             set, so memory holds the model in `dtype` and one tensor more, never the whole file's tensors.
         allow_nan: load weights that hold NaN or infinite values; by default refused, naming the weight.
@@ -77,9 +79,12 @@ def from_gguf(path, dtype: str = "float32", allow_nan: bool = False, quantize: s
     from keras_tfm.convert.registry import convert_checkpoint
     from keras_tfm.data.tokenizers.gguf import gguf_tokenizer
 
-    if dtype not in ("float32", "bfloat16", "float16"):
+    dtype = huggingface.resolved_dtype(dtype, "from_gguf")
+    if dtype not in huggingface.DTYPES or dtype == "auto":
         raise InputError(
-            f"expected one of float32, bfloat16, float16; received {dtype!r}.", "dtype", caller="from_gguf"
+            f"expected one of {', '.join(huggingface.DTYPES[:-1])} or None; received {dtype!r}.",
+            "dtype",
+            caller="from_gguf",
         )
     if not isinstance(allow_nan, bool):
         raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_gguf")

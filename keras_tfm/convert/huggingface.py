@@ -69,7 +69,7 @@ def from_huggingface(
     num_classes: int | None = None,
     adapter=None,
     allow_nan: bool = False,
-    dtype: str = "float32",
+    dtype: str | None = None,
     quantize: str | None = None,
 ):
     """A keras_tfm model with the weights of a Hugging Face model.
@@ -92,9 +92,11 @@ def from_huggingface(
             (`keras_tfm.convert.adapters`).
         allow_nan: load weights that hold NaN or infinite values (a damaged checkpoint, or one saved
             from a diverged run); by default such a checkpoint is refused, naming the weight.
-        dtype: the model's dtype policy, its weights' and its computations' dtype: "float32" (default),
-            "bfloat16", "float16", or "auto", the checkpoint's own (its config's `torch_dtype`, else
-            what most of its weights are stored in). Weights are read one at a time from safetensors
+        dtype: the model's dtype policy, its weights' and its computations' dtype: None (default), the
+            global policy (`keras.config.set_dtype_policy`: float32 unless set, so `"mixed_bfloat16"` there
+            gives a model that trains in mixed precision); "float32", "bfloat16", "float16",
+            "mixed_float16", "mixed_bfloat16"; or "auto", the checkpoint's own (its config's
+            `torch_dtype`, else what most of its weights are stored in). Weights are read one at a time from safetensors
             files and made this dtype as they are set, so a bfloat16 checkpoint loaded in bfloat16
             never holds a float32 copy of itself.
         quantize: "int8" or "int4": the model comes quantized, as `model.quantize(quantize)` after a float
@@ -124,6 +126,7 @@ def from_huggingface(
     or BERT checkpoint a new head to fine-tune, and `adapter="path/to/peft_adapter"` adds a peft
     adapter's LoRA pairs.
     """
+    dtype = resolved_dtype(dtype, "from_huggingface")
     _check_arguments(num_classes, allow_nan, dtype, quantize, adapter)
     config, weights, adapter_config, adapter_weights, base = _checkpoint_parts(model_or_directory, adapter)
     if adapter_config is not None:
@@ -142,11 +145,25 @@ def from_huggingface(
     return model
 
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int4": 0.5}  # per value: what a load needs
+DTYPES = ("float32", "bfloat16", "float16", "mixed_float16", "mixed_bfloat16", "auto")
+# per value: what a load needs (mixed precision keeps float32 variables)
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "mixed_float16": 4, "mixed_bfloat16": 4, "int8": 1, "int4": 0.5}
+
+
+def resolved_dtype(dtype: str | None, caller: str) -> str:
+    """`dtype`, or the global dtype policy's name for None (what a model made now would take)."""
+    if dtype is None:
+        return keras.config.dtype_policy().name
+    if not isinstance(dtype, str):
+        raise InputError(f"expected one of {', '.join(DTYPES)} or None; received {dtype!r}.", "dtype", caller=caller)
+    return dtype
+
+
 # what to load instead when a dtype does not fit
 SMALLER = {
     "float32": " (or dtype='bfloat16', half of it, or quantize='int8', a quarter)",
+    "mixed_bfloat16": " (or dtype='bfloat16', half of it, or quantize='int8', a quarter)",
+    "mixed_float16": " (or dtype='float16', half of it, or quantize='int8', a quarter)",
     "bfloat16": " (or quantize='int8', half of it)",
     "float16": " (or quantize='int8', half of it)",
 }
@@ -296,8 +313,10 @@ def save_huggingface(
     Marian counterpart is post-norm; a ViT with mean pooling or sinusoidal positions; an activation
     it has no name for), quantized models (their int8 tables are not a `transformers` format), and a
     `directory` that already holds files (another checkpoint, whose tokenizer or weights would be left
-    beside these) unless `overwrite=True`: the directory is then replaced whole. The checkpoint is
-    written beside it first and swapped in when complete, so a failure leaves the old one as it was.
+    beside these) unless `overwrite=True`: the checkpoint files there (config, weights, tokenizer and
+    generation files) are then replaced, and a directory holding anything else (a sub-folder, a file no
+    checkpoint has) is still refused, naming what it holds. The checkpoint is written beside it first and
+    moved in when complete, so a failure leaves the old one as it was.
     `tokenizer_from`: a checkpoint (directory or Hub id) whose tokenizer, image processor and
     generation files to copy beside the weights, for a model fine-tuned from it: then
     `transformers.pipeline(task, directory)` works. Without it, the model's own tokenizer
@@ -330,7 +349,7 @@ def save_huggingface(
     source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     w = WeightWriter()
     config = _exported_config(model, w, labels, image_preprocessing)
-    staging = f"{os.path.normpath(directory)}.writing-{os.getpid()}"
+    staging = f"{os.path.abspath(directory)}.writing-{os.getpid()}"  # beside it, never inside (directory=".")
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     try:
@@ -396,8 +415,16 @@ def stored_dtype(model) -> str:
     return dtype if dtype in ("bfloat16", "float16") else "float32"
 
 
+# what a Hugging Face checkpoint directory holds: what `overwrite=True` may replace, and nothing else
+_CHECKPOINT_FILES = re.compile(
+    r"config\.json|.*\.safetensors|model\.safetensors\.index\.json|pytorch_model.*\.bin(\.index\.json)?|"
+    r"adapter_config\.json|" + _PROCESSOR_FILES.pattern
+)
+
+
 def _check_destination(directory, overwrite: bool) -> None:
-    """Refuses a file, or a directory with files in it unless `overwrite`."""
+    """Refuses a file, a directory with files in it unless `overwrite`, and one that holds anything but a
+    checkpoint's files even then."""
     if not isinstance(overwrite, bool):
         raise InputError(f"expected True or False; received {overwrite!r}.", "overwrite", caller="save_huggingface")
     path = os.fspath(directory)
@@ -408,11 +435,22 @@ def _check_destination(directory, overwrite: bool) -> None:
             caller="save_huggingface",
         )
     held = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    foreign = [
+        name for name in held if not (_CHECKPOINT_FILES.fullmatch(name) and os.path.isfile(os.path.join(path, name)))
+    ]
+    if foreign and overwrite:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise InputError(
+            f"{path!r} holds what is not a checkpoint's ({shown}); `overwrite=True` replaces a checkpoint's "
+            "own files only. Give a directory that holds a checkpoint alone, or a new one.",
+            "directory",
+            caller="save_huggingface",
+        )
     if held and not overwrite:
         shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
         raise InputError(
             f"{path!r} already holds files ({shown}): another checkpoint's tokenizer or "
-            "weights would be left beside this one. Give `overwrite=True` to replace the directory whole, or "
+            "weights would be left beside this one. Give `overwrite=True` to replace the checkpoint there, or "
             "another directory.",
             "directory",
             caller="save_huggingface",
@@ -420,15 +458,16 @@ def _check_destination(directory, overwrite: bool) -> None:
 
 
 def _swap_in(staging: str, directory: str) -> None:
-    """Puts the complete `staging` directory in the place of `directory` (which may exist)."""
-    import shutil
-
-    directory = os.path.normpath(os.fspath(directory))
+    """Puts the complete checkpoint in `staging` where `directory` is: renamed whole where there is none,
+    else its old checkpoint files removed and the new ones moved in (the directory itself stays)."""
+    directory = os.path.abspath(os.fspath(directory))
     if not os.path.exists(directory):
-        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
         os.rename(staging, directory)
         return
-    old = f"{directory}.replaced-{os.getpid()}"
-    os.rename(directory, old)
-    os.rename(staging, directory)
-    shutil.rmtree(old, ignore_errors=True)
+    written = set(os.listdir(staging))
+    for name in os.listdir(directory):  # only checkpoint files: _check_destination refused anything else
+        if name not in written:
+            os.remove(os.path.join(directory, name))
+    for name in written:
+        os.replace(os.path.join(staging, name), os.path.join(directory, name))

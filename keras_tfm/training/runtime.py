@@ -29,7 +29,6 @@ from keras_tfm.training.fitting import (
     local_batches,
     local_validation,
     plan_steps,
-    precision,
     recorded_settings,
     use_jit,
 )
@@ -108,7 +107,7 @@ def train(
         "trainable_parameters": trainable,
         "lora_rank": lora_rank,
         **dict(epochs=epochs, steps=epochs * steps_per_epoch, batch_size=config.batch_size),
-        **dict(precision=precision(config), remat=config.remat, train_seconds_this_run=round(seconds, 1)),
+        **dict(precision=model.dtype_policy.name, remat=config.remat, train_seconds_this_run=round(seconds, 1)),
         **_evaluation(config, model, validation_data, evaluate),
     }
     if tokenizer is not None and zoo_model(model) is not None:  # the trained model takes and returns text

@@ -3,6 +3,7 @@ asked for (`from_huggingface(dtype=...)`), and written back in the model's dtype
 
 import json
 
+import keras
 import numpy as np
 import pytest
 
@@ -40,6 +41,12 @@ def test_a_bfloat16_checkpoint_loads_in_the_dtype_asked_for_and_saves_in_its_own
     widened = keras_tfm.from_huggingface(str(directory))  # float32 by default: the same values, widened
     assert widened.dtype_policy.name == "float32"
     np.testing.assert_allclose(to_numpy(widened(IDS)), float32_logits, atol=1e-4, rtol=0)
+    keras.config.set_dtype_policy("mixed_bfloat16")  # as a recipe's --precision mixed sets it
+    try:
+        mixed = keras_tfm.from_huggingface(str(directory))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert mixed.dtype_policy.name == "mixed_bfloat16" and {w.dtype for w in mixed.weights} == {"float32"}
 
     model = keras_tfm.from_huggingface(str(directory), dtype="auto")  # the checkpoint's own: bfloat16
     assert model.dtype_policy.name == "bfloat16" and {w.dtype for w in model.weights} == {"bfloat16"}
@@ -59,7 +66,10 @@ def test_a_bfloat16_checkpoint_loads_in_the_dtype_asked_for_and_saves_in_its_own
 @pytest.mark.backend_independent
 def test_a_bad_dtype_or_a_truncated_file_is_refused_by_name(bfloat16_checkpoint, tmp_path):
     directory, _, _ = bfloat16_checkpoint
-    with pytest.raises(InputError, match=r"expected one of float32, bfloat16, float16, auto; received 'int8'") as error:
+    with pytest.raises(
+        InputError,
+        match=r"expected one of float32, bfloat16, float16, mixed_float16, mixed_bfloat16, auto; received 'int8'",
+    ) as error:
         keras_tfm.from_huggingface(str(directory), dtype="int8")
     assert error.value.argument == "dtype"
     shard = sorted(directory.glob("*.safetensors"))[0]

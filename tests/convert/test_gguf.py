@@ -322,7 +322,8 @@ def test_files_it_cannot_read_are_refused_by_name(tmp_path, byte_level, monkeypa
     with pytest.raises(CheckpointError, match=r"holds a 'gemma2' model; from_gguf reads llama, qwen2, qwen3"):
         keras_tfm.from_gguf(tmp_path / "gemma.gguf")
     with pytest.raises(
-        InputError, match=r"dtype: from_gguf: expected one of float32, bfloat16, float16; received 'int8'"
+        InputError,
+        match=r"dtype: from_gguf: expected one of float32, bfloat16, float16, mixed_float16, mixed_bfloat16 or None; received 'int8'",
     ):
         keras_tfm.from_gguf(path, dtype="int8")
     values = sum(p.numel() for p in model.parameters())

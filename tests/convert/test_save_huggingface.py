@@ -193,7 +193,7 @@ def test_a_second_save_with_overwrite_replaces_the_first(tmp_path, rng):
         save_huggingface(model, tmp_path / "pytorch_model.bin")
 
 
-def test_a_directory_holding_a_checkpoint_is_replaced_whole_only_with_overwrite(tmp_path):
+def test_a_directory_holding_a_checkpoint_is_replaced_only_with_overwrite(tmp_path, monkeypatch):
     """Another checkpoint's tokenizer left beside new weights would pair a 50-id model with its ids."""
     from keras_tfm.data import CharacterTokenizer
 
@@ -212,6 +212,23 @@ def test_a_directory_holding_a_checkpoint_is_replaced_whole_only_with_overwrite(
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
     assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").config.vocab_size == 20
     assert [path.name for path in tmp_path.iterdir()] == ["out"]  # nothing staged is left beside it
+    # what is not a checkpoint's is never deleted: a project folder given as "." stays as it was
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    (tmp_path / "out" / "data").mkdir()
+    monkeypatch.chdir(tmp_path / "out")
+    with pytest.raises(InputError, match=r"holds what is not a checkpoint's \(data, notes.txt\)"):
+        save_huggingface(big, ".", overwrite=True)
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        "config.json",
+        "data",
+        "model.safetensors",
+        "notes.txt",
+    ]
+    (tmp_path / "out" / "notes.txt").unlink()
+    (tmp_path / "out" / "data").rmdir()
+    save_huggingface(big, ".", overwrite=True)
+    assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").config.vocab_size == 50
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
 
 
 def test_class_names_become_id2label(tmp_path):
