@@ -244,6 +244,8 @@ def test_an_exported_cached_step_decodes_as_generate_does(tmp_path, format):
             logits, cache = step(token_ids=tokens[-1][:, None], position=np.array(position, "int32"), cache=cache)
         expected = model.generate(prompts, max_new_tokens=5, stop_token_ids=())[:, ids.shape[1] :]
         np.testing.assert_array_equal(np.stack(tokens, axis=1), expected)
+    past, _ = step(token_ids=ids[:, :2], position=np.array(11, "int32"), cache=cache)  # 13 > 12 positions
+    assert np.isnan(past).all()
     with pytest.raises(
         InputError, match=r"cache_length: DecoderLM\.export: must be an integer in \[1, max_length=16\]"
     ):

@@ -166,6 +166,13 @@ def gguf_config(metadata: dict, tensor_names: set[str]) -> dict:
         return value
 
     heads, hidden = key("attention.head_count"), key("embedding_length")
+    for name, value in (("attention.head_count", heads), ("embedding_length", hidden)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(
+                f"the file's {architecture}.{name} is {value!r:.80}; expected a positive integer: it is damaged.",
+                "path",
+                caller="from_gguf",
+            )
     config = {
         "model_type": ARCHITECTURES[architecture],
         "vocab_size": metadata.get(f"{architecture}.vocab_size") or len(metadata.get("tokenizer.ggml.tokens") or ()),
@@ -248,8 +255,17 @@ class GGUFWeights(Mapping):
                     f"tensor {tensor.name!r} is stored as {tensor.tensor_type!r}, which cannot be read here.",
                     caller="from_gguf",
                 )
-            if tensor.name != "rope_freqs.weight":
-                self._tensors[_huggingface_name(tensor.name)] = tensor
+            if tensor.name == "rope_freqs.weight":  # read as the config's rope_scaling
+                continue
+            name = _huggingface_name(tensor.name)
+            if name == tensor.name:  # a tensor no model here has: loading without it would compute something else
+                raise CheckpointError(
+                    f"the file holds a tensor {tensor.name!r} that a {config['model_type']} model does not have; "
+                    "from_gguf reads the tensors llama.cpp writes for llama, qwen2 and qwen3.",
+                    "path",
+                    caller="from_gguf",
+                )
+            self._tensors[name] = tensor
 
     def __getitem__(self, name: str) -> np.ndarray:
         from gguf import GGMLQuantizationType, quants
@@ -285,8 +301,8 @@ class GGUFWeights(Mapping):
 
 
 def _huggingface_name(name: str) -> str:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; unknown names are kept (and
-    refused by the converter, which names what it did not use)."""
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; an unknown name is returned as
+    it is (and refused)."""
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     parts = name.split(".")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -82,10 +83,12 @@ def _assign_jax(variable, array: np.ndarray) -> None:
 def _assign_torch(tensor, array: np.ndarray) -> None:
     import torch
 
-    if array.dtype.name == "bfloat16":  # PyTorch reads no NumPy bfloat16: its bits, viewed as one
-        source = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    else:
-        source = torch.from_numpy(array)
+    with warnings.catch_warnings():  # a read-only array (a memory-mapped file's) is only read here
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        if array.dtype.name == "bfloat16":  # PyTorch reads no NumPy bfloat16: its bits, viewed as one
+            source = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        else:
+            source = torch.from_numpy(array)
     with torch.no_grad():
         tensor.copy_(source)
 

@@ -77,7 +77,14 @@ def cached_step(model, token_ids, position, cache) -> dict:
     scalar shared by the rows), reading and writing `cache`: one tensor `(layers, rows, 2,
     key_value_heads, cache_length, head_dim)` that the caller passes back at the next step (zeros
     before the first). Returns `{"logits": (rows, length, vocabulary), "updated_cache": `cache` with this step written}` (an
-    output of its own name: tf2onnx would give an input and an output of one name the same tensor)."""
+    output of its own name: tf2onnx would give an input and an output of one name the same tensor).
+    A step past the cache's end (`position + length > cache_length`) gives NaN logits: a runtime
+    drops graph assertions, and a clamped write would give plausible but wrong ones."""
     layers = tuple(ops.unstack(cache, axis=0))
-    logits, layers = model.call_with_cache(ops.cast(token_ids, "int32"), layers, ops.cast(position, "int32"))
+    position = ops.cast(position, "int32")
+    logits, layers = model.call_with_cache(ops.cast(token_ids, "int32"), layers, position)
+    fits = ops.cast(position + ops.shape(token_ids)[1] <= ops.shape(cache)[4], logits.dtype)
+    logits = logits + ops.divide(
+        ops.zeros_like(fits), fits
+    )  # 0 / 1 = 0, 0 / 0 = NaN (a `where` came out NaN everywhere through tf2onnx)
     return {"logits": logits, "updated_cache": ops.stack(layers, axis=0)}

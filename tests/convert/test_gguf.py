@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -89,7 +90,7 @@ def hf_model(architecture: str, vocabulary_size: int, hidden: int = 64, intermed
     return getattr(transformers, classes[architecture] + "ForCausalLM")(config).eval()
 
 
-def write_gguf(path, model, vocabulary: dict, quantization=None, rope_freqs=None) -> None:
+def write_gguf(path, model, vocabulary: dict, quantization=None, rope_freqs=None, extra=None, heads=None) -> None:
     """`model` as llama.cpp's converter writes it: its metadata, its tensors renamed (a Llama's query
     and key rows permuted for llama.cpp's RoPE), 2-D weights in `quantization`, norms in float32."""
     config = model.config
@@ -100,7 +101,7 @@ def write_gguf(path, model, vocabulary: dict, quantization=None, rope_freqs=None
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count(config.num_attention_heads if heads is None else heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_key_length(head_dim)
@@ -123,6 +124,8 @@ def write_gguf(path, model, vocabulary: dict, quantization=None, rope_freqs=None
     writer.add_chat_template(TEMPLATE)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
     for name, tensor in model.state_dict().items():
         array = tensor.numpy()
         if architecture == "llama" and (".q_proj." in name or ".k_proj." in name):
@@ -321,6 +324,15 @@ def test_files_it_cannot_read_are_refused_by_name(tmp_path, byte_level, monkeypa
     other.close()
     with pytest.raises(CheckpointError, match=r"holds a 'gemma2' model; from_gguf reads llama, qwen2, qwen3"):
         keras_tfm.from_gguf(tmp_path / "gemma.gguf")
+    damaged = {  # what llama.cpp refuses too, or what would load into a model that computes something else
+        "heads": ({"heads": 0}, r"llama.attention.head_count is 0; expected a positive integer"),
+        "extra": ({"extra": {"blk.0.attn_gate.weight": np.ones((4, 4), np.float32)}}, r"'blk.0.attn_gate.weight' that a llama model does not have"),
+        "merges": ({"vocabulary": {k: v for k, v in byte_level.items() if k != "merges"}}, r"has no merges"),
+    }  # fmt: skip
+    for name, (change, message) in damaged.items():
+        write_gguf(tmp_path / f"{name}.gguf", model, **{"vocabulary": byte_level, **change})
+        with pytest.raises(CheckpointError, match=message):
+            keras_tfm.from_gguf(tmp_path / f"{name}.gguf")
     with pytest.raises(
         InputError,
         match=r"dtype: from_gguf: expected one of float32, bfloat16, float16, mixed_float16, mixed_bfloat16 or None; received 'int8'",
@@ -330,4 +342,7 @@ def test_files_it_cannot_read_are_refused_by_name(tmp_path, byte_level, monkeypa
     monkeypatch.setattr(safetensors_files, "available_memory", lambda: 3 * values)  # room for bfloat16 only
     with pytest.raises(CheckpointError, match=r"dtype: from_gguf: the checkpoint's weights need .* as float32"):
         keras_tfm.from_gguf(path)
-    assert keras_tfm.from_gguf(path, dtype="bfloat16").dtype_policy.name == "bfloat16"
+    with warnings.catch_warnings(record=True) as said:  # the file's read-only arrays are only read
+        warnings.simplefilter("always")
+        assert keras_tfm.from_gguf(path, dtype="bfloat16").dtype_policy.name == "bfloat16"
+    assert not [w for w in said if "not writable" in str(w.message)], [str(w.message) for w in said]

@@ -82,6 +82,12 @@ def _byte_level(metadata: dict):
         spelled = token if set(token) <= letters else "".join(alphabet[b] for b in token.encode("utf-8"))
         vocabulary.setdefault(spelled, index)
     merges = [tuple(merge.split(" ", 1)) for merge in metadata.get("tokenizer.ggml.merges") or ()]
+    if not merges:  # llama.cpp refuses it too: without merges every byte would be a token of its own
+        raise CheckpointError(
+            "the file's byte-level BPE tokenizer ('gpt2') has no merges (tokenizer.ggml.merges): it is damaged.",
+            "path",
+            caller="from_gguf",
+        )
     tokenizer = Tokenizer(models.BPE(vocabulary, merges, fuse_unk=False))
     split = SPLITS.get(metadata.get("tokenizer.ggml.pre"))
     if split is None:
