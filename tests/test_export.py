@@ -37,7 +37,7 @@ def _input_name(name: str) -> str:
 
 
 @pytest.mark.parametrize("name", EXPORTS)
-def test_export_with_no_arguments_serves_any_batch_and_length_before_or_after_a_call(tmp_path, rng, name):
+def test_export_with_no_arguments_serves_any_batch_and_length_before_or_after_a_call(tmp_path, rng, name, capsys):
     """`model.export(path)` as Keras documents it: the model's own inputs (int32 ids, a ViT's images) of
     any batch and length, whether the model has been called or not; TensorFlow's loader runs it.
     PyTorch, which Keras 3.15 cannot export to a SavedModel, is refused by name."""
@@ -53,7 +53,12 @@ def test_export_with_no_arguments_serves_any_batch_and_length_before_or_after_a_
     batches = _batches(name, rng)
     if name in ("gpt", "bert_classifier", "translator"):  # after a first call: Keras' traced shapes change nothing
         model(batches[0])
-    model.export(str(tmp_path / "served"), verbose=False)
+    capsys.readouterr()
+    model.export(str(tmp_path / "served"))
+    assert (
+        capsys.readouterr().out
+        == f"Saved a SavedModel (serve{', generate' * (name in ('gpt', 'decoder_lm'))}{', translate' * (name == 'translator')}) to {tmp_path / 'served'}\n"
+    )
     served = tf.saved_model.load(str(tmp_path / "served"))
     for inputs in batches:
         assert_close(np.asarray(served.serve(inputs)), to_numpy(model(inputs)), atol=1e-5)
@@ -81,7 +86,7 @@ def _run_artifact(path: str, format: str, inputs, input_name: str) -> np.ndarray
 
 @pytest.mark.parametrize("format", ["onnx", "litert"])
 @pytest.mark.parametrize("name", EXPORTS)
-def test_onnx_and_litert_artifacts_give_the_models_outputs_in_their_runtimes(tmp_path, rng, name, format):
+def test_onnx_and_litert_artifacts_give_the_models_outputs_in_their_runtimes(tmp_path, rng, name, format, capsys):
     """ONNX (onnxruntime) and LiteRT (its interpreter) from TensorFlow: every family, two batch sizes and
     lengths, after a first call. JAX and PyTorch, whose routes fail on these models, are refused by name
     with the backend that can, before anything is written."""
@@ -97,7 +102,10 @@ def test_onnx_and_litert_artifacts_give_the_models_outputs_in_their_runtimes(tmp
         return
     batches = _batches(name, rng)
     model(batches[0])
-    model.export(path, format=format, verbose=False)
+    capsys.readouterr()
+    model.export(path, format=format)
+    kind = "an ONNX" if format == "onnx" else "a LiteRT"
+    assert capsys.readouterr().out == f"Saved {kind} model (serve) to {path}\n"  # one line, not Keras' listing
     for inputs in batches:
         assert_close(_run_artifact(path, format, inputs, _input_name(name)), to_numpy(model(inputs)), atol=1e-5)
 

@@ -52,9 +52,11 @@ def export(model, filepath, format: str, verbose, input_signature, endpoints: tu
     if format == "onnx":
         _teach_tf2onnx()
     if format != "tf_saved_model":
-        return keras.Model.export(
-            model, filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs
+        keras.Model.export(
+            model, filepath, format=format, verbose=bool(verbose), input_signature=input_signature, **kwargs
         )
+        _say_written(format, filepath, ["serve"], verbose)
+        return
     from keras.export import ExportArchive
 
     archive = ExportArchive()
@@ -67,7 +69,15 @@ def export(model, filepath, format: str, verbose, input_signature, endpoints: tu
         trackable = archive._tf_trackable
         for name in ("variables", "trainable_variables", "non_trainable_variables"):
             setattr(trackable, name, [variable.value for variable in getattr(trackable, name)])
-    archive.write_out(filepath, verbose=True if verbose is None else verbose)
+    archive.write_out(filepath, verbose=bool(verbose))  # True: Keras' listing of every endpoint's specs
+    _say_written(format, filepath, ["serve", *(endpoint.name for endpoint in endpoints)], verbose)
+
+
+def _say_written(format: str, filepath, endpoints: list[str], verbose) -> None:
+    """One line per artifact written, unless `verbose=False`."""
+    if verbose is not False:
+        kind = {"tf_saved_model": "a SavedModel", "litert": "a LiteRT model", "onnx": "an ONNX model"}[format]
+        print(f"Saved {kind} ({', '.join(endpoints)}) to {filepath}")
 
 
 def export_function(model, filepath, format: str, endpoint: Endpoint, verbose) -> None:
@@ -86,6 +96,7 @@ def export_function(model, filepath, format: str, endpoint: Endpoint, verbose) -
         patch_tf2onnx()
         _teach_tf2onnx()
         tf2onnx.convert.from_function(function, specs, output_path=str(filepath))
+        _say_written(format, filepath, [endpoint.name], verbose)
         return
     import tempfile
 
@@ -102,8 +113,7 @@ def export_function(model, filepath, format: str, endpoint: Endpoint, verbose) -
         flat = converter.convert()
     with open(filepath, "wb") as file:
         file.write(flat)
-    if verbose:
-        print(f"Saved a LiteRT model with the signature {endpoint.name!r} to {filepath}")
+    _say_written(format, filepath, [endpoint.name], verbose)
 
 
 def _add_endpoint(archive, endpoint: Endpoint) -> None:
