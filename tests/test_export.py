@@ -16,7 +16,18 @@ BACKEND = keras.backend.backend()
 EXPORTS = {  # inputs of two batch sizes and (but ViT) two lengths; BertMLM's encoder is the classifier's
     "gpt": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
     "decoder_lm": lambda rng: [rng.integers(0, 30, (2, 7)), rng.integers(0, 30, (1, 4))],
-    "bert_classifier": lambda rng: [rng.integers(1, 30, (2, 7)), rng.integers(1, 30, (1, 4))],
+    "bert_classifier": lambda rng: [  # a pair: sentence B's segment ids, and padding
+        {
+            "token_ids": rng.integers(1, 30, (2, 7)),
+            "segment_ids": np.array([[0] * 4 + [1] * 3] * 2),
+            "padding_mask": np.array([[1] * 7, [1] * 5 + [0] * 2]),
+        },
+        {
+            "token_ids": rng.integers(1, 30, (1, 4)),
+            "segment_ids": np.array([[0, 0, 1, 1]]),
+            "padding_mask": np.ones((1, 4), "int32"),
+        },
+    ],
     "translator": lambda rng: [
         {"source_ids": rng.integers(1, 30, (2, 7)), "target_ids": rng.integers(1, 20, (2, 5))},
         {"source_ids": rng.integers(1, 30, (1, 3)), "target_ids": rng.integers(1, 20, (1, 2))},

@@ -141,6 +141,17 @@ class Bert(ZooModel):
             x = block(x, padding_mask=padding_mask, training=training)
         return self.blocks[-1](x, padding_mask=padding_mask, output_positions=output_positions, training=training)
 
+    def _export_signature(self) -> list:
+        """One dict, as `fit` takes it: token ids, segment ids (a pair's sentence B) and the padding
+        mask (int32, 1 at real tokens: every runtime feeds it), of any batch and length."""
+        names = ("token_ids", "segment_ids", "padding_mask")
+        return [{name: keras.InputSpec(shape=(None, None), dtype="int32", name=name) for name in names}]
+
+    def _export_shapes(self) -> dict:
+        """On JAX, the three inputs share one batch and one length (Keras would name each apart)."""
+        names = ("token_ids", "segment_ids", "padding_mask")
+        return {"polymorphic_shapes": [{name: "(batch, length)" for name in names}]}
+
     def _id_inputs(self) -> dict:
         return {
             "token_ids": (self.vocabulary_size, "vocabulary_size"),
@@ -161,6 +172,12 @@ class _BertWithHead(ZooModel):
 
     def _id_inputs(self) -> dict:
         return self.encoder._id_inputs()
+
+    def _export_signature(self) -> list:
+        return self.encoder._export_signature()
+
+    def _export_shapes(self) -> dict:
+        return self.encoder._export_shapes()
 
     @classmethod
     def _constructor_arguments(cls) -> list[str]:

@@ -47,7 +47,8 @@ def export(model, filepath, format: str, verbose, input_signature, endpoints: tu
     owner = f"{type(model).__name__}.export"
     check_format(format, owner)
     model._build_on_demand()
-    if input_signature is None:
+    own_signature = input_signature is None
+    if own_signature:
         input_signature = model._export_signature()
     if format == "onnx":
         _teach_tf2onnx()
@@ -59,6 +60,13 @@ def export(model, filepath, format: str, verbose, input_signature, endpoints: tu
         return
     from keras.export import ExportArchive
 
+    if (
+        keras.backend.backend() == "jax"
+        and own_signature
+        and hasattr(model, "_export_shapes")
+        and "jax2tf_kwargs" not in kwargs
+    ):
+        kwargs["jax2tf_kwargs"] = model._export_shapes()  # inputs that share their batch and length
     archive = ExportArchive()
     archive.track_and_add_endpoint("serve", model, input_signature, **kwargs)
     for endpoint in endpoints:
