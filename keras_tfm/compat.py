@@ -36,7 +36,6 @@ __all__ = [
     "one_garbage_collection",
     "patch_tf2onnx",
     "set_keras_mask",
-    "set_pre_tokenizer",
     "sublayers",
     "track_variables_again",
 ]
@@ -70,12 +69,6 @@ class BuildBeforeQuantizeCheck:
     def _check_quantize_args(self, mode, compute_dtype) -> None:
         self._build_on_demand()
         super()._check_quantize_args(mode, compute_dtype)
-
-
-def set_pre_tokenizer(tokenizer, pre_tokenizer) -> None:
-    """Gives a keras-hub `BytePairTokenizer` another Hugging Face `tokenizers` pre-tokenizer (its
-    `_tokenizer` is the Hugging Face tokenizer it encodes with)."""
-    tokenizer._tokenizer.pre_tokenizer = pre_tokenizer
 
 
 @contextlib.contextmanager

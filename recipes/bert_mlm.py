@@ -242,18 +242,17 @@ def finetune(args, config, tokenizer, special, make_classifier, labelled=None, h
     (`load_labelled_text(args.finetune)` when not given), in `output_dir/finetune`; `huggingface`: the
     checkpoint `make_classifier` loads, if any."""
     import keras
-    import keras_hub
 
     from keras_tfm import training
     from keras_tfm.data import EpochBatches, load_labelled_text
+    from keras_tfm.data.masking import pack_rows
 
     pad, cls, sep = special
     texts, labels, class_names = labelled or load_labelled_text(args.finetune, "finetune")
-    packer = keras_hub.layers.StartEndPacker(args.sequence_length, start_value=cls, end_value=sep, pad_value=pad)
     # WordPiece gives every word (bar one of control characters only) at least one token, so the first
-    # --sequence-length words give every token the packer keeps; tokenizing whole reviews is slow.
+    # --sequence-length words give every token the packing keeps; tokenizing whole reviews is slow.
     heads = [" ".join(text.split()[: args.sequence_length]) for text in texts]
-    ids = np.asarray(packer(tokenizer.encode_lines(heads)), "int32")
+    ids = pack_rows(tokenizer.encode_lines(heads), args.sequence_length, cls, sep, pad)
     order = np.random.default_rng(args.seed).permutation(len(texts))
     cut = int(0.9 * len(texts))
     train_rows, test_rows = order[:cut], order[cut:]

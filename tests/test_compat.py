@@ -63,18 +63,6 @@ def test_keras_checks_quantize_arguments_where_an_unbuilt_model_builds_itself():
     assert model.dense.quantization_mode == "int8"
 
 
-def test_keras_hub_byte_pair_tokenizer_takes_another_pre_tokenizer():
-    keras_hub = pytest.importorskip("keras_hub")
-    from tokenizers import pre_tokenizers
-
-    vocabulary = {"a": 0, "b": 1, "ab": 2}
-    tokenizer = keras_hub.tokenizers.BytePairTokenizer(vocabulary, ["a b"], dtype="int32")
-    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    compat.set_pre_tokenizer(tokenizer, split)
-    assert tokenizer._tokenizer.pre_tokenizer is not None
-    assert type(tokenizer._tokenizer.pre_tokenizer) is type(split)
-
-
 def test_keras_collects_garbage_per_deleted_variable_and_the_shim_defers_it(monkeypatch):
     calls = []
     collect = gc.collect

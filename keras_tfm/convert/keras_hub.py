@@ -20,7 +20,7 @@ from keras import ops
 from keras_tfm.compat import sublayers
 from keras_tfm.convert.files import read_json
 from keras_tfm.convert.weights import WeightReader, require_options, set_dense, set_layer_norm
-from keras_tfm.errors import CheckpointError
+from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.gpt import GPT
 from keras_tfm.models.vit import ViT
@@ -68,7 +68,12 @@ def _load_preset(path: str):
         raise CheckpointError(
             f"no config.json in directory {path!r}; expected a keras-hub preset.", caller="from_keras_hub"
         )
-    import keras_hub
+    try:
+        import keras_hub
+    except ImportError:
+        raise InputError(
+            "reading a keras-hub preset needs keras-hub: pip install 'keras_tfm[keras-hub]'.", caller="from_keras_hub"
+        ) from None
 
     task_path = os.path.join(path, "task.json")
     if os.path.isfile(task_path):  # a task's preset: its backbone (config.json) and its own layers

@@ -19,6 +19,15 @@ def pack_sequences(ids: np.ndarray, length: int, cls_id: int, sep_id: int, name:
     return np.concatenate([np.full((count, 1), cls_id), body, np.full((count, 1), sep_id)], axis=1).astype("int32")
 
 
+def pack_rows(rows: list, length: int, cls_id: int, sep_id: int, pad_id: int) -> np.ndarray:
+    """Each row as `[CLS] + its first length - 2 tokens + [SEP]`, padded to `length` (one text per row)."""
+    packed = np.full((len(rows), length), pad_id, "int32")
+    for out, row in zip(packed, rows):
+        kept = [cls_id, *np.asarray(row)[: length - 2].tolist(), sep_id]
+        out[: len(kept)] = kept
+    return packed
+
+
 class DynamicMasker:
     """BERT's dynamic masking, reproducible from `seed_parts` (e.g. `[seed, epoch, step]`): each
     token that is not special is selected with probability `mask_rate` (at most `mask_positions` per

@@ -109,8 +109,7 @@ def test_a_checkpoints_damaged_tokenizer_json_is_named_with_what_to_do(tmp_path)
         HuggingFaceTokenizer.from_huggingface(str(tmp_path))
 
 
-def test_wordpiece_tokenizer_from_keras_hub(tmp_path):
-    pytest.importorskip("keras_hub")
+def test_wordpiece_tokenizer_learns_its_vocabulary(tmp_path):
     text = "the cat sat on the mat\nthe dog sat on the log\n" * 20
     tokenizer = load_or_fit_tokenizer("wordpiece", text, str(tmp_path), vocabulary_size=60, log=lambda m: None)
     assert tokenizer.vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -163,7 +162,6 @@ def test_character_tokenizer_is_written_for_transformers(tmp_path):
 
 
 def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
-    pytest.importorskip("keras_hub")
     with open(os.path.join(SHARED, "tinyshakespeare", "input.txt"), encoding="utf-8") as file:
         text = file.read()
     tokenizer = load_or_fit_tokenizer("bpe", text[:200_000], str(tmp_path), vocabulary_size=600, log=lambda m: None)
@@ -196,7 +194,6 @@ def test_byte_pair_tokenizer_learns_merges_round_trips_and_is_reused(tmp_path):
 
 
 def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_another_kind(tmp_path):
-    pytest.importorskip("keras_hub")
     pytest.importorskip("sentencepiece")
     with gzip.open(os.path.join(SHARED, "multi30k", "task1", "raw", "train.de.gz"), "rt", encoding="utf-8") as file:
         lines = [next(file).strip() for _ in range(2000)]
@@ -239,7 +236,7 @@ def test_sentencepiece_tokenizer_learns_round_trips_is_reused_and_refuses_anothe
 
 
 def test_byte_pair_tokenizer_of_a_hugging_face_checkpoint_gives_its_ids(tmp_path):
-    """GPT-2's files (vocab.json, merges.txt with its #version header) read into keras-hub's tokenizer give
+    """GPT-2's files (vocab.json, merges.txt with its #version header) give
     the ids of Hugging Face's GPT2Tokenizer."""
     transformers = pytest.importorskip("transformers")
     import json

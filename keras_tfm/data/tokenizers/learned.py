@@ -1,6 +1,7 @@
-"""Tokenizers learned here, on a run's training text: characters (nanoGPT's), and keras-hub's WordPiece,
-byte-pair (GPT-2's byte-level BPE) and SentencePiece; the first three also read and write a Hugging Face
-checkpoint's files. `TranslationTokenizer` pairs two of them for a translator."""
+"""Tokenizers learned here, on a run's training text: characters (nanoGPT's), WordPiece (BERT's) and
+byte-pair (GPT-2's byte-level BPE) on Hugging Face `tokenizers`, and SentencePiece on `sentencepiece`;
+the first three also read and write a Hugging Face checkpoint's files. `TranslationTokenizer` pairs two
+of them for a translator. None needs TensorFlow."""
 
 from __future__ import annotations
 
@@ -16,30 +17,20 @@ from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files
 WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
 
 
-def _rows(rows) -> list[np.ndarray]:
-    """keras-hub tokenizer output (a tf.RaggedTensor on TensorFlow, lists elsewhere) -> int32 arrays."""
-    rows = rows.to_list() if hasattr(rows, "to_list") else rows
-    return [np.asarray(row, "int32") for row in rows]
-
-
-def _text(value) -> str:
-    """keras-hub detokenizer output (a tensor, bytes or str) -> str."""
-    value = value.numpy() if hasattr(value, "numpy") else value
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-
-
-class _KerasHubTokenizer(Tokenizer):
-    """Encoding and decoding through the keras-hub tokenizer a subclass keeps in `_tokenizer`."""
+class _LineTokenizer(Tokenizer):
+    """Encoding line by line through the Hugging Face `tokenizers.Tokenizer` a subclass keeps in
+    `_tokenizer` (ids only: no special tokens added around them)."""
 
     def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
-        return _rows(self._tokenizer(lines)) if lines else []
+        encoded = self._tokenizer.encode_batch(list(lines), add_special_tokens=False) if lines else []
+        return [np.asarray(row.ids, "int32") for row in encoded]
 
     def encode(self, text: str) -> np.ndarray:
         rows = self.encode_lines([line for line in text.splitlines() if line.strip()])
         return np.concatenate(rows) if rows else np.zeros((0,), "int32")
 
     def decode(self, ids) -> str:
-        return _text(self._tokenizer.detokenize(np.asarray(ids, "int32").reshape(-1)))
+        return self._tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)], skip_special_tokens=False)
 
 
 class CharacterTokenizer(Tokenizer):
@@ -94,24 +85,37 @@ class CharacterTokenizer(Tokenizer):
             )
 
 
-class WordPieceTokenizer(_KerasHubTokenizer):
-    """keras-hub's `WordPieceTokenizer` over a vocabulary from `compute_word_piece_vocabulary`."""
+def _bert_pipeline(tokenizer, lowercase: bool, strip_accents: bool):
+    """BERT's text handling around a WordPiece model: `BertTokenizer`'s cleaning, lowercasing and
+    accent stripping, its split on white space and punctuation, and `##` pieces joined when decoding."""
+    from tokenizers import decoders, normalizers, pre_tokenizers
+
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # words and punctuation spaced apart
+    return tokenizer
+
+
+class WordPieceTokenizer(_LineTokenizer):
+    """BERT's WordPiece (Hugging Face `tokenizers`: the ids of transformers' `BertTokenizer`), over a
+    vocabulary of a checkpoint's or learned by `fit`."""
 
     kind = "wordpiece"
 
     def __init__(self, vocabulary: list[str], lowercase: bool = True, strip_accents: bool = False):
-        import keras_hub
+        from tokenizers import Tokenizer, models
 
         self.vocabulary = list(vocabulary)
         self.lowercase = lowercase
         self.strip_accents = strip_accents
-        self._tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
-            vocabulary=self.vocabulary,
-            lowercase=lowercase,
-            strip_accents=strip_accents,
-            oov_token="[UNK]",
-            dtype="int32",
+        model = models.WordPiece(
+            {token: i for i, token in reversed(list(enumerate(self.vocabulary)))},  # a repeated token: its first id
+            unk_token="[UNK]",
+            max_input_chars_per_word=100,
         )
+        self._tokenizer = _bert_pipeline(Tokenizer(model), lowercase, strip_accents)
 
     @classmethod
     def from_huggingface(cls, directory: str) -> WordPieceTokenizer:
@@ -142,17 +146,17 @@ class WordPieceTokenizer(_KerasHubTokenizer):
 
     @classmethod
     def fit(cls, text: str, vocabulary_size: int | None = None, lowercase: bool = True) -> WordPieceTokenizer:
-        import keras_hub
-        import tensorflow as tf  # keras-hub's tokenizers run on tf.text
+        """A vocabulary of at most `vocabulary_size` pieces (default 8192) learned by `tokenizers`'
+        WordPiece trainer, the reserved tokens first."""
+        from tokenizers import Tokenizer, models, trainers
 
-        lines = [line for line in text.splitlines() if line.strip()]
-        vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
-            tf.data.Dataset.from_tensor_slices(lines).batch(1024),
-            vocabulary_size or 8192,
-            lowercase=lowercase,
-            reserved_tokens=WORDPIECE_RESERVED,
+        learner = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase, lowercase)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocabulary_size or 8192, special_tokens=WORDPIECE_RESERVED, show_progress=False
         )
-        return cls(vocabulary, lowercase)
+        learner.train_from_iterator((line for line in text.splitlines() if line.strip()), trainer)
+        vocabulary = sorted(learner.get_vocab(), key=learner.get_vocab().get)
+        return cls(vocabulary, lowercase, lowercase)
 
     @property
     def vocabulary_size(self) -> int:
@@ -192,27 +196,20 @@ class WordPieceTokenizer(_KerasHubTokenizer):
             )
 
 
-class BytePairTokenizer(_KerasHubTokenizer):
-    """keras-hub's `BytePairTokenizer` (GPT-2's byte-level BPE: any text encodes, no unknown tokens).
-
-    keras-hub encodes but does not learn merges; `fit` learns them with Hugging Face `tokenizers`
-    (`ByteLevelBPETokenizer`, the same byte-level alphabet and pre-tokenization as GPT-2)."""
+class BytePairTokenizer(_LineTokenizer):
+    """GPT-2's byte-level BPE (any text encodes, no unknown tokens) on Hugging Face `tokenizers`: the ids
+    of transformers' `GPT2Tokenizer`. `fit` learns merges with `ByteLevelBPETokenizer`."""
 
     kind = "bpe"
 
     def __init__(self, vocabulary: dict[str, int], merges: list[str]):
-        import keras_hub
-        from tokenizers import pre_tokenizers
-
-        from keras_tfm import compat
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
         self.vocabulary, self.merges = dict(vocabulary), list(merges)
-        self._tokenizer = keras_hub.tokenizers.BytePairTokenizer(self.vocabulary, self.merges, dtype="int32")
-        # keras-hub encodes through Hugging Face `tokenizers` but splits words with Llama 3's pattern
-        # ("speak'st" -> "'", "st"), not GPT-2's ("'s", "t"). GPT-2's own pre-tokenizer gives the ids of
-        # Hugging Face's GPT2Tokenizer (tested). keras-hub's TensorFlow path splits as GPT-2 does too, but
-        # many times slower.
-        compat.set_pre_tokenizer(self._tokenizer, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+        pairs = [tuple(merge.split(" ", 1)) for merge in self.merges]
+        self._tokenizer = Tokenizer(models.BPE(self.vocabulary, pairs, fuse_unk=False))
+        self._tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        self._tokenizer.decoder = decoders.ByteLevel()
 
     @classmethod
     def fit(cls, text: str, vocabulary_size: int | None = None) -> BytePairTokenizer:
@@ -276,8 +273,8 @@ class BytePairTokenizer(_KerasHubTokenizer):
             json.dump({"tokenizer_class": "GPT2Tokenizer"}, file, indent=2)
 
 
-class SentencePieceTokenizer(_KerasHubTokenizer):
-    """keras-hub's `SentencePieceTokenizer` over a unigram model learned by the `sentencepiece` trainer.
+class SentencePieceTokenizer(Tokenizer):
+    """A unigram model learned by the `sentencepiece` trainer, encoding and decoding with its processor.
 
     The ids keras-hub's `compute_sentence_piece_proto` reserves: 0 padding, 1 unknown, 2 start
     ([START], SentencePiece's `<s>`), 3 end ([END], `</s>`). The trainer is called directly so that
@@ -290,10 +287,20 @@ class SentencePieceTokenizer(_KerasHubTokenizer):
     SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 1, "[START]": 2, "[END]": 3}
 
     def __init__(self, proto: bytes | str):
-        import keras_hub
+        import sentencepiece
 
         self.proto = base64.b64decode(proto) if isinstance(proto, str) else bytes(proto)
-        self._tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(proto=self.proto, dtype="int32")
+        self._processor = sentencepiece.SentencePieceProcessor(model_proto=self.proto)
+
+    def encode_lines(self, lines: list[str]) -> list[np.ndarray]:
+        return [np.asarray(row, "int32") for row in self._processor.encode(list(lines))] if lines else []
+
+    def encode(self, text: str) -> np.ndarray:
+        rows = self.encode_lines([line for line in text.splitlines() if line.strip()])
+        return np.concatenate(rows) if rows else np.zeros((0,), "int32")
+
+    def decode(self, ids) -> str:
+        return self._processor.decode([int(i) for i in np.asarray(ids).reshape(-1)])
 
     @classmethod
     def fit(cls, text: str, vocabulary_size: int | None = None, lowercase: bool = False) -> SentencePieceTokenizer:
@@ -328,7 +335,7 @@ class SentencePieceTokenizer(_KerasHubTokenizer):
 
     @property
     def vocabulary_size(self) -> int:
-        return int(self._tokenizer.vocabulary_size())
+        return int(self._processor.get_piece_size())
 
     def token_id(self, token: str) -> int:
         return self.SPECIAL_IDS[token]
