@@ -21,11 +21,26 @@ def _blocks(page: str) -> list[str]:
         return BLOCK.findall(file.read())
 
 
+# pages whose examples export: they run on the backend that writes every format
+TENSORFLOW_PAGES = ["docs/deploy.md"]
+
+
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("page", [page for page in PAGES if _blocks(page)])
+@pytest.mark.parametrize("page", [page for page in PAGES if _blocks(page) and page not in TENSORFLOW_PAGES])
 def test_every_python_example_of_a_page_runs_as_written(page, tmp_path, monkeypatch):
     """The blocks of one page run in order in one namespace, as a reader pastes them, in an empty
     directory (they write their files there), offline."""
+    _run_page(page, tmp_path, monkeypatch)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="export's examples write every format there")
+@pytest.mark.parametrize("page", TENSORFLOW_PAGES)
+def test_every_export_example_runs_as_written_on_tensorflow(page, tmp_path, monkeypatch):
+    assert _blocks(page)
+    _run_page(page, tmp_path, monkeypatch)
+
+
+def _run_page(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     namespace: dict = {"__name__": "__docs__"}

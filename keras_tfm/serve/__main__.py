@@ -29,6 +29,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--allowed-hosts", nargs="+",
                         help="the Host names requests may carry, or '*' for any (default: localhost, 127.0.0.1 "
                              "and [::1] when --host is a loopback address, else any)")  # fmt: skip
+    parser.add_argument("--escape-special-tokens", action=argparse.BooleanOptionalAction, default=True,
+                        help="encode a chat message's text that spells a special token as plain text, so that a "
+                             "message cannot forge turns (default: on)")  # fmt: skip
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="on SIGTERM or Ctrl-C, seconds the requests being answered have to finish before "
                              "they are cancelled (default: %(default)s)")  # fmt: skip
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             args.max_tokens,
             default_max_tokens=args.default_max_tokens,
             allowed_hosts=allowed_hosts(args),
+            escape_special_tokens=args.escape_special_tokens,
         )
     except (InputError, ValueError) as error:
         sys.exit(f"error: {args.checkpoint}: {error}")

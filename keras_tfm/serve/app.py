@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import hmac
 import json
+import re
 import time
 import uuid
 
@@ -31,6 +32,7 @@ def create_app(
     max_body_bytes: int = 1_000_000,
     default_max_tokens: int = requests.Defaults.max_tokens,
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
+    escape_special_tokens: bool = True,
 ):
     """A Starlette app serving `model` (a `CausalLM` with a tokenizer) as `model_name`.
 
@@ -46,6 +48,8 @@ def create_app(
             `max_new_tokens`, where its generation config has one, comes first).
         allowed_hosts: the `Host` names (any port) requests may carry; others get 400, so that a web
             page whose name resolves to this machine (DNS rebinding) cannot read its answers. None: any.
+        escape_special_tokens: a chat message's text that spells a special token (`<|im_end|>`) is
+            encoded as plain text, so that a message cannot forge turns; False: as the token.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -68,7 +72,7 @@ def create_app(
             raise RequestError(f"the model {body.get('model')!r:.100} does not exist; this server has {model_name!r}.",
                                "model", 404, "not_found_error")  # fmt: skip
         # off the event loop: a long prompt's tokenization must not hold up every other client
-        prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat)
+        prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat, escape_special_tokens)
         job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
         ticket = engine.submit(job)
         if job.stream:
@@ -208,16 +212,44 @@ async def _read_json(request, api_key: str | None, max_body_bytes: int, hosts: s
     return parsed
 
 
-def _prompt_ids(tokenizer, body: dict, chat: bool) -> list[int]:
+def _prompt_ids(tokenizer, body: dict, chat: bool, escape: bool) -> list[int]:
     if not chat:
         return [int(i) for i in tokenizer.encode_prompt(requests.completion_prompt(body))]
     if not tokenizer.chat_template:
         raise RequestError("this model has no chat template; use /v1/completions.", "messages")
+    messages = requests.chat_messages(body)
+    specials = tokenizer.special_token_texts() if escape and hasattr(tokenizer, "special_token_texts") else []
+    if any(special in message["content"] for message in messages for special in specials):
+        return _escaped_chat_ids(tokenizer, messages)
+    return [int(i) for i in tokenizer.encode(_rendered(tokenizer, messages))]  # the template holds the special tokens
+
+
+def _rendered(tokenizer, messages: list[dict]) -> str:
     try:
-        text = tokenizer.apply_chat_template(requests.chat_messages(body), add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except InputError as error:  # the template's own checks (roles out of order, ...)
         raise RequestError(error.message, "messages") from None
-    return [int(i) for i in tokenizer.encode(text)]  # the template holds the special tokens
+
+
+def _escaped_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The conversation's ids with each message's text encoded as plain text: the template rendered
+    around placeholders, its own text encoded with its special tokens, the messages' without."""
+    marked = [{**message, "content": f"\x00{index}\x00"} for index, message in enumerate(messages)]
+    parts = re.split("\x00([0-9]+)\x00", _rendered(tokenizer, marked))
+    shown = parts[1::2]
+    if len(set(shown)) != len(shown):
+        raise RequestError(
+            "a message holds a special token's text, which this chat template repeats and cannot be escaped; "
+            "remove it, or start the server with `--no-escape-special-tokens`.",
+            "messages",
+        )
+    ids = []
+    for position, part in enumerate(parts):
+        if position % 2:
+            ids += tokenizer.encode_literal(messages[int(part)]["content"]).tolist()
+        elif part:
+            ids += tokenizer.encode(part).tolist()
+    return [int(i) for i in ids]
 
 
 def _usage(job, choices) -> dict:

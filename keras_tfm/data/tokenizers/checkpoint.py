@@ -45,6 +45,7 @@ class HuggingFaceTokenizer(Tokenizer):
 
         self.tokenizer_json = tokenizer_json
         self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self._literal = None  # made on first use: a copy that reads special tokens' text as text
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens or {})
 
@@ -79,6 +80,21 @@ class HuggingFaceTokenizer(Tokenizer):
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def special_token_texts(self) -> list[str]:
+        """The text of each special token (`<|im_end|>`), which `encode` turns into its id wherever it
+        stands in a text."""
+        return [token.content for token in self._tokenizer.get_added_tokens_decoder().values() if token.special]
+
+    def encode_literal(self, text: str) -> np.ndarray:
+        """`text` as plain text: a special token's text in it gives the ids of its characters, not the
+        token (a user's message cannot forge a turn of the conversation)."""
+        if self._literal is None:
+            from tokenizers import Tokenizer
+
+            self._literal = Tokenizer.from_str(self.tokenizer_json)
+            self._literal.encode_special_tokens = True
+        return np.asarray(self._literal.encode(text, add_special_tokens=False).ids, "int32")
 
     def encode_prompt(self, text: str) -> np.ndarray:
         """A prompt's ids as transformers' tokenizer gives them by default: with the special tokens the
