@@ -2,6 +2,7 @@
 
 import gc
 import io
+import os
 import re
 import warnings
 from contextlib import redirect_stdout
@@ -191,6 +192,23 @@ def test_a_quantized_mixed_precision_model_computes_in_bfloat16(rng, name):
     # in float32 on JAX and PyTorch, and TensorFlow refused to add float32 and bfloat16 vectors
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
     assert np.abs(to_numpy(out).astype("float32") - expected).max() <= 0.1 * np.abs(expected).max()
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's int8 products depend on the CPU")
+def test_int8_on_a_cpu_without_vnni_says_it_saves_memory_not_time(monkeypatch):
+    from keras_tfm.models import base
+
+    monkeypatch.setattr(base, "int8_products_are_fast", lambda: False)
+    with pytest.warns(UserWarning, match=r"no VNNI instructions .* int8 saves memory here, not time"):
+        MODELS["gpt"][0]().quantize("int8")
+    monkeypatch.setattr(base, "int8_products_are_fast", lambda: True)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        MODELS["gpt"][0]().quantize("int8")
+    assert not [w for w in said if "VNNI" in str(w.message)]
+    flags = open("/proc/cpuinfo").read() if os.path.isfile("/proc/cpuinfo") else ""
+    if "avx512_vnni" in flags or "avx_vnni" in flags:
+        assert base.int8_products_are_fast()
 
 
 @pytest.mark.parametrize(
