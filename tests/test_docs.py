@@ -36,8 +36,15 @@ def test_every_python_example_of_a_page_runs_as_written(page, tmp_path, monkeypa
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="export's examples write every format there")
 @pytest.mark.parametrize("page", TENSORFLOW_PAGES)
 def test_every_export_example_runs_as_written_on_tensorflow(page, tmp_path, monkeypatch):
+    """The server's client examples talk to a stand-in for the page's SmolLM2 server: a tiny chat model
+    served under its name, port and key."""
+    from tests.test_cli import chat_model
+    from tests.test_serve import Server
+
     assert _blocks(page)
-    _run_page(page, tmp_path, monkeypatch)
+    monkeypatch.setenv("KERAS_TFM_API_KEY", "stand-in")
+    with Server(chat_model(max_length=64), name="SmolLM2-135M-Instruct", port=8000, api_key="stand-in"):
+        _run_page(page, tmp_path, monkeypatch)
 
 
 def _run_page(page, tmp_path, monkeypatch):

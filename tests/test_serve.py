@@ -29,13 +29,13 @@ MESSAGES = [{"role": "user", "content": "speak"}]
 class Server:
     """`create_app(model, ...)` on uvicorn, on a free port of localhost, in a thread."""
 
-    def __init__(self, model, **settings):
+    def __init__(self, model, name: str = "tiny", port: int | None = None, **settings):
         from keras_tfm.serve import create_app
 
         with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind(("127.0.0.1", port or 0))
             self.port = probe.getsockname()[1]
-        self.app = create_app(model, "tiny", **settings)
+        self.app = create_app(model, name, **settings)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}"
