@@ -171,7 +171,7 @@ def _check_host(request, hosts: set[str] | None) -> None:
     if name not in hosts and "*" not in hosts:
         raise RequestError(
             f"the Host header {host!r:.100} is not one this server answers ({', '.join(sorted(hosts))}); "
-            "start it with `--allowed-hosts` naming it.",
+            "the server's `allowed_hosts` must name it.",
             None,
             400,
         )
@@ -240,7 +240,7 @@ def _escaped_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     if len(set(shown)) != len(shown):
         raise RequestError(
             "a message holds a special token's text, which this chat template repeats and cannot be escaped; "
-            "remove it, or start the server with `--no-escape-special-tokens`.",
+            "remove it, or serve with `escape_special_tokens` off.",
             "messages",
         )
     ids = []

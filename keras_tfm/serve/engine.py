@@ -89,7 +89,7 @@ class Engine:
     def submit(self, job: Job) -> Ticket:
         if _rows_of(job) > self.max_batch_size:  # it would wait for rows that never come
             raise RequestError(
-                f"`n` must be at most {self.max_batch_size} (the server's `--max-batch-size`) when sampling; "
+                f"`n` must be at most {self.max_batch_size} (the server's `max_batch_size`) when sampling; "
                 f"received {job.n}.",
                 "n",
             )
