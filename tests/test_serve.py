@@ -268,9 +268,17 @@ def test_a_client_that_leaves_mid_stream_frees_its_place(model, monkeypatch):
 
 
 @pytest.mark.backend_independent
-def test_defaults_come_from_the_checkpoint_and_tokenizing_leaves_the_loop_free(model, monkeypatch):
+def test_defaults_come_from_the_checkpoint_and_tokenizing_leaves_the_loop_free(model, monkeypatch, tmp_path):
     """A request that names no length or sampling gets the checkpoint's generation settings (here greedy,
     5 tokens), listed by /v1/models; while one prompt tokenizes slowly, other clients are answered."""
+    import keras_tfm
+    from keras_tfm.serve.requests import Defaults
+
+    keras_tfm.save_huggingface(model, tmp_path)  # as a Hub checkpoint's generation_config.json sets them
+    settings = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "max_new_tokens": 7, "eos_token_id": 1}
+    (tmp_path / "generation_config.json").write_text(json.dumps(settings))
+    loaded = keras_tfm.from_huggingface(str(tmp_path)).generation_config
+    assert loaded == settings and Defaults.of(loaded) == Defaults(7, 0.7, 0.8, 1.0)
     monkeypatch.setattr(model, "generation_config", {"do_sample": False, "max_new_tokens": 5})
     with Server(model) as server:
         entry = httpx.get(server.url + "/v1/models").json()["data"][0]

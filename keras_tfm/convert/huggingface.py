@@ -32,21 +32,26 @@ from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.convert.weights import WeightWriter
 from keras_tfm.errors import CheckpointError, InputError
 
+END_FIELDS = ("eos_token_id", "pad_token_id")
+# what the server takes as a request's defaults (vLLM reads the same from generation_config.json)
+SAMPLING_FIELDS = ("do_sample", "temperature", "top_p", "repetition_penalty", "max_new_tokens")
+
 
 def generation_settings(directory: str) -> dict | None:
-    """What `generate` takes from a checkpoint's `generation_config.json`: its end ids (`eos_token_id`,
-    one or several: Llama 3 Instruct and Qwen stop at either of two) and `pad_token_id`; None without one."""
+    """What `generate` and the server take from a checkpoint's `generation_config.json`: its end ids
+    (`eos_token_id`, one or several: Llama 3 Instruct and Qwen stop at either of two), `pad_token_id`,
+    and its sampling settings (`SAMPLING_FIELDS`); None without one."""
     path = os.path.join(directory, "generation_config.json")
     if not os.path.isfile(path):
         return None
-    return _end_ids(read_json(path, "from_huggingface"), repr(path))
+    return _end_ids(read_json(path, "from_huggingface"), repr(path), END_FIELDS + SAMPLING_FIELDS)
 
 
-def _end_ids(config: dict, where: str) -> dict | None:
-    """`eos_token_id` and `pad_token_id` of a generation config (a JSON object or transformers'
-    `GenerationConfig.to_dict()`), each checked: a token id or a list of them."""
+def _end_ids(config: dict, where: str, fields: tuple = END_FIELDS) -> dict | None:
+    """The `fields` of a generation config (a JSON object or transformers' `GenerationConfig.to_dict()`)
+    that it sets, each checked: end ids a token id or a list of them, the sampling settings numbers."""
     checked = checkpoint_config(config, where)
-    settings = {key: checked[key] for key in ("eos_token_id", "pad_token_id") if checked.get(key) is not None}
+    settings = {key: checked[key] for key in fields if checked.get(key) is not None}
     return settings or None
 
 
