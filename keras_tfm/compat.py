@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import os
 import threading
 
 import keras
@@ -31,6 +32,7 @@ __all__ = [
     "get_stateless_scope",
     "in_symbolic_scope",
     "int8_kernels_by_column",
+    "int8_products_are_fast",
     "mend_torch_int8_products",
     "on_xla_cpu",
     "one_garbage_collection",
@@ -170,6 +172,23 @@ def _mend_torch_int8_products() -> tuple:
 
     core.custom_gradient, numpy.matmul = custom_gradient, matmul
     return custom_gradient, matmul
+
+
+def int8_products_are_fast() -> bool:
+    """Whether PyTorch's int8 products (`torch._int_mm`) are fast on this machine's processor: an x86
+    CPU with VNNI (`avx512_vnni` or `avx_vnni` in /proc/cpuinfo), any CPU that is not x86, or a GPU."""
+    import platform
+
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return True
+    if platform.machine().lower() not in ("x86_64", "amd64") or not os.path.isfile("/proc/cpuinfo"):
+        return True
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as file:
+        flags = next((line.split(":", 1)[1].split() for line in file if line.startswith("flags")), [])
+    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def int8_kernels_by_column(model: keras.layers.Layer) -> None:

@@ -2,6 +2,7 @@
 changes what it relies on."""
 
 import gc
+import os
 
 import keras
 import numpy as np
@@ -188,3 +189,14 @@ def test_variables_added_after_build_are_tracked_again():
     model.layers[0].enable_lora(2)
     compat.track_variables_again(model)
     assert len(list(model.parameters())) == len(model.variables) == 4
+
+
+def test_int8_products_are_fast_where_an_x86_cpu_has_vnni():
+    import platform
+
+    if not os.path.isfile("/proc/cpuinfo") or platform.machine().lower() not in ("x86_64", "amd64"):
+        assert compat.int8_products_are_fast()
+        return
+    flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    on_gpu = keras.backend.backend() == "torch" and __import__("torch").cuda.is_available()
+    assert compat.int8_products_are_fast() == (on_gpu or "avx512_vnni" in flags or "avx_vnni" in flags)

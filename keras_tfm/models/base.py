@@ -9,29 +9,12 @@ import warnings
 
 import keras
 
-from keras_tfm.compat import BuildBeforeQuantizeCheck, sublayers
+from keras_tfm.compat import BuildBeforeQuantizeCheck, int8_products_are_fast, sublayers
 from keras_tfm.errors import InputError
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
 from keras_tfm.models import exporting, lora
 from keras_tfm.models.inputs import check_data, check_ids, check_not_empty, check_weights_file
-
-
-def int8_products_are_fast() -> bool:
-    """Whether PyTorch's int8 products (`torch._int_mm`) are fast on this machine's processor: an x86
-    CPU with VNNI (`avx512_vnni` or `avx_vnni` in /proc/cpuinfo), any CPU that is not x86, or a GPU."""
-    import platform
-
-    if keras.backend.backend() == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            return True
-    if platform.machine().lower() not in ("x86_64", "amd64") or not os.path.isfile("/proc/cpuinfo"):
-        return True
-    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as file:
-        flags = next((line.split(":", 1)[1].split() for line in file if line.startswith("flags")), [])
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):

@@ -88,29 +88,10 @@ def create_app(
     async def models(request):
         _check_host(request, hosts)
         _authorize(request, api_key)
-        entry = {
-            "id": model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "keras_tfm",
-            "max_model_len": model.max_length,  # vLLM's name: the context, prompt and new tokens together
-            "defaults": dataclasses.asdict(defaults),  # what a request that leaves these out gets
-        }
-        return JSONResponse({"object": "list", "data": [entry]})
+        return JSONResponse({"object": "list", "data": [_model_entry(model, model_name, defaults)]})
 
     async def health(request):
         return JSONResponse({"status": "ok", "waiting": engine.waiting()})
-
-    async def refused(request, error: RequestError):
-        return JSONResponse(error.body(), status_code=error.status)
-
-    async def http_error(request, error: HTTPException):
-        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return JSONResponse(RequestError(str(error.detail), None, error.status_code, kind).body(), error.status_code)
-
-    async def server_error(request, error: Exception):  # a fault of the server's, still in OpenAI's schema
-        answer = RequestError(f"the server failed: {type(error).__name__}: {error}"[:500], None, 500, "server_error")
-        return JSONResponse(answer.body(), status_code=500)
 
     app = Starlette(
         routes=[
@@ -119,11 +100,38 @@ def create_app(
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
-        exception_handlers={RequestError: refused, HTTPException: http_error, Exception: server_error},
+        exception_handlers={RequestError: _refused, HTTPException: _http_error, Exception: _server_error},
         lifespan=_closing(engine),
     )
     app.state.engine = engine
     return app
+
+
+def _model_entry(model, model_name: str, defaults: requests.Defaults) -> dict:
+    return {
+        "id": model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "keras_tfm",
+        "max_model_len": model.max_length,  # vLLM's name: the context, prompt and new tokens together
+        "defaults": dataclasses.asdict(defaults),  # what a request that leaves these out gets
+    }
+
+
+async def _refused(request, error: RequestError):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def _http_error(request, error):
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    return await _refused(request, RequestError(str(error.detail), None, error.status_code, kind))
+
+
+async def _server_error(request, error: Exception):  # a fault of the server's, still in OpenAI's schema
+    message = f"the server failed: {type(error).__name__}: {error}"[:500]
+    return await _refused(request, RequestError(message, None, 500, "server_error"))
 
 
 async def _answer(ticket: Ticket) -> list:

@@ -2,7 +2,6 @@
 
 import gc
 import io
-import os
 import re
 import warnings
 from contextlib import redirect_stdout
@@ -206,9 +205,6 @@ def test_int8_on_a_cpu_without_vnni_says_it_saves_memory_not_time(monkeypatch):
         warnings.simplefilter("always")
         MODELS["gpt"][0]().quantize("int8")
     assert not [w for w in said if "VNNI" in str(w.message)]
-    flags = open("/proc/cpuinfo").read() if os.path.isfile("/proc/cpuinfo") else ""
-    if "avx512_vnni" in flags or "avx_vnni" in flags:
-        assert base.int8_products_are_fast()
 
 
 @pytest.mark.parametrize(
