@@ -57,11 +57,7 @@ def create_app(
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    _check_model(model, api_key)
-    try:
-        defaults = requests.Defaults.of(model.generation_config, default_max_tokens)
-    except RequestError as error:
-        raise ValueError(f"model.generation_config: {error.message}") from None
+    defaults = _checked_defaults(model, api_key, default_max_tokens)
     engine = Engine(model, max_batch_size, max_queue)
     settings = dict(context=model.max_length, max_tokens_limit=max_tokens or model.max_length, defaults=defaults)
     hosts = None if allowed_hosts is None else {host.lower() for host in allowed_hosts}
@@ -156,6 +152,16 @@ def _closing(engine: Engine):
         engine.close()
 
     return lifespan
+
+
+def _checked_defaults(model, api_key: str | None, default_max_tokens: int) -> requests.Defaults:
+    """What requests that leave fields out get; before any request, a model the server cannot serve, an
+    empty key and a bad `model.generation_config` are refused."""
+    _check_model(model, api_key)
+    try:
+        return requests.Defaults.of(model.generation_config, default_max_tokens)
+    except RequestError as error:
+        raise ValueError(f"model.generation_config: {error.message}") from None
 
 
 def _check_model(model, api_key: str | None) -> None:
