@@ -44,10 +44,10 @@ def generation_settings(directory: str) -> dict | None:
     path = os.path.join(directory, "generation_config.json")
     if not os.path.isfile(path):
         return None
-    return _end_ids(read_json(path, "from_huggingface"), repr(path), END_FIELDS + SAMPLING_FIELDS)
+    return _generation_fields(read_json(path, "from_huggingface"), repr(path), END_FIELDS + SAMPLING_FIELDS)
 
 
-def _end_ids(config: dict, where: str, fields: tuple = END_FIELDS) -> dict | None:
+def _generation_fields(config: dict, where: str, fields: tuple = END_FIELDS) -> dict | None:
     """The `fields` of a generation config (a JSON object or transformers' `GenerationConfig.to_dict()`)
     that it sets, each checked: end ids a token id or a list of them, the sampling settings numbers."""
     checked = checkpoint_config(config, where)
@@ -62,7 +62,9 @@ def _in_memory_generation_settings(model) -> dict | None:
     generation_config = getattr(base, "generation_config", None)
     if generation_config is None or not callable(getattr(generation_config, "to_dict", None)):
         return None
-    return _end_ids(generation_config.to_dict(), "the model's generation settings (`model.generation_config`)")
+    return _generation_fields(
+        generation_config.to_dict(), "the model's generation settings (`model.generation_config`)"
+    )
 
 
 # keras-hub's task models fine-tune at 5e-5 by default too; 1e-3 (from scratch) would wreck a checkpoint.
