@@ -1,5 +1,5 @@
 """The checks every layer and model must pass, written once: config round trip, `.keras` round
-trip, a jit-compiled fit step, and mixed precision."""
+trip, a compiled fit step, and mixed precision."""
 
 from __future__ import annotations
 
@@ -50,17 +50,17 @@ def check_saved_model_round_trip(layer, args, kwargs, tmp_path):
     assert_close(loaded(list(args)), expected)
 
 
-def check_jit_fit_step(layer, args, kwargs=None, jit: bool = True):
-    """Two jit-compiled training steps (eager with `jit=False`): finite loss, and the layer's weights move.
+def check_fit_step(layer, args, kwargs=None):
+    """Two compiled training steps: finite loss, and the layer's weights move.
 
-    On PyTorch `jit_compile=True` means torch.compile, about 30 s a model on 2 CPU cores, so each
-    layer trains eagerly there and `tests/layers/test_all_layers.py` compiles one model holding
-    every layer instead. JAX always compiles: op-by-op it took 3.6x the time of one compile.
+    Compiled as Keras does by default on a CPU: XLA on JAX, a `tf.function` graph on TensorFlow (its XLA
+    compile, 10-20 s a model here, is tested once for every layer by the every-layer model's fit in
+    `tests/layers/test_all_layers.py` and for whole models by the recipes), eager on PyTorch, where
+    `jit_compile=True` means torch.compile (about 30 s a model on 2 CPU cores, and not what the runtime uses).
     """
     model = functional_model(layer, args, kwargs)
     target_shape = model.output.shape[1:]
-    backend = keras.backend.backend()
-    jit = backend == "jax" or (jit and backend == "tensorflow")
+    jit = keras.backend.backend() == "jax"
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit)
     before = [to_numpy(w).copy() for w in layer.trainable_weights]
     target = np.ones((args[0].shape[0], *target_shape), "float32")
@@ -80,13 +80,12 @@ def check_mixed_precision(make_layer, args, kwargs=None, policies=("mixed_bfloat
         assert np.all(np.isfinite(to_numpy(ops.cast(output, "float32")))), policy
 
 
-def run_layer_checks(make_layer, args, kwargs=None, tmp_path=None, mixed_precision=True, jit=True):
-    """All common checks for a layer made by `make_layer(**layer_kwargs)` called as `layer(*args, **kwargs)`
-    (`jit=False`: its training steps eager, where another variant of the model compiles them)."""
+def run_layer_checks(make_layer, args, kwargs=None, tmp_path=None, mixed_precision=True):
+    """All common checks for a layer made by `make_layer(**layer_kwargs)` called as `layer(*args, **kwargs)`."""
     check_config_round_trip(make_layer(), args, kwargs)
     if tmp_path is not None:
         check_saved_model_round_trip(make_layer(), args, kwargs, tmp_path)
-    check_jit_fit_step(make_layer(), args, kwargs, jit=jit)
+    check_fit_step(make_layer(), args, kwargs)
     if mixed_precision:
         check_mixed_precision(make_layer, args, kwargs)
 

@@ -4,7 +4,7 @@ import pytest
 import keras_tfm
 from tests.checks import assert_close, run_layer_checks, to_numpy
 
-SMALL = dict(vocabulary_size=30, max_length=16, num_layers=2, hidden_dim=16, num_heads=2)
+SMALL = dict(vocabulary_size=30, max_length=16, num_layers=1, hidden_dim=16, num_heads=2)
 
 
 @pytest.mark.parametrize("head", ["mlm", "classifier", None])

@@ -15,7 +15,7 @@ def tiny_lm(**overrides):
     config = dict(
         vocabulary_size=40,
         max_length=32,
-        num_layers=2,
+        num_layers=1,
         num_heads=4,
         num_key_value_heads=2,
         hidden_dim=16,

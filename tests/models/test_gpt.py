@@ -8,7 +8,7 @@ from tests.checks import assert_close, run_layer_checks, to_numpy
 
 
 def tiny_gpt(**overrides):
-    config = dict(vocabulary_size=40, max_length=24, num_layers=2, num_heads=2, hidden_dim=16)
+    config = dict(vocabulary_size=40, max_length=24, num_layers=1, num_heads=2, hidden_dim=16)
     return keras_tfm.GPT(**{**config, **overrides})
 
 

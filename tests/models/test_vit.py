@@ -8,7 +8,7 @@ from tests.checks import assert_close, run_layer_checks, to_numpy
 
 
 def tiny_vit(**overrides):
-    config = dict(image_size=16, patch_size=4, num_classes=5, num_layers=2, num_heads=2, hidden_dim=16)
+    config = dict(image_size=16, patch_size=4, num_classes=5, num_layers=1, num_heads=2, hidden_dim=16)
     return keras_tfm.ViT(**{**config, **overrides})
 
 
@@ -55,7 +55,7 @@ def _encoded(model, images):
 
 
 def test_returns_every_layers_attention_weights(rng):
-    model = tiny_vit()
+    model = tiny_vit(num_layers=2)
     images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
     logits, weights = model(images, return_attention_weights=True)
     assert len(weights) == 2 and all(tuple(w.shape) == (2, 2, 17, 17) for w in weights)
