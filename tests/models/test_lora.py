@@ -12,11 +12,11 @@ from tests.checks import to_numpy
 SMALL_GPT = dict(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_length=16)
 
 
-def small_gpt(seed: int = 0):
+def small_gpt(seed: int = 0, **overrides):
     """A GPT with token vectors of a trained model's scale: with the initial ones (standard deviation
     0.02) the frozen tied output layer would keep every logit near zero, whatever LoRA learns."""
     keras.utils.set_random_seed(seed)
-    model = keras_tfm.GPT(**SMALL_GPT)
+    model = keras_tfm.GPT(**{**SMALL_GPT, **overrides})
     model.build()
     embeddings = model.token_embedding.embeddings
     embeddings.assign(np.random.default_rng(seed).normal(scale=0.5, size=embeddings.shape).astype("float32"))

@@ -20,7 +20,7 @@ import keras_tfm  # noqa: E402
 def build():
     keras.utils.set_random_seed(1)
     model = keras_tfm.gpt_shakespeare_char_cpu(
-        vocabulary_size=32, max_length=16, num_layers=2, num_heads=4, hidden_dim=32
+        vocabulary_size=32, max_length=16, num_layers=1, num_heads=4, hidden_dim=32
     )
     return model
 

@@ -155,7 +155,7 @@ def test_a_lora_checkpoint_resumes_exactly(tmp_path, rng):
     x, y = ids[:, :-1], ids[:, 1:]
 
     def compiled() -> keras.Model:
-        model = small_gpt()
+        model = small_gpt(num_layers=1)
         model.enable_lora(2)
         model.compile(optimizer=keras.optimizers.AdamW(3e-2), loss=keras_tfm.TokenCrossEntropy())
         return model
