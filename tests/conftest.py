@@ -2,9 +2,18 @@ import gc
 import os
 
 # The suite's models are tiny, so XLA's time goes to compiling, not running: LLVM's optimisation passes
-# cost more than they save (JAX's model and layer tests take a quarter less time without them). Set
-# before Keras loads a backend; recipe subprocesses inherit it.
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+# cost more than they save, and XLA:CPU's MLIR fusion emitters compile three times slower than its
+# element-wise ones (tests/models/test_gpt.py on JAX: 50 s of compiling with the first flag alone, 17 s
+# with all three; TensorFlow's XLA reads them too). They change how XLA generates code, not what it
+# computes. Set before Keras loads a backend; recipe subprocesses inherit them.
+os.environ["XLA_FLAGS"] = " ".join(
+    [
+        os.environ.get("XLA_FLAGS", ""),
+        "--xla_backend_optimization_level=0",
+        "--xla_llvm_disable_expensive_passes=true",
+        "--xla_cpu_use_fusion_emitters=false",
+    ]
+).strip()
 # No test reaches the network: Hugging Face Hub ids are read from a local cache only (huggingface_hub reads
 # this when it is imported).
 os.environ["HF_HUB_OFFLINE"] = "1"

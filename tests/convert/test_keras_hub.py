@@ -10,6 +10,10 @@ from tests.checks import to_numpy
 
 keras_hub = pytest.importorskip("keras_hub")
 
+# `from_keras_hub` copies keras-hub's arrays (as NumPy) into our layers: the same on every backend, so one
+# backend's process runs these. Our models' outputs on each backend: the transformers parity tests.
+pytestmark = pytest.mark.backend_independent
+
 
 def peaked(model):
     """Larger weights: sharper logits, so that greedy decoding follows the model, not float noise."""

@@ -38,10 +38,13 @@ def test_jit_compiled_fit_drives_loss_down(rng):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=keras.backend.backend() != "torch",
     )
+    before = {w.path: to_numpy(w).copy() for w in model.trainable_weights}
     history = model.fit(inputs, targets, epochs=40, batch_size=16, verbose=0)
     losses = history.history["loss"]
     assert losses[0] > 3.0
     assert losses[-1] < 0.5, losses
+    unmoved = [w.path for w in model.trainable_weights if np.array_equal(to_numpy(w), before[w.path])]
+    assert len(before) > 50 and not unmoved  # every layer's weights train (each layer's own checks do not fit)
 
 
 def test_mixed_precision_training_runs(rng):

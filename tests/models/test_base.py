@@ -281,6 +281,7 @@ LABELS = {  # name -> (labels in range, where one goes out of it, the setting na
 }
 
 
+@pytest.mark.backend_independent  # NumPy labels checked before Keras' step: the same on every backend
 @pytest.mark.parametrize("name", LABELS)
 def test_labels_outside_the_logits_are_refused_by_sparse_losses(rng, name):
     """An XLA gather reads a label outside the logits silently (a finite, wrong loss on JAX, NaN on
@@ -369,6 +370,7 @@ def test_a_model_fits_as_made_and_its_keras_file_resumes_the_optimizer(tmp_path,
     assert int(loaded.optimizer.iterations) == 2  # the optimizer's state came back with it
 
 
+@pytest.mark.backend_independent  # the same NumPy check
 def test_labels_are_left_to_other_losses(rng):
     """Only a sparse cross-entropy reads labels as class ids: a ViT regressing to numbers trains on."""
     make, make_inputs = MODELS["vit"]
