@@ -22,6 +22,14 @@ import keras
 import numpy as np
 import pytest
 
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf
+
+    # Grappler, TensorFlow's graph optimizer, rewrites every traced function before its first run: for
+    # these tiny models that costs more than it saves (a fifth of tests/models' time). Like the XLA flags
+    # above, it changes how a graph runs, not what it computes; the exporters' converters run their own.
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
 
 def pytest_report_header(config):
     return f"keras {keras.__version__}, backend {keras.backend.backend()}"
