@@ -3,6 +3,7 @@
 # backend_logs first: importing it quiets TensorFlow's start-up logging, before Keras imports TensorFlow.
 from keras_tfm import backend_logs, layers, losses, viz
 from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_huggingface
+from keras_tfm.generation import GenerationConfig
 from keras_tfm.losses import TokenCrossEntropy
 from keras_tfm.models import (
     GPT,
@@ -44,6 +45,6 @@ from keras_tfm.models import (
     vit_small_images,
     vit_tiny,
 )
-from keras_tfm.saving import load_model
+from keras_tfm.saving import load, load_model
 
 __version__ = "0.1.0"

@@ -37,3 +37,19 @@ def load_model(filepath, **kwargs) -> keras.Model:
             problem = f"its member {damaged!r} is damaged" if damaged else f"it lacks {sorted(missing)}"
             raise CheckpointError(f"{path!r} is not a complete .keras file: {problem}.", caller="load_model")
     return keras.saving.load_model(path, **kwargs)
+
+
+def load(checkpoint: str, dtype: str = "float32") -> keras.Model:
+    """The model of a `.keras` file (in its own dtype), a `.gguf` file or a Hugging Face checkpoint
+    directory or Hub id (both built in `dtype`): what the command line and the server load.
+
+    Example: `lm = keras_tfm.load("HuggingFaceTB/SmolLM2-135M-Instruct")`.
+    """
+    from keras_tfm.convert import from_gguf, from_huggingface
+
+    path = os.fspath(checkpoint)
+    if path.endswith(".keras"):
+        return load_model(path)
+    if path.endswith(".gguf"):
+        return from_gguf(path, dtype=dtype)
+    return from_huggingface(path, dtype=dtype)

@@ -93,6 +93,12 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
             for seed in (3, 3, 4)
         ]
         assert sampled[0] == sampled[1] != sampled[2]
+        # one chooser, one generator: a seeded request draws what a seeded `generate` draws, every warp on
+        warps = dict(temperature=0.9, top_p=0.95, seed=11)
+        extra = dict(top_k=20, min_p=0.05)
+        drawn = client.completions.create(model="tiny", prompt="to be", max_tokens=10, n=2, extra_body=extra, **warps)
+        expected = model.generate("to be", max_new_tokens=10, num_return_sequences=2, **extra, **warps)
+        assert [choice.text for choice in drawn.choices] == [text[len("to be") :] for text in expected]
         two = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, n=2)
         assert len(two.choices) == 2 and two.usage.completion_tokens == 20
 
@@ -272,13 +278,14 @@ def test_defaults_come_from_the_checkpoint_and_tokenizing_leaves_the_loop_free(m
     """A request that names no length or sampling gets the checkpoint's generation settings (here greedy,
     5 tokens), listed by /v1/models; while one prompt tokenizes slowly, other clients are answered."""
     import keras_tfm
+    from keras_tfm.generation import GenerationConfig
     from keras_tfm.serve.requests import Defaults
 
     keras_tfm.save_huggingface(model, tmp_path)  # as a Hub checkpoint's generation_config.json sets them
     settings = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "max_new_tokens": 7, "eos_token_id": 1}
     (tmp_path / "generation_config.json").write_text(json.dumps(settings))
     loaded = keras_tfm.from_huggingface(str(tmp_path)).generation_config
-    assert loaded == settings and Defaults.of(loaded) == Defaults(7, 0.7, 0.8, 1.0)
+    assert loaded == settings and Defaults.of(loaded) == Defaults(7, GenerationConfig(temperature=0.7, top_p=0.8))
     monkeypatch.setattr(model, "generation_config", {"do_sample": False, "max_new_tokens": 5})
     with Server(model) as server:
         entry = httpx.get(server.url + "/v1/models").json()["data"][0]
@@ -287,6 +294,8 @@ def test_defaults_come_from_the_checkpoint_and_tokenizing_leaves_the_loop_free(m
             "temperature": 0.0,
             "top_p": 1.0,
             "repetition_penalty": 1.0,
+            "top_k": 0,
+            "min_p": 0.0,
         }
         answer = httpx.post(server.url + "/v1/completions", json={"prompt": "to be"}, timeout=60).json()
         assert answer["choices"][0]["text"] == model.generate("to be", max_new_tokens=5)[len("to be") :]

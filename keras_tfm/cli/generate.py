@@ -21,6 +21,8 @@ import sys
 
 from keras_tfm.cli.interrupt import pieces_until_ctrl_c
 from keras_tfm.errors import InputError
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.saving import load
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,33 +39,34 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="past the model's context, keep the last tokens that fit (default: on)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=50, help="(default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens; 0: all")
-    parser.add_argument("--top-p", type=float, default=1.0, help="sample within this probability mass")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats")
-    parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    add_generation_flags(parser, max_new_tokens=50)
     parser.add_argument("--chunk-size", type=int, default=8, help="tokens per streamed piece (default: %(default)s)")
     return parser.parse_args(argv)
 
 
-def load(checkpoint: str, dtype: str = "float32"):
-    """The model of a `.keras` file (in its own dtype), a `.gguf` file or a Hugging Face checkpoint."""
-    import keras_tfm
+def add_generation_flags(parser: argparse.ArgumentParser, **defaults) -> None:
+    """A flag for each `GenerationConfig` field a stream takes (`--top-p` for `top_p`), with its help;
+    `defaults`: this command's own, where they differ from the config's."""
+    for name, field in GenerationConfig.fields().items():
+        if not field.metadata["flag"] or name in STREAM_REFUSES:
+            continue
+        default = defaults.get(name, field.default)
+        kind = int if name == "seed" or isinstance(default, int) else float
+        parser.add_argument(
+            flag(name), type=kind, default=default, help=f"{field.metadata['help']} (default: %(default)s)"
+        )
 
-    if checkpoint.endswith(".keras"):
-        return keras_tfm.load_model(checkpoint)
-    if checkpoint.endswith(".gguf"):
-        return keras_tfm.from_gguf(checkpoint, dtype=dtype)
-    return keras_tfm.from_huggingface(checkpoint, dtype=dtype)
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+STREAM_REFUSES = ("num_beams", "length_penalty")  # beam search chooses its tokens only at the end
 
 
 # the library's arguments as this command's flags and words
-FLAGS = {name: "--" + name.replace("_", "-") for name in ("max_new_tokens", "chunk_size", "temperature", "top_k")}
-FLAGS["crop_context"] = "--crop-context"
-FLAGS.update(
-    {name: "--" + name.replace("_", "-") for name in ("top_p", "repetition_penalty", "seed")}, token_ids="prompt"
-)
+FLAGS = {name: flag(name) for name in (*GenerationConfig.fields(), "chunk_size", "crop_context")}
+FLAGS["token_ids"] = "prompt"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,9 +115,13 @@ def note_cropping(model, args: argparse.Namespace) -> None:
 
 
 def stream_arguments(args: argparse.Namespace) -> dict:
-    """`model.stream`'s arguments from the flags."""
-    names = ("max_new_tokens", "chunk_size", "temperature", "top_k", "top_p", "seed", "repetition_penalty")
-    return {name: getattr(args, name) for name in names} | {"crop_context": args.crop_context}
+    """`model.stream`'s arguments from the flags: a `GenerationConfig`, the chunk size and the cropping."""
+    settings = {name: getattr(args, name) for name in GenerationConfig.fields() if hasattr(args, name)}
+    try:
+        config = GenerationConfig(**settings)
+    except InputError as error:
+        raise InputError(error.message, error.argument, "generate") from None
+    return {"config": config, "chunk_size": args.chunk_size, "crop_context": args.crop_context}
 
 
 def in_flags(error: InputError) -> str:

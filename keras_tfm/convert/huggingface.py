@@ -381,7 +381,8 @@ def _exported_config(model, w: WeightWriter, labels, image_preprocessing) -> dic
             "checkpoints hold float weights. Save the model before quantize(), or its .keras file.",
             caller="save_huggingface",
         )
-    model._build_on_demand()
+    if not model.built:
+        model.build()
     options = {} if image_preprocessing is None else {"image_preprocessing": image_preprocessing}
     if options and "image_preprocessing" not in inspect.signature(export).parameters:
         raise InputError(

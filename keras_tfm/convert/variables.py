@@ -97,9 +97,12 @@ def _assign_tensorflow(tf_variable, array: np.ndarray, slice_bytes: int = 1 << 2
     if array.ndim == 0 or array.nbytes <= slice_bytes:
         tf_variable.assign(_tensorflow_tensor(array, tf_variable.dtype))
         return
+    import tensorflow as tf
+
     rows = max(1, slice_bytes * len(array) // array.nbytes)
-    for start in range(0, len(array), rows):
-        tf_variable[start : start + rows].assign(_tensorflow_tensor(array[start : start + rows], tf_variable.dtype))
+    for start in range(0, len(array), rows):  # rows scattered in place: a slice's assign copied the variable
+        part = _tensorflow_tensor(array[start : start + rows], tf_variable.dtype)
+        tf_variable.scatter_update(tf.IndexedSlices(part, tf.range(start, start + part.shape[0])))
 
 
 def _tensorflow_tensor(array: np.ndarray, dtype):

@@ -33,7 +33,7 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
     num_return_sequences, total)`. The decoder's controls change the log-probabilities, as transformers'
     beam search does; `context` is the same for every beam of a row, so it is never reordered."""
     step, controls, vocabulary_size = decoder.step, decoder.controls, decoder.vocabulary_size
-    buffer, prompt_mask, prompt_lengths, max_new_tokens, stop_token_ids, pad_token_id, context = batch
+    buffer, prompt_mask, prompt_lengths, max_new_tokens, stop_token_ids, pad_token_id, _, context = batch
     num_beams, length_penalty, num_return_sequences = search
     batch, total = buffer.shape
     beams = batch * num_beams

@@ -39,22 +39,17 @@ class CompiledFunctions:
         self._functions[key] = value
 
 
-def decoding_functions(step: Callable, model: keras.Model, traceable: bool = True) -> tuple[Callable, Callable]:
+def decoding_functions(step: Callable, model: keras.Model) -> tuple[Callable, Callable]:
     """`(step, while_loop)` for a decoding loop over `model`'s one-token `step`.
 
     JAX and TensorFlow compile the whole loop (`compile_function`) and get `step` and
     `ops.while_loop` back unchanged. PyTorch runs the loop in Python, and there Keras' per-op
-    dispatch costs more than the math of a small model. So, when the loop body is `traceable`
-    (deterministic: greedy and beam search), the whole body (model step, token choice, buffer
-    update) is recorded once per input shape with `torch.jit.trace` and replayed; every per-call
-    value must then be a loop variable, never a closure constant. Sampling draws from a
-    `torch.Generator` seeded from a Python int, which a trace would freeze, so there only the model
-    step is traced (`fast_step`). `torch.compile` is not used: it recompiles at every Keras layer
-    boundary."""
+    dispatch costs more than the math of a small model. So the whole body (model step, token choice,
+    buffer update) is recorded once per input shape with `torch.jit.trace` and replayed; every per-call
+    value (the row seeds included) must then be a loop variable, never a closure constant.
+    `torch.compile` is not used: it recompiles at every Keras layer boundary."""
     if keras.backend.backend() != "torch":
         return step, ops.while_loop
-    if not traceable:
-        return fast_step(step, model), ops.while_loop
     return step, traced_while_loop(model)
 
 
@@ -99,25 +94,6 @@ def traced_while_loop(model: keras.Model) -> Callable:
         return loop_vars
 
     return while_loop
-
-
-def fast_step(step: Callable, model: keras.Model) -> Callable:
-    """The one-token decoding step recorded once per cache shape with `torch.jit.trace` (the cache
-    index stays a tensor input, so one trace serves every position) and replayed without Python;
-    for loops whose body cannot be traced whole (see `decoding_functions`)."""
-    traced: dict = {}
-
-    def run(token_ids, cache, index, *context, output_logits: bool = True):
-        if token_ids.shape[1] != 1 or not output_logits:  # the prefill runs once per call: eager is fine
-            return step(token_ids, cache, index, *context, output_logits=output_logits)
-        index = ops.convert_to_tensor(index, "int32")
-        key = (tuple(token_ids.shape), tuple(index.shape), *_shape_key((cache, context)))
-        if key not in traced:
-            traced[key] = torch_trace(step, model, (token_ids, cache, index, *context))
-        with _plain_replay():
-            return traced[key](token_ids, cache, index, *context)
-
-    return run
 
 
 def _plain_replay():

@@ -7,9 +7,8 @@ the batch between two chunks of steps and leave when it ends (`serve.engine` kee
   at its own position (`call_with_cache` with a `(rows,)` `cache_update_index`).
 - `resized` copies the cache into more or fewer rows, or a longer or shorter length.
 
-Each row draws its tokens from a counter-based generator: the noise of a draw depends only on the row's
-seed and position, never on the other rows, so a seeded request gets the same answer whoever it shares
-the batch with. (Keras' generators give one stream per call, shared by every row of a batch.)
+Each row chooses its tokens with `sampling`'s chooser and its own seed, so a seeded request gets the
+same answer whoever it shares the batch with, and the answer `generate` gives with that seed.
 """
 
 from __future__ import annotations
@@ -20,70 +19,75 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.generation import compiled
-from keras_tfm.generation.sampling import nucleus, penalized
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.sampling import draw, penalized, warp
 
 
 class RowSettings(NamedTuple):
-    """Each row's sampling: `temperature` (0: greedy), `top_p`, `repetition_penalty` (float32) and
-    `seed` (int32), each `(rows,)`."""
+    """Each row's sampling, `(rows,)` each: `temperature` (0: greedy), `top_k` (int32, 0: no limit),
+    `top_p`, `min_p`, `repetition_penalty` (float32) and `seed` (int32)."""
 
     temperature: object
+    top_k: object
     top_p: object
+    min_p: object
     repetition_penalty: object
     seed: object
 
 
+def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tuple:
+    """A row's `RowSettings` values from its `config` and `seed` (with `dtypes`, `(value, dtype)` pairs)."""
+    values = (config.temperature, config.top_k, config.top_p, config.min_p, config.repetition_penalty, seed)
+    kinds = ("float32", "int32", "float32", "float32", "float32", "int32")
+    return tuple(zip(values, kinds)) if dtypes else values
+
+
 class Features(NamedTuple):
-    """What a compiled chunk computes, fixed for its function: whether any row samples, cuts a nucleus
-    (`top_p` < 1) or penalizes repeats. Rows that do not are unchanged by the others' features."""
+    """What a compiled chunk computes, fixed for its function: whether any row samples, cuts to its top-k,
+    a nucleus (`top_p` < 1) or by `min_p`, or penalizes repeats. Rows that do not are unchanged by the
+    others' features."""
 
     sampling: bool = False
+    top_k: bool = False
     nucleus: bool = False
+    min_p: bool = False
     penalty: bool = False
 
 
-def _shift_right(x, bits: int):
-    """`x >> bits` of int32 bits read as unsigned (a logical shift)."""
-    return ops.bitwise_and(ops.right_shift(x, bits), (1 << (32 - bits)) - 1)
-
-
-def _int32(value: int):
-    return ops.convert_to_tensor(np.array(value, np.uint32).astype(np.int32))
-
-
-def _mix(x):
-    """lowbias32 (C. Wellons' integer hash) on int32 bits; products wrap modulo 2**32 on every backend."""
-    x = ops.bitwise_xor(x, _shift_right(x, 16))
-    x = x * _int32(0x7FEB352D)
-    x = ops.bitwise_xor(x, _shift_right(x, 15))
-    x = x * _int32(0x846CA68B)
-    return ops.bitwise_xor(x, _shift_right(x, 16))
-
-
-def row_uniforms(seeds, positions, width: int):
-    """`(rows, width)` float32 uniforms in (0, 1), a function of each row's seed and position only."""
-    row_keys = _mix(ops.bitwise_xor(_mix(seeds), positions * _int32(0x9E3779B9)))
-    bits = _mix(ops.expand_dims(row_keys, 1) + ops.arange(width, dtype="int32")[None, :])
-    return (ops.cast(_shift_right(bits, 8), "float32") + 0.5) / float(1 << 24)
+def features_of(settings: RowSettings) -> Features:
+    """The features rows of these `settings` (NumPy arrays) need."""
+    sampling = settings.temperature > 0
+    return Features(
+        bool(sampling.any()),
+        bool((settings.top_k[sampling] > 0).any()),
+        bool((settings.top_p[sampling] < 1).any()),
+        bool((settings.min_p[sampling] > 0).any()),
+        bool((settings.repetition_penalty != 1).any()),
+    )
 
 
 def choose_rows(logits, seen, settings: RowSettings, positions, features: Features):
-    """Each row's next token from its `logits` `(rows, vocabulary)`, with transformers' meanings: the
-    repetition penalty on the tokens `seen`, then greedy (temperature 0) or a draw from the logits
-    divided by the temperature, cut to the nucleus of `top_p` (Gumbel-max with `row_uniforms`)."""
+    """Each row's next token from its `logits` `(rows, vocabulary)` by the one chooser of `sampling` with
+    the row's own settings: the repetition penalty on the tokens `seen`, then greedy (temperature 0) or
+    a draw from the warped logits, keyed by the row's seed and position."""
     scores = ops.cast(logits, "float32")
     if features.penalty:
         scores = penalized(scores, seen, ops.expand_dims(settings.repetition_penalty, 1))
     greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
     if not features.sampling:
         return greedy
-    temperature = ops.expand_dims(settings.temperature, 1)
-    warped = scores / ops.maximum(temperature, 1e-6)
-    if features.nucleus:
-        warped = nucleus(warped, ops.expand_dims(settings.top_p, 1))
-    uniforms = row_uniforms(settings.seed, positions, ops.shape(scores)[-1])
-    sampled = ops.cast(ops.argmax(warped - ops.log(-ops.log(uniforms)), axis=-1), "int32")
-    return ops.where(settings.temperature > 0, sampled, greedy)
+
+    def each(setting, used: bool):
+        return ops.expand_dims(setting, 1) if used else None
+
+    warped = warp(
+        scores,
+        each(settings.temperature, True),
+        top_k=each(settings.top_k, features.top_k),
+        top_p=each(settings.top_p, features.nucleus),
+        min_p=each(settings.min_p, features.min_p),
+    )
+    return ops.where(settings.temperature > 0, draw(warped, settings.seed, positions), greedy)
 
 
 def decode_chunk(model, features: Features, steps: int):
@@ -101,7 +105,7 @@ def decode_chunk(model, features: Features, steps: int):
         last = ops.shape(cache[0])[3] - 1
         return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings
 
-    _, while_loop = compiled.decoding_functions(model.call_with_cache, model, traceable=True)
+    _, while_loop = compiled.decoding_functions(model.call_with_cache, model)
 
     def chunk(cache, tokens, positions, seen, settings):
         generated = ops.zeros((ops.shape(tokens)[0], steps), "int32")

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-import keras
-import numpy as np
 from keras import ops
 
 from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler
@@ -42,7 +40,8 @@ class Batch(NamedTuple):
     right-padded, and room for the new tokens), each row's prompt `lengths`, and how rows end:
     `max_new_tokens`, `stop_token_ids` (1-D) and the `pad_token_id` written after a row's end.
     `context`: what the step reads but never changes (a translator's encoder keys/values and source
-    mask). Every value is a tensor, so that a traced loop body can be replayed on the next call."""
+    mask). `seeds` `(rows,)` int32: each row's random stream (`sampling.draw`). Every value is a tensor,
+    so that a traced loop body can be replayed on the next call."""
 
     buffer: object
     prompt_mask: object
@@ -50,52 +49,35 @@ class Batch(NamedTuple):
     max_new_tokens: object
     stop_token_ids: object
     pad_token_id: object
+    seeds: object
     context: tuple = ()
 
 
 class LoopState(NamedTuple):
     """Where the loop stands: the next position `t` to write, the `buffer` so far, the key/value
-    `cache`, which rows are `done`, the random `seed_state`, the tokens each row has `seen` (for a
-    repetition penalty) and each new token's log-probability in `scores`."""
+    `cache`, which rows are `done`, the tokens each row has `seen` (for a repetition penalty) and each
+    new token's log-probability in `scores`."""
 
     t: object
     buffer: object
     cache: object
     done: object
-    seed_state: object
     seen: object
     scores: object
 
 
-_SEED_VESSEL: list = []
-
-
-def _seed_vessel() -> keras.random.SeedGenerator:
-    """One SeedGenerator whose state is threaded through the loop explicitly (compiled code cannot
-    keep Python-side random state), created once outside every model."""
-    if not _SEED_VESSEL:
-        _SEED_VESSEL.append(keras.random.SeedGenerator(0))
-    return _SEED_VESSEL[0]
-
-
-def initial_seed_state(seed: int | None):
-    seed = int(np.random.randint(0, 2**31 - 1)) if seed is None else int(seed)
-    return ops.convert_to_tensor([seed, 0], dtype=_seed_vessel().state.dtype)
-
-
-def decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, seed_state, sampler: Sampler, with_scores=False):
-    """Runs the loop to the end; returns the filled buffer and the advanced seed state, and with
-    `with_scores` also `(rows, total)` float32: each generated token's log-probability under the
+def decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, sampler: Sampler, with_scores=False):
+    """Runs the loop to the end; returns the filled buffer, and with `with_scores` also `(rows, total)` float32: each generated token's log-probability under the
     distribution it was chosen from (0 at prompt and padding positions). `prompt_width`: the buffer's
     columns that hold prompt tokens (a Python int: the prefill's shape)."""
-    state = prefill(decoder, batch, prompt_width, cache, seed_state)
+    state = prefill(decoder, batch, prompt_width, cache)
     state = decode_until(
         decoder, state, batch, ops.convert_to_tensor(ops.shape(batch.buffer)[1], "int32"), sampler, with_scores
     )
-    return (state.buffer, state.seed_state, state.scores) if with_scores else (state.buffer, state.seed_state)
+    return (state.buffer, state.scores) if with_scores else state.buffer
 
 
-def prefill(decoder: Decoder, batch: Batch, prompt_width: int, cache, seed_state) -> LoopState:
+def prefill(decoder: Decoder, batch: Batch, prompt_width: int, cache) -> LoopState:
     """Runs every prompt position through the model at once, filling the cache; returns the state
     `decode_until` starts from."""
     # eager PyTorch would compute the prompt positions' unused logits: the step skips them
@@ -104,7 +86,7 @@ def prefill(decoder: Decoder, batch: Batch, prompt_width: int, cache, seed_state
     rows, total = ops.shape(batch.buffer)
     done = ops.zeros((rows,), "bool")
     seen = decoder.controls.initial_seen(batch.buffer, start, decoder.vocabulary_size)
-    return LoopState(start, batch.buffer, cache, done, seed_state, seen, ops.zeros((rows, total), "float32"))
+    return LoopState(start, batch.buffer, cache, done, seen, ops.zeros((rows, total), "float32"))
 
 
 def decode_until(
@@ -115,35 +97,31 @@ def decode_until(
     log-probability."""
     rows, total = ops.shape(state.buffer)
     end = batch.lengths + batch.max_new_tokens  # (rows,) first position a row no longer writes
-    constants = (batch.prompt_mask, end, batch.stop_token_ids, batch.pad_token_id, until, batch.context)
+    constants = (batch.prompt_mask, end, batch.stop_token_ids, batch.pad_token_id, until, batch.seeds, batch.context)
+    size = len(LoopState._fields)
 
     def cond(*loop_vars):
-        t, done, until = loop_vars[0], loop_vars[3], loop_vars[11]
+        t, done, until = loop_vars[0], loop_vars[3], loop_vars[size + 4]
         return ops.logical_and(ops.logical_and(t < total, t < until), ops.logical_not(ops.all(done)))
 
     def body(*loop_vars):
-        state = LoopState(*loop_vars[:7])
-        updated = _step(decoder, state, loop_vars[7:], sampler, with_scores)
-        return (*updated, *loop_vars[7:])
+        updated = _step(decoder, LoopState(*loop_vars[:size]), loop_vars[size:], sampler, with_scores)
+        return (*updated, *loop_vars[size:])
 
-    return LoopState(*decoder.while_loop(cond, body, (*state, *constants))[:7])
+    return LoopState(*decoder.while_loop(cond, body, (*state, *constants))[:size])
 
 
 def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler, with_scores: bool) -> LoopState:
     """One position `t` of every row: its prompt token while it reads its prompt, else a new one."""
-    prompt_mask, end, stop_token_ids, pad_token_id, _, context = constants
-    t, buffer, cache, done, seed_state, seen, scores = state
+    prompt_mask, end, stop_token_ids, pad_token_id, _, seeds, context = constants
+    t, buffer, cache, done, seen, scores = state
     rows = ops.shape(buffer)[0]
-    vessel = _seed_vessel()
     previous = ops.slice(buffer, (0, t - 1), (rows, 1))
     logits, cache = decoder.step(previous, cache, t - 1, *context)
     vocabulary = logits.shape[-1]
     new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if decoder.controls.min_new_tokens else None
     warped = sampler.warp(decoder.controls(logits[:, -1, :], seen, new_tokens, stop_token_ids, buffer, t))
-    with keras.StatelessScope(state_mapping=[(vessel.state, seed_state)]) as scope:
-        sampled = sampler.choose(warped, vessel)
-    advanced = scope.get_current_value(vessel.state)
-    seed_state = seed_state if advanced is None else advanced
+    sampled = sampler.choose(warped, seeds, ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"))
     from_prompt = ops.take(prompt_mask, t, axis=1)
     current = ops.reshape(ops.slice(buffer, (0, t), (rows, 1)), (rows,))
     token = ops.where(from_prompt, current, sampled)
@@ -158,4 +136,4 @@ def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler
     done = ops.logical_or(done, ops.logical_and(generated, stopped))
     done = ops.logical_or(done, t + 1 >= end)
     seen = decoder.controls.seen_with(seen, token, vocabulary)
-    return LoopState(t + 1, buffer, cache, done, seed_state, seen, scores)
+    return LoopState(t + 1, buffer, cache, done, seen, scores)

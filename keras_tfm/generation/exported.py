@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from keras import ops
 
-from keras_tfm.generation.decoding import Batch, Decoder, _seed_vessel, decode
-from keras_tfm.generation.sampling import Sampler
+from keras_tfm.generation.decoding import Batch, Decoder, decode
+from keras_tfm.generation.sampling import Sampler, traced_row_seeds
 
 
 class SortingSampler(Sampler):
     """A `Sampler` whose top-k threshold comes from a sort: JAX serializes `top_k` as a StableHLO
     composite that TensorFlow 2.21's SavedModel loader cannot read, and a sort it can."""
 
-    def kth_largest(self, logits):
-        return ops.sort(logits, axis=-1)[:, -self.top_k :][:, :1]
+    def kth_largest(self, logits, k):
+        return ops.sort(logits, axis=-1)[:, -k:][:, :1]
 
 
 def decode_tensors(
@@ -55,11 +55,11 @@ def decode_tensors(
         max_new_tokens,
         stops,
         ops.convert_to_tensor(pad_token_id, "int32"),
+        traced_row_seeds(seed, rows),
     )
     cache, context = model.decoding_cache(rows, total, *inputs)
-    seed_state = ops.cast(ops.stack([ops.cast(seed, "int32"), 0]), _seed_vessel().state.dtype)
     decoder = Decoder(model.call_with_cache, vocabulary_size=model.decoding_vocabulary_size)
-    output, _ = decode(decoder, batch._replace(context=context), width, cache, seed_state, sampler)
+    output = decode(decoder, batch._replace(context=context), width, cache, sampler)
     return {"token_ids": output, "lengths": _ends(output, lengths, max_new_tokens, stops)}
 
 

@@ -2,11 +2,8 @@
 
 `generate`, `stream`, `chat` and `translate` are adapters: each makes a `Request` and calls `run` (the
 whole loop at once) or `stream` (a chunk at a time), then `finish` (text, scores, continuations per
-prompt). A model that generates gives the loop three things: `call_with_cache` (its one-token step),
-`decoding_cache(rows, length, *inputs, copies=1) -> (cache, context)` (an empty key/value cache, and what
-every step reads: a translator's encoder keys/values, for `copies` beams of each row) and
-`decoding_vocabulary_size`. The compiled functions are kept on the model (`_generate_functions`): the loop is
-compiled once per setting and reused, XLA on JAX and TensorFlow; on PyTorch the loop body (greedy, beam
+prompt). A model that generates is a `protocol.DecodingModel`. The compiled functions are kept on the
+model (`compiled_decoding()`): the loop is compiled once per setting and reused, XLA on JAX and TensorFlow; on PyTorch the loop body (greedy, beam
 search) or the model step (sampling) is recorded once with `torch.jit.trace` and replayed.
 """
 
@@ -21,10 +18,11 @@ from keras_tfm.generation import compiled
 from keras_tfm.generation.beam_search import beam_decode
 from keras_tfm.generation.decoding import Decoder, decode, decode_until, prefill
 from keras_tfm.generation.request import Request
+from keras_tfm.generation.text import TextDecoder
 
 
 def _decoder(model, request: Request) -> Decoder:
-    step, while_loop = compiled.decoding_functions(model.call_with_cache, model, traceable=request.strategy.traceable)
+    step, while_loop = compiled.decoding_functions(model.call_with_cache, model)
     return Decoder(step, while_loop, request.controls, model.decoding_vocabulary_size)
 
 
@@ -33,28 +31,26 @@ def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.nda
     num_return_sequences`, for beam search) and, with `return_scores`, each new token's
     log-probability from its row's prompt end on, `(rows, max_new_tokens)`; `inputs`: the model's own
     (a translator's source ids)."""
-    model._build_on_demand()  # weights must exist before the loop is traced
-    key, functions = ("run", *request.compiled_key), model._generate_functions.of(model)
+    key, functions = ("run", *request.compiled_key), model.compiled_decoding()  # built before a trace
     if key not in functions:
         decoder, width = _decoder(model, request), request.prompt_width
         strategy, with_scores = request.strategy, request.return_scores
 
-        def loop(batch, seed_state, *inputs):
+        def loop(batch, *inputs):
             copies = strategy.num_beams
             cache, context = model.decoding_cache(
                 batch.buffer.shape[0] * copies, batch.buffer.shape[1], *inputs, copies=copies
             )
             batch = batch._replace(context=context)
             if strategy.search is not None:
-                return beam_decode(decoder, batch, width, cache, strategy.search), seed_state
-            return decode(decoder, batch, width, cache, seed_state, strategy.sampler, with_scores)
+                return beam_decode(decoder, batch, width, cache, strategy.search)
+            return decode(decoder, batch, width, cache, strategy.sampler, with_scores)
 
         functions[key] = compiled.compile_function(loop, model)
-    output, *scores = functions[key](request.batch(), request.seed_state(), *inputs)
-    output = ops.convert_to_numpy(output)
+    output = functions[key](request.batch(), *inputs)
     if not request.return_scores:
-        return output, None
-    every = ops.convert_to_numpy(scores[-1])
+        return ops.convert_to_numpy(output), None
+    output, every = (ops.convert_to_numpy(part) for part in output)
     lengths = request.lengths.tolist()
     return output, np.stack([every[i, n : n + request.max_new_tokens] for i, n in enumerate(lengths)])
 
@@ -62,14 +58,13 @@ def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.nda
 def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarray, int, bool]]:
     """Decodes the request's one row `chunk_size` positions at a time, keeping the cache between
     chunks; yields `(row, written, finished)`: the row so far and how many of its positions are written."""
-    model._build_on_demand()
-    key, functions = ("stream", *request.compiled_key), model._generate_functions.of(model)
+    key, functions = ("stream", *request.compiled_key), model.compiled_decoding()
     if key not in functions:
         decoder, width, sampler = _decoder(model, request), request.prompt_width, request.strategy.sampler
 
-        def start(batch, seed_state):
+        def start(batch):
             cache, context = model.decoding_cache(batch.buffer.shape[0], batch.buffer.shape[1])
-            return prefill(decoder, batch._replace(context=context), width, cache, seed_state)
+            return prefill(decoder, batch._replace(context=context), width, cache)
 
         def advance(state, batch, until):
             return decode_until(decoder, state, batch, until, sampler)
@@ -77,7 +72,7 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
         functions[key] = (compiled.compile_function(start, model), compiled.compile_function(advance, model))
     start, advance = functions[key]
     batch = request.batch()
-    state = start(batch, request.seed_state())
+    state = start(batch)
     total = request.buffer.shape[1]
     while True:
         position = int(ops.convert_to_numpy(state.t))
@@ -115,33 +110,30 @@ def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[n
 
 def stream_pieces(model, request: Request, chunk_size: int, text: bool, decode_text: Callable[[np.ndarray], str]):
     """The stream of one request as `CausalLM.stream` yields it: arrays of new ids, or text pieces
-    whose concatenation is what `generate` adds to the prompt's text."""
+    whose concatenation is what `generate` adds to the prompt's text (a `TextDecoder`'s)."""
     prompt_length = int(request.lengths[0])
+    decoder = TextDecoder(
+        decode_text if text else None,
+        request.stop_token_ids,
+        max_new_tokens=request.max_new_tokens,
+        prefix=request.buffer[0, :prompt_length],
+    )
     written = prompt_length
-    shown = decode_text(request.buffer[0, :prompt_length]) if text else ""
     for row, position, finished in stream(model, request, chunk_size):
-        end = generated_end(row[:position], prompt_length, request.max_new_tokens, request.stop_token_ids)
-        if not text:
-            if end > written:
-                yield row[written:end].copy()
-            written = end
-            continue
-        decoded = decode_text(row[:end])
-        # a token may end inside a character; hold back a replacement character until the next chunk
-        ready = decoded if finished else decoded.rstrip("\ufffd")
-        if len(ready) > len(shown) and ready.startswith(shown):
-            yield ready[len(shown) :]
-            shown = ready
+        taken = len(decoder.tokens)
+        piece = decoder.feed(row[written:position], last=finished)
+        written = position
+        if not text and len(decoder.tokens) > taken:
+            yield np.asarray(decoder.tokens[taken:], row.dtype)
+        elif piece:
+            yield piece
 
 
 def text_pieces(id_pieces: Iterator[np.ndarray], decode_text: Callable[[np.ndarray], str], prefix=()):
-    """Arrays of new ids as the text each adds to `prefix` (ids already written), decoded whole at each
-    piece: a token may end inside a character, so a trailing replacement character waits for the next."""
-    ids = list(prefix)
-    shown = decode_text(np.asarray(ids, "int32"))
+    """Arrays of new ids as the text each adds to `prefix` (ids already written), by a `TextDecoder`."""
+    decoder = TextDecoder(decode_text, prefix=prefix)
     for piece in id_pieces:
-        ids.extend(np.asarray(piece).tolist())
-        ready = decode_text(np.asarray(ids, "int32")).rstrip("\ufffd")
-        if len(ready) > len(shown) and ready.startswith(shown):
-            yield ready[len(shown) :]
-            shown = ready
+        if text := decoder.feed(piece):
+            yield text
+    if rest := decoder.feed([], last=True):
+        yield rest

@@ -12,9 +12,9 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation.beam_search import BeamSearch
-from keras_tfm.generation.decoding import Batch, initial_seed_state
+from keras_tfm.generation.decoding import Batch
 from keras_tfm.generation.prompts import prepare_prompts
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, row_seeds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +34,6 @@ class Strategy:
         return (
             BeamSearch(self.num_beams, self.length_penalty, self.num_return_sequences) if self.num_beams > 1 else None
         )
-
-    @property
-    def traceable(self) -> bool:
-        """Whether the loop body is deterministic (greedy or beams): PyTorch then traces it whole."""
-        return self.sampler.greedy or self.num_beams > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,11 +91,9 @@ class Request:
             ),
             ops.convert_to_tensor(stops.astype("int32")),
             ops.convert_to_tensor(self.pad_token_id, "int32"),
+            ops.convert_to_tensor(row_seeds(self.seed, self.buffer.shape[0])),
             context,
         )
-
-    def seed_state(self):
-        return initial_seed_state(self.seed)
 
 
 def check_return_scores(owner: str, return_scores, num_beams: int) -> None:

@@ -1,15 +1,26 @@
-"""Choosing the next token from logits: greedy, temperature, top-k and top-p (nucleus) sampling."""
+"""Choosing the next token from logits, the one chooser of every decoding loop (`generate`, `stream`,
+beam-free export and the server's rows): controls (`LogitsControls`) change the scores, warps
+(temperature, top-k, top-p, min-p) cut them, and a draw picks a token.
+
+Each row draws from a counter-based generator: its noise is a function of the row's seed and the
+position it reads, never of the other rows, so a seeded row gives the same tokens alone, in a batch, in
+`generate`, in the server or in an exported model. (Keras' generators give one stream per call, shared
+by every row of a batch.)
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import keras
+import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.layers.arguments import is_integer, is_number
+from keras_tfm.generation.config import check_setting
+from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.attention import LARGE_NEGATIVE
+
+GOLDEN = 0x9E3779B9  # the seed of row `i` of a seeded call is `seed + i * GOLDEN` (mod 2**32)
 
 
 @dataclass(frozen=True)
@@ -21,50 +32,125 @@ class Sampler:
         top_k: sample only among the `top_k` most likely tokens (0, or at least the vocabulary
             size: no limit).
         top_p: sample only among the smallest set of tokens whose probability reaches `top_p`.
+        min_p: sample only among the tokens at least `min_p` times as likely as the likeliest
+            (0: no limit).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self):
-        if not is_number(self.temperature) or self.temperature < 0:
-            raise InputError(f"`temperature` must be a finite number >= 0; received {self.temperature!r}.")
-        if not is_integer(self.top_k) or self.top_k < 0:
-            raise InputError(f"`top_k` must be an integer >= 0; received {self.top_k!r}.")
-        if not is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"`top_p` must be a number in (0, 1]; received {self.top_p!r}.")
+        for name in ("temperature", "top_k", "top_p", "min_p"):
+            check_setting(name, getattr(self, name))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def __call__(self, logits, seed_generator: keras.random.SeedGenerator | None = None):
-        """`logits` (batch, vocabulary) -> token ids (batch,)."""
-        return self.choose(self.warp(logits), seed_generator)
+    def __call__(self, logits, seeds, positions):
+        """`logits` (rows, vocabulary) -> token ids (rows,), each row's draw keyed by its `seeds` and
+        `positions` `(rows,)`."""
+        return self.choose(self.warp(logits), seeds, positions)
 
-    def choose(self, warped, seed_generator: keras.random.SeedGenerator | None = None):
+    def choose(self, warped, seeds, positions):
         """A token of each row of `warp`'s logits: the argmax (greedy) or a draw."""
         if self.greedy:
             return ops.cast(ops.argmax(warped, axis=-1), "int32")
-        return keras.random.categorical(warped, 1, seed=seed_generator, dtype="int32")[:, 0]
+        return draw(warped, seeds, positions)
 
     def warp(self, logits):
-        """The logits a token is drawn from: divided by the temperature, those outside top-k and
-        top-p made very negative (transformers' warpers); greedy decoding leaves them as they are."""
+        """The logits a token is drawn from (transformers' warpers, in its order); greedy decoding leaves
+        them as they are."""
         logits = ops.cast(logits, "float32")
         if self.greedy:
             return logits
-        logits = logits / self.temperature
-        if self.top_k and self.top_k < logits.shape[-1]:  # a larger top_k keeps every token
-            logits = ops.where(logits < self.kth_largest(logits), LARGE_NEGATIVE, logits)
-        if self.top_p < 1.0:
-            logits = nucleus(logits, self.top_p)
-        return logits
+        top_k = self.top_k if self.top_k and self.top_k < logits.shape[-1] else None  # larger keeps every token
+        return warp(
+            logits,
+            self.temperature,
+            top_k=top_k,
+            top_p=self.top_p if self.top_p < 1.0 else None,
+            min_p=self.min_p or None,
+            kth_largest=self.kth_largest,
+        )
 
-    def kth_largest(self, logits):
-        """`(rows, 1)`: each row's `top_k`-th largest logit."""
-        return ops.top_k(logits, self.top_k, sorted=True)[0][:, -1:]
+    def kth_largest(self, logits, k):
+        """`(rows, 1)`: each row's `k`-th largest logit (`k` a Python int)."""
+        return ops.top_k(logits, k, sorted=True)[0][:, -1:]
+
+
+def warp(logits, temperature, top_k=None, top_p=None, min_p=None, kth_largest=None):
+    """`logits` `(rows, vocabulary)` float32 divided by `temperature`, then every token outside the
+    `top_k` likeliest, the nucleus of `top_p` and the tokens at least `min_p` times as likely as the
+    likeliest made very negative. Each setting is a number, or `(rows, 1)`: each row's (a `top_k` of 0
+    keeps every token); None skips its warp."""
+    temperature, top_k, top_p, min_p = (
+        s if s is None or isinstance(s, (int, float)) else ops.convert_to_tensor(s)
+        for s in (temperature, top_k, top_p, min_p)
+    )
+    logits = logits / (temperature if isinstance(temperature, (int, float)) else ops.maximum(temperature, 1e-6))
+    if top_k is not None:
+        if isinstance(top_k, int):
+            threshold = kth_largest(logits, top_k)
+        else:  # each row's own k: a sort, read at k - 1 (a k of 0 reads the smallest: keeps every token)
+            descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
+            width = ops.shape(logits)[-1]
+            index = ops.where(top_k > 0, ops.minimum(top_k, width) - 1, width - 1)
+            threshold = ops.take_along_axis(descending, ops.cast(index, "int32"), axis=-1)
+        logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
+    if top_p is not None:
+        logits = nucleus(logits, top_p)
+    if min_p is not None:  # transformers' MinPLogitsWarper: p < min_p * max(p) is cut
+        probabilities = ops.softmax(logits, axis=-1)
+        floor = min_p * ops.max(probabilities, axis=-1, keepdims=True)
+        logits = ops.where(probabilities < floor, LARGE_NEGATIVE, logits)
+    return logits
+
+
+def _shift_right(x, bits: int):
+    """`x >> bits` of int32 bits read as unsigned (a logical shift)."""
+    return ops.bitwise_and(ops.right_shift(x, bits), (1 << (32 - bits)) - 1)
+
+
+def _int32(value: int):
+    return ops.convert_to_tensor(np.array(value, np.uint32).astype(np.int32))
+
+
+def _mix(x):
+    """lowbias32 (C. Wellons' integer hash) on int32 bits; products wrap modulo 2**32 on every backend."""
+    x = ops.bitwise_xor(x, _shift_right(x, 16))
+    x = x * _int32(0x7FEB352D)
+    x = ops.bitwise_xor(x, _shift_right(x, 15))
+    x = x * _int32(0x846CA68B)
+    return ops.bitwise_xor(x, _shift_right(x, 16))
+
+
+def row_uniforms(seeds, positions, width: int):
+    """`(rows, width)` float32 uniforms in (0, 1), a function of each row's seed and position only."""
+    row_keys = _mix(ops.bitwise_xor(_mix(seeds), positions * _int32(GOLDEN)))
+    bits = _mix(ops.expand_dims(row_keys, 1) + ops.arange(width, dtype="int32")[None, :])
+    return (ops.cast(_shift_right(bits, 8), "float32") + 0.5) / float(1 << 24)
+
+
+def draw(warped, seeds, positions):
+    """A token of each row drawn from the softmax of its `warped` logits (Gumbel-max), the noise keyed by
+    its `seeds` and `positions` `(rows,)` int32."""
+    seeds, positions = ops.convert_to_tensor(seeds, "int32"), ops.convert_to_tensor(positions, "int32")
+    uniforms = row_uniforms(seeds, positions, ops.shape(warped)[-1])
+    return ops.cast(ops.argmax(warped - ops.log(-ops.log(uniforms)), axis=-1), "int32")
+
+
+def row_seeds(seed: int | None, rows: int) -> np.ndarray:
+    """The seeds of `rows` rows of a call seeded with `seed` (None: a random one), int32 `(rows,)`."""
+    seed = int(np.random.randint(0, 2**32)) if seed is None else int(seed)
+    return ((seed + np.arange(rows, dtype=np.int64) * GOLDEN) % 2**32).astype(np.uint32).astype(np.int32)
+
+
+def traced_row_seeds(seed, rows):
+    """`row_seeds` of a traced int32 scalar `seed` (an exported model's input)."""
+    return ops.cast(seed, "int32") + ops.arange(rows, dtype="int32") * _int32(GOLDEN)
 
 
 def nucleus(logits, top_p):
@@ -102,12 +188,8 @@ class LogitsControls:
     no_repeat_ngram_size: int = 0
 
     def __post_init__(self):
-        if not is_integer(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
-            raise InputError(f"`no_repeat_ngram_size` must be an integer >= 0; received {self.no_repeat_ngram_size!r}.")
-        if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise InputError(f"`repetition_penalty` must be a number > 0; received {self.repetition_penalty!r}.")
-        if not is_integer(self.min_new_tokens) or self.min_new_tokens < 0:
-            raise InputError(f"`min_new_tokens` must be an integer >= 0; received {self.min_new_tokens!r}.")
+        for name in ("repetition_penalty", "min_new_tokens", "no_repeat_ngram_size"):
+            check_setting(name, getattr(self, name))
 
     @property
     def penalizes(self) -> bool:
@@ -162,52 +244,11 @@ class LogitsControls:
 NO_CONTROLS = LogitsControls()
 
 
-def check_decoding(owner: str, **arguments) -> None:
-    """Refuses decoding settings that would run silently wrong: `max_new_tokens`, `max_length`,
-    `num_beams` and `beam_size` (integers >= 1), `length_penalty` (finite), `pad_token_id` (an id of
-    the vocabulary: `vocabulary_size` is given with it)."""
-    vocabulary_size = arguments.pop("vocabulary_size", None)
-    for name, value in arguments.items():
-        if name == "length_penalty":
-            if not is_number(value):
-                raise InputError(f"`length_penalty` must be a finite number; received {value!r}.", caller=owner)
-            continue
-        low = 0 if name == "pad_token_id" else 1
-        if not is_integer(value) or value < low or (name == "pad_token_id" and value >= vocabulary_size):
-            expected = (
-                f"an id in [0, vocabulary_size={vocabulary_size})" if name == "pad_token_id" else "an integer >= 1"
-            )
-            raise InputError(f"`{name}` must be {expected}; received {value!r}.", caller=owner)
-
-
-def check_return_sequences(owner: str, num_return_sequences, num_beams: int, temperature: float) -> None:
-    """Refuses more continuations than the decoding can give: beams hold at most `num_beams`, and greedy
-    decoding (temperature 0, one beam) has one."""
-    if not is_integer(num_return_sequences) or num_return_sequences < 1:
+def check_pad_id(owner: str, pad_token_id, vocabulary_size: int) -> None:
+    """Refuses a `pad_token_id` that is not an id of the vocabulary."""
+    if not is_integer(pad_token_id) or not 0 <= pad_token_id < vocabulary_size:
         raise InputError(
-            f"`num_return_sequences` must be an integer >= 1; received {num_return_sequences!r}.",
-            "num_return_sequences",
+            f"`pad_token_id` must be an id in [0, vocabulary_size={vocabulary_size}); received {pad_token_id!r}.",
+            "pad_token_id",
             caller=owner,
         )
-    if num_beams > 1 and num_return_sequences > num_beams:
-        raise InputError(
-            f"beam search returns at most its `num_beams`={num_beams} beams; received "
-            f"num_return_sequences={num_return_sequences}.",
-            "num_return_sequences",
-            caller=owner,
-        )
-    if num_beams == 1 and temperature == 0 and num_return_sequences > 1:
-        raise InputError(
-            f"greedy decoding has one continuation per prompt; received num_return_sequences="
-            f"{num_return_sequences} (sample with a `temperature` > 0, or search with `num_beams`).",
-            "num_return_sequences",
-            caller=owner,
-        )
-
-
-def logits_controls(owner: str, repetition_penalty, min_new_tokens, no_repeat_ngram_size) -> LogitsControls:
-    """`LogitsControls` of a decoding call, a bad value refused as an `InputError` naming `owner`."""
-    try:
-        return LogitsControls(repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-    except ValueError as error:
-        raise InputError(f"{error}", caller=owner) from None

@@ -12,8 +12,10 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, exported, orchestration, prompts, sliding
-from keras_tfm.generation.request import Request, Strategy, check_return_scores
-from keras_tfm.generation.sampling import Sampler, check_decoding, check_return_sequences, logits_controls
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.request import Request, check_return_scores
+from keras_tfm.generation.sampling import check_pad_id
+from keras_tfm.generation.text import TextDecoder
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models import exporting
@@ -90,6 +92,11 @@ class CausalLM(ZooModel):
             updated.append(layer_cache)
         return self._logits(x), tuple(updated)
 
+    def compiled_decoding(self) -> compiled.CompiledFunctions:
+        """The model, built, and its compiled decoding functions (`generation.protocol.DecodingModel`)."""
+        self._build_on_demand()
+        return self._generate_functions.of(self)
+
     @property
     def decoding_vocabulary_size(self) -> int:
         return self.vocabulary_size
@@ -106,21 +113,11 @@ class CausalLM(ZooModel):
     def generate(
         self,
         token_ids,
-        max_new_tokens: int,
+        max_new_tokens: int | None = None,
         padding_mask=None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop_token_ids=None,
-        pad_token_id: int | None = None,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
-        repetition_penalty: float = 1.0,
-        min_new_tokens: int = 0,
-        no_repeat_ngram_size: int = 0,
-        num_return_sequences: int = 1,
+        config: GenerationConfig | None = None,
         return_scores: bool = False,
+        **settings,
     ) -> np.ndarray:
         """Continues each prompt by up to `max_new_tokens` tokens with a key/value cache.
 
@@ -128,26 +125,16 @@ class CausalLM(ZooModel):
             token_ids: a list of prompts (lists of ids, lengths may differ), or an int array
                 `(batch, length)` with `padding_mask` (True at real tokens, padding on the right);
                 or text: a string or a list of strings, encoded with `model.tokenizer`.
-            max_new_tokens: tokens to add to each prompt.
-            temperature, top_k, top_p: sampling; `temperature=0` (default) is greedy.
-            seed: makes sampling reproducible.
-            stop_token_ids: an id or ids; a row stops after generating one of them (it is kept).
-                None (default): the checkpoint's `eos_token_id`s (`model.generation_config`, read by
-                `from_huggingface` from its `generation_config.json`), as transformers stops; `()`: none.
-            pad_token_id: fills a row after it stops, and the tail of shorter rows; None (default):
-                the checkpoint's `pad_token_id`, else 0.
-            num_beams: > 1 runs beam search (deterministic; the sampling arguments are ignored).
-            length_penalty: beams are ranked by log-probability / length ** length_penalty.
-            repetition_penalty: > 1 discourages tokens already in the sequence, prompt included
-                (transformers' meaning: positive scores divided, negative ones multiplied).
-            min_new_tokens: the stop tokens are forbidden before a row has this many new tokens.
-            no_repeat_ngram_size: n > 0 forbids tokens that would repeat an n-gram of the sequence.
-            num_return_sequences: continuations per prompt: the best beams (at most `num_beams`),
-                or that many samples; greedy decoding has one.
+            max_new_tokens: tokens to add to each prompt (None: `config`'s).
+            config: a `GenerationConfig` (None: its defaults: greedy, the checkpoint's end ids).
             return_scores: also return each new token's log-probability under the distribution it was
-                chosen from (after the controls, temperature, top-k and top-p: transformers'
+                chosen from (after the controls and warps: transformers'
                 `compute_transition_scores(..., normalize_logits=True)`), float32 `(rows,
                 max_new_tokens)`, 0 after a row's end. Greedy decoding and sampling.
+            **settings: `GenerationConfig` fields overriding `config`'s: `temperature`, `top_k`,
+                `top_p`, `min_p`, `seed`, `stop_token_ids` (None: the checkpoint's `eos_token_id`s;
+                `()`: none), `pad_token_id`, `num_beams`, `length_penalty`, `repetition_penalty`,
+                `min_new_tokens`, `no_repeat_ngram_size`, `num_return_sequences`.
 
         Returns:
             int array `(batch * num_return_sequences, prompt_length + max_new_tokens)`: row `i` holds
@@ -158,48 +145,54 @@ class CausalLM(ZooModel):
             With `return_scores`, the pair `(output, scores)`.
         """
         owner = f"{type(self).__name__}.generate"
+        config = GenerationConfig.of(config, owner, max_new_tokens=max_new_tokens, **settings)
+        check_return_scores(owner, return_scores, config.num_beams)
         texts = prompts.texts(token_ids)
         if texts is not None:
             token_ids = self._encode_prompts(texts)
-        pad_token_id = self._pad_id(pad_token_id)
-        limits = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, length_penalty=length_penalty)
-        check_decoding(owner, **limits, pad_token_id=pad_token_id, vocabulary_size=self.vocabulary_size)
-        controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-        check_return_sequences(owner, num_return_sequences, num_beams, temperature)
-        check_return_scores(owner, return_scores, num_beams)
-        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)
-        strategy = Strategy(sampler, num_beams, length_penalty, num_return_sequences)
-        stops = dict(
-            max_new_tokens=max_new_tokens, stop_token_ids=self._stop_ids(stop_token_ids), pad_token_id=pad_token_id
-        )
-        call = dict(controls=controls, seed=seed, return_scores=return_scores)
-        request = Request.of_prompts(token_ids, padding_mask, self.vocabulary_size, strategy, **stops, **call)
-        self._check_fits(owner, request.buffer.shape[1], max_new_tokens)
+        request = self._request(owner, token_ids, padding_mask, config, return_scores)
         output, scores = orchestration.run(self, request)
-        output = orchestration.finish(request, output, texts, self._decode_text)
+        output = orchestration.finish(request, output, texts, self.decode_text)
         return (output, scores) if return_scores else output
+
+    def _request(
+        self, owner: str, token_ids, padding_mask, config: GenerationConfig, return_scores=False, check_fits=True
+    ) -> Request:
+        """The checked `Request` of prompts decoded with `config` (the checkpoint's stop and pad ids where
+        it names none); with `check_fits`, prompts and new tokens longer than `max_length` are refused."""
+        pad_token_id = self._pad_id(config.pad_token_id)
+        check_pad_id(owner, pad_token_id, self.vocabulary_size)
+        request = Request.of_prompts(
+            token_ids,
+            padding_mask,
+            self.vocabulary_size,
+            config.strategy,
+            max_new_tokens=config.max_new_tokens,
+            stop_token_ids=self.stop_ids(config.stop_token_ids),
+            pad_token_id=pad_token_id,
+            controls=config.controls,
+            seed=config.seed,
+            return_scores=return_scores,
+        )
+        if check_fits:
+            self._check_fits(owner, request.buffer.shape[1], config.max_new_tokens)
+        return request
 
     def stream(
         self,
         token_ids,
-        max_new_tokens: int,
+        max_new_tokens: int | None = None,
         chunk_size: int = 16,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop_token_ids=None,
-        repetition_penalty: float = 1.0,
-        min_new_tokens: int = 0,
-        no_repeat_ngram_size: int = 0,
+        config: GenerationConfig | None = None,
         crop_context: bool = False,
+        **settings,
     ):
         """Yields the continuation of one prompt as it is made: text pieces for a string (their
         concatenation is what `generate` adds to the prompt's text), arrays of new token ids for ids.
 
-        The arguments are `generate`'s (greedy or sampling; beam search chooses its tokens only at the
-        end). The compiled decoding loop runs `chunk_size` tokens at a time and hands them over between
-        chunks, keeping its cache: larger chunks cost less, smaller ones arrive sooner.
+        `config` and `settings` are `generate`'s (greedy or sampling; beam search chooses its tokens
+        only at the end). The compiled decoding loop runs `chunk_size` tokens at a time and hands them
+        over between chunks, keeping its cache: larger chunks cost less, smaller ones arrive sooner.
 
         `crop_context=True` goes on past `max_length` as nanoGPT does: each token is chosen from the
         last tokens that fit, the oldest cropped (`keras_tfm.generation.sliding`); without it, a prompt
@@ -215,6 +208,7 @@ class CausalLM(ZooModel):
         `for piece in lm.stream("Once upon a time", max_new_tokens=50): print(piece, end="")`.
         """
         owner = f"{type(self).__name__}.stream"
+        config = GenerationConfig.of(config, owner, max_new_tokens=max_new_tokens, **settings)
         text = isinstance(token_ids, str)
         if not text and prompts.texts(token_ids) is not None:
             raise InputError(
@@ -223,43 +217,29 @@ class CausalLM(ZooModel):
                 "token_ids",
                 caller=owner,
             )
-        prompt = self._encode_prompts(token_ids)[0] if text else token_ids
+        for name in ("num_beams", "num_return_sequences"):
+            if getattr(config, name) != 1:
+                raise InputError(f"streams one continuation; received {name}={getattr(config, name)}.", name, owner)
         if not is_integer(chunk_size) or chunk_size < 1:
             raise InputError(
                 f"`chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size", caller=owner
             )
-        check_decoding(owner, max_new_tokens=max_new_tokens, pad_token_id=0, vocabulary_size=self.vocabulary_size)
-        controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
-        strategy = Strategy(Sampler(temperature=temperature, top_k=top_k, top_p=top_p))
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty)
-        sampling.update(min_new_tokens=min_new_tokens, no_repeat_ngram_size=no_repeat_ngram_size)
-        request = Request.of_prompts(
-            prompt,
-            None,
-            self.vocabulary_size,
-            strategy,
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=self._stop_ids(stop_token_ids),
-            pad_token_id=0,
-            controls=controls,
-            seed=seed,
-        )
-        if request.buffer.shape[0] != 1:
-            raise InputError(f"streams one prompt; received {request.buffer.shape[0]}.", "token_ids", caller=owner)
         if not isinstance(crop_context, bool):
             raise InputError(f"expected True or False; received {crop_context!r}.", "crop_context", caller=owner)
-        if crop_context and request.buffer.shape[1] > self.max_length:
-            settings = dict(chunk_size=chunk_size, stop_token_ids=request.stop_token_ids, **sampling)
-            return self._cropped_stream(request, settings, text)
-        self._check_fits(owner, request.buffer.shape[1], max_new_tokens)
-        return orchestration.stream_pieces(self, request, chunk_size, text, self._decode_text)
+        prompt = self._encode_prompts(token_ids)[0] if text else token_ids
+        request = self._request(owner, prompt, None, config.replace(pad_token_id=0), check_fits=not crop_context)
+        if request.buffer.shape[0] != 1:
+            raise InputError(f"streams one prompt; received {request.buffer.shape[0]}.", "token_ids", caller=owner)
+        if request.buffer.shape[1] > self.max_length:
+            return self._cropped_stream(request, config, chunk_size, text)
+        return orchestration.stream_pieces(self, request, chunk_size, text, self.decode_text)
 
-    def _cropped_stream(self, request: Request, settings: dict, text: bool):
+    def _cropped_stream(self, request: Request, config: GenerationConfig, chunk_size: int, text: bool):
         """`stream` past `max_length` (`crop_context`): new ids, or text pieces whose concatenation is
         what the prompt's text gains."""
         prompt = request.buffer[0, : int(request.lengths[0])].tolist()
         rounds = sliding.cropped_stream(
-            lambda context, count, seed: self.stream(context, count, seed=seed, **settings),
+            lambda context, count, seed: self.stream(context, count, chunk_size, config.replace(seed=seed)),
             prompt,
             request.max_new_tokens,
             self.max_length,
@@ -269,9 +249,9 @@ class CausalLM(ZooModel):
         if not text:
             yield from rounds
             return
-        yield from orchestration.text_pieces(rounds, self._decode_text, prompt)
+        yield from orchestration.text_pieces(rounds, self.decode_text, prompt)
 
-    def _stop_ids(self, stop_token_ids) -> np.ndarray:
+    def stop_ids(self, stop_token_ids=None) -> np.ndarray:
         """An id or ids as an int32 array of ids of the vocabulary; None: the checkpoint's end ids."""
         if stop_token_ids is None:
             ends = (self.generation_config or {}).get("eos_token_id")
@@ -293,11 +273,7 @@ class CausalLM(ZooModel):
         format: str = "tf_saved_model",
         verbose=None,
         input_signature=None,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        stop_token_ids=None,
+        config: GenerationConfig | None = None,
         cache_length: int | None = None,
         **kwargs,
     ) -> None:
@@ -307,15 +283,15 @@ class CausalLM(ZooModel):
         (right-padded), each prompt's length `(batch,)`, how many tokens to add (a scalar, at most the
         exported `max_new_tokens`) and a seed (a scalar; greedy decoding ignores it), and returns
         `{"token_ids": (batch, width + max_new_tokens), "lengths": (batch,)}`: each prompt, its new
-        tokens (up to and with a stop token), then the pad id; and where each row ends. Greedy rows equal
-        `generate`'s.
+        tokens (up to and with a stop token), then the pad id; and where each row ends. Its rows equal
+        `generate`'s with the same settings and seed.
 
         Args:
-            max_new_tokens: the most tokens the endpoint adds (its output's room); a prompt's length
-                plus this must fit the model's `max_length`. None (default): 128, or `max_length - 1`
-                where that is less.
-            temperature, top_k, top_p: the endpoint's sampling, as `generate`'s (default: greedy).
-            stop_token_ids: as `generate`'s (default: the checkpoint's end ids).
+            config: the endpoint's `GenerationConfig` (default: greedy, the checkpoint's end ids, and
+                `max_new_tokens` 128 or `max_length - 1` where that is less: the output's room); its
+                fields may also be given as keyword arguments (`temperature=0.8`, `top_k`, `top_p`,
+                `min_p`, `stop_token_ids`, `max_new_tokens`). Beam search and the logits controls are
+                not exported.
             cache_length: exports the model's step over a key/value cache of this many positions, which
                 the caller holds, so that a runtime without our loop decodes (LiteRT, onnxruntime):
                 `decode(token_ids, position, cache)` takes int32 `token_ids` `(batch, length)` placed at
@@ -326,10 +302,9 @@ class CausalLM(ZooModel):
                 graph `decode`); a SavedModel gets it as one more endpoint. At most `max_length`.
         """
         owner = f"{type(self).__name__}.export"
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        exporting.check_decoding_settings(
-            format, owner, max_new_tokens=max_new_tokens, **sampling, stop_token_ids=stop_token_ids
-        )
+        settings = {name: kwargs.pop(name) for name in list(kwargs) if name in GenerationConfig.fields()}
+        given = dict(settings, config=config)
+        exporting.check_decoding_settings(format, owner, **given)
         exporting.check_format(format, owner)
         step = None if cache_length is None else self._cached_step(owner, cache_length)
         if step is not None and format != "tf_saved_model":
@@ -344,18 +319,21 @@ class CausalLM(ZooModel):
             return exporting.export_function(self, filepath, format, step, verbose)
         endpoints = () if step is None else (step,)
         if format == "tf_saved_model":
-            endpoints = (*endpoints, self._generate_endpoint(owner, max_new_tokens, sampling, stop_token_ids))
+            endpoints = (*endpoints, self._generate_endpoint(owner, config, settings))
         exporting.export(self, filepath, format, verbose, input_signature, endpoints, **kwargs)
 
-    def _generate_endpoint(self, owner: str, max_new_tokens, sampling: dict, stop_token_ids) -> exporting.Endpoint:
+    def _generate_endpoint(self, owner: str, config: GenerationConfig | None, settings: dict) -> exporting.Endpoint:
         """The SavedModel's `generate` endpoint: `exported.decode_tensors` with the export's settings."""
-        max_new_tokens = min(128, self.max_length - 1) if max_new_tokens is None else max_new_tokens
-        check_decoding(owner, max_new_tokens=max_new_tokens)
-        self._check_fits(owner, 1 + max_new_tokens, max_new_tokens)
-        sampler = exported.SortingSampler(**{k: v for k, v in sampling.items() if v is not None})
-        stops, pad = self._stop_ids(stop_token_ids).tolist(), self._pad_id(None)
-
-        room = max_new_tokens
+        if config is None and settings.get("max_new_tokens") is None:
+            settings["max_new_tokens"] = min(128, self.max_length - 1)
+        config = GenerationConfig.of(config, owner, **settings)
+        for name in ("num_beams", "repetition_penalty", "min_new_tokens", "no_repeat_ngram_size"):
+            if getattr(config, name) != GenerationConfig.fields()[name].default:
+                raise InputError(f"is not exported (greedy decoding and sampling are); received {name}.", name, owner)
+        self._check_fits(owner, 1 + config.max_new_tokens, config.max_new_tokens)
+        sampler = exported.SortingSampler(config.temperature, config.top_k, config.top_p, config.min_p)
+        stops, pad = self.stop_ids(config.stop_token_ids).tolist(), self._pad_id(config.pad_token_id)
+        room = config.max_new_tokens
 
         def generate(token_ids, lengths, max_new_tokens, seed):  # the names are the signature's
             return exported.decode_tensors(self, token_ids, lengths, max_new_tokens, seed, room, sampler, stops, pad)
@@ -400,15 +378,21 @@ class CausalLM(ZooModel):
         }
         return exporting.Endpoint("decode", decode, signature, symbolic)
 
-    def chat(self, messages: list[dict], max_new_tokens: int = 256, **generate_arguments) -> str:
+    def chat(
+        self,
+        messages: list[dict],
+        max_new_tokens: int | None = None,
+        config: GenerationConfig | None = None,
+        **settings,
+    ) -> str:
         """The model's reply to a conversation: the messages rendered with the checkpoint's chat template
         as transformers' `apply_chat_template` renders them (the same text and ids), then generated up
         to a stop id (by default the checkpoint's `eos_token_id`s) and decoded without special tokens.
 
         Args:
             messages: `[{"role": "system" | "user" | "assistant", "content": "..."}, ...]`.
-            max_new_tokens: the longest reply, in tokens.
-            **generate_arguments: `generate`'s (sampling, `repetition_penalty`, `stop_token_ids`, ...).
+            max_new_tokens: the longest reply, in tokens (None: `config`'s, or 256 without one).
+            config, **settings: `generate`'s (sampling, `repetition_penalty`, `stop_token_ids`, ...).
 
         Example: `lm.chat([{"role": "user", "content": "What is a transformer?"}], max_new_tokens=64)`
         returns the reply as a string.
@@ -423,15 +407,19 @@ class CausalLM(ZooModel):
                 caller=owner,
             )
         for name in ("num_return_sequences", "padding_mask"):
-            if name in generate_arguments:
+            if name in settings:
                 raise InputError(f"replies to one conversation; `{name}` is not taken.", name, caller=owner)
         # the tokenizer checks the messages (an InputError naming `messages`) and renders them
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         prompt = np.asarray(self.tokenizer.encode(text)).tolist()  # the template holds the special tokens
-        stops = self._stop_ids(generate_arguments.pop("stop_token_ids", None))
-        output = self.generate([prompt], max_new_tokens, stop_token_ids=stops, **generate_arguments)[0]
-        reply = output[len(prompt) : orchestration.generated_end(output, len(prompt), max_new_tokens, stops)]
-        return self._decode_text(reply)
+        if config is None and max_new_tokens is None:
+            max_new_tokens = 256
+        config = GenerationConfig.of(config, owner, max_new_tokens=max_new_tokens, **settings)
+        stops = self.stop_ids(config.stop_token_ids)
+        output = self.generate([prompt], config=config.replace(stop_token_ids=tuple(stops.tolist())))[0]
+        decoder = TextDecoder(self.decode_text, stops, max_new_tokens=config.max_new_tokens)
+        decoder.feed(output[len(prompt) :], last=True)
+        return decoder.text
 
     def _check_fits(self, owner: str, total: int, max_new_tokens: int) -> None:
         """Refuses prompts and new tokens longer together than `max_length`."""
@@ -462,5 +450,6 @@ class CausalLM(ZooModel):
             )
         return prompts
 
-    def _decode_text(self, ids) -> str:
+    def decode_text(self, ids) -> str:
+        """The text of token ids, without special tokens (`model.tokenizer`'s)."""
         return self.tokenizer.decode_text(ids)

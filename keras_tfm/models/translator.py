@@ -20,8 +20,9 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, exported, orchestration, prompts
-from keras_tfm.generation.request import Request, Strategy
-from keras_tfm.generation.sampling import Sampler, check_decoding, logits_controls
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.request import Request
+from keras_tfm.generation.sampling import Sampler
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -315,12 +316,11 @@ class Translator(ZooModel):
     def translate(
         self,
         source_ids,
-        max_length: int = 64,
-        beam_size: int = 1,
-        length_penalty: float = 1.0,
-        repetition_penalty: float = 1.0,
-        min_new_tokens: int = 0,
-        no_repeat_ngram_size: int = 0,
+        max_length: int | None = None,
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        config: GenerationConfig | None = None,
+        **settings,
     ):
         """Translates a batch of sources (lists of ids of any lengths, or `(batch, length)` padded
         with `pad_token_id`), or one source (a list or 1-D array of ids, translated as a batch of one);
@@ -328,11 +328,13 @@ class Translator(ZooModel):
         by `from_huggingface`: `encode_source`, `decode_target`).
 
         Args:
-            max_length: most target tokens per sentence, the end token included.
-            beam_size: 1 is greedy; more runs beam search.
+            max_length: most target tokens per sentence, the end token included (`config`'s
+                `max_new_tokens`; default 64).
+            beam_size: 1 (default) is greedy; more runs beam search (`config`'s `num_beams`).
             length_penalty: beams are ranked by log-probability / length ** length_penalty.
-            repetition_penalty, min_new_tokens, no_repeat_ngram_size: as in `CausalLM.generate`
-                (transformers' meanings), over the target tokens.
+            config, **settings: a `GenerationConfig` and fields overriding it, as in `CausalLM.generate`
+                (`repetition_penalty`, `min_new_tokens`, `no_repeat_ngram_size`, sampling), over the
+                target tokens; the stop and pad ids are the model's.
 
         Returns:
             int array `(batch, max_length)`: each translation (without the start token), ending with
@@ -340,8 +342,9 @@ class Translator(ZooModel):
             text: a string for a string, a list for a list.
         """
         owner = "Translator.translate"
-        check_decoding(owner, max_length=max_length, beam_size=beam_size, length_penalty=length_penalty)
-        controls = logits_controls(owner, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+        names = dict(max_new_tokens=max_length, num_beams=beam_size, length_penalty=length_penalty)
+        config = _translation_config(owner, config or GenerationConfig(max_new_tokens=64), **names, **settings)
+        max_length = config.max_new_tokens
         texts = prompts.texts(source_ids)
         if texts is not None:
             source_ids = self._encode_sources(owner, texts)
@@ -354,12 +357,12 @@ class Translator(ZooModel):
             [[self.start_token_id]] * source.shape[0],
             None,
             self.target_vocabulary_size,
-            Strategy(num_beams=beam_size, length_penalty=length_penalty),
+            config.strategy,
             max_new_tokens=max_length,
             stop_token_ids=np.array([self.end_token_id], "int32"),
             pad_token_id=self.pad_token_id,
-            controls=controls,
-            seed=0,
+            controls=config.controls,
+            seed=config.seed,
         )
         output, _ = orchestration.run(self, request, (ops.convert_to_tensor(source),))
         output = output[:, 1:]
@@ -396,7 +399,7 @@ class Translator(ZooModel):
         endpoints = ()
         if format == "tf_saved_model":
             max_length = min(64, self.max_length - 1) if max_length is None else max_length
-            check_decoding(owner, max_length=max_length)
+            _translation_config(owner, GenerationConfig(), max_new_tokens=max_length)
             if max_length + 1 > self.max_length:
                 raise InputError(
                     f"max_length + 1 = {max_length + 1} exceeds the model's max_length={self.max_length}.",
@@ -434,6 +437,11 @@ class Translator(ZooModel):
         if not sources or not all(sources):
             raise InputError(f"every source needs at least one token; received {texts!r}.", "source_ids", caller=owner)
         return sources
+
+    def compiled_decoding(self) -> compiled.CompiledFunctions:
+        """The model, built, and its compiled decoding functions (`generation.protocol.DecodingModel`)."""
+        self._build_on_demand()
+        return self._generate_functions.of(self)
 
     @property
     def decoding_vocabulary_size(self) -> int:
@@ -511,3 +519,15 @@ def transformer_big(**overrides) -> Translator:
             **overrides,
         }
     )
+
+
+def _translation_config(owner: str, config: GenerationConfig, **settings) -> GenerationConfig:
+    """`config` with `translate`'s arguments, a bad one refused in `translate`'s names."""
+    names = {"max_new_tokens": "max_length", "num_beams": "beam_size"}
+    try:
+        return GenerationConfig.of(config, owner, **settings)
+    except InputError as error:
+        message = error.message
+        for field, argument in names.items():
+            message = message.replace(f"`{field}`", f"`{argument}`")
+        raise InputError(message, names.get(error.argument, error.argument), owner) from None

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         import uvicorn
     except ImportError:
         sys.exit("error: the server needs its extra: pip install 'keras_tfm[serve]'")
-    from keras_tfm.cli.generate import load
     from keras_tfm.errors import InputError
+    from keras_tfm.saving import load
     from keras_tfm.serve import create_app
 
     try:

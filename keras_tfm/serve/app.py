@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import json
 import re
@@ -110,7 +109,7 @@ def _model_entry(model, model_name: str, defaults: requests.Defaults) -> dict:
         "created": int(time.time()),
         "owned_by": "keras_tfm",
         "max_model_len": model.max_length,  # vLLM's name: the context, prompt and new tokens together
-        "defaults": dataclasses.asdict(defaults),  # what a request that leaves these out gets
+        "defaults": defaults.as_dict(),  # what a request that leaves these out gets
     }
 
 

@@ -21,6 +21,9 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.generation import continuous
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.sampling import row_seeds
+from keras_tfm.generation.text import TextDecoder
 from keras_tfm.serve.requests import Job, RequestError
 
 WIDTH_STEP = 32  # prompt widths are padded to multiples of this; cache lengths start there
@@ -50,14 +53,12 @@ class Ticket:
 
 @dataclasses.dataclass(eq=False)  # rows are found in the slots by identity
 class Row:
-    """One continuation of a ticket in a row of the cache: its new tokens so far, how it ended, and the
-    text a stream has sent."""
+    """One continuation of a ticket in a row of the cache: its `TextDecoder` (its tokens and text so far)
+    and how it ended."""
 
     ticket: Ticket
-    tokens: list = dataclasses.field(default_factory=list)
+    decoder: TextDecoder
     finish: str | None = None
-    text: str = ""
-    sent: str = ""
 
 
 class Engine:
@@ -72,8 +73,8 @@ class Engine:
             max_queue,
             chunk_steps,
         )
-        model._build_on_demand()  # the cache's shape is read from the built layers
-        self.stop_ids = {int(i) for i in np.asarray(model._stop_ids(None)).reshape(-1)}
+        model.compiled_decoding()  # the cache's shape is read from the built layers
+        self.stop_ids = {int(i) for i in np.asarray(model.stop_ids()).reshape(-1)}
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._condition = threading.Condition()
         self._closed = False
@@ -183,7 +184,7 @@ class Engine:
         for source, ticket in enumerate(tickets):
             for copy in range(_rows_of(ticket.job)):
                 slot = next(free)
-                ticket.rows.append(Row(ticket))
+                ticket.rows.append(Row(ticket, self._decoder(ticket.job)))
                 self._slots[slot] = ticket.rows[-1]
                 self._start_row(slot, ticket.job, copy)
                 sources.append(source)
@@ -196,9 +197,9 @@ class Engine:
     def _start_row(self, slot: int, job: Job, copy: int) -> None:
         """A row's first step feeds its prompt's last token at its position, with the request's settings."""
         self._tokens[slot], self._positions[slot] = job.prompt[-1], len(job.prompt) - 1
-        seed = random.getrandbits(32) if job.seed is None else job.seed + copy * 0x9E3779B9
-        self._settings[0][slot], self._settings[1][slot] = job.temperature, job.top_p
-        self._settings[2][slot], self._settings[3][slot] = job.repetition_penalty, seed & 0xFFFFFFFF
+        seed = row_seeds(random.getrandbits(32) if job.config.seed is None else job.config.seed, copy + 1)[copy]
+        for setting, value in zip(self._settings, continuous.row_values(job.config, seed)):
+            setting[slot] = value
 
     def _lengths_needed(self) -> list[int]:
         return [len(row.ticket.job.prompt) + row.ticket.job.max_tokens for row in self._slots if row is not None]
@@ -238,9 +239,7 @@ class Engine:
         )
         self.shapes[(len(self._slots), self._length())] += 1
         self.rows_per_chunk[len(busy)] += 1
-        settings = continuous.RowSettings(
-            *(ops.convert_to_tensor(v.astype("int32" if i == 3 else "float32")) for i, v in enumerate(self._settings))
-        )
+        settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self._settings))
         self._cache, self._seen, generated = chunk(
             self._cache,
             ops.convert_to_tensor(self._tokens),
@@ -266,49 +265,29 @@ class Engine:
     def _compiled(self, key, make, *arguments):
         """A compiled function of `continuous`, kept on the model beside `generate`'s (every engine of the
         model, and every shape it is called with, reuses it)."""
-        key, functions = ("serve", key), self.model._generate_functions.of(self.model)
+        key, functions = ("serve", key), self.model.compiled_decoding()
         if key not in functions:
             functions[key] = make(self.model, *arguments)
         return functions[key]
 
     def _features(self, busy: list[int]) -> continuous.Features:
-        temperature, top_p, penalty = (self._settings[i][busy] for i in range(3))
-        sampling = temperature > 0
-        return continuous.Features(bool(sampling.any()), bool((top_p[sampling] < 1).any()), bool((penalty != 1).any()))
+        return continuous.features_of(continuous.RowSettings(*(setting[busy] for setting in self._settings)))
+
+    def _decoder(self, job: Job) -> TextDecoder:
+        """A row's text decoder; the text of a row no one reads before its end is decoded once, at the end."""
+        incremental = job.stream or bool(job.stop)
+        return TextDecoder(self.model.decode_text, self.stop_ids, job.stop, job.max_tokens, incremental=incremental)
 
     def _take(self, row: Row, generated: np.ndarray) -> None:
-        """The row's share of a chunk's tokens: up to its `max_tokens` or a stop token, then its text (cut
-        at a stop string) and, for a stream, the text that can no longer change."""
-        job = row.ticket.job
+        """The row's share of a chunk's tokens, through its `TextDecoder` (up to its `max_tokens`, a stop
+        token or a stop string); a stream gets the text that no later token can change."""
         if row.ticket.cancelled:
             row.finish = "cancelled"
             return
-        for token in generated.tolist():
-            if len(row.tokens) == job.max_tokens:
-                break
-            row.tokens.append(token)
-            if token in self.stop_ids:
-                row.finish = "stop"
-                break
-        if row.finish is None and len(row.tokens) == job.max_tokens:
-            row.finish = "length"
-        if not (job.stream or job.stop or row.finish):
-            return
-        row.text, stopped = cut_at_stop(self.model._decode_text(np.asarray(row.tokens, "int32")), job.stop)
-        if stopped:
-            row.finish = "stop"
-        if job.stream:
-            self._send_text(row)
-
-    def _send_text(self, row: Row) -> None:
-        """Sends a stream the text that no later token can change: all of it once the row ended, else
-        all but what could still become a stop string, and a character cut mid-way."""
-        text, stops = row.text, row.ticket.job.stop
-        safe = len(text) if row.finish else max(len(text) - max(map(len, stops), default=1) + 1, 0)
-        safe = safe if row.finish or not text.endswith("\ufffd") else min(safe, len(text) - 1)
-        if safe > len(row.sent):
-            row.ticket.send("text", text[len(row.sent) : safe])
-            row.sent = text[:safe]
+        piece = row.decoder.feed(generated)
+        row.finish = row.decoder.finish
+        if row.ticket.job.stream and piece:
+            row.ticket.send("text", piece)
 
     def _finish(self, ticket: Ticket) -> None:
         if any(row.finish is None for row in ticket.rows):
@@ -316,24 +295,18 @@ class Engine:
         if ticket.cancelled:
             self.clients_left += 1
             return
-        choices = [Choice(r.text, len(r.tokens), "length" if r.finish == "length" else "stop") for r in ticket.rows]
+        choices = [Choice(r.decoder.text, len(r.decoder.tokens), r.finish) for r in ticket.rows]
         ticket.send("done", choices * (ticket.job.n // len(choices)))
 
 
 def _rows_of(job: Job) -> int:
     """Rows a job decodes: one per continuation, one for all of a greedy job's (they are the same)."""
-    return job.n if job.temperature > 0 else 1
+    return job.n if job.config.temperature > 0 else 1
 
 
 def _free_settings(rows: int) -> list[np.ndarray]:
-    """Free rows' settings (what they compute is dropped): greedy, no nucleus, no penalty, seed 0."""
-    return [np.zeros(rows, "float32"), np.ones(rows, "float32"), np.ones(rows, "float32"), np.zeros(rows, "int64")]
-
-
-def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
-    """`text` up to the first of the stop strings (which is left out), and whether one was found."""
-    cuts = [index for index in (text.find(stop) for stop in stops) if index >= 0]
-    return (text[: min(cuts)], True) if cuts else (text, False)
+    """Free rows' settings (what they compute is dropped): greedy decoding's, seed 0."""
+    return [np.full(rows, value, dtype) for value, dtype in continuous.row_values(GenerationConfig(), 0, dtypes=True)]
 
 
 def bucket(size: int, limit: int, power_of_two: bool = False) -> int:

@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from keras_tfm.errors import InputError
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.continuous import RowSettings
+
 
 class RequestError(Exception):
     """A request the server refuses: its HTTP status, OpenAI's error `type` and the field at fault."""
@@ -20,26 +24,19 @@ class RequestError(Exception):
 
 @dataclasses.dataclass
 class Job:
-    """One request's decoding: its prompt ids and settings, and what came of it."""
+    """One request's decoding: its prompt ids, its `GenerationConfig` (OpenAI's fields mapped onto it),
+    how many choices, its stop strings, and whether it streams."""
 
     prompt: list[int]
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
+    config: GenerationConfig
     n: int = 1
     stop: tuple[str, ...] = ()
-    repetition_penalty: float = 1.0
     stream: bool = False
     chat: bool = False
 
-    def batch_key(self) -> tuple | None:
-        """Jobs with the same key decode as rows of one batch; None: alone (a seed fixes a whole batch's
-        draws, and a stream hands out its tokens as they come)."""
-        if self.stream or self.seed is not None:
-            return None
-        sampling = (0.0, 1.0) if self.temperature == 0 else (self.temperature, self.top_p)
-        return (*sampling, self.repetition_penalty, self.n)
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_new_tokens
 
 
 def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
@@ -51,7 +48,8 @@ def _number(body: dict, name: str, default, low: float, high: float, integer: bo
     finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
     if isinstance(value, bool) or not isinstance(value, kind) or not finite or not low <= value <= high:
         expected = "an integer" if integer else "a number"
-        raise RequestError(f"`{name}` must be {expected} in [{low}, {high}]; received {value!r:.80}.", name)
+        bounds = f" in [{low}, {high}]" if math.isfinite(low) or math.isfinite(high) else ""
+        raise RequestError(f"`{name}` must be {expected}{bounds}; received {value!r:.80}.", name)
     return value
 
 
@@ -67,33 +65,47 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+# OpenAI's ranges, where its API sets one; the other fields are checked by `GenerationConfig` alone
+OPENAI_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "repetition_penalty": (0.01, 10.0)}
+
+
+def sampling_fields() -> tuple[str, ...]:
+    """The `GenerationConfig` fields a request may set by name: those each row of the server's loop
+    carries (`continuous.RowSettings`), the seed aside."""
+    return tuple(name for name in RowSettings._fields if name != "seed")
+
+
+def _setting(body: dict, name: str, default):
+    """A request's value of the `GenerationConfig` field `name`, of the field's type (and in OpenAI's
+    range, where it sets one)."""
+    integer = isinstance(GenerationConfig.fields()[name].default, int)
+    value = _number(body, name, default, *OPENAI_RANGES.get(name, (-math.inf, math.inf)), integer=integer)
+    return value if integer else float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Defaults:
     """What a request that leaves a field out gets: the checkpoint's generation settings where its
     `generation_config` has them, else OpenAI's (temperature 1, top_p 1), and a finite length."""
 
     max_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
+    config: GenerationConfig = GenerationConfig(temperature=1.0)
 
     @classmethod
     def of(cls, generation_config: dict | None, max_tokens: int = 512) -> Defaults:
         """The defaults of a model's `generation_config` (as `from_huggingface` reads it from
         `generation_config.json`): `do_sample` false means greedy, as in transformers."""
         config = generation_config or {}
-        picked = {"max_tokens": config.get("max_new_tokens") or max_tokens}
-        for name in ("temperature", "top_p", "repetition_penalty"):
-            if config.get(name) is not None:
-                picked[name] = config[name]
+        picked = {name: config[name] for name in sampling_fields() if config.get(name) is not None}
         if config.get("do_sample") is False:
             picked["temperature"] = 0.0
-        defaults = cls(**picked)
-        _number(defaults.__dict__, "max_tokens", None, 1, 2**31, integer=True)  # checked as a request's
-        _number(defaults.__dict__, "temperature", None, 0.0, 2.0)
-        _number(defaults.__dict__, "top_p", None, 0.0, 1.0)
-        _number(defaults.__dict__, "repetition_penalty", None, 0.01, 10.0)
-        return defaults
+        # checked as a request's
+        length = _number({"max_tokens": config.get("max_new_tokens") or max_tokens}, "max_tokens", None, 1, 2**31, True)
+        picked = {name: _setting(picked, name, value) for name, value in picked.items()}
+        return cls(length, _config(**{"temperature": 1.0, **picked}))
+
+    def as_dict(self) -> dict:
+        return {"max_tokens": self.max_tokens, **{name: getattr(self.config, name) for name in sampling_fields()}}
 
 
 def parse_job(
@@ -125,23 +137,30 @@ def parse_job(
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"`stream` must be true or false; received {stream!r}.", "stream")
+    sampling = {name: _setting(body, name, getattr(defaults.config, name)) for name in sampling_fields()}
+    sampling["seed"] = _number(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
+    if sampling["top_p"] == 0:  # no token left to sample from but the likeliest
+        sampling.update(temperature=0.0, top_p=1.0)
     job = Job(
         prompt=prompt_ids,
-        max_tokens=max_tokens,
-        temperature=float(_number(body, "temperature", defaults.temperature, 0.0, 2.0)),
-        top_p=float(_number(body, "top_p", defaults.top_p, 0.0, 1.0)),
-        seed=_number(body, "seed", None, -(2**63), 2**63 - 1, integer=True),
+        config=_config(max_new_tokens=max_tokens, **sampling),
         n=_number(body, "n", 1, 1, 16, integer=True),
         stop=_stop(body),
-        repetition_penalty=float(_number(body, "repetition_penalty", defaults.repetition_penalty, 0.01, 10.0)),
         stream=stream,
         chat=chat,
     )
-    if job.top_p == 0:
-        job.temperature = 0.0  # no token left to sample from but the likeliest
     if job.stream and job.n > 1:
         raise RequestError("`n` > 1 is not supported with `stream`.", "n")
     return job
+
+
+def _config(**settings) -> GenerationConfig:
+    """The request's `GenerationConfig`; a value it refuses is a 400 naming the field."""
+    try:
+        return GenerationConfig(**settings)
+    except InputError as error:
+        name = "max_tokens" if error.argument == "max_new_tokens" else error.argument
+        raise RequestError(error.message.replace("`max_new_tokens`", "`max_tokens`"), name) from None
 
 
 def chat_messages(body: dict) -> list[dict]:

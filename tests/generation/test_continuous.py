@@ -49,9 +49,10 @@ def test_rows_at_their_own_positions_step_as_each_alone(make, rng):
         model.call_with_cache(np.zeros((3, 1), "int32"), joined, positions[:2])
 
 
-def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0):
+def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0, top_k=0, min_p=0.0):
     values = [np.broadcast_to(np.asarray(v, d), (rows,)).copy() for v, d in
-              ((temperature, "float32"), (top_p, "float32"), (penalty, "float32"), (seed, "int32"))]  # fmt: skip
+              ((temperature, "float32"), (top_k, "int32"), (top_p, "float32"), (min_p, "float32"),
+               (penalty, "float32"), (seed, "int32"))]  # fmt: skip
     return continuous.RowSettings(*(ops.convert_to_tensor(v) for v in values))
 
 

@@ -24,7 +24,7 @@ def test_ragged_prompts_share_one_buffer_and_each_sample_gets_its_rows():
     assert request.prompt_mask[3].tolist() == [True] + [False] * 6
     assert request.compiled_key == (strategy, 3, request.controls, False)  # prompts' lengths retrace, not values
     beams = Strategy(num_beams=4, num_return_sequences=2)
-    assert beams.search == (4, 1.0, 2) and beams.traceable and Strategy().search is None
+    assert beams.search == (4, 1.0, 2) and Strategy().search is None
 
 
 def test_finish_decodes_each_row_up_to_its_stop_token():
@@ -46,3 +46,27 @@ def test_stop_ids_are_one_id_or_a_flat_list(stops):
     assert info.value.argument == "stop_token_ids"
     np.testing.assert_array_equal(prompts.stop_ids([2, 7], 10), [2, 7])
     assert prompts.stop_ids((), 10).size == 0
+
+
+def test_the_text_decoder_hands_out_only_text_no_later_token_changes():
+    """Bytes as tokens: a character cut mid-way waits for its last byte, a tail that could still become a
+    stop string waits, a stop string ends the text (left out), a stop id ends the tokens (kept), and with
+    a prefix the text is what decoding prefix and tokens together adds."""
+    from keras_tfm.generation import TextDecoder
+
+    def decode(ids):
+        return bytes(np.asarray(ids, "uint8").tolist()).decode("utf-8", errors="replace")
+
+    snow = list("☃".encode())  # three bytes
+    decoder = TextDecoder(decode, stop_token_ids=[0], stop_strings=("END",))
+    assert decoder.feed([ord("a")] + snow[:2]) == ""  # a cut character, and "a" within 2 of the end
+    assert decoder.feed(snow[2:] + list(b"xyz")) == "a☃x"  # all but the last len("END") - 1 characters
+    assert decoder.feed(list(b"EN")) == "yz" and decoder.finish is None
+    assert decoder.feed(list(b"Dqq")) == "" and decoder.finish == "stop" and decoder.text == "a☃xyz"
+    ids = TextDecoder(None, stop_token_ids=[0], max_new_tokens=5)
+    ids.feed([5, 6]), ids.feed([0, 7])
+    assert ids.tokens == [5, 6, 0] and ids.finish == "stop"
+    capped = TextDecoder(decode, max_new_tokens=3)
+    assert capped.feed(list(b"ab") + snow[:1]) == "ab\ufffd" and capped.finish == "length"  # ended: all of it
+    pieces = TextDecoder(decode, prefix=list(b"hi "))
+    assert pieces.feed(snow[:1]) == "" and pieces.feed(snow[1:]) == "☃" and pieces.feed([], last=True) == ""

@@ -179,17 +179,18 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 
 
 def test_top_k_samples_only_among_the_k_best():
-    import keras
-
     from keras_tfm.generation import Sampler
 
     logits = np.log(np.array([[0.05, 0.4, 0.3, 0.05, 0.2]] * 500, "float32"))
-    tokens = to_numpy(Sampler(temperature=1.0, top_k=2)(logits, keras.random.SeedGenerator(0)))
+    seeds, positions = np.arange(500, dtype="int32"), np.zeros(500, "int32")
+    tokens = to_numpy(Sampler(temperature=1.0, top_k=2)(logits, seeds, positions))
     assert set(tokens.tolist()) == {1, 2}
-    tokens = to_numpy(Sampler(temperature=1.0, top_p=0.65)(logits, keras.random.SeedGenerator(0)))
+    tokens = to_numpy(Sampler(temperature=1.0, top_p=0.65)(logits, seeds, positions))
     assert set(tokens.tolist()) == {1, 2}  # 0.4 + 0.3 reaches 0.65
-    tokens = to_numpy(Sampler(temperature=1.0, top_p=0.75)(logits, keras.random.SeedGenerator(0)))
+    tokens = to_numpy(Sampler(temperature=1.0, top_p=0.75)(logits, seeds, positions))
     assert set(tokens.tolist()) == {1, 2, 4}
+    tokens = to_numpy(Sampler(temperature=1.0, min_p=0.6)(logits, seeds, positions))
+    assert set(tokens.tolist()) == {1, 2}  # 0.3 >= 0.6 * 0.4 > 0.2
 
 
 def test_bad_generation_arguments():
@@ -231,7 +232,7 @@ def test_bad_generation_arguments():
     # Stop ids are one id or a flat list of them; text and ids are not mixed; a stream has one prompt.
     for stops in ([[1, 2]], 1.5, "3", [1, "3"], [True]):
         with pytest.raises(
-            InputError, match=r"stop_token_ids: expected a token id or a flat list of token ids"
+            InputError, match=r"stop_token_ids: GPT.generate: `stop_token_ids` must be a token id or a flat list of"
         ) as info:
             model.generate([[1]], max_new_tokens=2, stop_token_ids=stops)
         assert info.value.argument == "stop_token_ids"

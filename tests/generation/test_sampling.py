@@ -1,0 +1,92 @@
+"""The one token chooser: its warps are transformers' (temperature, top-k, top-p, min-p, in that order),
+each row's own settings warp as the same settings for the whole batch do, and the settings object
+refuses what would run silently wrong."""
+
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_tfm.errors import InputError
+from keras_tfm.generation import GenerationConfig, Sampler
+from keras_tfm.generation.continuous import Features, RowSettings, choose_rows
+from keras_tfm.generation.sampling import row_seeds, warp
+from keras_tfm.layers.attention import LARGE_NEGATIVE
+
+SETTINGS = [
+    dict(temperature=0.7),
+    dict(temperature=1.3, top_k=5),
+    dict(temperature=1.0, top_p=0.8),
+    dict(temperature=0.9, min_p=0.1),
+    dict(temperature=0.8, top_k=12, top_p=0.9, min_p=0.05),
+]
+
+
+def transformers_warped(logits: np.ndarray, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> np.ndarray:
+    torch = pytest.importorskip("torch")
+    generation = pytest.importorskip("transformers.generation.logits_process")
+    warpers = [generation.TemperatureLogitsWarper(temperature)]
+    if top_k:
+        warpers.append(generation.TopKLogitsWarper(top_k))
+    if top_p < 1:
+        warpers.append(generation.TopPLogitsWarper(top_p))
+    if min_p:
+        warpers.append(generation.MinPLogitsWarper(min_p))
+    scores = torch.tensor(logits)
+    for warper in warpers:
+        scores = warper(None, scores)
+    return scores.numpy()
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(s))
+def test_warps_keep_the_tokens_transformers_keeps_and_each_row_its_own(settings, rng):
+    logits = rng.normal(size=(6, 40)).astype("float32") * 3
+    expected = transformers_warped(logits, **settings)
+    kept = np.isfinite(expected)
+    ours = ops.convert_to_numpy(Sampler(**settings).warp(logits))
+    np.testing.assert_array_equal(ours > LARGE_NEGATIVE / 2, kept)
+    np.testing.assert_allclose(ours[kept], expected[kept], rtol=1e-5)
+    # the same settings given per row (as the server's rows carry them) warp alike
+    rows = {name: np.full((6, 1), value, "int32" if name == "top_k" else "float32") for name, value in settings.items()}
+    temperature = rows.pop("temperature")
+    per_row = ops.convert_to_numpy(warp(logits, temperature, **rows))
+    np.testing.assert_array_equal(per_row > LARGE_NEGATIVE / 2, kept)
+
+
+def test_rows_with_different_settings_choose_as_each_would_alone(rng):
+    """Six rows, each with its own settings (two greedy), chosen in one call: each row's token is the one
+    it chooses alone with the batch-wide `Sampler` and the same seed and position."""
+    logits = rng.normal(size=(6, 40)).astype("float32") * 2
+    configs = [GenerationConfig(**s) for s in SETTINGS] + [GenerationConfig()]
+    seeds, positions = row_seeds(5, 6), np.arange(6, dtype="int32") + 3
+    columns = list(zip(*[(c.temperature, c.top_k, c.top_p, c.min_p, c.repetition_penalty, 0) for c in configs]))
+    dtypes = ("float32", "int32", "float32", "float32", "float32", "int32")
+    settings = RowSettings(*(np.asarray(column, dtype) for column, dtype in zip(columns, dtypes)))
+    settings = settings._replace(seed=seeds)
+    chosen = ops.convert_to_numpy(choose_rows(logits, None, settings, positions, Features(True, True, True, True)))
+    for i, config in enumerate(configs):
+        alone = config.sampler(logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1])
+        assert chosen[i] == ops.convert_to_numpy(alone)[0]
+
+
+@pytest.mark.backend_independent
+def test_the_settings_object_refuses_bad_values_by_name():
+    for name, value, expected in [
+        ("temperature", -1, "a finite number >= 0"),
+        ("top_p", 0, r"a number in \(0, 1\]"),
+        ("min_p", 1.5, r"a number in \[0, 1\]"),
+        ("top_k", 2.5, "an integer >= 0"),
+        ("max_new_tokens", 0, "an integer >= 1"),
+        ("stop_token_ids", [[1, 2]], r"a token id or a flat list of token ids \(such as 2 or \[2, 32000\]\), or None"),
+        ("seed", "x", "an integer, or None"),
+    ]:
+        with pytest.raises(InputError, match=f"{name}: `{name}` must be {expected}; received"):
+            GenerationConfig(**{name: value})
+    with pytest.raises(InputError, match="num_return_sequences: greedy decoding has one continuation"):
+        GenerationConfig(num_return_sequences=2)
+    with pytest.raises(InputError, match="top_q: generate: unknown decoding setting 'top_q'; the settings are"):
+        GenerationConfig.of(None, "generate", top_q=0.5)
+    with pytest.raises(InputError, match="temperature: generate: `temperature` must be"):
+        GenerationConfig.of(GenerationConfig(), "generate", temperature=float("nan"))
+    config = GenerationConfig.of(GenerationConfig(temperature=0.5, seed=1), "generate", top_k=3, seed=None)
+    assert (config.temperature, config.top_k, config.seed) == (0.5, 3, 1)  # None overrides nothing
+    np.testing.assert_array_equal(row_seeds(-1, 2), np.array([2**32 - 1, 0x9E3779B9 - 1], np.uint32).astype("int32"))
