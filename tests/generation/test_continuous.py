@@ -136,3 +136,27 @@ def test_each_row_draws_from_its_own_distribution_and_stream():
     assert ops.convert_to_numpy(three)[1] == 2 and ops.convert_to_numpy(three)[0] == ops.convert_to_numpy(alone)[0]
     later = continuous.choose_rows(logits, None, settings(rows, 1.0, seed=seeds), positions + 1, sampled)
     assert np.mean(ops.convert_to_numpy(later) == drawn) < 0.35  # another position, another draw
+
+
+def test_a_host_token_mask_constrains_its_rows_at_each_step(rng):
+    """Constrained decoding's hook: a chunk of one step takes the tokens the host allows each row; a row
+    allowed one token takes it (greedy or sampled), a row allowed every token chooses as without a mask."""
+    model = decoder_lm()
+    prompts = [rng.integers(0, VOCABULARY, 5).astype("int32") for _ in range(2)]
+    filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([np.pad(p, (0, 3)) for p in prompts])))
+    cache, seen = continuous.admit(
+        model.empty_cache(2, 16), ops.zeros((2, VOCABULARY), "bool"), filled, [0, 1], [0, 1], np.zeros((2, 50), bool)
+    )
+    tokens, positions = ops.convert_to_tensor([p[-1] for p in prompts]), ops.convert_to_tensor(np.full(2, 4, "int32"))
+    row_settings = settings(2, temperature=np.array([0.0, 1.0]), seed=np.array([0, 9]))
+    free = continuous.decode_chunk(model, continuous.Features(sampling=True), 1)
+    _, _, expected = free(cache, tokens, positions, seen, row_settings)
+    expected = ops.convert_to_numpy(expected)
+    only = (expected[0, 0] + 1) % VOCABULARY  # not the token row 0 takes unmasked
+    allowed = np.ones((2, VOCABULARY), bool)
+    allowed[0] = False
+    allowed[0, only] = True
+    masked = continuous.decode_chunk(model, continuous.Features(sampling=True, masked=True), 1)
+    _, _, chosen = masked(cache, tokens, positions, seen, row_settings, ops.convert_to_tensor(allowed))
+    chosen = ops.convert_to_numpy(chosen)
+    assert chosen[0, 0] == only and chosen[1, 0] == expected[1, 0]
