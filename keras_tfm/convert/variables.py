@@ -93,7 +93,7 @@ def _assign_torch(tensor, array: np.ndarray) -> None:
         tensor.copy_(source)
 
 
-def _assign_tensorflow(tf_variable, array: np.ndarray, slice_bytes: int = 1 << 24) -> None:
+def _assign_tensorflow(tf_variable, array: np.ndarray, slice_bytes: int = 1 << 22) -> None:
     if array.ndim == 0 or array.nbytes <= slice_bytes:
         tf_variable.assign(_tensorflow_tensor(array, tf_variable.dtype))
         return
