@@ -25,6 +25,9 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 __all__ = [
     "BuildBeforeQuantizeCheck",
     "build_before_distributed_fit",
+    "builds_wrapped",
+    "collections_of_new_objects",
+    "configs_without_tensorflow",
     "jax_live_processes",
     "child_layers",
     "concrete_values",
@@ -36,10 +39,12 @@ __all__ = [
     "mend_torch_int8_products",
     "on_xla_cpu",
     "one_garbage_collection",
+    "optimizer_averages_kept_apart",
     "patch_tf2onnx",
     "set_keras_mask",
     "sublayers",
     "track_variables_again",
+    "variables_made_as_zeros",
 ]
 
 
@@ -241,3 +246,102 @@ def patch_tf2onnx() -> None:
     from keras.src.export.tf2onnx_lib import patch_tf2onnx as patch
 
     patch()
+
+
+@contextlib.contextmanager
+def variables_made_as_zeros():
+    """Process-wide while open (every thread): a Keras variable made in this block starts as zeros, not
+    its initializer's values; yields `{id: (variable, initializer)}` of those made and not yet assigned
+    (`Variable.assign` takes one out; code that writes a variable's storage itself pops it). Wraps
+    `Variable._initialize_with_initializer` and `Variable.assign`, which every backend's variable goes
+    through (Keras 3.15); with another Keras, variables are initialized as usual and nothing is yielded
+    back as pending."""
+    variable_class = keras.Variable
+    pending: dict[int, tuple] = {}
+    if not hasattr(variable_class, "_initialize_with_initializer"):
+        yield pending
+        return
+    initialize, assign_value = variable_class._initialize_with_initializer, variable_class.assign
+
+    def start_as_zeros(variable, initializer):
+        pending[id(variable)] = (variable, initializer)
+        initialize(variable, keras.initializers.Zeros())
+
+    def assigned(variable, value):
+        pending.pop(id(variable), None)
+        return assign_value(variable, value)
+
+    variable_class._initialize_with_initializer, variable_class.assign = start_as_zeros, assigned
+    try:
+        yield pending
+    finally:
+        variable_class._initialize_with_initializer, variable_class.assign = initialize, assign_value
+
+
+@contextlib.contextmanager
+def builds_wrapped(classes: tuple, wrap):
+    """Process-wide while open: `cls.build` of each of `classes` is `wrap(original build)` (each class
+    must define its own `build`: a subclass that inherits one is wrapped through its parent). The
+    wrapper keeps the original's signature (`functools.wraps`): Keras names the shapes it passes by it."""
+    builds = {cls: vars(cls)["build"] for cls in classes}
+    for cls in classes:
+        cls.build = functools.wraps(builds[cls])(wrap(builds[cls]))
+    try:
+        yield
+    finally:
+        for cls in classes:
+            cls.build = builds[cls]
+
+
+@contextlib.contextmanager
+def collections_of_new_objects():
+    """Process-wide while open: `gc.collect()` does nothing (Keras' `Layer.__delattr__` runs one for
+    every variable it deletes: 0.3 s each in a process holding a model); yields `collect()`, which
+    collects the objects made since its last call and freezes the survivors (`gc.freeze`), so that
+    each collection looks at the new objects only."""
+    collect = gc.collect
+
+    def collect_new() -> None:
+        collect()
+        gc.freeze()
+
+    gc.freeze()
+    gc.collect = lambda generation=2: 0
+    try:
+        yield collect_new
+    finally:
+        gc.collect = collect
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def configs_without_tensorflow():
+    """Process-wide while open, where TensorFlow is installed but not imported: Keras' `get_config`
+    imports TensorFlow to ask whether values are TensorFlow objects (+460 MB on JAX and PyTorch); here
+    Keras' lazy module (`keras.src.utils.module_utils.tensorflow`) answers that it is missing, which is
+    true of every value while it is not imported (checked in a fresh process by
+    `tests/test_fresh_process.py`)."""
+    import sys
+
+    from keras.src.utils import module_utils
+
+    tensorflow = getattr(module_utils, "tensorflow", None)
+    if "tensorflow" in sys.modules or getattr(tensorflow, "_available", True) is not None:
+        yield  # imported, known to be missing, or another Keras
+        return
+    tensorflow._available = False
+    try:
+        yield
+    finally:
+        tensorflow._available = None
+
+
+@contextlib.contextmanager
+def optimizer_averages_kept_apart(optimizer: keras.optimizers.Optimizer):
+    """`fit` ends by writing the optimizer's moving averages (`use_ema`) over the weights, through its
+    `finalize_variable_values` (Keras 3.15); in this block (for this optimizer only) it does not."""
+    optimizer.finalize_variable_values = lambda variables: None
+    try:
+        yield
+    finally:
+        del optimizer.finalize_variable_values

@@ -1,6 +1,7 @@
 """One test per shim of `keras_tfm.compat`: each fails, naming the shim, when Keras or keras-hub
 changes what it relies on."""
 
+import contextlib
 import gc
 import os
 
@@ -200,3 +201,62 @@ def test_int8_products_are_fast_where_an_x86_cpu_has_vnni():
     flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
     on_gpu = keras.backend.backend() == "torch" and __import__("torch").cuda.is_available()
     assert compat.int8_products_are_fast() == (on_gpu or "avx512_vnni" in flags or "avx_vnni" in flags)
+
+
+def test_variables_made_as_zeros_skip_the_initializer_until_assigned_and_only_inside():
+    with compat.variables_made_as_zeros() as pending:
+        kept = keras.Variable(initializer="ones", shape=(2,))
+        replaced = keras.Variable(initializer="ones", shape=(2,))
+        assert not keras.ops.convert_to_numpy(kept).any() and len(pending) == 2
+        replaced.assign(np.full(2, 3.0, "float32"))
+        assert [variable for variable, _ in pending.values()] == [kept]  # `assign` takes it out
+    assert keras.ops.convert_to_numpy(keras.Variable(initializer="ones", shape=(2,))).all()  # restored
+
+
+def test_builds_wrapped_wraps_each_class_build_inside_only():
+    built = []
+
+    def wrap(original):
+        def build(layer, *args, **kwargs):
+            built.append(layer.name)
+            return original(layer, *args, **kwargs)
+
+        return build
+
+    with compat.builds_wrapped((keras.layers.Dense,), wrap):
+        keras.layers.Dense(2, name="inside").build((None, 3))
+    keras.layers.Dense(2, name="outside").build((None, 3))
+    assert built == ["inside"]
+
+
+def test_collections_of_new_objects_collect_only_when_asked():
+    class Cycle:
+        pass
+
+    with compat.collections_of_new_objects() as collect:
+        cycle = Cycle()
+        cycle.me = cycle
+        del cycle
+        assert gc.collect() == 0  # what Keras' deletions call: nothing
+        assert any(type(o) is Cycle for o in gc.get_objects())
+        collect()
+        assert not any(type(o) is Cycle for o in gc.get_objects())
+    assert gc.get_freeze_count() == 0 and gc.collect is not None and gc.collect() >= 0
+
+
+def test_optimizer_averages_kept_apart_leave_weights_raw():
+    """Fitted in the block, an optimizer with moving averages leaves the raw weights: those of the same
+    fit without averages, and not those of the same fit outside the block (the averages)."""
+    x, y = np.arange(8, dtype="float32").reshape(4, 2) / 8, np.ones((4, 1), "float32")
+
+    def fitted(use_ema: bool, kept_apart: bool) -> np.ndarray:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
+        model.compile(keras.optimizers.SGD(0.1, use_ema=use_ema, ema_momentum=0.5), "mse")
+        with compat.optimizer_averages_kept_apart(model.optimizer) if kept_apart else contextlib.nullcontext():
+            model.fit(x, y, epochs=3, batch_size=2, shuffle=False, verbose=0)
+        assert "finalize_variable_values" not in vars(model.optimizer)  # the optimizer's own again
+        return keras.ops.convert_to_numpy(model.weights[0])
+
+    raw = fitted(use_ema=False, kept_apart=False)
+    np.testing.assert_allclose(fitted(use_ema=True, kept_apart=True), raw, rtol=1e-6)
+    assert not np.allclose(fitted(use_ema=True, kept_apart=False), raw, rtol=1e-3)

@@ -11,13 +11,11 @@ the quantized weights, copied into the model's layer: the same values as loading
 from __future__ import annotations
 
 import contextlib
-import functools
-import gc
-import sys
 
 import keras
 import numpy as np
 
+from keras_tfm import compat
 from keras_tfm.convert import variables
 from keras_tfm.errors import InputError
 
@@ -47,15 +45,14 @@ def quantizable(layer) -> bool:
 
 @contextlib.contextmanager
 def quantized_build(mode: str | None):
-    """Layers that `quantizable` names, built in this block, are built quantized to `mode` (None: as usual)."""
+    """Layers that `quantizable` names, built in this block, are built quantized to `mode` (None: as usual).
+    Process-wide while open: Keras' layer classes build so in every thread (`compat.builds_wrapped`)."""
     if mode is None:
         yield
         return
     classes = (keras.layers.Dense, keras.layers.Embedding, keras.layers.ReversibleEmbedding)  # each its own build
-    builds = {cls: vars(cls)["build"] for cls in classes}
 
     def quantized(original):
-        @functools.wraps(original)  # Keras names the shapes it passes after build's own arguments
         def build(layer, *args, **kwargs):
             if quantizable(layer) and layer.quantization_mode is None and not getattr(layer, "_probe", False):
                 layer.dtype_policy = _quantized_policy(layer, mode)
@@ -65,16 +62,16 @@ def quantized_build(mode: str | None):
 
     for kind in (keras.layers.Dense, keras.layers.Embedding):  # the model's own policy, known before the freeze
         _policy_of(kind, mode, keras.config.dtype_policy())
-    for cls in classes:
-        cls.build = quantized(builds[cls])
     try:
-        with _collections_by_garbage() as collect, _configs_without_tensorflow():
+        with (
+            compat.builds_wrapped(classes, quantized),
+            compat.collections_of_new_objects() as collect,
+            compat.configs_without_tensorflow(),
+        ):
             _COLLECT.append(collect)
             yield
     finally:
         _COLLECT.clear()
-        for cls in classes:
-            cls.build = builds[cls]
 
 
 def _quantized_policy(layer, mode: str) -> str:
@@ -172,38 +169,3 @@ def _place(values: dict, offsets: dict, variable, layer) -> None:
     if start == 0:
         values[variable.name] = np.empty(tuple(target.shape), part.dtype)
     values[variable.name][index] = part
-
-
-@contextlib.contextmanager
-def _configs_without_tensorflow():
-    """Keras' `get_config` imports TensorFlow where it is installed, to ask whether values are TensorFlow
-    objects (+460 MB on JAX and PyTorch); none is while TensorFlow is not imported, so it is not asked."""
-    tensorflow = getattr(getattr(keras.src.utils, "module_utils", None), "tensorflow", None)
-    if "tensorflow" in sys.modules or getattr(tensorflow, "_available", True) is not None:
-        yield  # imported, known to be missing, or another Keras
-        return
-    tensorflow._available = False
-    try:
-        yield
-    finally:
-        tensorflow._available = None
-
-
-@contextlib.contextmanager
-def _collections_by_garbage():
-    """Keras' `__delattr__` runs a full `gc.collect()` for each variable it deletes (0.3 s in a process
-    holding a model): in this block it does not; `collect()` collects the objects made since its last
-    call and freezes the survivors (`gc.freeze`), so that each collection looks at the new objects only."""
-    collect = gc.collect
-
-    def collect_new() -> None:
-        collect()
-        gc.freeze()
-
-    gc.freeze()
-    gc.collect = lambda generation=2: 0
-    try:
-        yield collect_new
-    finally:
-        gc.collect = collect
-        gc.unfreeze()

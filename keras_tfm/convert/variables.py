@@ -4,8 +4,8 @@ Keras runs every variable's initializer when a model is built: for an 8B model, 
 (most of the load time on JAX) drawn in float32 before the cast to bfloat16 (a peak of twice the weights).
 Inside `checkpoint_values()` variables start as zeros; those the converter never assigns (a new
 classifier head, a seed generator's state) get their own initializer's values when the block ends, so the
-model is the same as one built normally and then loaded. Keras has no public switch for this; the block
-wraps the two methods every backend's variable goes through (`_initialize_with_initializer`, `assign`).
+model is the same as one built normally and then loaded. Keras has no public switch for this: the block
+wraps Keras' variable class for the process while it is open (`compat.variables_made_as_zeros`).
 
 `assign(variable, array)` sets a variable from a NumPy array without the copies Keras' `assign` makes
 (a bfloat16 array goes through float32 on PyTorch and TensorFlow: three times the tensor at once).
@@ -21,35 +21,22 @@ import warnings
 import keras
 import numpy as np
 
+from keras_tfm import compat
+
 _PENDING: list[dict] = []  # per open `checkpoint_values` block: id -> (variable, initializer) not yet assigned
 
 
 @contextlib.contextmanager
 def checkpoint_values():
     """Variables made in this block start as zeros; at its end, those never assigned take their
-    initializer's values (nothing is initialized when the block raises: its model is thrown away)."""
-    variable_class = keras.Variable
-    if not hasattr(variable_class, "_initialize_with_initializer"):  # another Keras: initialize as usual
-        yield
-        return
-    initialize, assign_value = variable_class._initialize_with_initializer, variable_class.assign
-    pending: dict[int, tuple] = {}
-    _PENDING.append(pending)
-
-    def start_as_zeros(variable, initializer):
-        pending[id(variable)] = (variable, initializer)
-        initialize(variable, keras.initializers.Zeros())
-
-    def assigned(variable, value):
-        pending.pop(id(variable), None)
-        return assign_value(variable, value)
-
-    variable_class._initialize_with_initializer, variable_class.assign = start_as_zeros, assigned
-    try:
-        yield
-    finally:
-        variable_class._initialize_with_initializer, variable_class.assign = initialize, assign_value
-        _PENDING.remove(pending)
+    initializer's values (nothing is initialized when the block raises: its model is thrown away).
+    Process-wide while open (`compat.variables_made_as_zeros`)."""
+    with compat.variables_made_as_zeros() as pending:
+        _PENDING.append(pending)
+        try:
+            yield
+        finally:
+            _PENDING.remove(pending)
     for variable, initializer in pending.values():
         variable.assign(initializer(variable.shape, dtype=variable.dtype))
 

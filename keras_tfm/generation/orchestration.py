@@ -3,8 +3,8 @@
 `generate`, `stream`, `chat` and `translate` are adapters: each makes a `Request` and calls `run` (the
 whole loop at once) or `stream` (a chunk at a time), then `finish` (text, scores, continuations per
 prompt). A model that generates is a `protocol.DecodingModel`. The compiled functions are kept on the
-model (`compiled_decoding()`): the loop is compiled once per setting and reused, XLA on JAX and TensorFlow; on PyTorch the loop body (greedy, beam
-search) or the model step (sampling) is recorded once with `torch.jit.trace` and replayed.
+model (`compiled_decoding()`): each loop is compiled once per setting and reused, with XLA on JAX and
+TensorFlow, recorded once with `torch.jit.trace` and replayed on PyTorch (`compiled`).
 """
 
 from __future__ import annotations
@@ -84,13 +84,6 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
             return
 
 
-def generated_end(row: np.ndarray, prompt_length: int, max_new_tokens: int, stop_token_ids) -> int:
-    """Where a generated row ends: after its first stop token, or after all its new tokens."""
-    new = row[prompt_length : prompt_length + max_new_tokens]
-    stops = np.flatnonzero(np.isin(new, np.asarray(stop_token_ids).reshape(-1)))
-    return prompt_length + (int(stops[0]) + 1 if stops.size else len(new))
-
-
 def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[np.ndarray], str]):
     """`output` as `generate` returns it: the ids as they are for id prompts; for text, each row's
     prompt and new tokens (up to and with a stop token) as text: a string for a string, a list for a
@@ -99,10 +92,11 @@ def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[n
         return output
     count = request.strategy.num_return_sequences
     lengths = np.repeat(request.lengths, count) if request.strategy.search is not None else request.lengths
-    decoded = [
-        decode_text(row[: generated_end(row, int(length), request.max_new_tokens, request.stop_token_ids)])
-        for row, length in zip(output, lengths)
-    ]
+    decoded = []
+    for row, length in zip(output, lengths):
+        ends = TextDecoder(None, request.stop_token_ids, max_new_tokens=request.max_new_tokens)
+        ends.feed(row[length:], last=True)
+        decoded.append(decode_text(row[: length + len(ends.tokens)]))
     if count > 1:
         decoded = [decoded[i : i + count] for i in range(0, len(decoded), count)]
     return decoded[0] if isinstance(texts, str) else decoded

@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
+from keras_tfm.generation.config import check_setting
 
 
 def as_token_ids(values, argument: str, vocabulary_size: int, mask=None) -> np.ndarray:
@@ -30,18 +31,7 @@ def as_token_ids(values, argument: str, vocabulary_size: int, mask=None) -> np.n
 
 def stop_ids(stop_token_ids, vocabulary_size: int) -> np.ndarray:
     """`stop_token_ids` (one id, or a flat list of ids) as a 1-D int32 array of ids of the vocabulary."""
-    if isinstance(stop_token_ids, (int, np.integer)) and not isinstance(stop_token_ids, bool):
-        stop_token_ids = [stop_token_ids]
-    flat = isinstance(stop_token_ids, (list, tuple, np.ndarray)) and np.ndim(stop_token_ids) == 1
-    if not flat or not all(
-        isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in np.asarray(stop_token_ids).tolist()
-    ):
-        if not (isinstance(stop_token_ids, (list, tuple, np.ndarray)) and len(stop_token_ids) == 0):
-            raise InputError(
-                f"expected a token id or a flat list of token ids, such as 2 or [2, 32000]; received "
-                f"{_short(stop_token_ids)}.",
-                "stop_token_ids",
-            )
+    check_setting("stop_token_ids", stop_token_ids)
     return as_token_ids(np.asarray(stop_token_ids, "int64").reshape(-1), "stop_token_ids", vocabulary_size)
 
 

@@ -41,8 +41,7 @@ class Request:
     """One decoding call, checked: `buffer` and `prompt_mask` `(rows, total)` hold the prompts
     right-padded and room for `max_new_tokens` (rows repeated where a prompt is sampled several times),
     `lengths` each prompt's length (all NumPy); a row ends after a token of `stop_token_ids`, or after
-    its own `row_max_new_tokens` where given (each at most `max_new_tokens`, the buffer's room), and is
-    then filled with `pad_token_id`."""
+    `max_new_tokens`, and is then filled with `pad_token_id`."""
 
     buffer: np.ndarray
     prompt_mask: np.ndarray
@@ -54,7 +53,6 @@ class Request:
     controls: LogitsControls = NO_CONTROLS
     seed: int | None = None
     return_scores: bool = False
-    row_max_new_tokens: np.ndarray | None = None
 
     @classmethod
     def of_prompts(cls, token_ids, padding_mask, vocabulary_size: int, strategy: Strategy, **settings) -> Request:
@@ -86,9 +84,7 @@ class Request:
             ops.convert_to_tensor(self.buffer),
             ops.convert_to_tensor(self.prompt_mask),
             ops.convert_to_tensor(self.lengths),
-            ops.convert_to_tensor(
-                self.max_new_tokens if self.row_max_new_tokens is None else self.row_max_new_tokens, "int32"
-            ),
+            ops.convert_to_tensor(self.max_new_tokens, "int32"),
             ops.convert_to_tensor(stops.astype("int32")),
             ops.convert_to_tensor(self.pad_token_id, "int32"),
             ops.convert_to_tensor(row_seeds(self.seed, self.buffer.shape[0])),

@@ -39,7 +39,7 @@ class Job:
         return self.config.max_new_tokens
 
 
-def _number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
+def _field_number(body: dict, name: str, default, low: float, high: float, integer: bool = False):
     value = body.get(name, default)
     if value is None:
         return default
@@ -79,7 +79,7 @@ def _setting(body: dict, name: str, default):
     """A request's value of the `GenerationConfig` field `name`, of the field's type (and in OpenAI's
     range, where it sets one)."""
     integer = isinstance(GenerationConfig.fields()[name].default, int)
-    value = _number(body, name, default, *OPENAI_RANGES.get(name, (-math.inf, math.inf)), integer=integer)
+    value = _field_number(body, name, default, *OPENAI_RANGES.get(name, (-math.inf, math.inf)), integer=integer)
     return value if integer else float(value)
 
 
@@ -100,7 +100,9 @@ class Defaults:
         if config.get("do_sample") is False:
             picked["temperature"] = 0.0
         # checked as a request's
-        length = _number({"max_tokens": config.get("max_new_tokens") or max_tokens}, "max_tokens", None, 1, 2**31, True)
+        length = _field_number(
+            {"max_tokens": config.get("max_new_tokens") or max_tokens}, "max_tokens", None, 1, 2**31, True
+        )
         picked = {name: _setting(picked, name, value) for name, value in picked.items()}
         return cls(length, _config(**{"temperature": 1.0, **picked}))
 
@@ -128,9 +130,9 @@ def parse_job(
         )
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     limit = min(room, max_tokens_limit)
-    max_tokens = _number(body, name, min(limit, defaults.max_tokens), 1, limit, integer=True)
+    max_tokens = _field_number(body, name, min(limit, defaults.max_tokens), 1, limit, integer=True)
     for unsupported in ("frequency_penalty", "presence_penalty"):
-        if _number(body, unsupported, 0.0, -2.0, 2.0) != 0:
+        if _field_number(body, unsupported, 0.0, -2.0, 2.0) != 0:
             raise RequestError(
                 f"`{unsupported}` is not supported; use `repetition_penalty` (> 1 discourages repeats).", unsupported
             )
@@ -138,13 +140,13 @@ def parse_job(
     if not isinstance(stream, bool):
         raise RequestError(f"`stream` must be true or false; received {stream!r}.", "stream")
     sampling = {name: _setting(body, name, getattr(defaults.config, name)) for name in sampling_fields()}
-    sampling["seed"] = _number(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
+    sampling["seed"] = _field_number(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
     if sampling["top_p"] == 0:  # no token left to sample from but the likeliest
         sampling.update(temperature=0.0, top_p=1.0)
     job = Job(
         prompt=prompt_ids,
         config=_config(max_new_tokens=max_tokens, **sampling),
-        n=_number(body, "n", 1, 1, 16, integer=True),
+        n=_field_number(body, "n", 1, 1, 16, integer=True),
         stop=_stop(body),
         stream=stream,
         chat=chat,

@@ -20,7 +20,7 @@ import time
 import keras
 import numpy as np
 
-from keras_tfm.compat import build_before_distributed_fit
+from keras_tfm.compat import build_before_distributed_fit, optimizer_averages_kept_apart
 from keras_tfm.data.shards import tokenizer_digest
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models import lora
@@ -288,7 +288,7 @@ def fit(
     for index, (first, last, step) in enumerate(parts):
         saving.start(first, step)
         final = index == len(parts) - 1
-        with contextlib.nullcontext() if final else _averages_kept_apart(model.optimizer):
+        with contextlib.nullcontext() if final else optimizer_averages_kept_apart(model.optimizer):
             _fit_or_report_lost(
                 model,
                 config,
@@ -338,17 +338,6 @@ def _resume(model, manager: CheckpointManager, settings: dict, steps_per_epoch: 
         log(f"Resuming from {manager.state_path}: {initial_epoch} epochs{steps} done, optimizer step {iterations}.")
         truncate_log(csv_path, initial_epoch)
     return initial_epoch, initial_step
-
-
-@contextlib.contextmanager
-def _averages_kept_apart(optimizer):
-    """`fit` ends by writing the optimizer's moving averages (`ema`) over the weights; a run fitted in two
-    parts must go on training the raw weights after the first."""
-    optimizer.finalize_variable_values = lambda variables: None
-    try:
-        yield
-    finally:
-        del optimizer.finalize_variable_values
 
 
 def _batches(train_batch, first: int, last: int, step: int, steps_per_epoch: int):

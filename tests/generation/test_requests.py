@@ -6,7 +6,7 @@ import pytest
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation import prompts
-from keras_tfm.generation.orchestration import finish, generated_end
+from keras_tfm.generation.orchestration import finish
 from keras_tfm.generation.request import Request, Strategy
 from keras_tfm.generation.sampling import Sampler
 
@@ -32,16 +32,14 @@ def test_finish_decodes_each_row_up_to_its_stop_token():
         [[5, 6], [7]], None, 10, Strategy(), max_new_tokens=3, stop_token_ids=np.array([2]), pad_token_id=0
     )
     output = np.array([[5, 6, 9, 2, 0], [7, 3, 4, 8, 0]])
-    assert generated_end(output[0], 2, 3, request.stop_token_ids) == 4
-    assert generated_end(output[1], 1, 3, request.stop_token_ids) == 4  # all new tokens, no stop
     texts = finish(request, output, ["a", "b"], lambda ids: ",".join(map(str, ids)))
-    assert texts == ["5,6,9,2", "7,3,4,8"]
+    assert texts == ["5,6,9,2", "7,3,4,8"]  # up to and with the stop; all 3 new tokens without one
     assert finish(request, output, None, str) is output  # ids stay ids
 
 
 @pytest.mark.parametrize("stops", [[[1, 2]], 1.5, "3", [1, "3"], [True]])
 def test_stop_ids_are_one_id_or_a_flat_list(stops):
-    with pytest.raises(InputError, match="stop_token_ids: expected a token id or a flat list") as info:
+    with pytest.raises(InputError, match="`stop_token_ids` must be a token id or a flat list") as info:
         prompts.stop_ids(stops, 10)
     assert info.value.argument == "stop_token_ids"
     np.testing.assert_array_equal(prompts.stop_ids([2, 7], 10), [2, 7])
