@@ -42,6 +42,7 @@ __all__ = [
     "optimizer_averages_kept_apart",
     "patch_tf2onnx",
     "set_keras_mask",
+    "saved_model_weights_once",
     "sublayers",
     "track_variables_again",
     "variables_made_as_zeros",
@@ -345,3 +346,12 @@ def optimizer_averages_kept_apart(optimizer: keras.optimizers.Optimizer):
         yield
     finally:
         del optimizer.finalize_variable_values
+
+
+def saved_model_weights_once(archive) -> None:
+    """On TensorFlow, a Keras `ExportArchive` tracks Keras' variable wrappers and, apart, the tf.Variables
+    its endpoints read: the SavedModel would hold every weight twice. Tracking the tf.Variables alone
+    (in the archive's private `_tf_trackable`, Keras 3.15) writes each once."""
+    trackable = archive._tf_trackable
+    for name in ("variables", "trainable_variables", "non_trainable_variables"):
+        setattr(trackable, name, [variable.value for variable in getattr(trackable, name)])

@@ -260,3 +260,24 @@ def test_optimizer_averages_kept_apart_leave_weights_raw():
     raw = fitted(use_ema=False, kept_apart=False)
     np.testing.assert_allclose(fitted(use_ema=True, kept_apart=True), raw, rtol=1e-6)
     assert not np.allclose(fitted(use_ema=True, kept_apart=False), raw, rtol=1e-3)
+
+
+def test_a_saved_model_holds_each_weight_once_with_the_shim(tmp_path):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the shim is TensorFlow's (JAX's archive holds its own arrays)")
+    import tensorflow as tf
+    from keras.export import ExportArchive
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(20_000)])  # 240 kB of kernel
+    sizes = []
+    for shim in (False, True):
+        archive = ExportArchive()
+        archive.track_and_add_endpoint("serve", model, [keras.InputSpec(shape=(None, 3), dtype="float32")])
+        if shim:
+            compat.saved_model_weights_once(archive)
+        archive.write_out(str(tmp_path / str(shim)), verbose=False)
+        loaded = tf.saved_model.load(str(tmp_path / str(shim)))
+        data = (tmp_path / str(shim) / "variables").glob("variables.data-*")
+        sizes.append(round(sum(path.stat().st_size for path in data) / 240_000))  # in kernels
+        np.testing.assert_allclose(loaded.serve(np.ones((1, 3), "float32")), model(np.ones((1, 3))), rtol=1e-6)
+    assert sizes[0] >= 2 and sizes[1] == 1, f"the SavedModel's weights without and with the shim, in kernels: {sizes}"

@@ -11,9 +11,10 @@ import keras
 
 from keras_tfm.compat import BuildBeforeQuantizeCheck, int8_products_are_fast, sublayers
 from keras_tfm.errors import InputError
+from keras_tfm.export import formats
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
-from keras_tfm.models import exporting, lora
+from keras_tfm.models import lora
 from keras_tfm.models.inputs import check_data, check_ids, check_not_empty, check_weights_file
 
 
@@ -326,10 +327,20 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         """Keras' `export`: a TensorFlow SavedModel (default), `format="litert"` (a `.tflite` file) or
         `format="onnx"`, serving `input_signature`, by default the model's own inputs of any batch
         size and length (`_export_signature`): int32 ids, or a ViT's float images. A backend that cannot
-        write a format is refused by name before anything is traced (`models.exporting.CANNOT`);
+        write a format is refused by name before anything is traced (`export.formats.CANNOT`);
         LiteRT and ONNX are written from TensorFlow, SavedModels from TensorFlow or JAX (the Deploy
         guide shows each artifact run in its runtime)."""
-        exporting.export(self, filepath, format, verbose, input_signature, **kwargs)
+        self._write_export(filepath, format, verbose, input_signature, (), **kwargs)
+
+    def _write_export(self, filepath, format: str, verbose, input_signature, endpoints: tuple, **kwargs) -> None:
+        """`export.formats.write` of this model, built, serving `input_signature` (None: its own) and
+        `endpoints` (a SavedModel's more functions)."""
+        formats.check_format(format, f"{type(self).__name__}.export")
+        self._build_on_demand()
+        own = input_signature is None
+        shapes = self._export_shapes() if own and hasattr(self, "_export_shapes") else None
+        signature = self._export_signature() if own else input_signature
+        formats.write(self, filepath, format, verbose, signature, endpoints, shapes, **kwargs)
 
     @property
     def _default_save_signature(self):

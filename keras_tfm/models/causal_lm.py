@@ -11,14 +11,15 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation import compiled, exported, orchestration, prompts, sliding
+from keras_tfm.export import decoding, formats
+from keras_tfm.export.formats import Endpoint
+from keras_tfm.generation import compiled, orchestration, prompts, sliding
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.request import Request, check_return_scores
 from keras_tfm.generation.sampling import check_pad_id
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.initializers import own_initializer
-from keras_tfm.models import exporting
 from keras_tfm.models.base import ZooModel
 
 
@@ -304,8 +305,8 @@ class CausalLM(ZooModel):
         owner = f"{type(self).__name__}.export"
         settings = {name: kwargs.pop(name) for name in list(kwargs) if name in GenerationConfig.fields()}
         given = dict(settings, config=config)
-        exporting.check_decoding_settings(format, owner, **given)
-        exporting.check_format(format, owner)
+        formats.check_decoding_settings(format, owner, **given)
+        formats.check_format(format, owner)
         step = None if cache_length is None else self._cached_step(owner, cache_length)
         if step is not None and format != "tf_saved_model":
             if input_signature is not None or kwargs:
@@ -316,14 +317,14 @@ class CausalLM(ZooModel):
                     given,
                     caller=owner,
                 )
-            return exporting.export_function(self, filepath, format, step, verbose)
+            return formats.write_function(self, filepath, format, step, verbose)
         endpoints = () if step is None else (step,)
         if format == "tf_saved_model":
             endpoints = (*endpoints, self._generate_endpoint(owner, config, settings))
-        exporting.export(self, filepath, format, verbose, input_signature, endpoints, **kwargs)
+        self._write_export(filepath, format, verbose, input_signature, endpoints, **kwargs)
 
-    def _generate_endpoint(self, owner: str, config: GenerationConfig | None, settings: dict) -> exporting.Endpoint:
-        """The SavedModel's `generate` endpoint: `exported.decode_tensors` with the export's settings."""
+    def _generate_endpoint(self, owner: str, config: GenerationConfig | None, settings: dict) -> Endpoint:
+        """The SavedModel's `generate` endpoint with the export's settings, checked."""
         if config is None and settings.get("max_new_tokens") is None:
             settings["max_new_tokens"] = min(128, self.max_length - 1)
         config = GenerationConfig.of(config, owner, **settings)
@@ -331,27 +332,11 @@ class CausalLM(ZooModel):
             if getattr(config, name) != GenerationConfig.fields()[name].default:
                 raise InputError(f"is not exported (greedy decoding and sampling are); received {name}.", name, owner)
         self._check_fits(owner, 1 + config.max_new_tokens, config.max_new_tokens)
-        sampler = exported.SortingSampler(config.temperature, config.top_k, config.top_p, config.min_p)
         stops, pad = self.stop_ids(config.stop_token_ids).tolist(), self._pad_id(config.pad_token_id)
-        room = config.max_new_tokens
+        return decoding.generate_endpoint(self, config.sampler, stops, pad, config.max_new_tokens)
 
-        def generate(token_ids, lengths, max_new_tokens, seed):  # the names are the signature's
-            return exported.decode_tensors(self, token_ids, lengths, max_new_tokens, seed, room, sampler, stops, pad)
-
-        signature = [
-            keras.InputSpec(shape=shape, dtype="int32", name=name)
-            for name, shape in (
-                ("token_ids", (None, None)),
-                ("lengths", (None,)),
-                ("max_new_tokens", ()),
-                ("seed", ()),
-            )
-        ]
-        return exporting.Endpoint("generate", generate, signature)
-
-    def _cached_step(self, owner: str, cache_length) -> exporting.Endpoint:
-        """The `decode` endpoint of `export(..., cache_length=)`: `exported.cached_step` over a cache of
-        `cache_length` positions."""
+    def _cached_step(self, owner: str, cache_length) -> Endpoint:
+        """The `decode` endpoint of `export(..., cache_length=)`, its length checked."""
         if not is_integer(cache_length) or not 1 <= cache_length <= self.max_length:
             raise InputError(
                 f"must be an integer in [1, max_length={self.max_length}]; received {cache_length!r}.",
@@ -359,24 +344,7 @@ class CausalLM(ZooModel):
                 caller=owner,
             )
         self._build_on_demand()
-        attention = self.blocks[0].self_attention
-        shape = (len(self.blocks), None, 2, attention.num_key_value_heads, cache_length, attention.key_dim)
-
-        def decode(token_ids, position, cache):  # the names are the signature's
-            return exported.cached_step(self, token_ids, position, cache)
-
-        signature = [
-            keras.InputSpec(shape=(None, None), dtype="int32", name="token_ids"),
-            keras.InputSpec(shape=(), dtype="int32", name="position"),
-            keras.InputSpec(shape=shape, dtype=self.compute_dtype, name="cache"),
-        ]
-        cache_shape = ", ".join("batch" if size is None else str(size) for size in shape)
-        symbolic = {
-            "polymorphic_shapes": ["(batch, length)", "()", f"({cache_shape})"],
-            "polymorphic_constraints": [f"length <= {cache_length}"],
-            "with_gradient": False,  # an inference step: no gradient to trace (it would lose the constraint)
-        }
-        return exporting.Endpoint("decode", decode, signature, symbolic)
+        return decoding.cached_step_endpoint(self, cache_length)
 
     def chat(
         self,

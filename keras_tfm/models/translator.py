@@ -19,10 +19,10 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation import compiled, exported, orchestration, prompts
+from keras_tfm.export import decoding, formats
+from keras_tfm.generation import compiled, orchestration, prompts
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.request import Request
-from keras_tfm.generation.sampling import Sampler
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -31,7 +31,6 @@ from keras_tfm.layers import (
     TokenEmbedding,
 )
 from keras_tfm.layers.arguments import check_arguments
-from keras_tfm.models import exporting
 from keras_tfm.models.base import ZooModel
 
 
@@ -394,8 +393,8 @@ class Translator(ZooModel):
                 None (default): 64, or the model's `max_length - 1` where that is less.
         """
         owner = "Translator.export"
-        exporting.check_decoding_settings(format, owner, max_length=max_length)
-        exporting.check_format(format, owner)
+        formats.check_decoding_settings(format, owner, max_length=max_length)
+        formats.check_format(format, owner)
         endpoints = ()
         if format == "tf_saved_model":
             max_length = min(64, self.max_length - 1) if max_length is None else max_length
@@ -407,19 +406,8 @@ class Translator(ZooModel):
                     caller=owner,
                 )
 
-            def translate(source_ids):
-                rows = ops.shape(source_ids)[0]
-                starts = ops.full((rows, 1), self.start_token_id, "int32")
-                stops, pad = [self.end_token_id], self.pad_token_id
-                inputs = (ops.cast(source_ids, "int32"),)
-                out = exported.decode_tensors(
-                    self, starts, ops.ones((rows,), "int32"), max_length, 0, max_length, Sampler(), stops, pad, inputs
-                )
-                return {"token_ids": out["token_ids"][:, 1:], "lengths": out["lengths"] - 1}
-
-            signature = [keras.InputSpec(shape=(None, None), dtype="int32", name="source_ids")]
-            endpoints = (exporting.Endpoint("translate", translate, signature),)
-        exporting.export(self, filepath, format, verbose, input_signature, endpoints, **kwargs)
+            endpoints = (decoding.translate_endpoint(self, max_length),)
+        self._write_export(filepath, format, verbose, input_signature, endpoints, **kwargs)
 
     def _encode_sources(self, owner: str, texts) -> list[list[int]]:
         if self.tokenizer is None:

@@ -1,7 +1,7 @@
-"""`model.export` for every zoo model: Keras' formats (a TensorFlow SavedModel, LiteRT, ONNX) with the
-model's own input signature, refused by name before anything is traced where a backend cannot write a
-format; a SavedModel of a model that decodes also holds its decoding loop (a `generate` or `translate`
-endpoint, `generation.exported`)."""
+"""The formats `model.export` writes: Keras' (a TensorFlow SavedModel, LiteRT, ONNX), refused by name
+before anything is traced where a backend cannot write one or a package is missing; a SavedModel also
+serves the model's endpoints (a decoding loop, `export.decoding`), and a LiteRT or ONNX file may hold one
+endpoint alone (a causal LM's cached step)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import NamedTuple
 
 import keras
 
+from keras_tfm import compat
 from keras_tfm.errors import InputError
+from keras_tfm.export import onnx_ops
 
 # Each format and what the backends that cannot write it lack (checked with every family at dynamic
 # batch and length, each artifact run in its own runtime).
@@ -41,17 +43,12 @@ class Endpoint(NamedTuple):
     jax2tf_kwargs: dict | None = None
 
 
-def export(model, filepath, format: str, verbose, input_signature, endpoints: tuple = (), **kwargs) -> None:
-    """Writes `model` in `format` serving `input_signature` (default: the model's own inputs); a
-    SavedModel also serves each of `endpoints`."""
-    owner = f"{type(model).__name__}.export"
-    check_format(format, owner)
-    model._build_on_demand()
-    own_signature = input_signature is None
-    if own_signature:
-        input_signature = model._export_signature()
+def write(model, filepath, format: str, verbose, input_signature, endpoints: tuple = (), jax_shapes=None, **kwargs):
+    """Writes built `model` in `format` serving `input_signature`; a SavedModel also serves each of
+    `endpoints`. `jax_shapes`: the signature's symbolic shapes on JAX (`jax2tf_kwargs`), unless given."""
+    check_format(format, f"{type(model).__name__}.export")
     if format == "onnx":
-        _teach_tf2onnx()
+        onnx_ops.teach_tf2onnx()
     if format != "tf_saved_model":
         keras.Model.export(
             model, filepath, format=format, verbose=bool(verbose), input_signature=input_signature, **kwargs
@@ -60,23 +57,14 @@ def export(model, filepath, format: str, verbose, input_signature, endpoints: tu
         return
     from keras.export import ExportArchive
 
-    if (
-        keras.backend.backend() == "jax"
-        and own_signature
-        and hasattr(model, "_export_shapes")
-        and "jax2tf_kwargs" not in kwargs
-    ):
-        kwargs["jax2tf_kwargs"] = model._export_shapes()  # inputs that share their batch and length
+    if keras.backend.backend() == "jax" and jax_shapes is not None and "jax2tf_kwargs" not in kwargs:
+        kwargs["jax2tf_kwargs"] = jax_shapes  # inputs that share their batch and length
     archive = ExportArchive()
     archive.track_and_add_endpoint("serve", model, input_signature, **kwargs)
     for endpoint in endpoints:
         _add_endpoint(archive, endpoint)
     if keras.backend.backend() == "tensorflow":
-        # Keras tracks its variable wrappers and, apart, the tf.Variables the endpoints read: TensorFlow
-        # would write every weight twice. Tracking the tf.Variables alone writes each once.
-        trackable = archive._tf_trackable
-        for name in ("variables", "trainable_variables", "non_trainable_variables"):
-            setattr(trackable, name, [variable.value for variable in getattr(trackable, name)])
+        compat.saved_model_weights_once(archive)
     archive.write_out(filepath, verbose=bool(verbose))  # True: Keras' listing of every endpoint's specs
     _say_written(format, filepath, ["serve", *(endpoint.name for endpoint in endpoints)], verbose)
 
@@ -88,7 +76,7 @@ def _say_written(format: str, filepath, endpoints: list[str], verbose) -> None:
         print(f"Saved {kind} ({', '.join(endpoints)}) to {filepath}")
 
 
-def export_function(model, filepath, format: str, endpoint: Endpoint, verbose) -> None:
+def write_function(model, filepath, format: str, endpoint: Endpoint, verbose) -> None:
     """Writes `endpoint` alone as a LiteRT model (one signature, named as the endpoint) or an ONNX graph,
     from TensorFlow: what a model exports in place of its forward pass (a causal LM's cached step)."""
     import tensorflow as tf
@@ -99,10 +87,8 @@ def export_function(model, filepath, format: str, endpoint: Endpoint, verbose) -
     if format == "onnx":
         import tf2onnx
 
-        from keras_tfm.compat import patch_tf2onnx
-
-        patch_tf2onnx()
-        _teach_tf2onnx()
+        compat.patch_tf2onnx()
+        onnx_ops.teach_tf2onnx()
         tf2onnx.convert.from_function(function, specs, output_path=str(filepath))
         _say_written(format, filepath, [endpoint.name], verbose)
         return
@@ -177,64 +163,3 @@ def check_format(format: str, owner: str) -> None:
             "format",
             caller=owner,
         )
-
-
-def _teach_tf2onnx() -> None:
-    """What tf2onnx lacks (once per process): `Erfc` (TensorFlow's exact GELU, `0.5 * x * erfc(-x /
-    sqrt(2))`), written as `1 - Erf(x)`; and `XlaDynamicUpdateSlice` (Keras' `slice_update` on
-    TensorFlow: a decoding step's cache write), written as a `ScatterND`."""
-    from tf2onnx.handler import tf_op
-
-    if any("Erfc" in handlers for handlers in tf_op.get_opsets().get("", [])):
-        return
-    tf_op("Erfc")(_Erfc)
-    tf_op("XlaDynamicUpdateSlice")(_DynamicUpdateSlice)
-
-
-class _Erfc:
-    @classmethod
-    def version_9(cls, ctx, node, **kwargs):
-        import numpy as np
-        from tf2onnx import utils
-
-        dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
-        one = ctx.make_const(utils.make_name("one"), np.array(1, dtype))
-        erf = ctx.make_node("Erf", [node.input[0]], op_name_scope=node.name)
-        shapes, dtypes = node.output_shapes, node.output_dtypes
-        ctx.remove_node(node.name)
-        ctx.make_node("Sub", [one.output[0], erf.output[0]], outputs=[node.output[0]], shapes=shapes, dtypes=dtypes)
-
-
-class _DynamicUpdateSlice:
-    """`update` written into `data` from `starts` (clamped so that it fits, as XLA does): a `ScatterND`
-    whose indices are every position of the update, offset by the starts."""
-
-    @classmethod
-    def version_11(cls, ctx, node, **kwargs):
-        import numpy as np
-        from onnx import TensorProto
-        from tf2onnx import utils
-
-        data, update, starts = node.input
-        rank = ctx.get_rank(update)
-
-        def const(value):
-            return ctx.make_const(utils.make_name("const"), np.array(value, np.int64)).output[0]
-
-        def op(kind, inputs, **attributes):
-            return ctx.make_node(kind, inputs, attr=attributes, op_name_scope=node.name).output[0]
-
-        shape = op("Shape", [update])
-        room = op("Sub", [op("Shape", [data]), shape])
-        starts = op("Min", [op("Max", [op("Cast", [starts], to=TensorProto.INT64), const([0] * rank)]), room])
-        with_one = op("Concat", [shape, const([1])], axis=0)
-        coordinates = []
-        for axis in range(rank):
-            start = op("Gather", [starts, const(axis)])
-            line = op("Range", [start, op("Add", [start, op("Gather", [shape, const(axis)])]), const(1)])
-            line = op("Reshape", [line, const([-1 if i == axis else 1 for i in range(rank)])])
-            coordinates.append(op("Reshape", [op("Expand", [line, shape]), with_one]))
-        indices = op("Concat", coordinates, axis=rank)
-        shapes, dtypes = node.output_shapes, node.output_dtypes
-        ctx.remove_node(node.name)
-        ctx.make_node("ScatterND", [data, indices, update], outputs=[node.output[0]], shapes=shapes, dtypes=dtypes)

@@ -1,15 +1,17 @@
 """Decoding as traced functions of tensors, so that an exported model decodes without Python Keras.
 
 `decode_tensors` is the whole loop: what a SavedModel's `generate` (a causal LM) or `translate` (a
-translator) endpoint runs in TensorFlow's loader or TensorFlow Serving. The loop is `decoding.decode`,
+translator) endpoint (`generate_endpoint`, `translate_endpoint`) runs in TensorFlow's loader or TensorFlow Serving. The loop is `decoding.decode`,
 as `generate` runs it; every size but the room for new tokens (`room`, fixed at export) is a traced
 value: any batch, any prompt length. `cached_step` is one step over a key/value cache that the caller
 holds: what a LiteRT or ONNX model exports, whose runtime has no loop of ours."""
 
 from __future__ import annotations
 
+import keras
 from keras import ops
 
+from keras_tfm.export.formats import Endpoint
 from keras_tfm.generation.decoding import Batch, Decoder, decode
 from keras_tfm.generation.sampling import Sampler, traced_row_seeds
 
@@ -88,3 +90,57 @@ def cached_step(model, token_ids, position, cache) -> dict:
         ops.zeros_like(fits), fits
     )  # 0 / 1 = 0, 0 / 0 = NaN (a `where` came out NaN everywhere through tf2onnx)
     return {"logits": logits, "updated_cache": ops.stack(layers, axis=0)}
+
+
+def generate_endpoint(model, sampler: Sampler, stop_token_ids: list[int], pad_token_id: int, room: int) -> Endpoint:
+    """A causal LM's `generate` endpoint: `decode_tensors` with the export's settings fixed, up to
+    `room` new tokens."""
+    sampler = SortingSampler(sampler.temperature, sampler.top_k, sampler.top_p, sampler.min_p)
+
+    def generate(token_ids, lengths, max_new_tokens, seed):  # the names are the signature's
+        return decode_tensors(
+            model, token_ids, lengths, max_new_tokens, seed, room, sampler, stop_token_ids, pad_token_id
+        )
+
+    signature = [
+        keras.InputSpec(shape=shape, dtype="int32", name=name)
+        for name, shape in (("token_ids", (None, None)), ("lengths", (None,)), ("max_new_tokens", ()), ("seed", ()))
+    ]
+    return Endpoint("generate", generate, signature)
+
+
+def cached_step_endpoint(model, cache_length: int) -> Endpoint:
+    """A built causal LM's `decode` endpoint: `cached_step` over a cache of `cache_length` positions."""
+    attention = model.blocks[0].self_attention
+    shape = (len(model.blocks), None, 2, attention.num_key_value_heads, cache_length, attention.key_dim)
+
+    def decode(token_ids, position, cache):  # the names are the signature's
+        return cached_step(model, token_ids, position, cache)
+
+    signature = [
+        keras.InputSpec(shape=(None, None), dtype="int32", name="token_ids"),
+        keras.InputSpec(shape=(), dtype="int32", name="position"),
+        keras.InputSpec(shape=shape, dtype=model.compute_dtype, name="cache"),
+    ]
+    cache_shape = ", ".join("batch" if size is None else str(size) for size in shape)
+    symbolic = {
+        "polymorphic_shapes": ["(batch, length)", "()", f"({cache_shape})"],
+        "polymorphic_constraints": [f"length <= {cache_length}"],
+        "with_gradient": False,  # an inference step: no gradient to trace (it would lose the constraint)
+    }
+    return Endpoint("decode", decode, signature, symbolic)
+
+
+def translate_endpoint(model, max_length: int) -> Endpoint:
+    """A translator's `translate` endpoint: greedy translations of up to `max_length` tokens."""
+
+    def translate(source_ids):  # the name is the signature's
+        rows = ops.shape(source_ids)[0]
+        starts = ops.full((rows, 1), model.start_token_id, "int32")
+        stops, pad, inputs = [model.end_token_id], model.pad_token_id, (ops.cast(source_ids, "int32"),)
+        out = decode_tensors(
+            model, starts, ops.ones((rows,), "int32"), max_length, 0, max_length, Sampler(), stops, pad, inputs
+        )
+        return {"token_ids": out["token_ids"][:, 1:], "lengths": out["lengths"] - 1}
+
+    return Endpoint("translate", translate, [keras.InputSpec(shape=(None, None), dtype="int32", name="source_ids")])
