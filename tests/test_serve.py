@@ -99,6 +99,15 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
         drawn = client.completions.create(model="tiny", prompt="to be", max_tokens=10, n=2, extra_body=extra, **warps)
         expected = model.generate("to be", max_new_tokens=10, num_return_sequences=2, **extra, **warps)
         assert [choice.text for choice in drawn.choices] == [text[len("to be") :] for text in expected]
+        # logit_bias: a banned token never comes, and the bias shifts the draw as `generate`'s does
+        first = model.tokenizer.encode(expected[0][len("to be") :])[0]
+        bias = {int(first): -100, int(model.tokenizer.encode(" ")[0]): 3.0}
+        biased = client.completions.create(
+            model="tiny", prompt="to be", max_tokens=10, n=2, logit_bias={str(k): v for k, v in bias.items()}, **warps
+        )
+        expected = model.generate("to be", max_new_tokens=10, num_return_sequences=2, logit_bias=bias, **warps)
+        assert [choice.text for choice in biased.choices] == [text[len("to be") :] for text in expected]
+        assert all(first not in model.tokenizer.encode(choice.text) for choice in biased.choices)
         two = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, n=2)
         assert len(two.choices) == 2 and two.usage.completion_tokens == 20
 
@@ -227,6 +236,24 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
         assert "frequency_penalty" in post(
             chat, {"messages": MESSAGES, "frequency_penalty": 1}, 400, "frequency_penalty"
         )
+        # nothing silently ignored: an unknown field, or a feature not supported yet, is refused by name;
+        # a feature's "off" value and OpenAI's bookkeeping fields are accepted
+        assert "unrecognized request argument supplied: temprature" in post(
+            chat, {"messages": MESSAGES, "temprature": 0.5}, 400, "temprature"
+        )
+        for field, value in (("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"})):
+            assert f"`{field}` is not supported by this server yet" in post(
+                chat, {"messages": MESSAGES, field: value}, 400, field
+            )
+        assert "`echo`" in post("/v1/completions", {"prompt": "to", "echo": True}, 400, "echo")
+        assert "`logit_bias` keys must be token ids in [0, " in post(
+            chat, {"messages": MESSAGES, "logit_bias": {"99999": 5}}, 400, "logit_bias"
+        )
+        assert "[-100.0, 100.0]" in post(chat, {"messages": MESSAGES, "logit_bias": {"3": 101}}, 400, "logit_bias")
+        off = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logprobs": False}
+        quiet = {"user": "u1", "store": False, "metadata": {"a": "b"}, "max_tokens": 2, **off}
+        answered = httpx.post(server.url + chat, json={"messages": MESSAGES, **quiet}, headers=headers, timeout=60)
+        assert answered.status_code == 200, answered.text
         assert "larger than 10,000 bytes" in post(chat, {"messages": MESSAGES * 400}, 413)
         assert "API key" in post(chat, {"messages": MESSAGES}, 401, Authorization="Bearer nope")
         # what a hostile web page or a broken client sends: refused in OpenAI's schema, never a 500

@@ -41,6 +41,17 @@ def _ids(v) -> bool:
     return v is None or (flat and all(is_integer(i) and i >= 0 for i in np.asarray(values).tolist()))
 
 
+def _bias(v) -> bool:
+    pairs = list(v.items()) if isinstance(v, dict) else v
+    return v is None or (
+        isinstance(pairs, (list, tuple))
+        and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and is_integer(p[0]) and p[0] >= 0 and is_number(p[1])
+            for p in pairs
+        )
+    )
+
+
 def setting(default, help: str, check: tuple[Callable, str], flag: bool = True):
     """A field: its default, its `help` (the flag's too, where `flag`), and its check `(fits, expected)`."""
     return dataclasses.field(default=default, metadata={"help": help, "check": check, "flag": flag})
@@ -79,6 +90,10 @@ class GenerationConfig:
         1.0, "> 1 discourages tokens already in the sequence", _number(0.0, open_low=True)
     )
     no_repeat_ngram_size: int = setting(0, "n > 0 forbids repeating an n-gram of the sequence", _integer(0))
+    logit_bias: tuple | dict | None = setting(
+        None, "token id -> a number added to its logit before a token is chosen (-100 bans it, 100 forces it)", (_bias, "a mapping of token ids to finite numbers, such as {50256: -100}, or None"),
+        flag=False,
+    )  # fmt: skip
     num_beams: int = setting(1, "> 1 runs beam search (deterministic)", _integer(1))
     length_penalty: float = setting(
         1.0, "beams are ranked by log-probability / length ** this", (is_number, "a finite number")
@@ -96,6 +111,9 @@ class GenerationConfig:
             object.__setattr__(
                 self, "stop_token_ids", tuple(np.asarray(self.stop_token_ids, "int64").reshape(-1).tolist())
             )
+        if self.logit_bias is not None:  # a sorted tuple of (id, float) pairs: hashable, one per id
+            pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+            object.__setattr__(self, "logit_bias", tuple(sorted({int(i): float(b) for i, b in pairs}.items())) or None)
         if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
             raise InputError(
                 f"beam search returns at most its `num_beams`={self.num_beams} beams; received "
@@ -150,7 +168,9 @@ class GenerationConfig:
         """The logits controls of `sampling`."""
         from keras_tfm.generation.sampling import LogitsControls
 
-        return LogitsControls(self.repetition_penalty, self.min_new_tokens, self.no_repeat_ngram_size)
+        return LogitsControls(
+            self.repetition_penalty, self.min_new_tokens, self.no_repeat_ngram_size, self.logit_bias or ()
+        )
 
     @property
     def strategy(self):

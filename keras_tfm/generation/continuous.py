@@ -21,7 +21,6 @@ from keras import ops
 from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.sampling import draw, penalized, warp
-from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 
 class RowSettings(NamedTuple):
@@ -45,16 +44,16 @@ def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tup
 
 class Features(NamedTuple):
     """What a compiled chunk computes, fixed for its function: whether any row samples, cuts to its top-k,
-    a nucleus (`top_p` < 1) or by `min_p`, or penalizes repeats, and whether the host gives a token mask
-    (`masked`: constrained decoding, a chunk of one step). Rows that do not are unchanged by the others'
-    features."""
+    a nucleus (`top_p` < 1) or by `min_p`, or penalizes repeats, and whether the host gives each row a
+    bias over the vocabulary (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as
+    `LARGE_NEGATIVE` biases in chunks of one step). Rows that do not are unchanged by the others' features."""
 
     sampling: bool = False
     top_k: bool = False
     nucleus: bool = False
     min_p: bool = False
     penalty: bool = False
-    masked: bool = False
+    biased: bool = False
 
 
 def features_of(settings: RowSettings) -> Features:
@@ -69,14 +68,14 @@ def features_of(settings: RowSettings) -> Features:
     )
 
 
-def choose_rows(logits, seen, settings: RowSettings, positions, features: Features, allowed=None):
+def choose_rows(logits, seen, settings: RowSettings, positions, features: Features, bias=None):
     """Each row's next token from its `logits` `(rows, vocabulary)` by the one chooser of `sampling` with
-    the row's own settings: only the tokens `allowed` `(rows, vocabulary)` by the host (with
-    `features.masked`), the repetition penalty on the tokens `seen`, then greedy (temperature 0) or a
+    the row's own settings, in `generate`'s order: the host's `bias` `(rows, vocabulary)` added (with
+    `features.biased`), the repetition penalty on the tokens `seen`, then greedy (temperature 0) or a
     draw from the warped logits, keyed by the row's seed and position."""
     scores = ops.cast(logits, "float32")
-    if features.masked:
-        scores = ops.where(allowed, scores, LARGE_NEGATIVE)
+    if features.biased:
+        scores = scores + bias
     if features.penalty:
         scores = penalized(scores, seen, ops.expand_dims(settings.repetition_penalty, 1))
     greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
@@ -97,26 +96,26 @@ def choose_rows(logits, seen, settings: RowSettings, positions, features: Featur
 
 
 def decode_chunk(model, features: Features, steps: int):
-    """A compiled `(cache, tokens, positions, seen, settings[, allowed]) -> (cache, seen, generated)`: every
+    """A compiled `(cache, tokens, positions, seen, settings[, bias]) -> (cache, seen, generated)`: every
     row feeds its token at its position, then the token it chose at the next, `steps` times; `generated`
-    `(rows, steps)` holds the chosen tokens (`allowed` `(rows, vocabulary)`, with `features.masked`: the
-    tokens the host allows each row, at every step of the chunk). A row past the cache's end writes its last position again
-    (its request has ended; the host drops what it generated)."""
+    `(rows, steps)` holds the chosen tokens (`bias` `(rows, vocabulary)` float32, with `features.biased`:
+    what the host adds to each row's scores at every step of the chunk). A row past the cache's end
+    writes its last position again (its request has ended; the host drops what it generated)."""
 
-    def step_rows(i, cache, tokens, positions, seen, generated, settings, allowed):
+    def step_rows(i, cache, tokens, positions, seen, generated, settings, bias):
         logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, positions)
-        chosen = choose_rows(logits[:, -1, :], seen, settings, positions, features, allowed)
+        chosen = choose_rows(logits[:, -1, :], seen, settings, positions, features, bias)
         generated = ops.slice_update(generated, (0, i), ops.expand_dims(chosen, 1))
         if features.penalty:
             seen = ops.logical_or(seen, ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32") > 0)
         last = ops.shape(cache[0])[3] - 1
-        return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings, allowed
+        return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings, bias
 
     _, while_loop = compiled.decoding_functions(model.call_with_cache, model)
 
-    def chunk(cache, tokens, positions, seen, settings, allowed=()):
+    def chunk(cache, tokens, positions, seen, settings, bias=()):
         generated = ops.zeros((ops.shape(tokens)[0], steps), "int32")
-        start = (ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, allowed)
+        start = (ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, bias)
         result = while_loop(lambda i, *rest: i < steps, step_rows, start)
         return result[1], result[4], result[5]
 

@@ -58,6 +58,11 @@ class Request:
     def of_prompts(cls, token_ids, padding_mask, vocabulary_size: int, strategy: Strategy, **settings) -> Request:
         """The request of prompts (a list of id lists, or an array with `padding_mask`), checked against
         `vocabulary_size`; `settings`: the other fields."""
+        biased = [i for i, _ in settings.get("controls", NO_CONTROLS).logit_bias if i >= vocabulary_size]
+        if biased:
+            raise InputError(
+                f"must name ids in [0, vocabulary_size={vocabulary_size}); received {biased[0]}.", "logit_bias"
+            )
         buffer, prompt_mask, lengths = prepare_prompts(
             token_ids, padding_mask, settings["max_new_tokens"], settings["pad_token_id"], vocabulary_size
         )

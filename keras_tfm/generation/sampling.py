@@ -181,14 +181,17 @@ class LogitsControls:
         no_repeat_ngram_size: n > 0 forbids a token that would repeat an n-gram already in the
             sequence (prompt included). Each step compares every earlier n-gram: it costs a
             `(rows, length, vocabulary)` comparison per token.
+        logit_bias: `(id, bias)` pairs: each bias is added to its token's score first (OpenAI's
+            `logit_bias`: -100 all but bans a token, 100 all but forces it).
     """
 
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     no_repeat_ngram_size: int = 0
+    logit_bias: tuple = ()
 
     def __post_init__(self):
-        for name in ("repetition_penalty", "min_new_tokens", "no_repeat_ngram_size"):
+        for name in ("repetition_penalty", "min_new_tokens", "no_repeat_ngram_size", "logit_bias"):
             check_setting(name, getattr(self, name))
 
     @property
@@ -229,6 +232,8 @@ class LogitsControls:
         """`scores` `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
         `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`)."""
         scores = ops.cast(scores, "float32")
+        if self.logit_bias:
+            scores = scores + bias_vector(self.logit_bias, scores.shape[-1])[None, :]
         if self.no_repeat_ngram_size:
             scores = ops.where(self.banned_ngrams(buffer, t, scores.shape[-1]), LARGE_NEGATIVE, scores)
         if self.penalizes:
@@ -242,6 +247,12 @@ class LogitsControls:
 
 
 NO_CONTROLS = LogitsControls()
+
+
+def bias_vector(logit_bias, vocabulary_size: int):
+    """`(vocabulary,)` float32: the bias of each token of `logit_bias` (`(id, bias)` pairs), 0 elsewhere."""
+    ids = ops.convert_to_tensor([[i] for i, _ in logit_bias], "int32")
+    return ops.scatter(ids, ops.convert_to_tensor([b for _, b in logit_bias], "float32"), (vocabulary_size,))
 
 
 def check_pad_id(owner: str, pad_token_id, vocabulary_size: int) -> None:

@@ -58,7 +58,12 @@ def create_app(
 
     defaults = _checked_defaults(model, api_key, default_max_tokens)
     engine = Engine(model, max_batch_size, max_queue)
-    settings = dict(context=model.max_length, max_tokens_limit=max_tokens or model.max_length, defaults=defaults)
+    settings = dict(
+        context=model.max_length,
+        max_tokens_limit=max_tokens or model.max_length,
+        defaults=defaults,
+        vocabulary_size=model.decoding_vocabulary_size,
+    )
     hosts = None if allowed_hosts is None else {host.lower() for host in allowed_hosts}
 
     async def handle(request, chat: bool):

@@ -233,7 +233,8 @@ class Engine:
         """One chunk of steps for every row; then each busy row takes its new tokens, and the rows that
         ended are given back."""
         busy = self._busy()
-        features = self._features(busy)
+        bias = self._bias(busy)
+        features = self._features(busy)._replace(biased=bias is not None)
         chunk = self._compiled(
             ("chunk", features, self.chunk_steps), continuous.decode_chunk, features, self.chunk_steps
         )
@@ -246,6 +247,7 @@ class Engine:
             ops.convert_to_tensor(self._positions),
             self._seen,
             settings,
+            *(() if bias is None else (ops.convert_to_tensor(bias),)),
         )
         generated = ops.convert_to_numpy(generated)
         self._tokens = generated[:, -1].astype("int32")
@@ -272,6 +274,17 @@ class Engine:
 
     def _features(self, busy: list[int]) -> continuous.Features:
         return continuous.features_of(continuous.RowSettings(*(setting[busy] for setting in self._settings)))
+
+    def _bias(self, busy: list[int]) -> np.ndarray | None:
+        """`(rows, vocabulary)`: what each row's `logit_bias` adds to its scores; None where no row has one."""
+        biases = {slot: self._slots[slot].ticket.job.config.logit_bias for slot in busy}
+        if not any(biases.values()):
+            return None
+        bias = np.zeros((len(self._slots), self.model.decoding_vocabulary_size), "float32")
+        for slot, pairs in biases.items():
+            for token, value in pairs or ():
+                bias[slot, token] = value
+        return bias
 
     def _decoder(self, job: Job) -> TextDecoder:
         """A row's text decoder; the text of a row no one reads before its end is decoded once, at the end."""

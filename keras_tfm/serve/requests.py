@@ -65,6 +65,63 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+# Every request field the server knows, by what it does. Used: decoding follows it. Kept: it changes no
+# answer (bookkeeping for OpenAI's own service), accepted and left alone. Off only: not supported yet,
+# accepted at the value that asks for nothing (so that a client sending the default still works) and
+# refused by name at any other. Any other field is refused by name, as OpenAI refuses it.
+USED = {
+    "model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "temperature", "top_p",
+    "top_k", "min_p", "repetition_penalty", "logit_bias", "frequency_penalty", "presence_penalty",
+}  # fmt: skip
+USED_BY = {"completions": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
+KEPT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
+OFF_ONLY = {  # field -> the values that ask for nothing
+    "completions": {"echo": (False,), "logprobs": (), "best_of": (1,), "suffix": ("",)},
+    "chat": {
+        "logprobs": (False,), "top_logprobs": (), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+        "function_call": ("none",), "response_format": ({"type": "text"},), "modalities": (["text"],),
+        "audio": (), "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
+    },
+}  # fmt: skip
+
+
+def check_fields(body: dict, chat: bool) -> None:
+    """Refuses, by name, a field the server does not know and a feature it does not support yet."""
+    endpoint = "chat" if chat else "completions"
+    off_only = OFF_ONLY[endpoint]
+    for name, value in body.items():
+        if name in USED or name in USED_BY[endpoint] or name in KEPT:
+            continue
+        if name not in off_only:
+            raise RequestError(f"unrecognized request argument supplied: {name}.", name)
+        if value is not None and value not in off_only[name]:
+            raise RequestError(
+                f"`{name}` is not supported by this server yet; leave it out"
+                + (f" or send {off_only[name][0]!r}" if off_only[name] else "")
+                + f"; received {value!r:.100}.",
+                name,
+            )
+
+
+def _logit_bias(body: dict, vocabulary_size: int) -> dict[int, float] | None:
+    """OpenAI's `logit_bias`: token ids (as strings) to numbers in [-100, 100], ids of the vocabulary."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    if not isinstance(bias, dict) or len(bias) > 300:
+        raise RequestError(
+            f"`logit_bias` must be an object of at most 300 token ids; received {bias!r:.100}.", "logit_bias"
+        )
+    checked = {}
+    for key, value in bias.items():
+        if not key.isdigit() or int(key) >= vocabulary_size:
+            raise RequestError(
+                f"`logit_bias` keys must be token ids in [0, {vocabulary_size}); received {key!r:.40}.", "logit_bias"
+            )
+        checked[int(key)] = _field_number({"logit_bias": value}, "logit_bias", None, -100.0, 100.0)
+    return checked or None
+
+
 # OpenAI's ranges, where its API sets one; the other fields are checked by `GenerationConfig` alone
 OPENAI_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "repetition_penalty": (0.01, 10.0)}
 
@@ -111,10 +168,17 @@ class Defaults:
 
 
 def parse_job(
-    body, prompt_ids: list[int], context: int, max_tokens_limit: int, chat: bool, defaults: Defaults = Defaults()
+    body,
+    prompt_ids: list[int],
+    context: int,
+    max_tokens_limit: int,
+    chat: bool,
+    defaults: Defaults = Defaults(),
+    vocabulary_size: int = 2**31 - 1,
 ) -> Job:
-    """The `Job` of a request body whose prompt encodes to `prompt_ids`, for a model of `context` tokens;
-    the fields it leaves out take `defaults`."""
+    """The `Job` of a request body whose prompt encodes to `prompt_ids`, for a model of `context` tokens
+    and `vocabulary_size` ids; the fields it leaves out take `defaults`."""
+    check_fields(body, chat)
     if not prompt_ids:
         raise RequestError(
             "the prompt encodes to no tokens (an empty prompt, and a tokenizer that adds no start token); "
@@ -141,6 +205,7 @@ def parse_job(
         raise RequestError(f"`stream` must be true or false; received {stream!r}.", "stream")
     sampling = {name: _setting(body, name, getattr(defaults.config, name)) for name in sampling_fields()}
     sampling["seed"] = _field_number(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
+    sampling["logit_bias"] = _logit_bias(body, vocabulary_size)
     if sampling["top_p"] == 0:  # no token left to sample from but the likeliest
         sampling.update(temperature=0.0, top_p=1.0)
     job = Job(

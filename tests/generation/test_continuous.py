@@ -9,6 +9,7 @@ from keras import ops
 import keras_tfm
 from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
+from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
 
@@ -138,9 +139,9 @@ def test_each_row_draws_from_its_own_distribution_and_stream():
     assert np.mean(ops.convert_to_numpy(later) == drawn) < 0.35  # another position, another draw
 
 
-def test_a_host_token_mask_constrains_its_rows_at_each_step(rng):
-    """Constrained decoding's hook: a chunk of one step takes the tokens the host allows each row; a row
-    allowed one token takes it (greedy or sampled), a row allowed every token chooses as without a mask."""
+def test_a_host_bias_constrains_its_rows_at_each_step(rng):
+    """`logit_bias`'s and constrained decoding's hook: a chunk takes a bias per row from the host; a row
+    allowed one token (every other at LARGE_NEGATIVE) takes it, a row of zero bias chooses as without."""
     model = decoder_lm()
     prompts = [rng.integers(0, VOCABULARY, 5).astype("int32") for _ in range(2)]
     filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([np.pad(p, (0, 3)) for p in prompts])))
@@ -153,10 +154,10 @@ def test_a_host_token_mask_constrains_its_rows_at_each_step(rng):
     _, _, expected = free(cache, tokens, positions, seen, row_settings)
     expected = ops.convert_to_numpy(expected)
     only = (expected[0, 0] + 1) % VOCABULARY  # not the token row 0 takes unmasked
-    allowed = np.ones((2, VOCABULARY), bool)
-    allowed[0] = False
-    allowed[0, only] = True
-    masked = continuous.decode_chunk(model, continuous.Features(sampling=True, masked=True), 1)
-    _, _, chosen = masked(cache, tokens, positions, seen, row_settings, ops.convert_to_tensor(allowed))
+    bias = np.zeros((2, VOCABULARY), "float32")
+    bias[0] = LARGE_NEGATIVE
+    bias[0, only] = 0.0
+    biased = continuous.decode_chunk(model, continuous.Features(sampling=True, biased=True), 1)
+    _, _, chosen = biased(cache, tokens, positions, seen, row_settings, ops.convert_to_tensor(bias))
     chosen = ops.convert_to_numpy(chosen)
     assert chosen[0, 0] == only and chosen[1, 0] == expected[1, 0]

@@ -78,6 +78,7 @@ def test_the_settings_object_refuses_bad_values_by_name():
         ("max_new_tokens", 0, "an integer >= 1"),
         ("stop_token_ids", [[1, 2]], r"a token id or a flat list of token ids \(such as 2 or \[2, 32000\]\), or None"),
         ("seed", "x", "an integer, or None"),
+        ("logit_bias", {-1: 5.0}, r"a mapping of token ids to finite numbers, such as \{50256: -100\}, or None"),
     ]:
         with pytest.raises(InputError, match=f"{name}: `{name}` must be {expected}; received"):
             GenerationConfig(**{name: value})
@@ -89,4 +90,19 @@ def test_the_settings_object_refuses_bad_values_by_name():
         GenerationConfig.of(GenerationConfig(), "generate", temperature=float("nan"))
     config = GenerationConfig.of(GenerationConfig(temperature=0.5, seed=1), "generate", top_k=3, seed=None)
     assert (config.temperature, config.top_k, config.seed) == (0.5, 3, 1)  # None overrides nothing
+    assert GenerationConfig(logit_bias={7: 1, 2: -3.5}).logit_bias == ((2, -3.5), (7, 1.0))  # hashable, by id
     np.testing.assert_array_equal(row_seeds(-1, 2), np.array([2**32 - 1, 0x9E3779B9 - 1], np.uint32).astype("int32"))
+
+
+def test_logit_bias_adds_to_the_scores_as_transformers_sequence_bias_does(rng):
+    """transformers' `SequenceBiasLogitsProcessor` with one-token sequences is OpenAI's `logit_bias`."""
+    torch = pytest.importorskip("torch")
+    generation = pytest.importorskip("transformers.generation.logits_process")
+    logits = rng.normal(size=(3, 40)).astype("float32")
+    bias = {4: -100.0, 17: 2.5, 39: 0.75}
+    expected = generation.SequenceBiasLogitsProcessor({(k,): v for k, v in bias.items()})(
+        torch.zeros((3, 1), dtype=torch.long), torch.tensor(logits)
+    )
+    controls = GenerationConfig(logit_bias=bias).controls
+    ours = controls(logits, None, None, None)
+    np.testing.assert_allclose(ops.convert_to_numpy(ours), expected.numpy(), rtol=1e-6)

@@ -229,6 +229,8 @@ def test_bad_generation_arguments():
         model.generate(np.array([[1.5, 2.0]]), max_new_tokens=2)
     with pytest.raises(InputError, match=r"stop_token_ids: must hold ids in \[0, vocabulary_size=40\); received 41"):
         model.generate([[1]], max_new_tokens=2, stop_token_ids=41)
+    with pytest.raises(InputError, match=r"logit_bias: must name ids in \[0, vocabulary_size=40\); received 40"):
+        model.generate([[1]], max_new_tokens=2, logit_bias={3: 1.0, 40: -100})
     # Stop ids are one id or a flat list of them; text and ids are not mixed; a stream has one prompt.
     for stops in ([[1, 2]], 1.5, "3", [1, "3"], [True]):
         with pytest.raises(
