@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from tests.test_cli import chat_model, saved_language_model
@@ -108,6 +109,26 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
         expected = model.generate("to be", max_new_tokens=10, num_return_sequences=2, logit_bias=bias, **warps)
         assert [choice.text for choice in biased.choices] == [text[len("to be") :] for text in expected]
         assert all(first not in model.tokenizer.encode(choice.text) for choice in biased.choices)
+        # logprobs: the model's log-probabilities of each token (greedy: `generate`'s scores) and the
+        # likeliest alternatives, the same streamed or not
+        answer = dict(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+        scored = client.chat.completions.create(**answer)
+        content = scored.choices[0].logprobs.content
+        ids = model.tokenizer.encode(model.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True))
+        _, scores = model.generate([list(ids)], max_new_tokens=6, return_scores=True)
+        np.testing.assert_allclose([entry.logprob for entry in content], scores[0], atol=1e-4)
+        assert "".join(entry.token for entry in content) == scored.choices[0].message.content
+        for entry in content:
+            alternatives = [top.logprob for top in entry.top_logprobs]
+            assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+            assert entry.top_logprobs[0].token == entry.token and abs(alternatives[0] - entry.logprob) < 1e-6
+        streamed = [c for c in client.chat.completions.create(**answer, stream=True) if c.choices]
+        pieces = [entry for c in streamed if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+        assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in content]
+        legacy = client.completions.create(model="tiny", prompt="to be", max_tokens=5, temperature=0, logprobs=2)
+        lists = legacy.choices[0].logprobs
+        assert len(lists.token_logprobs) == 5 and "".join(lists.tokens) == legacy.choices[0].text
+        assert all(len(top) <= 2 for top in lists.top_logprobs) and lists.text_offset[0] == 0
         two = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=1.0, n=2)
         assert len(two.choices) == 2 and two.usage.completion_tokens == 20
 
@@ -246,6 +267,10 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
                 chat, {"messages": MESSAGES, field: value}, 400, field
             )
         assert "`echo`" in post("/v1/completions", {"prompt": "to", "echo": True}, 400, "echo")
+        assert "needs `logprobs` set to true" in post(
+            chat, {"messages": MESSAGES, "top_logprobs": 2}, 400, "top_logprobs"
+        )
+        assert "[0, 5]" in post("/v1/completions", {"prompt": "to", "logprobs": 6}, 400, "logprobs")
         assert "`logit_bias` keys must be token ids in [0, " in post(
             chat, {"messages": MESSAGES, "logit_bias": {"99999": 5}}, 400, "logit_bias"
         )

@@ -46,7 +46,8 @@ class Features(NamedTuple):
     """What a compiled chunk computes, fixed for its function: whether any row samples, cuts to its top-k,
     a nucleus (`top_p` < 1) or by `min_p`, or penalizes repeats, and whether the host gives each row a
     bias over the vocabulary (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as
-    `LARGE_NEGATIVE` biases in chunks of one step). Rows that do not are unchanged by the others' features."""
+    `LARGE_NEGATIVE` biases in chunks of one step), and whether the chunk also returns log-probabilities
+    (`logprobs`: OpenAI's `logprobs`). Rows that do not are unchanged by the others' features."""
 
     sampling: bool = False
     top_k: bool = False
@@ -54,6 +55,7 @@ class Features(NamedTuple):
     min_p: bool = False
     penalty: bool = False
     biased: bool = False
+    logprobs: bool = False
 
 
 def features_of(settings: RowSettings) -> Features:
@@ -95,29 +97,58 @@ def choose_rows(logits, seen, settings: RowSettings, positions, features: Featur
     return ops.where(settings.temperature > 0, draw(warped, settings.seed, positions), greedy)
 
 
-def decode_chunk(model, features: Features, steps: int):
-    """A compiled `(cache, tokens, positions, seen, settings[, bias]) -> (cache, seen, generated)`: every
-    row feeds its token at its position, then the token it chose at the next, `steps` times; `generated`
-    `(rows, steps)` holds the chosen tokens (`bias` `(rows, vocabulary)` float32, with `features.biased`:
-    what the host adds to each row's scores at every step of the chunk). A row past the cache's end
-    writes its last position again (its request has ended; the host drops what it generated)."""
+TOP_LOGPROBS = 20  # the most alternatives a chunk returns per token (OpenAI's `top_logprobs` limit)
 
-    def step_rows(i, cache, tokens, positions, seen, generated, settings, bias):
+
+def logprobs_of(logits, chosen, top: int):
+    """The model's log-probabilities (its raw logits' log-softmax, before any control or warp, as vLLM
+    reports them): of the `chosen` tokens `(rows,)`, and the `top` likeliest tokens with theirs."""
+    log_probabilities = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    picked = ops.take_along_axis(log_probabilities, ops.expand_dims(chosen, 1), axis=1)[:, 0]
+    top_values, top_ids = ops.top_k(log_probabilities, top)
+    return picked, ops.cast(top_ids, "int32"), top_values
+
+
+def decode_chunk(model, features: Features, steps: int):
+    """A compiled `(cache, tokens, positions, seen, settings[, bias]) -> (cache, seen, generated[,
+    logprobs])`: every row feeds its token at its position, then the token it chose at the next, `steps`
+    times; `generated` `(rows, steps)` holds the chosen tokens (`bias` `(rows, vocabulary)` float32, with
+    `features.biased`: what the host adds to each row's scores at every step of the chunk). With
+    `features.logprobs`, `logprobs` is `(chosen (rows, steps), top ids and top log-probabilities (rows,
+    steps, k))` of `logprobs_of`. A row past the cache's end writes its last position again (its request
+    has ended; the host drops what it generated)."""
+    top = min(TOP_LOGPROBS, model.decoding_vocabulary_size)
+
+    def step_rows(i, cache, tokens, positions, seen, generated, settings, bias, logprobs):
         logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, positions)
         chosen = choose_rows(logits[:, -1, :], seen, settings, positions, features, bias)
         generated = ops.slice_update(generated, (0, i), ops.expand_dims(chosen, 1))
+        if features.logprobs:
+            picked, top_ids, top_values = logprobs_of(logits[:, -1, :], chosen, top)
+            logprobs = tuple(
+                ops.slice_update(kept, (0, i, 0)[: len(kept.shape)], ops.expand_dims(new, 1))
+                for kept, new in zip(logprobs, (picked, top_ids, top_values))
+            )
         if features.penalty:
             seen = ops.logical_or(seen, ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32") > 0)
         last = ops.shape(cache[0])[3] - 1
-        return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings, bias
+        return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings, bias, logprobs
 
     _, while_loop = compiled.decoding_functions(model.call_with_cache, model)
 
     def chunk(cache, tokens, positions, seen, settings, bias=()):
-        generated = ops.zeros((ops.shape(tokens)[0], steps), "int32")
-        start = (ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, bias)
+        rows = ops.shape(tokens)[0]
+        generated = ops.zeros((rows, steps), "int32")
+        logprobs = ()
+        if features.logprobs:
+            logprobs = (
+                ops.zeros((rows, steps), "float32"),
+                ops.zeros((rows, steps, top), "int32"),
+                ops.zeros((rows, steps, top), "float32"),
+            )
+        start = (ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, bias, logprobs)
         result = while_loop(lambda i, *rest: i < steps, step_rows, start)
-        return result[1], result[4], result[5]
+        return (result[1], result[4], result[5], *((result[8],) if features.logprobs else ()))
 
     return compiled.compile_function(chunk, model)
 

@@ -75,9 +75,10 @@ def create_app(
         prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat, escape_special_tokens)
         job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
         ticket = engine.submit(job)
+        token_text = _token_texts(model)
         if job.stream:
-            return _stream_response(ticket, model_name, chat, body)
-        return JSONResponse(_completion(await _answer(ticket), job, model_name, chat))
+            return _stream_response(ticket, model_name, chat, body, token_text)
+        return JSONResponse(_completion(await _answer(ticket), job, model_name, chat, token_text))
 
     async def completions(request):
         return await handle(request, chat=False)
@@ -279,7 +280,38 @@ def _usage(job, choices) -> dict:
     }
 
 
-def _completion(choices, job, model_name: str, chat: bool) -> dict:
+def _token_texts(model):
+    """A token id's text, as the log-probabilities name it (each token decoded alone)."""
+    import functools
+
+    return functools.lru_cache(maxsize=65536)(lambda token: model.decode_text([token]))
+
+
+def _logprobs(entries, chat: bool, token_text, offset: int = 0) -> dict | None:
+    """OpenAI's `logprobs` of a choice (or a streamed piece) from the engine's `Logprob`s: chat's list of
+    tokens with their bytes and alternatives, or the completions' parallel lists (`text_offset` from
+    `offset`, the characters before these tokens)."""
+    if entries is None:
+        return None
+    if chat:
+
+        def one(token, logprob):
+            text = token_text(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        content = [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
+        return {"content": content, "refusal": None}
+    texts = [token_text(e.token) for e in entries]
+    offsets = [offset + sum(map(len, texts[:i])) for i in range(len(texts))]
+    return {
+        "tokens": texts,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{token_text(t): v for t, v in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _completion(choices, job, model_name: str, chat: bool, token_text) -> dict:
     answer = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         "object": "chat.completion" if chat else "text_completion",
@@ -287,20 +319,19 @@ def _completion(choices, job, model_name: str, chat: bool) -> dict:
         "model": model_name,
         "usage": _usage(job, choices),
     }
-    if chat:
-        answer["choices"] = [
-            {"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
-            for i, c in enumerate(choices)
-        ]
-    else:
-        answer["choices"] = [
-            {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
-            for i, c in enumerate(choices)
-        ]
+    answer["choices"] = [
+        {
+            "index": i,
+            **({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text}),
+            "finish_reason": c.finish_reason,
+            "logprobs": _logprobs(c.logprobs, chat, token_text),
+        }
+        for i, c in enumerate(choices)
+    ]
     return answer
 
 
-def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict):
+def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text):
     from starlette.responses import StreamingResponse
 
     identity = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -310,12 +341,16 @@ def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict):
         else False
     )
 
-    def chunk(piece: str | None, finish: str | None = None, usage=None) -> str:
+    written = 0  # characters streamed so far: the completions' `text_offset`
+
+    def chunk(piece: str | None, finish: str | None = None, usage=None, logprobs=None) -> str:
         if chat:
             delta = {} if piece is None else {"content": piece}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+        if logprobs:
+            choice["logprobs"] = _logprobs(logprobs, chat, token_text, written)
         event = {
             "id": identity,
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -328,13 +363,16 @@ def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict):
         return f"data: {json.dumps(event)}\n\n"
 
     async def events():
+        nonlocal written
         try:
             if chat:
                 yield chunk(None).replace('"delta": {}', '"delta": {"role": "assistant", "content": ""}')
             while True:
                 kind, value = await ticket.events.get()
                 if kind == "text":
-                    yield chunk(value)
+                    piece, logprobs = value
+                    yield chunk(piece, logprobs=logprobs if ticket.job.logprobs is not None else None)
+                    written += len(piece)
                 elif kind == "error":
                     yield f"data: {json.dumps(value.body())}\n\n"
                     return

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import random
 import threading
+from typing import NamedTuple
 
 import numpy as np
 from keras import ops
@@ -34,10 +35,20 @@ class Choice:
     text: str
     tokens: int
     finish_reason: str
+    logprobs: list | None = None  # with the job's `logprobs`: a `Logprob` per token
+
+
+class Logprob(NamedTuple):
+    """One generated token's log-probability, and the job's number of likeliest alternatives with theirs."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 class Ticket:
-    """A job in the engine: its events (`("text", piece)`, `("done", [Choice])`, `("error", error)`) arrive
+    """A job in the engine: its events (`("text", (piece, [Logprob]))`, `("done", [Choice])`, `("error",
+    error)`) arrive
     on an asyncio queue of the server's loop; `cancelled` (a client that left) frees its rows."""
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
@@ -59,6 +70,8 @@ class Row:
     ticket: Ticket
     decoder: TextDecoder
     finish: str | None = None
+    logprobs: list[Logprob] = dataclasses.field(default_factory=list)
+    sent: int = 0  # the logprobs a stream has had
 
 
 class Engine:
@@ -234,14 +247,15 @@ class Engine:
         ended are given back."""
         busy = self._busy()
         bias = self._bias(busy)
-        features = self._features(busy)._replace(biased=bias is not None)
+        logprobs = any(self._slots[slot].ticket.job.logprobs is not None for slot in busy)
+        features = self._features(busy)._replace(biased=bias is not None, logprobs=logprobs)
         chunk = self._compiled(
             ("chunk", features, self.chunk_steps), continuous.decode_chunk, features, self.chunk_steps
         )
         self.shapes[(len(self._slots), self._length())] += 1
         self.rows_per_chunk[len(busy)] += 1
         settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self._settings))
-        self._cache, self._seen, generated = chunk(
+        self._cache, self._seen, generated, *scores = chunk(
             self._cache,
             ops.convert_to_tensor(self._tokens),
             ops.convert_to_tensor(self._positions),
@@ -250,11 +264,12 @@ class Engine:
             *(() if bias is None else (ops.convert_to_tensor(bias),)),
         )
         generated = ops.convert_to_numpy(generated)
+        scores = [ops.convert_to_numpy(part) for part in scores[0]] if scores else None
         self._tokens = generated[:, -1].astype("int32")
         self._positions = np.minimum(self._positions + self.chunk_steps, self._length() - 1).astype("int32")
         for slot in busy:
             row = self._slots[slot]
-            self._take(row, generated[slot])
+            self._take(row, generated[slot], None if scores is None else [part[slot] for part in scores])
             if row.finish is not None:
                 self._slots[slot] = None
                 self._tokens[slot] = self._positions[slot] = 0
@@ -291,16 +306,25 @@ class Engine:
         incremental = job.stream or bool(job.stop)
         return TextDecoder(self.model.decode_text, self.stop_ids, job.stop, job.max_tokens, incremental=incremental)
 
-    def _take(self, row: Row, generated: np.ndarray) -> None:
+    def _take(self, row: Row, generated: np.ndarray, scores: list | None) -> None:
         """The row's share of a chunk's tokens, through its `TextDecoder` (up to its `max_tokens`, a stop
-        token or a stop string); a stream gets the text that no later token can change."""
+        token or a stop string), with their log-probabilities where the job asks; a stream gets the text
+        that no later token can change, and the log-probabilities of the tokens taken so far."""
         if row.ticket.cancelled:
             row.finish = "cancelled"
             return
+        taken = len(row.decoder.tokens)
         piece = row.decoder.feed(generated)
         row.finish = row.decoder.finish
-        if row.ticket.job.stream and piece:
-            row.ticket.send("text", piece)
+        top = row.ticket.job.logprobs
+        if top is not None:
+            picked, top_ids, top_values = scores
+            for step in range(len(row.decoder.tokens) - taken):
+                alternatives = list(zip(top_ids[step, :top].tolist(), top_values[step, :top].tolist()))
+                row.logprobs.append(Logprob(int(generated[step]), float(picked[step]), alternatives))
+        if row.ticket.job.stream and (piece or (row.finish is not None and row.sent < len(row.logprobs))):
+            row.ticket.send("text", (piece, row.logprobs[row.sent :]))
+            row.sent = len(row.logprobs)
 
     def _finish(self, ticket: Ticket) -> None:
         if any(row.finish is None for row in ticket.rows):
@@ -308,7 +332,11 @@ class Engine:
         if ticket.cancelled:
             self.clients_left += 1
             return
-        choices = [Choice(r.decoder.text, len(r.decoder.tokens), r.finish) for r in ticket.rows]
+        logprobs = ticket.job.logprobs is not None
+        choices = [
+            Choice(r.decoder.text, len(r.decoder.tokens), r.finish, r.logprobs if logprobs else None)
+            for r in ticket.rows
+        ]
         ticket.send("done", choices * (ticket.job.n // len(choices)))
 
 

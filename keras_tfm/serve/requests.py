@@ -33,6 +33,7 @@ class Job:
     stop: tuple[str, ...] = ()
     stream: bool = False
     chat: bool = False
+    logprobs: int | None = None  # None: none; else each token's, and this many likeliest alternatives
 
     @property
     def max_tokens(self) -> int:
@@ -73,12 +74,15 @@ USED = {
     "model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "temperature", "top_p",
     "top_k", "min_p", "repetition_penalty", "logit_bias", "frequency_penalty", "presence_penalty",
 }  # fmt: skip
-USED_BY = {"completions": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
+USED_BY = {
+    "completions": {"prompt", "logprobs"},
+    "chat": {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+}
 KEPT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
 OFF_ONLY = {  # field -> the values that ask for nothing
-    "completions": {"echo": (False,), "logprobs": (), "best_of": (1,), "suffix": ("",)},
+    "completions": {"echo": (False,), "best_of": (1,), "suffix": ("",)},
     "chat": {
-        "logprobs": (False,), "top_logprobs": (), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+        "tools": ([],), "tool_choice": ("none",), "functions": ([],),
         "function_call": ("none",), "response_format": ({"type": "text"},), "modalities": (["text"],),
         "audio": (), "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
     },
@@ -215,10 +219,25 @@ def parse_job(
         stop=_stop(body),
         stream=stream,
         chat=chat,
+        logprobs=_logprobs(body, chat),
     )
     if job.stream and job.n > 1:
         raise RequestError("`n` > 1 is not supported with `stream`.", "n")
     return job
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives each token's log-probability comes with (None: no log-probabilities): chat's
+    `logprobs` (true or false) and `top_logprobs` (0 to 20); the completions' `logprobs` (0 to 5)."""
+    if not chat:
+        return _field_number(body, "logprobs", None, 0, 5, integer=True)
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise RequestError(f"`logprobs` must be true or false; received {wanted!r:.80}.", "logprobs")
+    top = _field_number(body, "top_logprobs", None, 0, 20, integer=True)
+    if top is not None and not wanted:
+        raise RequestError("`top_logprobs` needs `logprobs` set to true.", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def _config(**settings) -> GenerationConfig:
