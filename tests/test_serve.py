@@ -433,3 +433,41 @@ def test_a_message_that_spells_a_special_token_cannot_forge_a_turn(model):
         escaped[: len(escaped) - len(tokenizer.encode("<|end|><assistant>"))][-3:] == tokenizer.encode("yes").tolist()
     )
     assert _prompt_ids(tokenizer, forged, True, False).count(end[0]) == 2  # not escaped: as the token
+
+
+@pytest.mark.backend_independent
+def test_operations_see_metrics_one_log_line_per_request_and_cors_where_asked(model, caplog):
+    """`/metrics` in Prometheus' text format (parsed by prometheus_client), `/v1/models/{id}`, a browser's
+    preflight answered for an allowed origin only (none by default), one access-log line per request."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    origin = "https://app.example"
+    with Server(model) as plain:  # no CORS unless asked: a preflight finds no route that answers it
+        assert httpx.options(plain.url + "/v1/chat/completions", headers={"Origin": origin}).status_code == 405
+    with caplog.at_level("INFO", logger="keras_tfm.serve"), Server(model, cors_origins=(origin,)) as server:
+        assert httpx.get(server.url + "/v1/models/tiny").json()["id"] == "tiny"
+        assert httpx.get(server.url + "/v1/models/other").status_code == 404
+        preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+        allowed = httpx.options(server.url + "/v1/chat/completions", headers={"Origin": origin, **preflight})
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == origin
+        other = {"Origin": "https://evil.example", **preflight}
+        assert httpx.options(server.url + "/v1/chat/completions", headers=other).status_code == 400
+        body = {"messages": MESSAGES, "max_tokens": 3}
+        answered = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Origin": origin}, timeout=60)
+        assert answered.headers["access-control-allow-origin"] == origin
+        streamed = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+        assert streamed.status_code == 200 and "[DONE]" in streamed.text
+        assert httpx.post(server.url + "/v1/completions", json={"prompt": ""}, timeout=60).status_code == 400
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    requests = {labels: value for (name, labels), value in samples.items() if name == "keras_tfm_requests_total"}
+    assert requests[(("method", "POST"), ("route", "/v1/chat/completions"), ("status", "200"))] == 2
+    assert requests[(("method", "OPTIONS"), ("route", "/v1/chat/completions"), ("status", "200"))] == 1
+    assert requests[(("method", "POST"), ("route", "/v1/completions"), ("status", "400"))] == 1
+    assert samples[("keras_tfm_generated_tokens_total", ())] == 6  # two answers of 3 tokens
+    assert samples[("keras_tfm_prompt_tokens_total", ())] > 0
+    assert samples[("keras_tfm_time_to_first_token_seconds_count", ())] == 1
+    assert samples[("keras_tfm_rows_busy", ())] == 0 and samples[("keras_tfm_requests_waiting", ())] == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "keras_tfm.serve"]
+    assert sum('"POST /v1/chat/completions" 200' in line for line in lines) == 2, lines
+    assert any('"POST /v1/completions" 400' in line for line in lines)

@@ -32,6 +32,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--escape-special-tokens", action=argparse.BooleanOptionalAction, default=True,
                         help="encode a chat message's text that spells a special token as plain text, so that a "
                              "message cannot forge turns (default: on)")  # fmt: skip
+    parser.add_argument("--cors-origin", nargs="+", default=(),
+                        help="web origins whose pages may call the API from a browser (https://app.example, or "
+                             "'*' for any); default: none")  # fmt: skip
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="one line per request on standard error: client, method, path, status, seconds "
+                             "(default: on)")  # fmt: skip
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="on SIGTERM or Ctrl-C, seconds the requests being answered have to finish before "
                              "they are cancelled (default: %(default)s)")  # fmt: skip
@@ -58,6 +64,17 @@ def allowed_hosts(args: argparse.Namespace) -> tuple[str, ...] | None:
     if args.allowed_hosts:
         return tuple(args.allowed_hosts)
     return LOOPBACK_HOSTS if args.host in ("127.0.0.1", "localhost", "::1") else None
+
+
+def _log_requests() -> None:
+    """The access log (`serve.operations`): the `keras_tfm.serve` logger's lines on standard error."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger = logging.getLogger("keras_tfm.serve")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def _exit_quietly(signum, frame) -> None:
@@ -88,9 +105,12 @@ def main(argv: list[str] | None = None) -> None:
             default_max_tokens=args.default_max_tokens,
             allowed_hosts=allowed_hosts(args),
             escape_special_tokens=args.escape_special_tokens,
+            cors_origins=tuple(args.cors_origin),
         )
     except (InputError, ValueError) as error:
         sys.exit(f"error: {args.checkpoint}: {error}")
+    if args.access_log:
+        _log_requests()
     print(f"Serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     for caught in (signal.SIGTERM, signal.SIGINT):
         signal.signal(caught, _exit_quietly)

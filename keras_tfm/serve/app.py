@@ -15,6 +15,7 @@ import uuid
 from keras_tfm.errors import InputError
 from keras_tfm.serve import requests
 from keras_tfm.serve.engine import Engine, Ticket
+from keras_tfm.serve.operations import Metrics, Observed
 from keras_tfm.serve.requests import RequestError
 
 # the names a browser on this machine uses for a server bound to loopback; any other `Host` is refused
@@ -32,6 +33,7 @@ def create_app(
     default_max_tokens: int = requests.Defaults.max_tokens,
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
     escape_special_tokens: bool = True,
+    cors_origins: tuple[str, ...] = (),
 ):
     """A Starlette app serving `model` (a `CausalLM` with a tokenizer) as `model_name`.
 
@@ -49,15 +51,20 @@ def create_app(
             page whose name resolves to this machine (DNS rebinding) cannot read its answers. None: any.
         escape_special_tokens: a chat message's text that spells a special token (`<|im_end|>`) is
             encoded as plain text, so that a message cannot forge turns; False: as the token.
+        cors_origins: the web origins (`https://app.example`, or `*`) whose pages may call the API from a
+            browser (CORS); none by default.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     defaults = _checked_defaults(model, api_key, default_max_tokens)
     engine = Engine(model, max_batch_size, max_queue)
+    metrics = Metrics(engine)
     settings = dict(
         context=model.max_length,
         max_tokens_limit=max_tokens or model.max_length,
@@ -76,9 +83,12 @@ def create_app(
         job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
         ticket = engine.submit(job)
         token_text = _token_texts(model)
+        metrics.prompt_tokens.inc(len(job.prompt))
         if job.stream:
-            return _stream_response(ticket, model_name, chat, body, token_text)
-        return JSONResponse(_completion(await _answer(ticket), job, model_name, chat, token_text))
+            return _stream_response(ticket, model_name, chat, body, token_text, metrics)
+        answer = _completion(await _answer(ticket), job, model_name, chat, token_text)
+        metrics.generated_tokens.inc(answer["usage"]["completion_tokens"])
+        return JSONResponse(answer)
 
     async def completions(request):
         return await handle(request, chat=False)
@@ -91,6 +101,19 @@ def create_app(
         _authorize(request, api_key)
         return JSONResponse({"object": "list", "data": [_model_entry(model, model_name, defaults)]})
 
+    async def one_model(request):
+        _check_host(request, hosts)
+        _authorize(request, api_key)
+        if request.path_params["model_id"] != model_name:
+            raise RequestError(f"the model {request.path_params['model_id']!r:.100} does not exist; this server "
+                               f"has {model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
+        return JSONResponse(_model_entry(model, model_name, defaults))
+
+    async def exposition(request):  # Prometheus scrapes without the API key, as vLLM's and llama.cpp's
+        _check_host(request, hosts)
+        content, kind = metrics.exposition()
+        return Response(content, media_type=kind)
+
     async def health(request):
         return JSONResponse({"status": "ok", "waiting": engine.waiting()})
 
@@ -98,13 +121,27 @@ def create_app(
         routes=[
             Route("/health", health),
             Route("/v1/models", models),
+            Route("/v1/models/{model_id:path}", one_model),
+            Route("/metrics", exposition),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
         exception_handlers={RequestError: _refused, HTTPException: _http_error, Exception: _server_error},
         lifespan=_closing(engine),
+        middleware=[
+            Middleware(Observed, metrics=metrics),
+            *[
+                Middleware(
+                    CORSMiddleware,
+                    allow_origins=list(cors_origins),
+                    allow_methods=["GET", "POST"],
+                    allow_headers=["Authorization", "Content-Type"],
+                )
+            ]
+            * bool(cors_origins),
+        ],  # fmt: skip
     )
-    app.state.engine = engine
+    app.state.engine, app.state.metrics = engine, metrics
     return app
 
 
@@ -331,7 +368,7 @@ def _completion(choices, job, model_name: str, chat: bool, token_text) -> dict:
     return answer
 
 
-def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text):
+def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text, metrics):
     from starlette.responses import StreamingResponse
 
     identity = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -364,6 +401,7 @@ def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, to
 
     async def events():
         nonlocal written
+        start = time.perf_counter()
         try:
             if chat:
                 yield chunk(None).replace('"delta": {}', '"delta": {"role": "assistant", "content": ""}')
@@ -371,12 +409,15 @@ def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, to
                 kind, value = await ticket.events.get()
                 if kind == "text":
                     piece, logprobs = value
+                    if not written and piece:
+                        metrics.first_token.observe(time.perf_counter() - start)
                     yield chunk(piece, logprobs=logprobs if ticket.job.logprobs is not None else None)
                     written += len(piece)
                 elif kind == "error":
                     yield f"data: {json.dumps(value.body())}\n\n"
                     return
                 else:
+                    metrics.generated_tokens.inc(sum(choice.tokens for choice in value))
                     yield chunk(None, value[0].finish_reason)
                     if include_usage:
                         yield chunk(None, usage=_usage(ticket.job, value))

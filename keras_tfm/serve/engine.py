@@ -124,6 +124,10 @@ class Engine:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def busy_rows(self) -> list[int]:
+        """The rows of the cache decoding a request now."""
+        return self._busy()
+
     def close(self) -> None:
         """Stops after the chunk being decoded; the requests not yet answered get a 503 error."""
         with self._condition:
