@@ -59,6 +59,10 @@ def model():
     return chat_model(max_length=64)
 
 
+def answer_of(messages) -> dict:
+    return dict(model="tiny", messages=messages, max_tokens=8, temperature=0)
+
+
 def test_the_openai_client_gets_what_generate_and_chat_give(model):
     with Server(model, api_key="secret") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="secret", max_retries=0)
@@ -75,6 +79,11 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
         chunks = list(pieces)
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
         assert chunks[-1].choices[0].finish_reason == "length"
+        both = ["", ""]  # greedy: one row streams both choices
+        for piece in client.chat.completions.create(**{**answer_of(MESSAGES), "stream": True, "n": 2}):
+            for choice in piece.choices:
+                both[choice.index] += choice.delta.content or ""
+        assert both == [expected, expected]
 
         text = model.generate("to be", max_new_tokens=10)[len("to be") :]
         completion = client.completions.create(model="tiny", prompt="to be", max_tokens=10, temperature=0)
@@ -100,6 +109,15 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
         drawn = client.completions.create(model="tiny", prompt="to be", max_tokens=10, n=2, extra_body=extra, **warps)
         expected = model.generate("to be", max_new_tokens=10, num_return_sequences=2, **extra, **warps)
         assert [choice.text for choice in drawn.choices] == [text[len("to be") :] for text in expected]
+        chunks = client.completions.create(
+            model="tiny", prompt="to be", max_tokens=10, n=2, extra_body=extra, stream=True, **warps
+        )
+        texts, ends = ["", ""], [None, None]
+        for piece in chunks:
+            for choice in piece.choices:
+                texts[choice.index] += choice.text
+                ends[choice.index] = choice.finish_reason or ends[choice.index]
+        assert texts == [choice.text for choice in drawn.choices] and ends == ["length", "length"]
         # logit_bias: a banned token never comes, and the bias shifts the draw as `generate`'s does
         first = model.tokenizer.encode(expected[0][len("to be") :])[0]
         bias = {int(first): -100, int(model.tokenizer.encode(" ")[0]): 3.0}
@@ -266,7 +284,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
             assert f"`{field}` is not supported by this server yet" in post(
                 chat, {"messages": MESSAGES, field: value}, 400, field
             )
-        assert "`echo`" in post("/v1/completions", {"prompt": "to", "echo": True}, 400, "echo")
+        assert "`suffix`" in post("/v1/completions", {"prompt": "to", "suffix": "!"}, 400, "suffix")
         assert "needs `logprobs` set to true" in post(
             chat, {"messages": MESSAGES, "top_logprobs": 2}, 400, "top_logprobs"
         )
@@ -471,3 +489,30 @@ def test_operations_see_metrics_one_log_line_per_request_and_cors_where_asked(mo
     lines = [r.getMessage() for r in caplog.records if r.name == "keras_tfm.serve"]
     assert sum('"POST /v1/chat/completions" 200' in line for line in lines) == 2, lines
     assert any('"POST /v1/completions" 400' in line for line in lines)
+
+
+@pytest.mark.backend_independent  # host-side: what the server answers from the rows it decoded
+def test_completions_echo_the_prompt_and_best_of_answers_the_likeliest_draws(model):
+    with Server(model) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        greedy = dict(model="tiny", prompt="to be", max_tokens=6, temperature=0)
+        plain = client.completions.create(**greedy).choices[0].text
+        assert client.completions.create(**greedy, echo=True).choices[0].text == "to be" + plain
+        streamed = client.completions.create(**greedy, echo=True, stream=True, n=2)
+        texts = ["", ""]
+        for piece in streamed:
+            for choice in piece.choices:
+                texts[choice.index] += choice.text
+        assert texts == ["to be" + plain] * 2
+
+        drawn = dict(model="tiny", prompt="to be", max_tokens=6, temperature=1.0, seed=5)
+        three = client.completions.create(**drawn, n=3, logprobs=0).choices  # the same rows, seeded
+        likeliest = max(three, key=lambda choice: sum(choice.logprobs.token_logprobs))
+        best = client.completions.create(**drawn, best_of=3).choices
+        assert [choice.text for choice in best] == [likeliest.text] and best[0].logprobs is None
+        with pytest.raises(openai.BadRequestError, match="`best_of` must be at least `n`=2"):
+            client.completions.create(**drawn, n=2, best_of=1)
+        with pytest.raises(openai.BadRequestError, match="cannot be used with `stream`"):
+            client.completions.create(**drawn, best_of=2, stream=True)
+        with pytest.raises(openai.BadRequestError, match="`echo` with `logprobs`"):
+            client.completions.create(**greedy, echo=True, logprobs=1)

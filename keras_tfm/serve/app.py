@@ -84,9 +84,10 @@ def create_app(
         ticket = engine.submit(job)
         token_text = _token_texts(model)
         metrics.prompt_tokens.inc(len(job.prompt))
+        echo = requests.completion_prompt(body) if job.echo else ""  # the prompt's text starts the answer's
         if job.stream:
-            return _stream_response(ticket, model_name, chat, body, token_text, metrics)
-        answer = _completion(await _answer(ticket), job, model_name, chat, token_text)
+            return _stream_response(ticket, model_name, chat, body, token_text, metrics, echo)
+        answer = _completion(await _answer(ticket), job, model_name, chat, token_text, echo)
         metrics.generated_tokens.inc(answer["usage"]["completion_tokens"])
         return JSONResponse(answer)
 
@@ -348,7 +349,7 @@ def _logprobs(entries, chat: bool, token_text, offset: int = 0) -> dict | None:
     }
 
 
-def _completion(choices, job, model_name: str, chat: bool, token_text) -> dict:
+def _completion(choices, job, model_name: str, chat: bool, token_text, echo: str = "") -> dict:
     answer = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         "object": "chat.completion" if chat else "text_completion",
@@ -359,7 +360,7 @@ def _completion(choices, job, model_name: str, chat: bool, token_text) -> dict:
     answer["choices"] = [
         {
             "index": i,
-            **({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text}),
+            **({"message": {"role": "assistant", "content": c.text}} if chat else {"text": echo + c.text}),
             "finish_reason": c.finish_reason,
             "logprobs": _logprobs(c.logprobs, chat, token_text),
         }
@@ -368,59 +369,68 @@ def _completion(choices, job, model_name: str, chat: bool, token_text) -> dict:
     return answer
 
 
-def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text, metrics):
+def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text, metrics, echo: str = ""):
+    """Server-sent events: the text of each choice as it comes (a greedy job's one row stands for all its
+    `n` choices), each choice's end, then the usage where `stream_options` asks."""
     from starlette.responses import StreamingResponse
 
     identity = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    include_usage = (
-        bool((body.get("stream_options") or {}).get("include_usage"))
-        if isinstance(body.get("stream_options"), dict)
-        else False
-    )
+    options = body.get("stream_options")
+    include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
+    job = ticket.job
+    shared = job.n if job.config.temperature == 0 else 1  # choices one row decodes
+    written = [0] * job.n  # characters streamed per choice: the completions' `text_offset`
 
-    written = 0  # characters streamed so far: the completions' `text_offset`
-
-    def chunk(piece: str | None, finish: str | None = None, usage=None, logprobs=None) -> str:
+    def chunk(index: int, piece: str | None, finish: str | None = None, logprobs=None) -> dict:
         if chat:
             delta = {} if piece is None else {"content": piece}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
-            choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": index, "text": piece or "", "finish_reason": finish, "logprobs": None}
         if logprobs:
-            choice["logprobs"] = _logprobs(logprobs, chat, token_text, written)
-        event = {
+            choice["logprobs"] = _logprobs(logprobs, chat, token_text, written[index])
+        return choice
+
+    def event(choices: list[dict], usage=None) -> str:
+        body = {
             "id": identity,
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()),
             "model": model_name,
-            "choices": [] if usage else [choice],
+            "choices": choices,
         }
         if usage:
-            event["usage"] = usage
-        return f"data: {json.dumps(event)}\n\n"
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
 
     async def events():
-        nonlocal written
         start = time.perf_counter()
         try:
             if chat:
-                yield chunk(None).replace('"delta": {}', '"delta": {"role": "assistant", "content": ""}')
+                opening = [chunk(i, None) for i in range(job.n)]
+                for choice in opening:
+                    choice["delta"] = {"role": "assistant", "content": ""}
+                yield event(opening)
+            if echo:
+                yield event([chunk(i, echo) for i in range(job.n)])
             while True:
                 kind, value = await ticket.events.get()
                 if kind == "text":
-                    piece, logprobs = value
-                    if not written and piece:
+                    row, piece, logprobs = value
+                    if not any(written) and piece:
                         metrics.first_token.observe(time.perf_counter() - start)
-                    yield chunk(piece, logprobs=logprobs if ticket.job.logprobs is not None else None)
-                    written += len(piece)
+                    logprobs = logprobs if job.logprobs is not None else None
+                    for index in range(row * shared, (row + 1) * shared):
+                        yield event([chunk(index, piece, logprobs=logprobs)])
+                        written[index] += len(piece)
                 elif kind == "error":
                     yield f"data: {json.dumps(value.body())}\n\n"
                     return
                 else:
                     metrics.generated_tokens.inc(sum(choice.tokens for choice in value))
-                    yield chunk(None, value[0].finish_reason)
+                    yield event([chunk(i, None, choice.finish_reason) for i, choice in enumerate(value)])
                     if include_usage:
-                        yield chunk(None, usage=_usage(ticket.job, value))
+                        yield event([], usage=_usage(job, value))
                     yield "data: [DONE]\n\n"
                     return
         finally:

@@ -47,8 +47,8 @@ class Logprob(NamedTuple):
 
 
 class Ticket:
-    """A job in the engine: its events (`("text", (piece, [Logprob]))`, `("done", [Choice])`, `("error",
-    error)`) arrive
+    """A job in the engine: its events (`("text", (row, piece, [Logprob]))`: the text of its `row`-th
+    continuation, `("done", [Choice])`, `("error", error)`) arrive
     on an asyncio queue of the server's loop; `cancelled` (a client that left) frees its rows."""
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
@@ -102,10 +102,11 @@ class Engine:
 
     def submit(self, job: Job) -> Ticket:
         if _rows_of(job) > self.max_batch_size:  # it would wait for rows that never come
+            name = "best_of" if job.best_of > job.n else "n"
             raise RequestError(
-                f"`n` must be at most {self.max_batch_size} (the server's `max_batch_size`) when sampling; "
-                f"received {job.n}.",
-                "n",
+                f"`{name}` must be at most {self.max_batch_size} (the server's `max_batch_size`) when sampling; "
+                f"received {_rows_of(job)}.",
+                name,
             )
         ticket = Ticket(job, asyncio.get_running_loop())
         with self._condition:
@@ -251,7 +252,7 @@ class Engine:
         ended are given back."""
         busy = self._busy()
         bias = self._bias(busy)
-        logprobs = any(self._slots[slot].ticket.job.logprobs is not None for slot in busy)
+        logprobs = any(_alternatives(self._slots[slot].ticket.job) is not None for slot in busy)
         features = self._features(busy)._replace(biased=bias is not None, logprobs=logprobs)
         chunk = self._compiled(
             ("chunk", features, self.chunk_steps), continuous.decode_chunk, features, self.chunk_steps
@@ -320,14 +321,14 @@ class Engine:
         taken = len(row.decoder.tokens)
         piece = row.decoder.feed(generated)
         row.finish = row.decoder.finish
-        top = row.ticket.job.logprobs
+        top = _alternatives(row.ticket.job)
         if top is not None:
             picked, top_ids, top_values = scores
             for step in range(len(row.decoder.tokens) - taken):
                 alternatives = list(zip(top_ids[step, :top].tolist(), top_values[step, :top].tolist()))
                 row.logprobs.append(Logprob(int(generated[step]), float(picked[step]), alternatives))
         if row.ticket.job.stream and (piece or (row.finish is not None and row.sent < len(row.logprobs))):
-            row.ticket.send("text", (piece, row.logprobs[row.sent :]))
+            row.ticket.send("text", (row.ticket.rows.index(row), piece, row.logprobs[row.sent :]))
             row.sent = len(row.logprobs)
 
     def _finish(self, ticket: Ticket) -> None:
@@ -336,17 +337,28 @@ class Engine:
         if ticket.cancelled:
             self.clients_left += 1
             return
-        logprobs = ticket.job.logprobs is not None
+        job = ticket.job
+        rows = ticket.rows
+        if len(rows) > job.n:  # best_of: the n likeliest continuations, by their tokens' log-probabilities
+            rows = sorted(rows, key=lambda r: -sum(entry.logprob for entry in r.logprobs))[: job.n]
+        logprobs = job.logprobs is not None
         choices = [
-            Choice(r.decoder.text, len(r.decoder.tokens), r.finish, r.logprobs if logprobs else None)
-            for r in ticket.rows
+            Choice(r.decoder.text, len(r.decoder.tokens), r.finish, r.logprobs if logprobs else None) for r in rows
         ]
-        ticket.send("done", choices * (ticket.job.n // len(choices)))
+        ticket.send("done", choices * (job.n // len(choices)))
 
 
 def _rows_of(job: Job) -> int:
     """Rows a job decodes: one per continuation, one for all of a greedy job's (they are the same)."""
-    return job.n if job.config.temperature > 0 else 1
+    return max(job.n, job.best_of) if job.config.temperature > 0 else 1
+
+
+def _alternatives(job: Job) -> int | None:
+    """How many alternatives a job's rows keep with each token's log-probability (None: no
+    log-probabilities; `best_of` ranks its rows by theirs)."""
+    if job.logprobs is None and job.best_of > job.n and job.config.temperature > 0:
+        return 0
+    return job.logprobs
 
 
 def _free_settings(rows: int) -> list[np.ndarray]:

@@ -34,6 +34,8 @@ class Job:
     stream: bool = False
     chat: bool = False
     logprobs: int | None = None  # None: none; else each token's, and this many likeliest alternatives
+    echo: bool = False  # the answer's text starts with the prompt's (completions)
+    best_of: int = 1  # continuations drawn (at least `n`), of which the `n` likeliest are answered
 
     @property
     def max_tokens(self) -> int:
@@ -75,12 +77,12 @@ USED = {
     "top_k", "min_p", "repetition_penalty", "logit_bias", "frequency_penalty", "presence_penalty",
 }  # fmt: skip
 USED_BY = {
-    "completions": {"prompt", "logprobs"},
+    "completions": {"prompt", "logprobs", "echo", "best_of"},
     "chat": {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
 }
 KEPT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
 OFF_ONLY = {  # field -> the values that ask for nothing
-    "completions": {"echo": (False,), "best_of": (1,), "suffix": ("",)},
+    "completions": {"suffix": ("",)},
     "chat": {
         "tools": ([],), "tool_choice": ("none",), "functions": ([],),
         "function_call": ("none",), "response_format": ({"type": "text"},), "modalities": (["text"],),
@@ -215,15 +217,28 @@ def parse_job(
     job = Job(
         prompt=prompt_ids,
         config=_config(max_new_tokens=max_tokens, **sampling),
-        n=_field_number(body, "n", 1, 1, 16, integer=True),
+        n=(n := _field_number(body, "n", 1, 1, 16, integer=True)),
         stop=_stop(body),
         stream=stream,
         chat=chat,
         logprobs=_logprobs(body, chat),
+        echo=_flag(body, "echo"),
+        best_of=_field_number(body, "best_of", n, 1, 16, integer=True),
     )
-    if job.stream and job.n > 1:
-        raise RequestError("`n` > 1 is not supported with `stream`.", "n")
+    if job.echo and job.logprobs is not None:
+        raise RequestError("`echo` with `logprobs` (the prompt's log-probabilities) is not supported yet.", "echo")
+    if job.best_of < job.n:
+        raise RequestError(f"`best_of` must be at least `n`={job.n}; received {job.best_of}.", "best_of")
+    if job.best_of > job.n and job.stream:
+        raise RequestError("`best_of` cannot be used with `stream` (the best are known at the end).", "best_of")
     return job
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(f"`{name}` must be true or false; received {value!r:.80}.", name)
+    return bool(value)
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
