@@ -104,7 +104,7 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
         ]
         assert sampled[0] == sampled[1] != sampled[2]
         # one chooser, one generator: a seeded request draws what a seeded `generate` draws, every warp on
-        warps = dict(temperature=0.9, top_p=0.95, seed=11)
+        warps = dict(temperature=0.9, top_p=0.95, seed=11, frequency_penalty=0.5, presence_penalty=0.3)
         extra = dict(top_k=20, min_p=0.05)
         drawn = client.completions.create(model="tiny", prompt="to be", max_tokens=10, n=2, extra_body=extra, **warps)
         expected = model.generate("to be", max_new_tokens=10, num_return_sequences=2, **extra, **warps)
@@ -272,8 +272,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
         assert "non-empty list" in post(chat, {"messages": []}, 400, "messages")
         assert "`role`" in post(chat, {"messages": [{"content": 3}]}, 400, "messages")
         assert "context is 64" in post("/v1/completions", {"prompt": "to be " * 20}, 400, "prompt")
-        assert "frequency_penalty" in post(
-            chat, {"messages": MESSAGES, "frequency_penalty": 1}, 400, "frequency_penalty"
+        assert "`frequency_penalty` must be a number in [-2, 2]" in post(
+            chat, {"messages": MESSAGES, "frequency_penalty": 3}, 400, "frequency_penalty"
         )
         # nothing silently ignored: an unknown field, or a feature not supported yet, is refused by name;
         # a feature's "off" value and OpenAI's bookkeeping fields are accepted
@@ -364,6 +364,8 @@ def test_defaults_come_from_the_checkpoint_and_tokenizing_leaves_the_loop_free(m
             "temperature": 0.0,
             "top_p": 1.0,
             "repetition_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
             "top_k": 0,
             "min_p": 0.0,
         }

@@ -79,8 +79,10 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
         buffer = ops.take(buffer, rows, axis=0)
         cache = tree.map_structure(lambda part: ops.take(part, rows, axis=0), cache)
         finished = ops.take_along_axis(finished, origin, axis=1)
-        if controls.penalizes:
-            seen = controls.seen_with(ops.take(seen, rows, axis=0), ops.reshape(token, (beams,)), vocabulary)
+        if controls.tracks:
+            generated = ops.reshape(ops.broadcast_to(ops.logical_not(frozen), ops.shape(token)), (beams,))
+            seen = ops.take(seen, rows, axis=0)
+            seen = controls.seen_with(seen, ops.reshape(token, (beams,)), vocabulary, generated)
         buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (beams, 1)))
         is_stop = ops.any(ops.equal(token[..., None], stop_token_ids[None, None, :]), axis=-1)
         finished = ops.logical_or(finished, ops.logical_and(is_stop, ops.logical_not(frozen)))

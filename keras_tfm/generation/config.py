@@ -89,6 +89,12 @@ class GenerationConfig:
     repetition_penalty: float = setting(
         1.0, "> 1 discourages tokens already in the sequence", _number(0.0, open_low=True)
     )
+    frequency_penalty: float = setting(
+        0.0, "subtracted from a token's logit once per time it was generated (OpenAI's)", _number(-2.0, 2.0)
+    )
+    presence_penalty: float = setting(
+        0.0, "subtracted from the logit of each token generated already (OpenAI's)", _number(-2.0, 2.0)
+    )
     no_repeat_ngram_size: int = setting(0, "n > 0 forbids repeating an n-gram of the sequence", _integer(0))
     logit_bias: tuple | dict | None = setting(
         None, "token id -> a number added to its logit before a token is chosen (-100 bans it, 100 forces it)", (_bias, "a mapping of token ids to finite numbers, such as {50256: -100}, or None"),
@@ -169,7 +175,12 @@ class GenerationConfig:
         from keras_tfm.generation.sampling import LogitsControls
 
         return LogitsControls(
-            self.repetition_penalty, self.min_new_tokens, self.no_repeat_ngram_size, self.logit_bias or ()
+            self.repetition_penalty,
+            self.min_new_tokens,
+            self.no_repeat_ngram_size,
+            self.logit_bias or (),
+            self.frequency_penalty,
+            self.presence_penalty,
         )
 
     @property

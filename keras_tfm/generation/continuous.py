@@ -20,31 +20,38 @@ from keras import ops
 
 from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.sampling import draw, penalized, warp
+from keras_tfm.generation.sampling import counted_penalties, draw, penalized, seen_counted, warp
 
 
 class RowSettings(NamedTuple):
     """Each row's sampling, `(rows,)` each: `temperature` (0: greedy), `top_k` (int32, 0: no limit),
-    `top_p`, `min_p`, `repetition_penalty` (float32) and `seed` (int32)."""
+    `top_p`, `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty` (float32) and `seed`
+    (int32)."""
 
     temperature: object
     top_k: object
     top_p: object
     min_p: object
     repetition_penalty: object
+    frequency_penalty: object
+    presence_penalty: object
     seed: object
 
 
 def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tuple:
     """A row's `RowSettings` values from its `config` and `seed` (with `dtypes`, `(value, dtype)` pairs)."""
-    values = (config.temperature, config.top_k, config.top_p, config.min_p, config.repetition_penalty, seed)
-    kinds = ("float32", "int32", "float32", "float32", "float32", "int32")
+    values = (
+        config.temperature, config.top_k, config.top_p, config.min_p, config.repetition_penalty,
+        config.frequency_penalty, config.presence_penalty, seed,
+    )  # fmt: skip
+    kinds = ("float32", "int32", "float32", "float32", "float32", "float32", "float32", "int32")
     return tuple(zip(values, kinds)) if dtypes else values
 
 
 class Features(NamedTuple):
     """What a compiled chunk computes, fixed for its function: whether any row samples, cuts to its top-k,
-    a nucleus (`top_p` < 1) or by `min_p`, or penalizes repeats, and whether the host gives each row a
+    a nucleus (`top_p` < 1) or by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty;
+    `counts`: OpenAI's frequency and presence penalties), and whether the host gives each row a
     bias over the vocabulary (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as
     `LARGE_NEGATIVE` biases in chunks of one step), and whether the chunk also returns log-probabilities
     (`logprobs`: OpenAI's `logprobs`). Rows that do not are unchanged by the others' features."""
@@ -54,6 +61,7 @@ class Features(NamedTuple):
     nucleus: bool = False
     min_p: bool = False
     penalty: bool = False
+    counts: bool = False
     biased: bool = False
     logprobs: bool = False
 
@@ -67,19 +75,23 @@ def features_of(settings: RowSettings) -> Features:
         bool((settings.top_p[sampling] < 1).any()),
         bool((settings.min_p[sampling] > 0).any()),
         bool((settings.repetition_penalty != 1).any()),
+        bool((settings.frequency_penalty != 0).any() or (settings.presence_penalty != 0).any()),
     )
 
 
 def choose_rows(logits, seen, settings: RowSettings, positions, features: Features, bias=None):
     """Each row's next token from its `logits` `(rows, vocabulary)` by the one chooser of `sampling` with
     the row's own settings, in `generate`'s order: the host's `bias` `(rows, vocabulary)` added (with
-    `features.biased`), the repetition penalty on the tokens `seen`, then greedy (temperature 0) or a
-    draw from the warped logits, keyed by the row's seed and position."""
+    `features.biased`), the penalties on the tokens `seen` (int32 counts, `sampling.seen_counted`), then
+    greedy (temperature 0) or a draw from the warped logits, keyed by the row's seed and position."""
     scores = ops.cast(logits, "float32")
     if features.biased:
         scores = scores + bias
     if features.penalty:
-        scores = penalized(scores, seen, ops.expand_dims(settings.repetition_penalty, 1))
+        scores = penalized(scores, seen > 0, ops.expand_dims(settings.repetition_penalty, 1))
+    if features.counts:
+        frequency, presence = (ops.expand_dims(p, 1) for p in (settings.frequency_penalty, settings.presence_penalty))
+        scores = counted_penalties(scores, seen, frequency, presence)
     greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
     if not features.sampling:
         return greedy
@@ -129,8 +141,8 @@ def decode_chunk(model, features: Features, steps: int):
                 ops.slice_update(kept, (0, i, 0)[: len(kept.shape)], ops.expand_dims(new, 1))
                 for kept, new in zip(logprobs, (picked, top_ids, top_values))
             )
-        if features.penalty:
-            seen = ops.logical_or(seen, ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32") > 0)
+        if features.penalty or features.counts:
+            seen = seen_counted(seen, ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32"), None)
         last = ops.shape(cache[0])[3] - 1
         return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings, bias, logprobs
 
@@ -167,7 +179,8 @@ def prefill(model):
 
 def admit(cache, seen, filled, sources, slots, seen_rows):
     """`cache` and `seen` with rows `slots` `(k,)` replaced: by rows `sources` `(k,)` of the prefilled
-    cache `filled` (its positions from 0, the rest zeros) and by `seen_rows` `(k, vocabulary)`."""
+    cache `filled` (its positions from 0, the rest zeros) and by `seen_rows` `(k, vocabulary)` (int32: 1
+    for each token of the row's prompt, `sampling.seen_counted`)."""
     indices = ops.expand_dims(ops.convert_to_tensor(slots, "int32"), 1)
     updated = []
     for layer, new in zip(cache, filled):
@@ -175,7 +188,7 @@ def admit(cache, seen, filled, sources, slots, seen_rows):
         room = ops.shape(layer)[3] - ops.shape(new)[3]
         new = ops.pad(new, ((0, 0), (0, 0), (0, 0), (0, room), (0, 0)))
         updated.append(ops.scatter_update(layer, indices, ops.cast(new, layer.dtype)))
-    seen = ops.scatter_update(seen, indices, ops.convert_to_tensor(seen_rows, "bool"))
+    seen = ops.scatter_update(seen, indices, ops.convert_to_tensor(seen_rows, "int32"))
     return tuple(updated), seen
 
 

@@ -135,5 +135,5 @@ def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler
     stopped = ops.any(ops.equal(token[:, None], stop_token_ids[None, :]), axis=-1)
     done = ops.logical_or(done, ops.logical_and(generated, stopped))
     done = ops.logical_or(done, t + 1 >= end)
-    seen = decoder.controls.seen_with(seen, token, vocabulary)
+    seen = decoder.controls.seen_with(seen, token, vocabulary, generated)
     return LoopState(t + 1, buffer, cache, done, seen, scores)

@@ -169,6 +169,21 @@ def penalized(scores, seen, penalty):
     return ops.where(seen, ops.where(scores < 0, scores * penalty, scores / penalty), scores)
 
 
+def seen_counted(seen, hot, generated):
+    """Seen counts `(rows, vocabulary)` int32, `2 * generated + in the prompt` for each token, with the
+    tokens `hot` (one-hot, int32): counted twice where the row `generated` them `(rows,)`, else marked."""
+    if generated is None:
+        return seen + 2 * hot
+    return ops.where(ops.expand_dims(generated, 1), seen + 2 * hot, ops.maximum(seen, hot))
+
+
+def counted_penalties(scores, seen, frequency, presence):
+    """OpenAI's frequency and presence penalties (numbers, or `(rows, 1)`: each row's) from seen counts
+    (`seen_counted`): `count * frequency + (count > 0) * presence` subtracted, the prompt not counted."""
+    count = ops.cast(seen // 2, "float32")
+    return scores - count * frequency - ops.cast(count > 0, "float32") * presence
+
+
 @dataclass(frozen=True)
 class LogitsControls:
     """What changes the next-token scores before a token is chosen, with transformers' meanings.
@@ -183,33 +198,57 @@ class LogitsControls:
             `(rows, length, vocabulary)` comparison per token.
         logit_bias: `(id, bias)` pairs: each bias is added to its token's score first (OpenAI's
             `logit_bias`: -100 all but bans a token, 100 all but forces it).
+        frequency_penalty, presence_penalty: OpenAI's: a token generated `c` times (the prompt not
+            counted) has `c * frequency_penalty + (c > 0) * presence_penalty` subtracted from its score.
     """
 
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     no_repeat_ngram_size: int = 0
     logit_bias: tuple = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self):
-        for name in ("repetition_penalty", "min_new_tokens", "no_repeat_ngram_size", "logit_bias"):
+        for name in (
+            "repetition_penalty", "min_new_tokens", "no_repeat_ngram_size", "logit_bias", "frequency_penalty",
+            "presence_penalty",
+        ):  # fmt: skip
             check_setting(name, getattr(self, name))
 
     @property
     def penalizes(self) -> bool:
         return self.repetition_penalty != 1.0
 
+    @property
+    def counts(self) -> bool:
+        """Whether the scores read how often each token was generated (OpenAI's penalties)."""
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def tracks(self) -> bool:
+        """Whether the loop keeps what each row has seen (`initial_seen`, `seen_with`)."""
+        return self.penalizes or self.counts
+
     def initial_seen(self, buffer, start, vocabulary_size: int):
-        """`(rows, vocabulary)`: which tokens `buffer[:, :start]` holds (a placeholder without a penalty)."""
-        if not self.penalizes:
+        """`(rows, vocabulary)`: which tokens `buffer[:, :start]` holds (a placeholder where nothing is
+        tracked); with `counts`, int32 `seen_counts` of them."""
+        if not self.tracks:
             return ops.zeros((ops.shape(buffer)[0], 1), "bool")
         positions = ops.arange(ops.shape(buffer)[1])[None, :] < start
         hits = ops.logical_and(ops.one_hot(buffer, vocabulary_size, dtype="int32") > 0, positions[..., None])
-        return ops.any(hits, axis=1)
+        seen = ops.any(hits, axis=1)
+        return ops.cast(seen, "int32") if self.counts else seen
 
-    def seen_with(self, seen, token, vocabulary_size: int):
-        if not self.penalizes:
+    def seen_with(self, seen, token, vocabulary_size: int, generated=None):
+        """`seen` with each row's `token`; with `counts`, counted where the row `generated` it `(rows,)`
+        (else it is a prompt token: seen, not counted)."""
+        if not self.tracks:
             return seen
-        return ops.logical_or(seen, ops.one_hot(token, vocabulary_size, dtype="int32") > 0)
+        hot = ops.one_hot(token, vocabulary_size, dtype="int32")
+        if not self.counts:
+            return ops.logical_or(seen, hot > 0)
+        return seen_counted(seen, hot, generated)
 
     def banned_ngrams(self, buffer, t, vocabulary_size: int):
         """`(rows, vocabulary)`: the tokens that, written at position `t`, would repeat an n-gram of
@@ -237,7 +276,9 @@ class LogitsControls:
         if self.no_repeat_ngram_size:
             scores = ops.where(self.banned_ngrams(buffer, t, scores.shape[-1]), LARGE_NEGATIVE, scores)
         if self.penalizes:
-            scores = penalized(scores, seen, self.repetition_penalty)
+            scores = penalized(scores, seen > 0 if self.counts else seen, self.repetition_penalty)
+        if self.counts:
+            scores = counted_penalties(scores, seen, self.frequency_penalty, self.presence_penalty)
         if self.min_new_tokens:
             vocabulary = ops.arange(scores.shape[-1])
             is_stop = ops.any(vocabulary[:, None] == stop_token_ids[None, :], axis=-1)

@@ -207,9 +207,9 @@ class Engine:
                 self._start_row(slot, ticket.job, copy)
                 sources.append(source)
                 slots.append(slot)
-        seen_rows = np.zeros((len(slots), self._seen.shape[1]), bool)
+        seen_rows = np.zeros((len(slots), self._seen.shape[1]), "int32")
         for index, source in enumerate(sources):
-            seen_rows[index, prompts[source]] = True
+            seen_rows[index, prompts[source]] = 1  # seen in the prompt, not generated
         self._cache, self._seen = continuous.admit(self._cache, self._seen, filled, sources, slots, seen_rows)
 
     def _start_row(self, slot: int, job: Job, copy: int) -> None:
@@ -236,7 +236,7 @@ class Engine:
         busy = self._busy()
         if self._cache is None:
             self._cache = self.model.empty_cache(rows, length)
-            self._seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "bool")
+            self._seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "int32")
         else:
             self._cache, self._seen = continuous.resized(self._cache, self._seen, busy, rows, length)
         tokens, positions, settings = np.zeros(rows, "int32"), np.zeros(rows, "int32"), _free_settings(rows)

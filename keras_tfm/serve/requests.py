@@ -201,11 +201,6 @@ def parse_job(
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     limit = min(room, max_tokens_limit)
     max_tokens = _field_number(body, name, min(limit, defaults.max_tokens), 1, limit, integer=True)
-    for unsupported in ("frequency_penalty", "presence_penalty"):
-        if _field_number(body, unsupported, 0.0, -2.0, 2.0) != 0:
-            raise RequestError(
-                f"`{unsupported}` is not supported; use `repetition_penalty` (> 1 discourages repeats).", unsupported
-            )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"`stream` must be true or false; received {stream!r}.", "stream")

@@ -50,32 +50,35 @@ def test_rows_at_their_own_positions_step_as_each_alone(make, rng):
         model.call_with_cache(np.zeros((3, 1), "int32"), joined, positions[:2])
 
 
-def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0, top_k=0, min_p=0.0):
+def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0, top_k=0, min_p=0.0, frequency=0.0, presence=0.0):
     values = [np.broadcast_to(np.asarray(v, d), (rows,)).copy() for v, d in
               ((temperature, "float32"), (top_k, "int32"), (top_p, "float32"), (min_p, "float32"),
-               (penalty, "float32"), (seed, "int32"))]  # fmt: skip
+               (penalty, "float32"), (frequency, "float32"), (presence, "float32"), (seed, "int32"))]  # fmt: skip
     return continuous.RowSettings(*(ops.convert_to_tensor(v) for v in values))
 
 
 def test_rows_that_join_a_running_cache_continue_as_generate_does(rng):
-    """Two prompts decode in a cache of four rows; a third (with a repetition penalty) joins after one
-    chunk; the cache then shrinks to two rows and grows in length. Every row's greedy tokens are
-    `generate`'s for its prompt alone."""
+    """Two prompts decode in a cache of four rows (the second with OpenAI's frequency and presence
+    penalties); a third (with a repetition penalty) joins after one chunk; the cache then shrinks to two
+    rows and grows in length. Every row's greedy tokens are `generate`'s for its prompt alone."""
     model = decoder_lm()
     prompts = [rng.integers(0, VOCABULARY, n).astype("int32") for n in (4, 9, 6)]
     penalties = [1.0, 1.0, 1.5]
+    counted = [(0.0, 0.0), (0.7, 0.4), (0.0, 0.0)]
     expected = [
-        model.generate([p.tolist()], 12, stop_token_ids=(), repetition_penalty=r)[0, len(p) : len(p) + 12]
-        for p, r in zip(prompts, penalties)
+        model.generate(
+            [p.tolist()], 12, stop_token_ids=(), repetition_penalty=r, frequency_penalty=f, presence_penalty=q
+        )[0, len(p) : len(p) + 12]
+        for p, r, (f, q) in zip(prompts, penalties, counted)
     ]
-    cache, seen = model.empty_cache(4, 32), ops.zeros((4, VOCABULARY), "bool")
+    cache, seen = model.empty_cache(4, 32), ops.zeros((4, VOCABULARY), "int32")
     tokens, positions, slots, got = np.zeros(4, "int32"), np.zeros(4, "int32"), {}, {}
 
     def admit(cache, seen, index, slot):
         prompt = prompts[index]
         filled = continuous.prefill(model)(ops.convert_to_tensor(np.pad(prompt, (0, 32 - len(prompt)))[None]))
-        seen_row = np.zeros((1, VOCABULARY), bool)
-        seen_row[0, prompt] = True
+        seen_row = np.zeros((1, VOCABULARY), "int32")
+        seen_row[0, prompt] = 1
         tokens[slot], positions[slot], slots[index], got[index] = prompt[-1], len(prompt) - 1, slot, []
         return continuous.admit(cache, seen, filled, [0], [slot], seen_row)
 
@@ -90,16 +93,17 @@ def test_rows_that_join_a_running_cache_continue_as_generate_does(rng):
             tokens, positions = tokens[kept], positions[kept]
             slots = {index: kept.index(slot) for index, slot in slots.items() if slot in kept}
         rows = len(tokens)
-        penalty = np.ones(rows, "float32")
-        if 2 in slots:
-            penalty[slots[2]] = penalties[2]
-        decode = continuous.decode_chunk(model, continuous.Features(penalty=bool((penalty != 1).any())), 4)
+        penalty, frequency, presence = np.ones(rows, "float32"), np.zeros(rows, "float32"), np.zeros(rows, "float32")
+        for index, slot in slots.items():
+            penalty[slot], (frequency[slot], presence[slot]) = penalties[index], counted[index]
+        features = continuous.Features(penalty=bool((penalty != 1).any()), counts=bool(frequency.any()))
+        decode = continuous.decode_chunk(model, features, 4)
         cache, seen, generated = decode(
             cache,
             ops.convert_to_tensor(tokens),
             ops.convert_to_tensor(positions),
             seen,
-            settings(rows, penalty=penalty),
+            settings(rows, penalty=penalty, frequency=frequency, presence=presence),
         )
         generated = ops.convert_to_numpy(generated)
         tokens, positions = generated[:, -1].copy(), positions + 4
@@ -146,7 +150,12 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     prompts = [rng.integers(0, VOCABULARY, 5).astype("int32") for _ in range(2)]
     filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([np.pad(p, (0, 3)) for p in prompts])))
     cache, seen = continuous.admit(
-        model.empty_cache(2, 16), ops.zeros((2, VOCABULARY), "bool"), filled, [0, 1], [0, 1], np.zeros((2, 50), bool)
+        model.empty_cache(2, 16),
+        ops.zeros((2, VOCABULARY), "int32"),
+        filled,
+        [0, 1],
+        [0, 1],
+        np.zeros((2, 50), "int32"),
     )
     tokens, positions = ops.convert_to_tensor([p[-1] for p in prompts]), ops.convert_to_tensor(np.full(2, 4, "int32"))
     row_settings = settings(2, temperature=np.array([0.0, 1.0]), seed=np.array([0, 9]))
@@ -161,3 +170,19 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     _, _, chosen = biased(cache, tokens, positions, seen, row_settings, ops.convert_to_tensor(bias))
     chosen = ops.convert_to_numpy(chosen)
     assert chosen[0, 0] == only and chosen[1, 0] == expected[1, 0]
+
+
+def test_openai_penalties_are_the_formula_on_the_models_logits(rng):
+    """`generate` with OpenAI's penalties: greedy on the full forward pass's logits less `count *
+    frequency + (count > 0) * presence`, the counts of the tokens generated (the prompt's not counted)."""
+    model = decoder_lm()
+    prompt = rng.integers(0, VOCABULARY, 5).astype("int32")
+    ids, counts = list(prompt), np.zeros(VOCABULARY)
+    for _ in range(10):
+        logits = ops.convert_to_numpy(model(np.array([ids], "int32")))[0, -1]
+        token = int(np.argmax(logits - 1.5 * counts - 0.5 * (counts > 0)))
+        ids.append(token)
+        counts[token] += 1
+    got = model.generate([prompt.tolist()], 10, stop_token_ids=(), frequency_penalty=1.5, presence_penalty=0.5)
+    np.testing.assert_array_equal(got[0], ids)
+    assert not np.array_equal(model.generate([prompt.tolist()], 10, stop_token_ids=())[0], ids)  # they changed it

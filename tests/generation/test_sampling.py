@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation import GenerationConfig, Sampler
-from keras_tfm.generation.continuous import Features, RowSettings, choose_rows
+from keras_tfm.generation.continuous import Features, RowSettings, choose_rows, row_values
 from keras_tfm.generation.sampling import row_seeds, warp
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
@@ -58,9 +58,8 @@ def test_rows_with_different_settings_choose_as_each_would_alone(rng):
     logits = rng.normal(size=(6, 40)).astype("float32") * 2
     configs = [GenerationConfig(**s) for s in SETTINGS] + [GenerationConfig()]
     seeds, positions = row_seeds(5, 6), np.arange(6, dtype="int32") + 3
-    columns = list(zip(*[(c.temperature, c.top_k, c.top_p, c.min_p, c.repetition_penalty, 0) for c in configs]))
-    dtypes = ("float32", "int32", "float32", "float32", "float32", "int32")
-    settings = RowSettings(*(np.asarray(column, dtype) for column, dtype in zip(columns, dtypes)))
+    columns = list(zip(*[row_values(c, 0, dtypes=True) for c in configs]))
+    settings = RowSettings(*(np.asarray([v for v, _ in column], column[0][1]) for column in columns))
     settings = settings._replace(seed=seeds)
     chosen = ops.convert_to_numpy(choose_rows(logits, None, settings, positions, Features(True, True, True, True)))
     for i, config in enumerate(configs):
