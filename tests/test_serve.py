@@ -280,10 +280,12 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
         assert "unrecognized request argument supplied: temprature" in post(
             chat, {"messages": MESSAGES, "temprature": 0.5}, 400, "temprature"
         )
-        for field, value in (("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"})):
-            assert f"`{field}` is not supported by this server yet" in post(
-                chat, {"messages": MESSAGES, field: value}, 400, field
-            )
+        assert "`response_format` is not supported by this server yet" in post(
+            chat, {"messages": MESSAGES, "response_format": {"type": "json_object"}}, 400, "response_format"
+        )
+        assert "`tools` must be a list of up to 128" in post(
+            chat, {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"
+        )
         assert "`suffix`" in post("/v1/completions", {"prompt": "to", "suffix": "!"}, 400, "suffix")
         assert "needs `logprobs` set to true" in post(
             chat, {"messages": MESSAGES, "top_logprobs": 2}, 400, "top_logprobs"
@@ -518,3 +520,63 @@ def test_completions_echo_the_prompt_and_best_of_answers_the_likeliest_draws(mod
             client.completions.create(**drawn, best_of=2, stream=True)
         with pytest.raises(openai.BadRequestError, match="`echo` with `logprobs`"):
             client.completions.create(**greedy, echo=True, logprobs=1)
+
+
+@pytest.mark.backend_independent
+def test_tool_calls_in_a_reply_are_read_for_each_family():
+    from keras_tfm.serve.tools import parse_tool_calls
+
+    names = {"get_weather"}
+    content, calls = parse_tool_calls(
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', names
+    )  # Qwen2.5 / Hermes
+    assert content == "Let me look." and calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"} and calls[0]["type"] == "function"
+    _, calls = parse_tool_calls('{"name": "get_weather", "parameters": {"city": "Oslo"}}', names)  # Llama 3.1
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    content, calls = parse_tool_calls('[{"name": "get_weather", "arguments": {"city": "Rome"}}]', names)  # Mistral
+    assert content is None and len(calls) == 1
+    for text in ('{"name": "delete_files", "arguments": {}}', "<tool_call>not json</tool_call>", "plain"):
+        assert parse_tool_calls(text, names) == (text, [])  # no call to a tool the request gave
+
+
+@pytest.mark.backend_independent
+def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
+    """Tools go to the chat template; a reply that calls one comes back as `tool_calls` (streamed too); a
+    history holding the calls and the tool's answer is taken; a forced call is refused until constrained
+    decoding exists. (The tiny model's text is replaced by a call: its random weights write none.)"""
+    model = chat_model(max_length=512)
+    model.tokenizer.chat_template = (
+        "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{% for m in messages %}<{{ m['role'] }}>"
+        "{{ m['content'] or '' }}{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}{% endfor %}<assistant>"
+    )
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    asked = [{"role": "user", "content": "weather in paris"}]
+    expected = model.tokenizer.encode(model.tokenizer.apply_chat_template(asked, tools=[weather]))
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    monkeypatch.setattr(model, "decode_text", lambda ids: call)
+    with Server(model) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        request = dict(model="tiny", messages=asked, tools=[weather], max_tokens=4, temperature=0)
+        reply = client.chat.completions.create(**request)
+        assert reply.usage.prompt_tokens == len(expected)  # the tools were rendered
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (called,) = choice.message.tool_calls
+        assert called.function.name == "get_weather" and json.loads(called.function.arguments) == {"city": "Paris"}
+        streamed = list(client.chat.completions.create(**request, stream=True))
+        calls = [c for chunk in streamed for choice in chunk.choices for c in choice.delta.tool_calls or []]
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("get_weather", {"city": "Paris"})
+        ]
+        assert streamed[-1].choices[0].finish_reason == "tool_calls"
+        history = [
+            *asked,
+            {"role": "assistant", "content": None, "tool_calls": [called.model_dump()]},
+            {"role": "tool", "tool_call_id": called.id, "content": "sunny"},
+        ]
+        assert client.chat.completions.create(**{**request, "messages": history}).choices[0].message.tool_calls
+        with pytest.raises(openai.BadRequestError, match="`tool_choice` 'required' is not supported"):
+            client.chat.completions.create(**request, tool_choice="required")
+        plain = client.chat.completions.create(**{**request, "tool_choice": "none"})
+        assert plain.choices[0].message.content == call and not plain.choices[0].message.tool_calls

@@ -28,7 +28,8 @@ def check_messages(messages, owner: str) -> list[dict]:
                 "messages",
                 caller=owner,
             )
-        if not isinstance(message["role"], str) or not isinstance(message["content"], (str, list)):
+        calls_only = message["content"] is None and message.get("tool_calls")  # an assistant turn of tool calls
+        if not isinstance(message["role"], str) or not (isinstance(message["content"], (str, list)) or calls_only):
             raise InputError(
                 f"messages[{index}] needs a string 'role' and a string (or list) 'content'; received {message!r}.",
                 "messages",

@@ -17,6 +17,7 @@ from keras_tfm.serve import requests
 from keras_tfm.serve.engine import Engine, Ticket
 from keras_tfm.serve.operations import Metrics, Observed
 from keras_tfm.serve.requests import RequestError
+from keras_tfm.serve.tools import parse_tool_calls, template_messages
 
 # the names a browser on this machine uses for a server bound to loopback; any other `Host` is refused
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -274,25 +275,29 @@ def _prompt_ids(tokenizer, body: dict, chat: bool, escape: bool) -> list[int]:
         return [int(i) for i in tokenizer.encode_prompt(requests.completion_prompt(body))]
     if not tokenizer.chat_template:
         raise RequestError("this model has no chat template; use /v1/completions.", "messages")
-    messages = requests.chat_messages(body)
+    messages, functions = template_messages(requests.chat_messages(body)), requests.chat_tools(body)
     specials = tokenizer.special_token_texts() if escape and hasattr(tokenizer, "special_token_texts") else []
-    if any(special in message["content"] for message in messages for special in specials):
-        return _escaped_chat_ids(tokenizer, messages)
-    return [int(i) for i in tokenizer.encode(_rendered(tokenizer, messages))]  # the template holds the special tokens
+    if any(special in (message["content"] or "") for message in messages for special in specials):
+        return _escaped_chat_ids(tokenizer, messages, functions)
+    # the template holds the special tokens
+    return [int(i) for i in tokenizer.encode(_rendered(tokenizer, messages, functions))]
 
 
-def _rendered(tokenizer, messages: list[dict]) -> str:
+def _rendered(tokenizer, messages: list[dict], functions: list | None) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=functions)
     except InputError as error:  # the template's own checks (roles out of order, ...)
         raise RequestError(error.message, "messages") from None
 
 
-def _escaped_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+def _escaped_chat_ids(tokenizer, messages: list[dict], functions: list | None) -> list[int]:
     """The conversation's ids with each message's text encoded as plain text: the template rendered
     around placeholders, its own text encoded with its special tokens, the messages' without."""
-    marked = [{**message, "content": f"\x00{index}\x00"} for index, message in enumerate(messages)]
-    parts = re.split("\x00([0-9]+)\x00", _rendered(tokenizer, marked))
+    marked = [
+        {**message, "content": f"\x00{index}\x00"} if message["content"] is not None else message
+        for index, message in enumerate(messages)
+    ]
+    parts = re.split("\x00([0-9]+)\x00", _rendered(tokenizer, marked, functions))
     shown = parts[1::2]
     if len(set(shown)) != len(shown):
         raise RequestError(
@@ -357,16 +362,24 @@ def _completion(choices, job, model_name: str, chat: bool, token_text, echo: str
         "model": model_name,
         "usage": _usage(job, choices),
     }
-    answer["choices"] = [
-        {
-            "index": i,
-            **({"message": {"role": "assistant", "content": c.text}} if chat else {"text": echo + c.text}),
-            "finish_reason": c.finish_reason,
-            "logprobs": _logprobs(c.logprobs, chat, token_text),
-        }
-        for i, c in enumerate(choices)
-    ]
+    answer["choices"] = []
+    for i, c in enumerate(choices):
+        reply, finish = ({"message": _reply(c.text, job)} if chat else {"text": echo + c.text}), c.finish_reason
+        if reply.get("message", {}).get("tool_calls"):
+            finish = "tool_calls"
+        answer["choices"].append(
+            {"index": i, **reply, "finish_reason": finish, "logprobs": _logprobs(c.logprobs, chat, token_text)}
+        )
     return answer
+
+
+def _reply(text: str, job) -> dict:
+    """A chat choice's message: the reply's text, or where the request gave tools, the calls it holds
+    and the text around them."""
+    if not job.tools:
+        return {"role": "assistant", "content": text}
+    content, calls = parse_tool_calls(text, {tool["function"]["name"] for tool in job.tools})
+    return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
 
 
 def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text, metrics, echo: str = ""):
@@ -415,6 +428,8 @@ def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, to
                 yield event([chunk(i, echo) for i in range(job.n)])
             while True:
                 kind, value = await ticket.events.get()
+                if kind == "text" and job.tools:  # the calls are known at the end: sent whole there
+                    continue
                 if kind == "text":
                     row, piece, logprobs = value
                     if not any(written) and piece:
@@ -428,7 +443,17 @@ def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, to
                     return
                 else:
                     metrics.generated_tokens.inc(sum(choice.tokens for choice in value))
-                    yield event([chunk(i, None, choice.finish_reason) for i, choice in enumerate(value)])
+                    ends = [choice.finish_reason for choice in value]
+                    if job.tools:
+                        for i, choice in enumerate(value):
+                            message = _reply(choice.text, job)
+                            delta = chunk(i, message["content"])
+                            if message.get("tool_calls"):
+                                calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                                delta["delta"] = {"content": message["content"], "tool_calls": calls}
+                                ends[i] = "tool_calls"
+                            yield event([delta])
+                    yield event([chunk(i, None, end) for i, end in enumerate(ends)])
                     if include_usage:
                         yield event([], usage=_usage(job, value))
                     yield "data: [DONE]\n\n"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 from keras_tfm.errors import InputError
@@ -36,6 +37,7 @@ class Job:
     logprobs: int | None = None  # None: none; else each token's, and this many likeliest alternatives
     echo: bool = False  # the answer's text starts with the prompt's (completions)
     best_of: int = 1  # continuations drawn (at least `n`), of which the `n` likeliest are answered
+    tools: list | None = None  # the functions the chat template is given and the reply's calls are read for
 
     @property
     def max_tokens(self) -> int:
@@ -78,13 +80,13 @@ USED = {
 }  # fmt: skip
 USED_BY = {
     "completions": {"prompt", "logprobs", "echo", "best_of"},
-    "chat": {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+    "chat": {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"},
 }
 KEPT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
 OFF_ONLY = {  # field -> the values that ask for nothing
     "completions": {"suffix": ("",)},
     "chat": {
-        "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+        "functions": ([],),
         "function_call": ("none",), "response_format": ({"type": "text"},), "modalities": (["text"],),
         "audio": (), "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
     },
@@ -219,6 +221,7 @@ def parse_job(
         logprobs=_logprobs(body, chat),
         echo=_flag(body, "echo"),
         best_of=_field_number(body, "best_of", n, 1, 16, integer=True),
+        tools=chat_tools(body) if chat else None,
     )
     if job.echo and job.logprobs is not None:
         raise RequestError("`echo` with `logprobs` (the prompt's log-probabilities) is not supported yet.", "echo")
@@ -259,30 +262,89 @@ def _config(**settings) -> GenerationConfig:
         raise RequestError(error.message.replace("`max_new_tokens`", "`max_tokens`"), name) from None
 
 
+def chat_tools(body: dict) -> list[dict] | None:
+    """The request's functions (OpenAI's `tools`), checked; None without any, or with `tool_choice`
+    "none" (the model is not told of them). A call forced by `tool_choice` ("required" or a named
+    function) needs constrained decoding, not supported yet: refused by name."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice not in (None, "none", "auto"):
+        raise RequestError(
+            f"`tool_choice` {choice!r:.100} is not supported by this server yet (it needs constrained "
+            'decoding); send "auto" or "none".',
+            "tool_choice",
+        )
+    if tools is None or tools == [] or choice == "none":
+        return None
+    if not isinstance(tools, list) or len(tools) > 128 or not all(_is_function(tool) for tool in tools):
+        raise RequestError(
+            '`tools` must be a list of up to 128 {"type": "function", "function": {"name": ..., "parameters": '
+            f"{{...}}}}}} objects; received {tools!r:.200}.",
+            "tools",
+        )
+    return tools
+
+
+def _is_function(tool) -> bool:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return (
+        tool.get("type") == "function"
+        and isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and bool(function["name"])
+        and isinstance(function.get("parameters", {}), dict)
+    )
+
+
 def chat_messages(body: dict) -> list[dict]:
     """The conversation of a chat request: a non-empty list of messages with string roles and contents
-    (a content given as text parts is joined)."""
+    (a content given as text parts is joined); an assistant turn may hold `tool_calls` instead of text,
+    and a `tool` turn answers one of them (its `tool_call_id`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("`messages` must be a non-empty list of messages.", "messages")
-    checked = []
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):  # [{"type": "text", "text": ...}]
-            if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-            ):
-                raise RequestError(f"messages[{index}].content: only text parts are supported.", "messages")
-            content = "".join(part["text"] for part in content)
-        role = message.get("role") if isinstance(message, dict) else None
-        if role not in ("system", "user", "assistant", "developer") or not isinstance(content, str):
-            raise RequestError(
-                f"messages[{index}] must be an object with a `role` (system, user, assistant) and a string "
-                f"`content`; received {message!r:.200}.",
-                "messages",
-            )
-        checked.append({"role": "system" if role == "developer" else role, "content": content})
+    return [_message(index, message) for index, message in enumerate(messages)]
+
+
+def _message(index: int, message) -> dict:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # [{"type": "text", "text": ...}]
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise RequestError(f"messages[{index}].content: only text parts are supported.", "messages")
+        content = "".join(part["text"] for part in content)
+    role = message.get("role") if isinstance(message, dict) else None
+    calls = message.get("tool_calls") if role == "assistant" else None
+    if calls is not None and not (isinstance(calls, list) and all(map(_is_call, calls))):
+        raise RequestError(
+            f'messages[{index}].tool_calls must be a list of {{"id", "type": "function", "function": '
+            f'{{"name", "arguments": a JSON object as a string}}}}; received {calls!r:.200}.',
+            "messages",
+        )
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise RequestError(f"messages[{index}]: a `tool` message needs the `tool_call_id` it answers.", "messages")
+    if role not in ("system", "user", "assistant", "developer", "tool") or not (
+        isinstance(content, str) or (content is None and calls)
+    ):
+        raise RequestError(
+            f"messages[{index}] must be an object with a `role` (system, user, assistant, tool) and a string "
+            f"`content`; received {message!r:.200}.",
+            "messages",
+        )
+    checked = {"role": "system" if role == "developer" else role, "content": content}
+    if calls:
+        checked["tool_calls"] = calls
+    if role == "tool":
+        checked["tool_call_id"] = message["tool_call_id"]
     return checked
+
+
+def _is_call(call) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return False
+    try:
+        return isinstance(json.loads(function.get("arguments")), dict)
+    except (TypeError, ValueError):
+        return False
 
 
 def completion_prompt(body: dict) -> str:

@@ -53,8 +53,10 @@ class Tokenizer:
         """A translation's ids as text (its target side; by default `decode_text`'s)."""
         return self.decode_text(ids)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text of a conversation under `chat_template`; refused without one."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, tools=None) -> str:
+        """The prompt text of a conversation under `chat_template`, with the functions `tools` (OpenAI's
+        `[{"type": "function", "function": {...}}]`, as the template reads them) where given; refused
+        without a template."""
         from keras_tfm.data.chat import render_chat_template
 
         if not self.chat_template:
@@ -63,9 +65,8 @@ class Tokenizer:
                 "tokenizer_config.json or chat_template.jinja).",
                 argument="messages",
             )
-        return render_chat_template(
-            self.chat_template, messages, add_generation_prompt, **getattr(self, "special_tokens", {})
-        )
+        variables = dict(getattr(self, "special_tokens", {}), **({"tools": tools} if tools is not None else {}))
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, **variables)
 
     def save(self, path: str) -> None:
         """Writes the tokenizer as one JSON file (`load_tokenizer` reads it back)."""
