@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 
+import keras_tfm
 from tests.test_cli import chat_model, saved_language_model
 
 openai = pytest.importorskip("openai")
@@ -280,8 +281,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
         assert "unrecognized request argument supplied: temprature" in post(
             chat, {"messages": MESSAGES, "temprature": 0.5}, 400, "temprature"
         )
-        assert "`response_format` is not supported by this server yet" in post(
-            chat, {"messages": MESSAGES, "response_format": {"type": "json_object"}}, 400, "response_format"
+        assert "`functions` is not supported by this server yet" in post(
+            chat, {"messages": MESSAGES, "functions": [{"name": "f"}]}, 400, "functions"
         )
         assert "`tools` must be a list of up to 128" in post(
             chat, {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"
@@ -580,3 +581,55 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
             client.chat.completions.create(**request, tool_choice="required")
         plain = client.chat.completions.create(**{**request, "tool_choice": "none"})
         assert plain.choices[0].message.content == call and not plain.choices[0].message.tool_calls
+
+
+@pytest.mark.backend_independent  # the grammar is host-side; the bias it gives rows is every backend's
+def test_response_format_holds_json_and_a_schema_whatever_the_weights():
+    """A tiny model of random weights, sampling at temperature 1.5: every reply to `json_object` parses
+    as an object, every reply to `json_schema` follows the schema (streamed too); a bad format is a 400."""
+    import tokenizers
+
+    from keras_tfm.data import HuggingFaceTokenizer
+
+    characters = ' abcdefghijklmnopqrstuvwxyz{}[]":,0123456789.-<>'
+    vocabulary = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({c: i for i, c in enumerate(characters)}, unk_token=" ")
+    )
+    vocabulary.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    vocabulary.decoder = tokenizers.decoders.Fuse()
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=len(characters), max_length=128, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+    )
+    model.tokenizer = HuggingFaceTokenizer(
+        vocabulary.to_str(), chat_template="{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    )
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 6}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    with Server(model) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        request = dict(model="tiny", messages=MESSAGES, max_tokens=60, temperature=1.5, n=3, seed=1)
+        loose = client.chat.completions.create(
+            **{**request, "max_tokens": 110}, response_format={"type": "json_object"}
+        )
+        for choice in loose.choices:  # an object of any keys: a reply cut at max_tokens is one begun
+            text = choice.message.content
+            assert isinstance(json.loads(text), dict) if choice.finish_reason == "stop" else text.startswith("{")
+        assert "stop" in [choice.finish_reason for choice in loose.choices]
+        typed = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
+        replies = [c.message.content for c in client.chat.completions.create(**request, response_format=typed).choices]
+        streamed = "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(**{**request, "n": 1}, response_format=typed, stream=True)
+            if c.choices
+        )
+        for reply in [*replies, streamed]:
+            value = json.loads(reply)
+            assert set(value) == {"city", "sunny"} and isinstance(value["sunny"], bool), reply
+            assert isinstance(value["city"], str) and len(value["city"]) <= 6, reply
+        assert len(set(replies)) > 1  # sampled: the grammar chose nothing for them
+        with pytest.raises(openai.BadRequestError, match="response_format"):
+            client.chat.completions.create(**request, response_format={"type": "json_schema"})

@@ -15,6 +15,7 @@ import uuid
 from keras_tfm.errors import InputError
 from keras_tfm.serve import requests
 from keras_tfm.serve.engine import Engine, Ticket
+from keras_tfm.serve.grammar import Constraint, response_schema
 from keras_tfm.serve.operations import Metrics, Observed
 from keras_tfm.serve.requests import RequestError
 from keras_tfm.serve.tools import parse_tool_calls, template_messages
@@ -82,6 +83,9 @@ def create_app(
         # off the event loop: a long prompt's tokenization must not hold up every other client
         prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat, escape_special_tokens)
         job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
+        if chat and (schema := response_schema(body)) is not None:
+            await run_in_threadpool(Constraint, model, schema)  # a schema llguidance refuses is a 400, here
+            job.schema = schema
         ticket = engine.submit(job)
         token_text = _token_texts(model)
         metrics.prompt_tokens.inc(len(job.prompt))

@@ -25,6 +25,7 @@ from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.sampling import row_seeds
 from keras_tfm.generation.text import TextDecoder
+from keras_tfm.serve.grammar import Constraint
 from keras_tfm.serve.requests import Job, RequestError
 
 WIDTH_STEP = 32  # prompt widths are padded to multiples of this; cache lengths start there
@@ -72,6 +73,7 @@ class Row:
     finish: str | None = None
     logprobs: list[Logprob] = dataclasses.field(default_factory=list)
     sent: int = 0  # the logprobs a stream has had
+    constraint: Constraint | None = None  # the grammar its reply follows, a step at a time
 
 
 class Engine:
@@ -202,7 +204,8 @@ class Engine:
         for source, ticket in enumerate(tickets):
             for copy in range(_rows_of(ticket.job)):
                 slot = next(free)
-                ticket.rows.append(Row(ticket, self._decoder(ticket.job)))
+                constraint = None if ticket.job.schema is None else Constraint(self.model, ticket.job.schema)
+                ticket.rows.append(Row(ticket, self._decoder(ticket.job), constraint=constraint))
                 self._slots[slot] = ticket.rows[-1]
                 self._start_row(slot, ticket.job, copy)
                 sources.append(source)
@@ -252,11 +255,11 @@ class Engine:
         ended are given back."""
         busy = self._busy()
         bias = self._bias(busy)
+        # a constrained row's next tokens depend on the one it takes: chunks of one step while one decodes
+        steps = 1 if any(self._slots[slot].constraint for slot in busy) else self.chunk_steps
         logprobs = any(_alternatives(self._slots[slot].ticket.job) is not None for slot in busy)
         features = self._features(busy)._replace(biased=bias is not None, logprobs=logprobs)
-        chunk = self._compiled(
-            ("chunk", features, self.chunk_steps), continuous.decode_chunk, features, self.chunk_steps
-        )
+        chunk = self._compiled(("chunk", features, steps), continuous.decode_chunk, features, steps)
         self.shapes[(len(self._slots), self._length())] += 1
         self.rows_per_chunk[len(busy)] += 1
         settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self._settings))
@@ -271,7 +274,7 @@ class Engine:
         generated = ops.convert_to_numpy(generated)
         scores = [ops.convert_to_numpy(part) for part in scores[0]] if scores else None
         self._tokens = generated[:, -1].astype("int32")
-        self._positions = np.minimum(self._positions + self.chunk_steps, self._length() - 1).astype("int32")
+        self._positions = np.minimum(self._positions + steps, self._length() - 1).astype("int32")
         for slot in busy:
             row = self._slots[slot]
             self._take(row, generated[slot], None if scores is None else [part[slot] for part in scores])
@@ -296,14 +299,17 @@ class Engine:
         return continuous.features_of(continuous.RowSettings(*(setting[busy] for setting in self._settings)))
 
     def _bias(self, busy: list[int]) -> np.ndarray | None:
-        """`(rows, vocabulary)`: what each row's `logit_bias` adds to its scores; None where no row has one."""
-        biases = {slot: self._slots[slot].ticket.job.config.logit_bias for slot in busy}
-        if not any(biases.values()):
+        """`(rows, vocabulary)`: what each row's `logit_bias` and grammar add to its scores; None where no
+        row has either."""
+        rows = {slot: self._slots[slot] for slot in busy}
+        if not any(row.ticket.job.config.logit_bias or row.constraint for row in rows.values()):
             return None
         bias = np.zeros((len(self._slots), self.model.decoding_vocabulary_size), "float32")
-        for slot, pairs in biases.items():
-            for token, value in pairs or ():
+        for slot, row in rows.items():
+            for token, value in row.ticket.job.config.logit_bias or ():
                 bias[slot, token] = value
+            if row.constraint is not None:
+                bias[slot] += row.constraint.bias()
         return bias
 
     def _decoder(self, job: Job) -> TextDecoder:
@@ -319,8 +325,9 @@ class Engine:
             row.finish = "cancelled"
             return
         taken = len(row.decoder.tokens)
-        piece = row.decoder.feed(generated)
-        row.finish = row.decoder.finish
+        complete = row.constraint is not None and row.constraint.take(generated[0])
+        piece = row.decoder.feed(generated, last=complete)
+        row.finish = row.decoder.finish or ("stop" if complete else None)
         top = _alternatives(row.ticket.job)
         if top is not None:
             picked, top_ids, top_values = scores

@@ -38,6 +38,7 @@ class Job:
     echo: bool = False  # the answer's text starts with the prompt's (completions)
     best_of: int = 1  # continuations drawn (at least `n`), of which the `n` likeliest are answered
     tools: list | None = None  # the functions the chat template is given and the reply's calls are read for
+    schema: dict | None = None  # the JSON schema every reply follows (`response_format`), by constrained decoding
 
     @property
     def max_tokens(self) -> int:
@@ -80,14 +81,22 @@ USED = {
 }  # fmt: skip
 USED_BY = {
     "completions": {"prompt", "logprobs", "echo", "best_of"},
-    "chat": {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"},
+    "chat": {
+        "messages",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "response_format",
+    },
 }
 KEPT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
 OFF_ONLY = {  # field -> the values that ask for nothing
     "completions": {"suffix": ("",)},
     "chat": {
         "functions": ([],),
-        "function_call": ("none",), "response_format": ({"type": "text"},), "modalities": (["text"],),
+        "function_call": ("none",), "modalities": (["text"],),
         "audio": (), "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
     },
 }  # fmt: skip
