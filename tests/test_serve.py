@@ -544,8 +544,8 @@ def test_tool_calls_in_a_reply_are_read_for_each_family():
 @pytest.mark.backend_independent
 def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
     """Tools go to the chat template; a reply that calls one comes back as `tool_calls` (streamed too); a
-    history holding the calls and the tool's answer is taken; a forced call is refused until constrained
-    decoding exists. (The tiny model's text is replaced by a call: its random weights write none.)"""
+    history holding the calls and the tool's answer is taken; a forced call must name one of the tools.
+    (The tiny model's text is replaced by a call: its random weights write none.)"""
     model = chat_model(max_length=512)
     model.tokenizer.chat_template = (
         "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{% for m in messages %}<{{ m['role'] }}>"
@@ -577,32 +577,34 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
             {"role": "tool", "tool_call_id": called.id, "content": "sunny"},
         ]
         assert client.chat.completions.create(**{**request, "messages": history}).choices[0].message.tool_calls
-        with pytest.raises(openai.BadRequestError, match="`tool_choice` 'required' is not supported"):
-            client.chat.completions.create(**request, tool_choice="required")
+        forced = {"type": "function", "function": {"name": "get_time"}}
+        with pytest.raises(openai.BadRequestError, match="`tool_choice` names a function that is not in `tools`"):
+            client.chat.completions.create(**request, tool_choice=forced)
         plain = client.chat.completions.create(**{**request, "tool_choice": "none"})
         assert plain.choices[0].message.content == call and not plain.choices[0].message.tool_calls
 
 
 @pytest.mark.backend_independent  # the grammar is host-side; the bias it gives rows is every backend's
-def test_response_format_holds_json_and_a_schema_whatever_the_weights():
+def test_response_format_and_forced_tool_calls_hold_whatever_the_weights():
     """A tiny model of random weights, sampling at temperature 1.5: every reply to `json_object` parses
-    as an object, every reply to `json_schema` follows the schema (streamed too); a bad format is a 400."""
+    as an object, every reply to `json_schema` follows the schema (streamed too); a bad format is a 400;
+    `tool_choice` "required" or a named function gives a call whose arguments follow its schema."""
     import tokenizers
 
     from keras_tfm.data import HuggingFaceTokenizer
 
-    characters = ' abcdefghijklmnopqrstuvwxyz{}[]":,0123456789.-<>'
+    characters = ' abcdefghijklmnopqrstuvwxyz{}[]":,0123456789.-<>_/\n'
     vocabulary = tokenizers.Tokenizer(
         tokenizers.models.WordLevel({c: i for i, c in enumerate(characters)}, unk_token=" ")
     )
-    vocabulary.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    vocabulary.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("[\\s\\S]"), behavior="isolated")
     vocabulary.decoder = tokenizers.decoders.Fuse()
     model = keras_tfm.DecoderLM(
         vocabulary_size=len(characters), max_length=128, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
     )
     model.tokenizer = HuggingFaceTokenizer(
-        vocabulary.to_str(), chat_template="{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
-    )
+        vocabulary.to_str(), chat_template="{% for m in messages %}<{{ m['content'] }}>{% endfor %}<tool_call>"
+    )  # a Hermes-style template: it names the <tool_call> block its calls are written in
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 6}, "sunny": {"type": "boolean"}},
@@ -633,3 +635,17 @@ def test_response_format_holds_json_and_a_schema_whatever_the_weights():
         assert len(set(replies)) > 1  # sampled: the grammar chose nothing for them
         with pytest.raises(openai.BadRequestError, match="response_format"):
             client.chat.completions.create(**request, response_format={"type": "json_schema"})
+        # a forced tool call, written as the template's family writes one, its arguments the function's
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+        other = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        for choice, names in (("required", {"get_weather", "get_time"}), (named, {"get_weather"})):
+            forcing = dict(request, tools=[weather, other], tool_choice=choice, max_tokens=110)
+            called = client.chat.completions.create(**forcing).choices
+            for reply in called:
+                assert reply.finish_reason == "tool_calls", reply.message.content
+                (call,) = reply.message.tool_calls
+                assert call.function.name in names
+                if call.function.name == "get_weather":
+                    arguments = json.loads(call.function.arguments)
+                    assert set(arguments) == {"city", "sunny"} and len(arguments["city"]) <= 6

@@ -15,7 +15,7 @@ import uuid
 from keras_tfm.errors import InputError
 from keras_tfm.serve import requests
 from keras_tfm.serve.engine import Engine, Ticket
-from keras_tfm.serve.grammar import Constraint, response_schema
+from keras_tfm.serve.grammar import Constraint, response_schema, schema_grammar, tool_call_grammar
 from keras_tfm.serve.operations import Metrics, Observed
 from keras_tfm.serve.requests import RequestError
 from keras_tfm.serve.tools import parse_tool_calls, template_messages
@@ -83,9 +83,9 @@ def create_app(
         # off the event loop: a long prompt's tokenization must not hold up every other client
         prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat, escape_special_tokens)
         job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
-        if chat and (schema := response_schema(body)) is not None:
-            await run_in_threadpool(Constraint, model, schema)  # a schema llguidance refuses is a 400, here
-            job.schema = schema
+        if chat and (grammar := _reply_grammar(model, body, job)) is not None:
+            await run_in_threadpool(Constraint, model, grammar)  # a grammar llguidance refuses is a 400, here
+            job.grammar = grammar
         ticket = engine.submit(job)
         token_text = _token_texts(model)
         metrics.prompt_tokens.inc(len(job.prompt))
@@ -375,6 +375,15 @@ def _completion(choices, job, model_name: str, chat: bool, token_text, echo: str
             {"index": i, **reply, "finish_reason": finish, "logprobs": _logprobs(c.logprobs, chat, token_text)}
         )
     return answer
+
+
+def _reply_grammar(model, body: dict, job) -> str | None:
+    """What a chat reply must follow: a forced tool call (`tool_choice` "required" or a named function)
+    as the template's family writes one, or `response_format`'s JSON; None: free text."""
+    if job.tools and (body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)):
+        return tool_call_grammar(model.tokenizer.chat_template or "", job.tools, body["tool_choice"])
+    schema = response_schema(body)
+    return None if schema is None else schema_grammar(schema)
 
 
 def _reply(text: str, job) -> dict:

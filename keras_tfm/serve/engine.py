@@ -204,7 +204,7 @@ class Engine:
         for source, ticket in enumerate(tickets):
             for copy in range(_rows_of(ticket.job)):
                 slot = next(free)
-                constraint = None if ticket.job.schema is None else Constraint(self.model, ticket.job.schema)
+                constraint = None if ticket.job.grammar is None else Constraint(self.model, ticket.job.grammar)
                 ticket.rows.append(Row(ticket, self._decoder(ticket.job), constraint=constraint))
                 self._slots[slot] = ticket.rows[-1]
                 self._start_row(slot, ticket.job, copy)

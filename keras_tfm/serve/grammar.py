@@ -32,16 +32,56 @@ def response_schema(body: dict) -> dict | None:
     return schema
 
 
-class Constraint:
-    """One row's grammar: the tokens it allows next (`bias`) and the tokens it took (`take`)."""
+def schema_grammar(schema: dict) -> str:
+    """llguidance's grammar of JSON that follows `schema`, without free whitespace."""
+    import llguidance
 
-    def __init__(self, model, schema: dict):
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+
+
+def tool_call_grammar(chat_template: str, tools: list[dict], tool_choice) -> str:
+    """The grammar of a reply that calls one of `tools` (`tool_choice` "required") or the function
+    `tool_choice` names, written as the chat template's family writes a call (`serve.tools`): Llama 3.1's
+    JSON object of `parameters`, Mistral's JSON list, else a Qwen2.5 / Hermes `<tool_call>` block.
+    Its arguments follow the function's `parameters` schema."""
+    import json
+
+    if isinstance(tool_choice, dict):
+        tools = [tool for tool in tools if tool["function"]["name"] == tool_choice["function"]["name"]]
+    llama = "<|python_tag|>" in chat_template or "ipython" in chat_template
+    key = "parameters" if llama else "arguments"
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool["function"]["name"]},
+                key: tool["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["name", key],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if "[TOOL_CALLS]" in chat_template:
+        call = {"type": "array", "items": call, "minItems": 1, "maxItems": 1}
+    call["x-guidance"] = {"whitespace_flexible": False}  # llguidance's option: JSON as json.dumps writes it
+    body = f"call: %json {json.dumps(call)}"
+    if llama or "[TOOL_CALLS]" in chat_template:
+        return f"start: call\n{body}\n"
+    return f'start: "<tool_call>\\n" call "\\n</tool_call>"\n{body}\n'
+
+
+class Constraint:
+    """One row's grammar (llguidance's, `schema_grammar` or `tool_call_grammar`): the tokens it allows
+    next (`bias`) and the tokens it took (`take`)."""
+
+    def __init__(self, model, grammar: str):
         import llguidance
 
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
         self.matcher = llguidance.LLMatcher(_tokenizer(model), grammar)
         if self.matcher.is_error():
-            raise RequestError(f"`response_format`: {self.matcher.get_error()}", "response_format")
+            raise RequestError(f"the reply's grammar: {self.matcher.get_error()}", "response_format")
         self.vocabulary_size = model.decoding_vocabulary_size
 
     def bias(self) -> np.ndarray:

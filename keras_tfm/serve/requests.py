@@ -38,7 +38,7 @@ class Job:
     echo: bool = False  # the answer's text starts with the prompt's (completions)
     best_of: int = 1  # continuations drawn (at least `n`), of which the `n` likeliest are answered
     tools: list | None = None  # the functions the chat template is given and the reply's calls are read for
-    schema: dict | None = None  # the JSON schema every reply follows (`response_format`), by constrained decoding
+    grammar: str | None = None  # what every reply follows (`response_format`, a forced tool call): llguidance's
 
     @property
     def max_tokens(self) -> int:
@@ -273,15 +273,18 @@ def _config(**settings) -> GenerationConfig:
 
 def chat_tools(body: dict) -> list[dict] | None:
     """The request's functions (OpenAI's `tools`), checked; None without any, or with `tool_choice`
-    "none" (the model is not told of them). A call forced by `tool_choice` ("required" or a named
-    function) needs constrained decoding, not supported yet: refused by name."""
+    "none" (the model is not told of them). "required" or a named function forces a call (the app's
+    grammar)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice not in (None, "none", "auto"):
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+    if choice not in (None, "none", "auto", "required") and not named:
         raise RequestError(
-            f"`tool_choice` {choice!r:.100} is not supported by this server yet (it needs constrained "
-            'decoding); send "auto" or "none".',
+            '`tool_choice` must be "none", "auto", "required" or {"type": "function", "function": {"name": '
+            f"...}}}}; received {choice!r:.100}.",
             "tool_choice",
         )
+    if not tools and (choice == "required" or named):
+        raise RequestError("`tool_choice` forces a call: give the functions in `tools`.", "tool_choice")
     if tools is None or tools == [] or choice == "none":
         return None
     if not isinstance(tools, list) or len(tools) > 128 or not all(_is_function(tool) for tool in tools):
@@ -290,6 +293,8 @@ def chat_tools(body: dict) -> list[dict] | None:
             f"{{...}}}}}} objects; received {tools!r:.200}.",
             "tools",
         )
+    if named and choice["function"].get("name") not in {tool["function"]["name"] for tool in tools}:
+        raise RequestError(f"`tool_choice` names a function that is not in `tools`: {choice!r:.100}.", "tool_choice")
     return tools
 
 
