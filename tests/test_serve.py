@@ -580,6 +580,14 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
         forced = {"type": "function", "function": {"name": "get_time"}}
         with pytest.raises(openai.BadRequestError, match="`tool_choice` names a function that is not in `tools`"):
             client.chat.completions.create(**request, tool_choice=forced)
+        # a grammar this vocabulary cannot write (its tokens all read as the call's text): that request
+        # alone fails, its neighbour decoding beside it is answered
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            broken = pool.submit(client.chat.completions.create, **request, tool_choice="required")
+            fine = pool.submit(client.chat.completions.create, **request)
+            assert fine.result().choices[0].message.tool_calls
+            with pytest.raises(openai.InternalServerError, match="decoding failed: the grammar refused"):
+                broken.result()
         plain = client.chat.completions.create(**{**request, "tool_choice": "none"})
         assert plain.choices[0].message.content == call and not plain.choices[0].message.tool_calls
 

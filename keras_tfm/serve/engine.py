@@ -56,6 +56,7 @@ class Ticket:
         self.job, self.loop = job, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = False
+        self.failed = False  # answered with an error already
         self.rows: list[Row] = []
 
     def send(self, kind: str, value) -> None:
@@ -325,7 +326,12 @@ class Engine:
             row.finish = "cancelled"
             return
         taken = len(row.decoder.tokens)
-        complete = row.constraint is not None and row.constraint.take(generated[0])
+        try:
+            complete = row.constraint is not None and row.constraint.take(generated[0])
+        except RuntimeError as error:  # this request's grammar failed: it alone is answered so
+            row.finish, row.ticket.failed = "error", True
+            row.ticket.send("error", RequestError(f"decoding failed: {error}"[:500], None, 500, "server_error"))
+            return
         piece = row.decoder.feed(generated, last=complete)
         row.finish = row.decoder.finish or ("stop" if complete else None)
         top = _alternatives(row.ticket.job)
@@ -339,7 +345,7 @@ class Engine:
             row.sent = len(row.logprobs)
 
     def _finish(self, ticket: Ticket) -> None:
-        if any(row.finish is None for row in ticket.rows):
+        if ticket.failed or any(row.finish is None for row in ticket.rows):
             return
         if ticket.cancelled:
             self.clients_left += 1

@@ -212,9 +212,7 @@ def parse_job(
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     limit = min(room, max_tokens_limit)
     max_tokens = _field_number(body, name, min(limit, defaults.max_tokens), 1, limit, integer=True)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(f"`stream` must be true or false; received {stream!r}.", "stream")
+    stream = _flag(body, "stream")
     sampling = {name: _setting(body, name, getattr(defaults.config, name)) for name in sampling_fields()}
     sampling["seed"] = _field_number(body, "seed", None, -(2**63), 2**63 - 1, integer=True)
     sampling["logit_bias"] = _logit_bias(body, vocabulary_size)
@@ -253,9 +251,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     `logprobs` (true or false) and `top_logprobs` (0 to 20); the completions' `logprobs` (0 to 5)."""
     if not chat:
         return _field_number(body, "logprobs", None, 0, 5, integer=True)
-    wanted = body.get("logprobs")
-    if wanted is not None and not isinstance(wanted, bool):
-        raise RequestError(f"`logprobs` must be true or false; received {wanted!r:.80}.", "logprobs")
+    wanted = _flag(body, "logprobs")
     top = _field_number(body, "top_logprobs", None, 0, 20, integer=True)
     if top is not None and not wanted:
         raise RequestError("`top_logprobs` needs `logprobs` set to true.", "top_logprobs")
