@@ -293,6 +293,17 @@ def test_decoding_settings_for_a_format_without_the_loop_are_refused_not_dropped
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="a SavedModel is written from TensorFlow or JAX")
+def test_settings_the_saved_loop_does_not_hold_are_refused_not_dropped(tmp_path):
+    lm = MODELS["decoder_lm"][0]()
+    for name, value in (("logit_bias", {1: 5.0}), ("frequency_penalty", 0.5), ("num_return_sequences", 2),
+                        ("json_schema", True), ("repetition_penalty", 1.2)):  # fmt: skip
+        settings = {name: value, "temperature": 0.7}
+        with pytest.raises(InputError, match=rf"^{name}: DecoderLM\.export: is not exported \(greedy decoding"):
+            lm.export(str(tmp_path / "model"), **settings)
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [

@@ -198,16 +198,34 @@ def test_concurrent_requests_decode_together_and_none_is_lost(model):
 
 
 @pytest.mark.backend_independent
-def test_a_request_joins_rows_that_are_decoding(model, monkeypatch):
-    """A short request sent while a long stream decodes joins its batch and ends first (it does not wait
-    for the stream's end); both get what each would get alone."""
+def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_beside(model, monkeypatch):
+    """/health says 503 until the warm-up compiled the shapes it plans (a progress line each). A short
+    request sent while a long stream decodes needs a cache shape not compiled yet: it compiles on another
+    thread while the stream goes on (no stall), then the request joins the batch; both get what each
+    would get alone."""
     prompt = model.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     long_text = model.generate(prompt, max_new_tokens=40)[len(prompt) :]
     short_text = model.generate("to be", max_new_tokens=3)[len("to be") :]
-    with Server(model) as server:
+    lines, release = [], threading.Event()
+    progress = lambda line: (lines.append(line), release.wait(60))  # noqa: E731
+    with Server(model, max_batch_size=2, warm_up_length=32, progress=progress) as server:
         engine = server.app.state.engine
-        slowed(engine, monkeypatch, 0.1)  # 10 chunks of 4 tokens: a second of stream
-        streamed, ended = [], {}
+        assert httpx.get(server.url + "/health").status_code == 503 and lines
+        release.set()
+        assert engine.ready.wait(120) and httpx.get(server.url + "/health").status_code == 200
+        # rows 1 and 2, cache length 32: a prefill, a greedy chunk and a chunk of the defaults' sampling
+        assert len(lines) == 6 and lines[-1].startswith("warm-up 6/6") and len(engine.compiled.ready) == 6
+        slowed(engine, monkeypatch, 0.2)  # 10 chunks of 4 tokens: two seconds of stream
+        compile, during = engine.compiled.compile, []
+
+        def slow_compile(key, shape):  # a compile of half a second, at least
+            chunks = sum(engine.rows_per_chunk.values())
+            time.sleep(0.5)
+            compile(key, shape)
+            during.append(sum(engine.rows_per_chunk.values()) - chunks)
+
+        monkeypatch.setattr(engine.compiled, "compile", slow_compile)
+        streamed = []
         body = {"messages": MESSAGES, "max_tokens": 40, "temperature": 0, "stream": True}
 
         def stream():
@@ -215,7 +233,6 @@ def test_a_request_joins_rows_that_are_decoding(model, monkeypatch):
                 for line in answer.iter_lines():
                     if line.startswith("data: {"):
                         streamed.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
-            ended["long"] = time.time()
 
         thread = threading.Thread(target=stream)
         thread.start()
@@ -225,10 +242,10 @@ def test_a_request_joins_rows_that_are_decoding(model, monkeypatch):
         short = httpx.post(
             server.url + "/v1/completions", json={"prompt": "to be", "max_tokens": 3, "temperature": 0}, timeout=60
         )
-        ended["short"] = time.time()
         thread.join(timeout=60)
     assert short.json()["choices"][0]["text"] == short_text and "".join(streamed) == long_text
-    assert ended["short"] < ended["long"] and engine.joined_running == 1
+    assert engine.joined_running == 1 and engine.rows_per_chunk[2] >= 1  # it decoded beside the stream
+    assert engine.compiled.stalls == 0 and engine.compiled.beside >= 1 and min(during) >= 2, during
 
 
 def test_a_model_with_a_position_table_decodes_to_the_end_of_its_context(model):
@@ -519,8 +536,22 @@ def test_completions_echo_the_prompt_and_best_of_answers_the_likeliest_draws(mod
             client.completions.create(**drawn, n=2, best_of=1)
         with pytest.raises(openai.BadRequestError, match="cannot be used with `stream`"):
             client.completions.create(**drawn, best_of=2, stream=True)
-        with pytest.raises(openai.BadRequestError, match="`echo` with `logprobs`"):
-            client.completions.create(**greedy, echo=True, logprobs=1)
+        # echo with logprobs, as lm-evaluation-harness scores text: the prompt's tokens by a forward pass;
+        # a prompt that ends in the token the rows chose scores it as the rows did
+        first = client.completions.create(**{**greedy, "max_tokens": 1}, logprobs=2).choices[0]
+        asked = {**greedy, "prompt": "to be" + first.text, "max_tokens": 1, "echo": True, "logprobs": 2}
+        scored = client.completions.create(**asked).choices[0].logprobs
+        count = len(model.tokenizer.encode_prompt("to be" + first.text))
+        assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None and len(scored.tokens) == count + 1
+        assert scored.token_logprobs[count - 1] == pytest.approx(first.logprobs.token_logprobs[0], abs=1e-4)
+        assert scored.top_logprobs[count - 1] == pytest.approx(first.logprobs.top_logprobs[0], abs=1e-4)
+        assert "".join(scored.tokens[:count]) == "to be" + first.text
+        assert scored.text_offset == [len("".join(scored.tokens[:i])) for i in range(count + 1)]
+        pieces = [
+            c.choices[0].logprobs for c in client.completions.create(**asked, stream=True) if c.choices[0].logprobs
+        ]
+        assert sum((piece.tokens for piece in pieces), []) == scored.tokens
+        assert sum((piece.text_offset for piece in pieces), []) == scored.text_offset
 
 
 @pytest.mark.backend_independent
@@ -596,29 +627,13 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
 def test_response_format_and_forced_tool_calls_hold_whatever_the_weights():
     """A tiny model of random weights, sampling at temperature 1.5: every reply to `json_object` parses
     as an object, every reply to `json_schema` follows the schema (streamed too); a bad format is a 400;
-    `tool_choice` "required" or a named function gives a call whose arguments follow its schema."""
-    import tokenizers
+    `tool_choice` "required" or a named function gives a call whose arguments follow its schema. A seeded
+    reply is `chat(..., json_schema=...)`'s with that seed."""
+    from tests.generation.test_constrained import SCHEMA as schema
+    from tests.generation.test_constrained import json_model
 
-    from keras_tfm.data import HuggingFaceTokenizer
-
-    characters = ' abcdefghijklmnopqrstuvwxyz{}[]":,0123456789.-<>_/\n'
-    vocabulary = tokenizers.Tokenizer(
-        tokenizers.models.WordLevel({c: i for i, c in enumerate(characters)}, unk_token=" ")
-    )
-    vocabulary.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("[\\s\\S]"), behavior="isolated")
-    vocabulary.decoder = tokenizers.decoders.Fuse()
-    model = keras_tfm.DecoderLM(
-        vocabulary_size=len(characters), max_length=128, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
-    )
-    model.tokenizer = HuggingFaceTokenizer(
-        vocabulary.to_str(), chat_template="{% for m in messages %}<{{ m['content'] }}>{% endfor %}<tool_call>"
-    )  # a Hermes-style template: it names the <tool_call> block its calls are written in
-    schema = {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 6}, "sunny": {"type": "boolean"}},
-        "required": ["city", "sunny"],
-        "additionalProperties": False,
-    }
+    # a Hermes-style template: it names the <tool_call> block its calls are written in
+    model = json_model("{% for m in messages %}<{{ m['content'] }}>{% endfor %}<tool_call>")
     with Server(model) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         request = dict(model="tiny", messages=MESSAGES, max_tokens=60, temperature=1.5, n=3, seed=1)
@@ -641,6 +656,7 @@ def test_response_format_and_forced_tool_calls_hold_whatever_the_weights():
             assert set(value) == {"city", "sunny"} and isinstance(value["sunny"], bool), reply
             assert isinstance(value["city"], str) and len(value["city"]) <= 6, reply
         assert len(set(replies)) > 1  # sampled: the grammar chose nothing for them
+        assert streamed == model.chat(MESSAGES, max_new_tokens=60, temperature=1.5, seed=1, json_schema=schema)
         with pytest.raises(openai.BadRequestError, match="response_format"):
             client.chat.completions.create(**request, response_format={"type": "json_schema"})
         # a forced tool call, written as the template's family writes one, its arguments the function's

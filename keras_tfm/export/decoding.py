@@ -92,6 +92,10 @@ def cached_step(model, token_ids, position, cache) -> dict:
     return {"logits": logits, "updated_cache": ops.stack(layers, axis=0)}
 
 
+# the `GenerationConfig` fields the exported `generate` loop holds (its seed is an input of each call)
+EXPORTED_SETTINGS = ("max_new_tokens", "stop_token_ids", "pad_token_id", "temperature", "top_k", "top_p", "min_p")
+
+
 def generate_endpoint(model, sampler: Sampler, stop_token_ids: list[int], pad_token_id: int, room: int) -> Endpoint:
     """A causal LM's `generate` endpoint: `decode_tensors` with the export's settings fixed, up to
     `room` new tokens."""

@@ -8,6 +8,7 @@ command line derives its flags from its fields, the server maps OpenAI's request
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 
@@ -50,6 +51,15 @@ def _bias(v) -> bool:
             for p in pairs
         )
     )
+
+
+def _schema(v) -> bool:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return False
+    return v is None or v is True or isinstance(v, dict)
 
 
 def setting(default, help: str, check: tuple[Callable, str], flag: bool = True):
@@ -106,6 +116,10 @@ class GenerationConfig:
     )
     num_return_sequences: int = setting(1, "continuations per prompt (beams or draws)", _integer(1), flag=False)
     seed: int | None = setting(None, "makes sampling reproducible", _optional((is_integer, "an integer")))
+    json_schema: str | dict | bool | None = setting(
+        None, "the new text is JSON that follows this schema (True: any JSON object), by constrained decoding", (_schema, "a JSON schema (a dict or its JSON text), True for any object, or None"),
+        flag=False,
+    )  # fmt: skip
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -120,6 +134,18 @@ class GenerationConfig:
         if self.logit_bias is not None:  # a sorted tuple of (id, float) pairs: hashable, one per id
             pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
             object.__setattr__(self, "logit_bias", tuple(sorted({int(i): float(b) for i, b in pairs}.items())) or None)
+        if self.json_schema is not None:  # its JSON text, keys sorted: hashable, one per schema
+            schema = {"type": "object"} if self.json_schema is True else self.json_schema
+            schema = json.loads(schema) if isinstance(schema, str) else schema
+            object.__setattr__(self, "json_schema", json.dumps(schema, sort_keys=True))
+            unheld = [name for name in ("num_beams", "min_new_tokens", "no_repeat_ngram_size")
+                      if getattr(self, name) != GenerationConfig.fields()[name].default]  # fmt: skip
+            if unheld:
+                raise InputError(
+                    f"constrained decoding chooses one token at a time by the grammar; received {unheld[0]}="
+                    f"{getattr(self, unheld[0])!r} with it.",
+                    "json_schema",
+                )
         if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
             raise InputError(
                 f"beam search returns at most its `num_beams`={self.num_beams} beams; received "

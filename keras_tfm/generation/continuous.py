@@ -48,6 +48,11 @@ def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tup
     return tuple(zip(values, kinds)) if dtypes else values
 
 
+def idle_settings(rows: int) -> list[np.ndarray]:
+    """`RowSettings` values of `rows` free rows (what they compute is dropped): greedy decoding's, seed 0."""
+    return [np.full(rows, value, dtype) for value, dtype in row_values(GenerationConfig(), 0, dtypes=True)]
+
+
 class Features(NamedTuple):
     """What a compiled chunk computes, fixed for its function: whether any row samples, cuts to its top-k,
     a nucleus (`top_p` < 1) or by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty;

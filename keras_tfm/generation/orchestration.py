@@ -84,17 +84,18 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
             return
 
 
-def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[np.ndarray], str]):
+def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[np.ndarray], str], counts=None):
     """`output` as `generate` returns it: the ids as they are for id prompts; for text, each row's
-    prompt and new tokens (up to and with a stop token) as text: a string for a string, a list for a
-    list (of `num_return_sequences` strings each, where more than one)."""
+    prompt and new tokens (up to and with a stop token, or its `counts` of them) as text: a string for
+    a string, a list for a list (of `num_return_sequences` strings each, where more than one)."""
     if texts is None:
         return output
     count = request.strategy.num_return_sequences
     lengths = np.repeat(request.lengths, count) if request.strategy.search is not None else request.lengths
     decoded = []
-    for row, length in zip(output, lengths):
-        ends = TextDecoder(None, request.stop_token_ids, max_new_tokens=request.max_new_tokens)
+    counts = [request.max_new_tokens] * len(output) if counts is None else counts
+    for row, length, new in zip(output, lengths, counts):
+        ends = TextDecoder(None, request.stop_token_ids, max_new_tokens=int(new))
         ends.feed(row[length:], last=True)
         decoded.append(decode_text(row[: length + len(ends.tokens)]))
     if count > 1:

@@ -12,8 +12,9 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.export import decoding, formats
+from keras_tfm.export.decoding import EXPORTED_SETTINGS
 from keras_tfm.export.formats import Endpoint
-from keras_tfm.generation import compiled, orchestration, prompts, sliding
+from keras_tfm.generation import compiled, constrained, orchestration, prompts, sliding
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.request import Request, check_return_scores
 from keras_tfm.generation.sampling import check_pad_id
@@ -135,7 +136,10 @@ class CausalLM(ZooModel):
             **settings: `GenerationConfig` fields overriding `config`'s: `temperature`, `top_k`,
                 `top_p`, `min_p`, `seed`, `stop_token_ids` (None: the checkpoint's `eos_token_id`s;
                 `()`: none), `pad_token_id`, `num_beams`, `length_penalty`, `repetition_penalty`,
-                `min_new_tokens`, `no_repeat_ngram_size`, `num_return_sequences`.
+                `min_new_tokens`, `no_repeat_ngram_size`, `num_return_sequences`, `logit_bias`,
+                `frequency_penalty`, `presence_penalty`, and `json_schema`: the new text is JSON that
+                follows this schema (a dict, or True for any object), by constrained decoding
+                (llguidance; one compiled step per token, so slower than the whole-sequence loop).
 
         Returns:
             int array `(batch * num_return_sequences, prompt_length + max_new_tokens)`: row `i` holds
@@ -151,10 +155,21 @@ class CausalLM(ZooModel):
         texts = prompts.texts(token_ids)
         if texts is not None:
             token_ids = self._encode_prompts(texts)
-        request = self._request(owner, token_ids, padding_mask, config, return_scores)
-        output, scores = orchestration.run(self, request)
-        output = orchestration.finish(request, output, texts, self.decode_text)
+        request, output, scores, counts = self._generated(owner, token_ids, padding_mask, config, return_scores)
+        output = orchestration.finish(request, output, texts, self.decode_text, counts)
         return (output, scores) if return_scores else output
+
+    def _generated(self, owner: str, token_ids, padding_mask, config: GenerationConfig, return_scores=False):
+        """`(request, output, scores, counts)`: the request's buffer decoded (`orchestration`, or
+        `constrained` for a `json_schema`), each new token's scores, and each row's count of new tokens
+        where a grammar ended it (else None)."""
+        request = self._request(owner, token_ids, padding_mask, config, return_scores)
+        if config.json_schema is None:
+            return request, *orchestration.run(self, request), None
+        if return_scores:
+            raise InputError("is not computed with `json_schema`.", "return_scores", owner)
+        output, counts = constrained.run(self, request, config)
+        return request, output, None, counts
 
     def _request(
         self, owner: str, token_ids, padding_mask, config: GenerationConfig, return_scores=False, check_fits=True
@@ -221,6 +236,8 @@ class CausalLM(ZooModel):
         for name in ("num_beams", "num_return_sequences"):
             if getattr(config, name) != 1:
                 raise InputError(f"streams one continuation; received {name}={getattr(config, name)}.", name, owner)
+        if config.json_schema is not None:
+            raise InputError("is taken by `generate` and `chat`, not `stream`.", "json_schema", owner)
         if not is_integer(chunk_size) or chunk_size < 1:
             raise InputError(
                 f"`chunk_size` must be an integer >= 1; received {chunk_size!r}.", "chunk_size", caller=owner
@@ -328,9 +345,14 @@ class CausalLM(ZooModel):
         if config is None and settings.get("max_new_tokens") is None:
             settings["max_new_tokens"] = min(128, self.max_length - 1)
         config = GenerationConfig.of(config, owner, **settings)
-        for name in ("num_beams", "repetition_penalty", "min_new_tokens", "no_repeat_ngram_size"):
-            if getattr(config, name) != GenerationConfig.fields()[name].default:
-                raise InputError(f"is not exported (greedy decoding and sampling are); received {name}.", name, owner)
+        for name, field in GenerationConfig.fields().items():
+            if name not in EXPORTED_SETTINGS and getattr(config, name) != field.default:
+                raise InputError(
+                    f"is not exported (greedy decoding and sampling are: {', '.join(EXPORTED_SETTINGS)}); "
+                    f"received {name}.",
+                    name,
+                    owner,
+                )
         self._check_fits(owner, 1 + config.max_new_tokens, config.max_new_tokens)
         stops, pad = self.stop_ids(config.stop_token_ids).tolist(), self._pad_id(config.pad_token_id)
         return decoding.generate_endpoint(self, config.sampler, stops, pad, config.max_new_tokens)
@@ -384,9 +406,12 @@ class CausalLM(ZooModel):
             max_new_tokens = 256
         config = GenerationConfig.of(config, owner, max_new_tokens=max_new_tokens, **settings)
         stops = self.stop_ids(config.stop_token_ids)
-        output = self.generate([prompt], config=config.replace(stop_token_ids=tuple(stops.tolist())))[0]
-        decoder = TextDecoder(self.decode_text, stops, max_new_tokens=config.max_new_tokens)
-        decoder.feed(output[len(prompt) :], last=True)
+        _, output, _, counts = self._generated(
+            owner, [prompt], None, config.replace(stop_token_ids=tuple(stops.tolist()))
+        )
+        length = config.max_new_tokens if counts is None else int(counts[0])
+        decoder = TextDecoder(self.decode_text, stops, max_new_tokens=length)
+        decoder.feed(output[0, len(prompt) :], last=True)
         return decoder.text
 
     def _check_fits(self, owner: str, total: int, max_new_tokens: int) -> None:

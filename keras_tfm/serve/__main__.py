@@ -38,6 +38,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per request on standard error: client, method, path, status, seconds "
                              "(default: on)")  # fmt: skip
+    parser.add_argument("--warm-up-length", type=int, default=256,
+                        help="before /health says ready, compile the shapes of requests of up to this many "
+                             "positions, prompt and reply (0: none; longer ones compile when first needed, "
+                             "while the rows already decoding go on; default: %(default)s)")  # fmt: skip
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="on SIGTERM or Ctrl-C, seconds the requests being answered have to finish before "
                              "they are cancelled (default: %(default)s)")  # fmt: skip
@@ -53,6 +57,8 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
         parser().error(f"--port must be in [0, 65535]; received {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         parser().error("--api-key is empty: give a key (or leave it and $KERAS_TFM_API_KEY out for no key)")
+    if args.warm_up_length < 0:
+        parser().error(f"--warm-up-length must be at least 0; received {args.warm_up_length}")
     if args.shutdown_timeout < 0:
         parser().error(f"--shutdown-timeout must be at least 0; received {args.shutdown_timeout}")
     return args
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
             allowed_hosts=allowed_hosts(args),
             escape_special_tokens=args.escape_special_tokens,
             cors_origins=tuple(args.cors_origin),
+            warm_up_length=args.warm_up_length,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (InputError, ValueError) as error:
         sys.exit(f"error: {args.checkpoint}: {error}")

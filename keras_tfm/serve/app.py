@@ -10,15 +10,16 @@ import hmac
 import json
 import re
 import time
-import uuid
 
 from keras_tfm.errors import InputError
+from keras_tfm.generation.grammar import Constraint, schema_grammar
 from keras_tfm.serve import requests
-from keras_tfm.serve.engine import Engine, Ticket
-from keras_tfm.serve.grammar import Constraint, response_schema, schema_grammar, tool_call_grammar
+from keras_tfm.serve.answers import Echo, completion, stream_response, token_texts
+from keras_tfm.serve.engine import Engine, Ticket, prompt_logprobs
+from keras_tfm.serve.grammar import response_schema, tool_call_grammar
 from keras_tfm.serve.operations import Metrics, Observed
 from keras_tfm.serve.requests import RequestError
-from keras_tfm.serve.tools import parse_tool_calls, template_messages
+from keras_tfm.serve.tools import template_messages
 
 # the names a browser on this machine uses for a server bound to loopback; any other `Host` is refused
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -36,6 +37,8 @@ def create_app(
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
     escape_special_tokens: bool = True,
     cors_origins: tuple[str, ...] = (),
+    warm_up_length: int = 0,
+    progress=None,
 ):
     """A Starlette app serving `model` (a `CausalLM` with a tokenizer) as `model_name`.
 
@@ -55,100 +58,125 @@ def create_app(
             encoded as plain text, so that a message cannot forge turns; False: as the token.
         cors_origins: the web origins (`https://app.example`, or `*`) whose pages may call the API from a
             browser (CORS); none by default.
+        warm_up_length: before `/health` says ready, compile every shape requests of up to this many
+            positions (prompt and reply) use, for greedy requests and requests that name no settings;
+            0: none (each shape compiles when first used, beside the rows decoding where there are).
+        progress: called with a line of text after each shape the warm-up compiles.
     """
     from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.middleware.cors import CORSMiddleware
-    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     defaults = _checked_defaults(model, api_key, default_max_tokens)
-    engine = Engine(model, max_batch_size, max_queue)
-    metrics = Metrics(engine)
-    settings = dict(
-        context=model.max_length,
-        max_tokens_limit=max_tokens or model.max_length,
-        defaults=defaults,
-        vocabulary_size=model.decoding_vocabulary_size,
-    )
-    hosts = None if allowed_hosts is None else {host.lower() for host in allowed_hosts}
-
-    async def handle(request, chat: bool):
-        body = await _read_json(request, api_key, max_body_bytes, hosts)
-        if body.get("model") not in (None, model_name):
-            raise RequestError(f"the model {body.get('model')!r:.100} does not exist; this server has {model_name!r}.",
-                               "model", 404, "not_found_error")  # fmt: skip
-        # off the event loop: a long prompt's tokenization must not hold up every other client
-        prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat, escape_special_tokens)
-        job = requests.parse_job(body, prompt_ids, chat=chat, **settings)
-        if chat and (grammar := _reply_grammar(model, body, job)) is not None:
-            await run_in_threadpool(Constraint, model, grammar)  # a grammar llguidance refuses is a 400, here
-            job.grammar = grammar
-        ticket = engine.submit(job)
-        token_text = _token_texts(model)
-        metrics.prompt_tokens.inc(len(job.prompt))
-        echo = requests.completion_prompt(body) if job.echo else ""  # the prompt's text starts the answer's
-        if job.stream:
-            return _stream_response(ticket, model_name, chat, body, token_text, metrics, echo)
-        answer = _completion(await _answer(ticket), job, model_name, chat, token_text, echo)
-        metrics.generated_tokens.inc(answer["usage"]["completion_tokens"])
-        return JSONResponse(answer)
-
-    async def completions(request):
-        return await handle(request, chat=False)
-
-    async def chat_completions(request):
-        return await handle(request, chat=True)
-
-    async def models(request):
-        _check_host(request, hosts)
-        _authorize(request, api_key)
-        return JSONResponse({"object": "list", "data": [_model_entry(model, model_name, defaults)]})
-
-    async def one_model(request):
-        _check_host(request, hosts)
-        _authorize(request, api_key)
-        if request.path_params["model_id"] != model_name:
-            raise RequestError(f"the model {request.path_params['model_id']!r:.100} does not exist; this server "
-                               f"has {model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
-        return JSONResponse(_model_entry(model, model_name, defaults))
-
-    async def exposition(request):  # Prometheus scrapes without the API key, as vLLM's and llama.cpp's
-        _check_host(request, hosts)
-        content, kind = metrics.exposition()
-        return Response(content, media_type=kind)
-
-    async def health(request):
-        return JSONResponse({"status": "ok", "waiting": engine.waiting()})
-
+    engine = Engine(model, max_batch_size, max_queue, warm_up_length=warm_up_length,
+                    warm_up_configs=(defaults.config,), progress=progress)  # fmt: skip
+    server = _Routes(model, model_name, engine, defaults, api_key, max_tokens, max_body_bytes, allowed_hosts,
+                     escape_special_tokens)  # fmt: skip
+    cors = Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                      allow_headers=["Authorization", "Content-Type"])  # fmt: skip
     app = Starlette(
         routes=[
-            Route("/health", health),
-            Route("/v1/models", models),
-            Route("/v1/models/{model_id:path}", one_model),
-            Route("/metrics", exposition),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/health", server.health),
+            Route("/v1/models", server.models),
+            Route("/v1/models/{model_id:path}", server.one_model),
+            Route("/metrics", server.exposition),
+            Route("/v1/completions", server.completions, methods=["POST"]),
+            Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         ],
         exception_handlers={RequestError: _refused, HTTPException: _http_error, Exception: _server_error},
         lifespan=_closing(engine),
-        middleware=[
-            Middleware(Observed, metrics=metrics),
-            *[
-                Middleware(
-                    CORSMiddleware,
-                    allow_origins=list(cors_origins),
-                    allow_methods=["GET", "POST"],
-                    allow_headers=["Authorization", "Content-Type"],
-                )
-            ]
-            * bool(cors_origins),
-        ],  # fmt: skip
+        middleware=[Middleware(Observed, metrics=server.metrics), *[cors] * bool(cors_origins)],
     )
-    app.state.engine, app.state.metrics = engine, metrics
+    app.state.engine, app.state.metrics = engine, server.metrics
     return app
+
+
+class _Routes:
+    """The routes' handlers over one model, its engine and its metrics (`create_app`'s arguments)."""
+
+    def __init__(self, model, model_name, engine, defaults, api_key, max_tokens, max_body_bytes, allowed_hosts,
+                 escape_special_tokens):  # fmt: skip
+        self.model, self.model_name, self.engine, self.defaults = model, model_name, engine, defaults
+        self.api_key, self.max_body_bytes, self.escape = api_key, max_body_bytes, escape_special_tokens
+        self.metrics = Metrics(engine)
+        self.settings = dict(
+            context=model.max_length,
+            max_tokens_limit=max_tokens or model.max_length,
+            defaults=defaults,
+            vocabulary_size=model.decoding_vocabulary_size,
+        )
+        self.hosts = None if allowed_hosts is None else {host.lower() for host in allowed_hosts}
+
+    async def completions(self, request):
+        return await self._handle(request, chat=False)
+
+    async def chat_completions(self, request):
+        return await self._handle(request, chat=True)
+
+    async def _handle(self, request, chat: bool):
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        model, name = self.model, self.model_name
+        body = await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        if body.get("model") not in (None, name):
+            raise RequestError(f"the model {body.get('model')!r:.100} does not exist; this server has {name!r}.",
+                               "model", 404, "not_found_error")  # fmt: skip
+        # off the event loop: a long prompt's tokenization must not hold up every other client
+        prompt_ids = await run_in_threadpool(_prompt_ids, model.tokenizer, body, chat, self.escape)
+        job = requests.parse_job(body, prompt_ids, chat=chat, **self.settings)
+        if chat and (grammar := _reply_grammar(model, body, job)) is not None:
+            try:  # a grammar llguidance refuses is a 400, here
+                await run_in_threadpool(Constraint, model, grammar, "response_format")
+            except InputError as error:
+                raise RequestError(error.message, error.argument) from None
+            job.grammar = grammar
+        ticket = self.engine.submit(job)
+        token_text = token_texts(model)
+        self.metrics.prompt_tokens.inc(len(job.prompt))
+        echo = Echo()
+        if job.echo:  # the prompt's text starts the answer's, with its log-probabilities where asked
+            echo = Echo(requests.completion_prompt(body))
+            if job.logprobs is not None:  # a forward pass beside the engine's rows
+                echo = echo._replace(logprobs=await run_in_threadpool(prompt_logprobs, model, job.prompt, job.logprobs))
+        if job.stream:
+            return stream_response(ticket, name, chat, body, token_text, self.metrics, echo)
+        answer = completion(await _answer(ticket), job, name, chat, token_text, echo)
+        self.metrics.generated_tokens.inc(answer["usage"]["completion_tokens"])
+        return JSONResponse(answer)
+
+    async def models(self, request):
+        from starlette.responses import JSONResponse
+
+        _check_host(request, self.hosts)
+        _authorize(request, self.api_key)
+        return JSONResponse({"object": "list", "data": [_model_entry(self.model, self.model_name, self.defaults)]})
+
+    async def one_model(self, request):
+        from starlette.responses import JSONResponse
+
+        _check_host(request, self.hosts)
+        _authorize(request, self.api_key)
+        if request.path_params["model_id"] != self.model_name:
+            raise RequestError(f"the model {request.path_params['model_id']!r:.100} does not exist; this server "
+                               f"has {self.model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
+        return JSONResponse(_model_entry(self.model, self.model_name, self.defaults))
+
+    async def exposition(self, request):  # Prometheus scrapes without the API key, as vLLM's and llama.cpp's
+        from starlette.responses import Response
+
+        _check_host(request, self.hosts)
+        content, kind = self.metrics.exposition()
+        return Response(content, media_type=kind)
+
+    async def health(self, request):  # 503 while warming up, as llama.cpp's server answers while it loads
+        from starlette.responses import JSONResponse
+
+        ready = self.engine.ready.is_set()
+        status = {"status": "ok" if ready else "loading", "waiting": self.engine.waiting()}
+        return JSONResponse(status, 200 if ready else 503)
 
 
 def _model_entry(model, model_name: str, defaults: requests.Defaults) -> dict:
@@ -318,65 +346,6 @@ def _escaped_chat_ids(tokenizer, messages: list[dict], functions: list | None) -
     return [int(i) for i in ids]
 
 
-def _usage(job, choices) -> dict:
-    completion = sum(choice.tokens for choice in choices)
-    return {
-        "prompt_tokens": len(job.prompt),
-        "completion_tokens": completion,
-        "total_tokens": len(job.prompt) + completion,
-    }
-
-
-def _token_texts(model):
-    """A token id's text, as the log-probabilities name it (each token decoded alone)."""
-    import functools
-
-    return functools.lru_cache(maxsize=65536)(lambda token: model.decode_text([token]))
-
-
-def _logprobs(entries, chat: bool, token_text, offset: int = 0) -> dict | None:
-    """OpenAI's `logprobs` of a choice (or a streamed piece) from the engine's `Logprob`s: chat's list of
-    tokens with their bytes and alternatives, or the completions' parallel lists (`text_offset` from
-    `offset`, the characters before these tokens)."""
-    if entries is None:
-        return None
-    if chat:
-
-        def one(token, logprob):
-            text = token_text(token)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-        content = [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
-        return {"content": content, "refusal": None}
-    texts = [token_text(e.token) for e in entries]
-    offsets = [offset + sum(map(len, texts[:i])) for i in range(len(texts))]
-    return {
-        "tokens": texts,
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{token_text(t): v for t, v in e.top} for e in entries],
-        "text_offset": offsets,
-    }
-
-
-def _completion(choices, job, model_name: str, chat: bool, token_text, echo: str = "") -> dict:
-    answer = {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "usage": _usage(job, choices),
-    }
-    answer["choices"] = []
-    for i, c in enumerate(choices):
-        reply, finish = ({"message": _reply(c.text, job)} if chat else {"text": echo + c.text}), c.finish_reason
-        if reply.get("message", {}).get("tool_calls"):
-            finish = "tool_calls"
-        answer["choices"].append(
-            {"index": i, **reply, "finish_reason": finish, "logprobs": _logprobs(c.logprobs, chat, token_text)}
-        )
-    return answer
-
-
 def _reply_grammar(model, body: dict, job) -> str | None:
     """What a chat reply must follow: a forced tool call (`tool_choice` "required" or a named function)
     as the template's family writes one, or `response_format`'s JSON; None: free text."""
@@ -384,94 +353,3 @@ def _reply_grammar(model, body: dict, job) -> str | None:
         return tool_call_grammar(model.tokenizer.chat_template or "", job.tools, body["tool_choice"])
     schema = response_schema(body)
     return None if schema is None else schema_grammar(schema)
-
-
-def _reply(text: str, job) -> dict:
-    """A chat choice's message: the reply's text, or where the request gave tools, the calls it holds
-    and the text around them."""
-    if not job.tools:
-        return {"role": "assistant", "content": text}
-    content, calls = parse_tool_calls(text, {tool["function"]["name"] for tool in job.tools})
-    return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-
-
-def _stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text, metrics, echo: str = ""):
-    """Server-sent events: the text of each choice as it comes (a greedy job's one row stands for all its
-    `n` choices), each choice's end, then the usage where `stream_options` asks."""
-    from starlette.responses import StreamingResponse
-
-    identity = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    options = body.get("stream_options")
-    include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
-    job = ticket.job
-    shared = job.n if job.config.temperature == 0 else 1  # choices one row decodes
-    written = [0] * job.n  # characters streamed per choice: the completions' `text_offset`
-
-    def chunk(index: int, piece: str | None, finish: str | None = None, logprobs=None) -> dict:
-        if chat:
-            delta = {} if piece is None else {"content": piece}
-            choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": index, "text": piece or "", "finish_reason": finish, "logprobs": None}
-        if logprobs:
-            choice["logprobs"] = _logprobs(logprobs, chat, token_text, written[index])
-        return choice
-
-    def event(choices: list[dict], usage=None) -> str:
-        body = {
-            "id": identity,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "choices": choices,
-        }
-        if usage:
-            body["usage"] = usage
-        return f"data: {json.dumps(body)}\n\n"
-
-    async def events():
-        start = time.perf_counter()
-        try:
-            if chat:
-                opening = [chunk(i, None) for i in range(job.n)]
-                for choice in opening:
-                    choice["delta"] = {"role": "assistant", "content": ""}
-                yield event(opening)
-            if echo:
-                yield event([chunk(i, echo) for i in range(job.n)])
-            while True:
-                kind, value = await ticket.events.get()
-                if kind == "text" and job.tools:  # the calls are known at the end: sent whole there
-                    continue
-                if kind == "text":
-                    row, piece, logprobs = value
-                    if not any(written) and piece:
-                        metrics.first_token.observe(time.perf_counter() - start)
-                    logprobs = logprobs if job.logprobs is not None else None
-                    for index in range(row * shared, (row + 1) * shared):
-                        yield event([chunk(index, piece, logprobs=logprobs)])
-                        written[index] += len(piece)
-                elif kind == "error":
-                    yield f"data: {json.dumps(value.body())}\n\n"
-                    return
-                else:
-                    metrics.generated_tokens.inc(sum(choice.tokens for choice in value))
-                    ends = [choice.finish_reason for choice in value]
-                    if job.tools:
-                        for i, choice in enumerate(value):
-                            message = _reply(choice.text, job)
-                            delta = chunk(i, message["content"])
-                            if message.get("tool_calls"):
-                                calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
-                                delta["delta"] = {"content": message["content"], "tool_calls": calls}
-                                ends[i] = "tool_calls"
-                            yield event([delta])
-                    yield event([chunk(i, None, end) for i, end in enumerate(ends)])
-                    if include_usage:
-                        yield event([], usage=_usage(job, value))
-                    yield "data: [DONE]\n\n"
-                    return
-        finally:
-            ticket.cancelled = True  # a client that left mid-stream frees its place at the next chunk
-
-    return StreamingResponse(events(), media_type="text/event-stream")

@@ -5,9 +5,10 @@ settings, and requests that ended (a stop token or string, their `max_tokens`, a
 their rows back. Streams get their text after every chunk.
 
 Every compiled loop is for one cache shape, so the cache keeps a few shapes: rows a power of two (up to
-`max_batch_size`), length a power of two from 32 (up to the context), grown when a request needs more
-and shrunk when the rows that are left fit a smaller one. The device side is
-`generation.continuous`; this file keeps the books."""
+`max_batch_size`), length a power of two from 32 (up to the context; prefill widths alike), grown when a
+request needs more and shrunk when the rows that are left fit a smaller one that is compiled. A request
+that needs a shape not compiled yet waits while it compiles on another thread (`compiled_shapes`), and
+the rows decoding go on. The device side is `generation.continuous`; this file keeps the books."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import collections
 import dataclasses
 import random
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -23,12 +25,11 @@ from keras import ops
 
 from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.grammar import Constraint
 from keras_tfm.generation.sampling import row_seeds
 from keras_tfm.generation.text import TextDecoder
-from keras_tfm.serve.grammar import Constraint
+from keras_tfm.serve.compiled_shapes import CompiledShapes, bucket, cache_length, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
-
-WIDTH_STEP = 32  # prompt widths are padded to multiples of this; cache lengths start there
 
 
 @dataclasses.dataclass
@@ -40,11 +41,12 @@ class Choice:
 
 
 class Logprob(NamedTuple):
-    """One generated token's log-probability, and the job's number of likeliest alternatives with theirs."""
+    """One token's log-probability, and the job's number of likeliest alternatives with theirs (None for
+    a prompt's first token, which nothing predicts)."""
 
     token: int
-    logprob: float
-    top: list[tuple[int, float]]
+    logprob: float | None
+    top: list[tuple[int, float]] | None
 
 
 class Ticket:
@@ -80,9 +82,20 @@ class Row:
 class Engine:
     """Decodes `Ticket`s on its own thread. `max_batch_size` rows at most decode together; `max_queue` jobs
     waiting at most (more are refused with 429, before any work); `chunk_steps` steps between two
-    chances to join or leave."""
+    chances to join or leave. First the thread compiles every shape requests of up to `warm_up_length`
+    positions use, for greedy rows and rows of each of `warm_up_configs`, telling `progress` after each;
+    `ready` is set once it serves."""
 
-    def __init__(self, model, max_batch_size: int = 16, max_queue: int = 64, chunk_steps: int = 4):
+    def __init__(
+        self,
+        model,
+        max_batch_size: int = 16,
+        max_queue: int = 64,
+        chunk_steps: int = 4,
+        warm_up_length: int = 0,
+        warm_up_configs: tuple[GenerationConfig, ...] = (),
+        progress: Callable[[str], None] | None = None,
+    ):
         self.model, self.max_batch_size, self.max_queue, self.chunk_steps = (
             model,
             max_batch_size,
@@ -90,6 +103,13 @@ class Engine:
             chunk_steps,
         )
         model.compiled_decoding()  # the cache's shape is read from the built layers
+        self.compiled = CompiledShapes(model)
+        self.ready = threading.Event()
+        features = [_settings_features([config]) for config in (GenerationConfig(), *warm_up_configs)]
+        self._warm_up = (
+            warm_up_plan(model, max_batch_size, warm_up_length, features, chunk_steps) if warm_up_length else []
+        )
+        self._progress = progress
         self.stop_ids = {int(i) for i in np.asarray(model.stop_ids()).reshape(-1)}
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._condition = threading.Condition()
@@ -137,6 +157,7 @@ class Engine:
         with self._condition:
             self._closed = True
             self._condition.notify()
+        self.compiled.close()
         self._thread.join(timeout=30)
         with self._condition:
             unanswered = list(self._waiting) + list({row.ticket: None for row in self._slots if row is not None})
@@ -166,10 +187,18 @@ class Engine:
             return taken
 
     def _run(self) -> None:
+        try:
+            self.compiled.warm_up(self._warm_up, self._progress)
+        except Exception as error:  # shapes that did not compile compile when first used
+            if self._progress is not None:
+                self._progress(f"warm-up failed: {error}")
+        self.ready.set()
         while (tickets := self._next_tickets()) is not None:
             if tickets:
                 try:
-                    self._admit(tickets)
+                    if not self._admit(tickets):  # their shapes compile beside the rows decoding
+                        with self._condition:
+                            self._waiting.extendleft(reversed(tickets))
                 except Exception as error:  # a fault answers the requests it touched; the server goes on
                     self._fail(tickets, error)
             if self._busy():
@@ -186,20 +215,30 @@ class Engine:
                     self._slots[self._slots.index(row)] = None
             ticket.send("error", RequestError(f"decoding failed: {error}", status=500, kind="server_error"))
 
-    def _admit(self, tickets: list[Ticket]) -> None:
-        """Prefills the tickets' prompts and writes them into free rows (the cache grown if it must be)."""
-        if self._busy():
-            self.joined_running += len(tickets)
-        rows = len(self._busy()) + sum(_rows_of(t.job) for t in tickets)
+    def _admit(self, tickets: list[Ticket]) -> bool:
+        """Prefills the tickets' prompts and writes them into free rows (the cache grown if it must be).
+        False, with nothing done, while a shape this needs compiles beside the rows decoding."""
+        busy = self._busy()
+        rows = len(busy) + sum(_rows_of(t.job) for t in tickets)
         length = max([len(t.job.prompt) + t.job.max_tokens for t in tickets] + self._lengths_needed())
-        self._reshape(rows, length)
+        shape = self._shape(rows, length)
         prompts = [t.job.prompt for t in tickets]
         count = bucket(len(prompts), self.max_batch_size, power_of_two=True)
-        width = bucket(max(map(len, prompts)), self._length())
-        ids = np.zeros((count, width), "int32")
+        prefill = (("prefill",), (count, min(cache_length(max(map(len, prompts)), self.model.max_length), shape[1])))
+        if busy:
+            jobs = [self._slots[slot].ticket.job for slot in busy] + [t.job for t in tickets]
+            features, steps = _settings_features([j.config for j in jobs], jobs), _steps(jobs, self.chunk_steps)
+            wanted = [prefill] + [(("chunk", features, steps), shape)] * (
+                self.compiled.usable_chunk(features, steps, shape) is None
+            )
+            if not self.compiled.available(wanted):
+                return False
+            self.joined_running += len(tickets)
+        self._reshape(*shape)
+        ids = np.zeros(prefill[1], "int32")
         for row, prompt in zip(ids, prompts):
             row[: len(prompt)] = prompt
-        filled = self._compiled("prefill", continuous.prefill)(ops.convert_to_tensor(ids))
+        filled = self.compiled.call(*prefill, bool(busy), ops.convert_to_tensor(ids))
         sources, slots = [], []
         free = iter(slot for slot, row in enumerate(self._slots) if row is None)
         for source, ticket in enumerate(tickets):
@@ -215,6 +254,7 @@ class Engine:
         for index, source in enumerate(sources):
             seen_rows[index, prompts[source]] = 1  # seen in the prompt, not generated
         self._cache, self._seen = continuous.admit(self._cache, self._seen, filled, sources, slots, seen_rows)
+        return True
 
     def _start_row(self, slot: int, job: Job, copy: int) -> None:
         """A row's first step feeds its prompt's last token at its position, with the request's settings."""
@@ -229,12 +269,12 @@ class Engine:
     def _length(self) -> int:
         return 0 if self._cache is None else int(self._cache[0].shape[3])
 
+    def _shape(self, rows: int, length: int) -> tuple[int, int]:
+        """The fewest rows and positions of the bucketed shapes that hold `rows` rows of `length` positions."""
+        return bucket(rows, self.max_batch_size, power_of_two=True), cache_length(length, self.model.max_length)
+
     def _reshape(self, rows: int, length: int) -> None:
-        """The cache in the fewest rows and positions of the bucketed shapes that hold `rows` rows of
-        `length` positions; the busy rows move to its first rows."""
-        rows = bucket(rows, self.max_batch_size, power_of_two=True)
-        context = self.model.max_length  # never past it: a position table has no row beyond
-        length = max(min(WIDTH_STEP, context), bucket(length, context, power_of_two=True))
+        """The cache in shape `(rows, length)` (bucketed); the busy rows move to its first rows."""
         if (rows, length) == (len(self._slots), self._length()):
             return
         busy = self._busy()
@@ -243,7 +283,7 @@ class Engine:
             self._seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "int32")
         else:
             self._cache, self._seen = continuous.resized(self._cache, self._seen, busy, rows, length)
-        tokens, positions, settings = np.zeros(rows, "int32"), np.zeros(rows, "int32"), _free_settings(rows)
+        tokens, positions, settings = np.zeros(rows, "int32"), np.zeros(rows, "int32"), continuous.idle_settings(rows)
         if busy:
             tokens[: len(busy)], positions[: len(busy)] = self._tokens[busy], self._positions[busy]
             for kept, old in zip(settings, self._settings):
@@ -255,16 +295,19 @@ class Engine:
         """One chunk of steps for every row; then each busy row takes its new tokens, and the rows that
         ended are given back."""
         busy = self._busy()
-        bias = self._bias(busy)
-        # a constrained row's next tokens depend on the one it takes: chunks of one step while one decodes
-        steps = 1 if any(self._slots[slot].constraint for slot in busy) else self.chunk_steps
-        logprobs = any(_alternatives(self._slots[slot].ticket.job) is not None for slot in busy)
-        features = self._features(busy)._replace(biased=bias is not None, logprobs=logprobs)
-        chunk = self._compiled(("chunk", features, steps), continuous.decode_chunk, features, steps)
-        self.shapes[(len(self._slots), self._length())] += 1
+        jobs = [self._slots[slot].ticket.job for slot in busy]
+        shape, steps = (len(self._slots), self._length()), _steps(jobs, self.chunk_steps)
+        features = _settings_features([job.config for job in jobs], jobs)
+        features = self.compiled.usable_chunk(features, steps, shape) or features
+        bias = self._bias(busy, features.biased)
+        self.shapes[shape] += 1
         self.rows_per_chunk[len(busy)] += 1
         settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self._settings))
-        self._cache, self._seen, generated, *scores = chunk(
+        others_wait = any(self._slots[slot].decoder.tokens for slot in busy)
+        self._cache, self._seen, generated, *scores = self.compiled.call(
+            ("chunk", features, steps),
+            shape,
+            others_wait,
             self._cache,
             ops.convert_to_tensor(self._tokens),
             ops.convert_to_tensor(self._positions),
@@ -283,28 +326,22 @@ class Engine:
                 self._slots[slot] = None
                 self._tokens[slot] = self._positions[slot] = 0
                 self._finish(row.ticket)
-        if self._busy():
-            self._reshape(len(self._busy()), max(self._lengths_needed()))
+        if busy := self._busy():  # a smaller cache, where its loop is compiled already
+            jobs = [self._slots[slot].ticket.job for slot in busy]
+            shape = self._shape(len(busy), max(self._lengths_needed()))
+            features = _settings_features([job.config for job in jobs], jobs)
+            compiled = self.compiled.usable_chunk(features, steps, shape) is not None
+            if compiled or self.compiled.available([(("chunk", features, steps), shape)]):
+                self._reshape(*shape)
         else:
             self._slots, self._cache, self._seen = [], None, None
 
-    def _compiled(self, key, make, *arguments):
-        """A compiled function of `continuous`, kept on the model beside `generate`'s (every engine of the
-        model, and every shape it is called with, reuses it)."""
-        key, functions = ("serve", key), self.model.compiled_decoding()
-        if key not in functions:
-            functions[key] = make(self.model, *arguments)
-        return functions[key]
-
-    def _features(self, busy: list[int]) -> continuous.Features:
-        return continuous.features_of(continuous.RowSettings(*(setting[busy] for setting in self._settings)))
-
-    def _bias(self, busy: list[int]) -> np.ndarray | None:
-        """`(rows, vocabulary)`: what each row's `logit_bias` and grammar add to its scores; None where no
-        row has either."""
-        rows = {slot: self._slots[slot] for slot in busy}
-        if not any(row.ticket.job.config.logit_bias or row.constraint for row in rows.values()):
+    def _bias(self, busy: list[int], biased: bool) -> np.ndarray | None:
+        """`(rows, vocabulary)`: what each row's `logit_bias` and grammar add to its scores (zeros for
+        those without); None where the chunk is not `biased`."""
+        if not biased:
             return None
+        rows = {slot: self._slots[slot] for slot in busy}
         bias = np.zeros((len(self._slots), self.model.decoding_vocabulary_size), "float32")
         for slot, row in rows.items():
             for token, value in row.ticket.job.config.logit_bias or ():
@@ -361,6 +398,23 @@ class Engine:
         ticket.send("done", choices * (job.n // len(choices)))
 
 
+def prompt_logprobs(model, prompt: list[int], top: int) -> list[Logprob]:
+    """The prompt's tokens with their log-probabilities given the tokens before (the first's None), and
+    the `top` likeliest at each position, by one forward pass (completions' `echo` with `logprobs`)."""
+    ids = np.zeros((1, cache_length(len(prompt), model.max_length)), "int32")  # a few shapes: a compile each
+    ids[0, : len(prompt)] = prompt  # right padding: causal attention keeps it from the real positions
+    entries = [Logprob(prompt[0], None, None)]
+    if len(prompt) > 1:
+        logits = model(ops.convert_to_tensor(ids))[0, : len(prompt) - 1]
+        chosen = ops.convert_to_tensor(np.asarray(prompt[1:], "int32"))
+        picked, ids, values = (
+            ops.convert_to_numpy(part) for part in continuous.logprobs_of(logits, chosen, max(top, 1))
+        )
+        for i, token in enumerate(prompt[1:]):
+            entries.append(Logprob(token, float(picked[i]), list(zip(ids[i, :top].tolist(), values[i, :top].tolist()))))
+    return entries
+
+
 def _rows_of(job: Job) -> int:
     """Rows a job decodes: one per continuation, one for all of a greedy job's (they are the same)."""
     return max(job.n, job.best_of) if job.config.temperature > 0 else 1
@@ -374,13 +428,17 @@ def _alternatives(job: Job) -> int | None:
     return job.logprobs
 
 
-def _free_settings(rows: int) -> list[np.ndarray]:
-    """Free rows' settings (what they compute is dropped): greedy decoding's, seed 0."""
-    return [np.full(rows, value, dtype) for value, dtype in continuous.row_values(GenerationConfig(), 0, dtypes=True)]
+def _settings_features(configs: list[GenerationConfig], jobs: list[Job] = ()) -> continuous.Features:
+    """What a chunk computes for rows of these `configs` (of these `jobs`: with their biases, grammars
+    and log-probabilities)."""
+    values = list(zip(*(continuous.row_values(config, 0, dtypes=True) for config in configs)))
+    settings = continuous.RowSettings(*(np.array([value for value, _ in column], column[0][1]) for column in values))
+    return continuous.features_of(settings)._replace(
+        biased=any(job.config.logit_bias or job.grammar for job in jobs),
+        logprobs=any(_alternatives(job) is not None for job in jobs),
+    )
 
 
-def bucket(size: int, limit: int, power_of_two: bool = False) -> int:
-    """`size` rounded up to a power of two, or to a multiple of `WIDTH_STEP`, but not past `limit`
-    (and never below `size`)."""
-    rounded = 1 << (size - 1).bit_length() if power_of_two else -(-size // WIDTH_STEP) * WIDTH_STEP
-    return max(size, min(rounded, limit))
+def _steps(jobs: list[Job], chunk_steps: int) -> int:
+    """A constrained row's next tokens depend on the one it takes: chunks of one step while one decodes."""
+    return 1 if any(job.grammar for job in jobs) else chunk_steps

@@ -230,8 +230,6 @@ def parse_job(
         best_of=_field_number(body, "best_of", n, 1, 16, integer=True),
         tools=chat_tools(body) if chat else None,
     )
-    if job.echo and job.logprobs is not None:
-        raise RequestError("`echo` with `logprobs` (the prompt's log-probabilities) is not supported yet.", "echo")
     if job.best_of < job.n:
         raise RequestError(f"`best_of` must be at least `n`={job.n}; received {job.best_of}.", "best_of")
     if job.best_of > job.n and job.stream:

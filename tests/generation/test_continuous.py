@@ -177,12 +177,12 @@ def test_openai_penalties_are_the_formula_on_the_models_logits(rng):
     frequency + (count > 0) * presence`, the counts of the tokens generated (the prompt's not counted)."""
     model = decoder_lm()
     prompt = rng.integers(0, VOCABULARY, 5).astype("int32")
-    ids, counts = list(prompt), np.zeros(VOCABULARY)
-    for _ in range(10):
-        logits = ops.convert_to_numpy(model(np.array([ids], "int32")))[0, -1]
-        token = int(np.argmax(logits - 1.5 * counts - 0.5 * (counts > 0)))
-        ids.append(token)
+    ids, counts = np.zeros((1, 15), "int32"), np.zeros(VOCABULARY)  # one input shape: one trace on JAX
+    ids[0, :5] = prompt
+    for t in range(5, 15):  # right padding: causal attention keeps it from the real positions
+        logits = ops.convert_to_numpy(model(ids))[0, t - 1]
+        ids[0, t] = token = int(np.argmax(logits - 1.5 * counts - 0.5 * (counts > 0)))
         counts[token] += 1
     got = model.generate([prompt.tolist()], 10, stop_token_ids=(), frequency_penalty=1.5, presence_penalty=0.5)
-    np.testing.assert_array_equal(got[0], ids)
-    assert not np.array_equal(model.generate([prompt.tolist()], 10, stop_token_ids=())[0], ids)  # they changed it
+    np.testing.assert_array_equal(got[0], ids[0])
+    assert not np.array_equal(model.generate([prompt.tolist()], 10, stop_token_ids=())[0], ids[0])  # they changed it

@@ -1,0 +1,89 @@
+"""`generate` with a grammar (`json_schema`): the request's rows run through the server's row loop
+(`continuous`), one step per call, each row's next token held to its grammar by a host bias
+(`grammar.Constraint`); the compiled whole-sequence loop of `orchestration` has no step at which the
+host could give one. Rows choose their tokens with `generate`'s chooser and seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from keras_tfm.generation import continuous
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.grammar import Constraint, schema_grammar
+from keras_tfm.generation.request import Request
+from keras_tfm.generation.sampling import row_seeds
+
+
+def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The request's buffer `(rows, total)` decoded as `orchestration.run` returns it, each row's new
+    tokens JSON that follows `config.json_schema` (and the stop token the grammar allows after it), and
+    each row's count of new tokens (a grammar without a stop token ends a row before its padding)."""
+    grammar = schema_grammar(config.json_schema)
+    rows, total = request.buffer.shape
+    constraints = [Constraint(model, grammar) for _ in range(rows)]
+    cache, seen = _prefilled(model, request)
+    values = [continuous.row_values(config, seed) for seed in row_seeds(config.seed, rows)]
+    kinds = [kind for _, kind in continuous.row_values(config, 0, dtypes=True)]
+    settings = continuous.RowSettings(*(np.array(column, kind) for column, kind in zip(zip(*values), kinds)))
+    features = continuous.features_of(settings)._replace(biased=True)
+    chunk = _function(model, ("chunk", features, 1), lambda: continuous.decode_chunk(model, features, 1))
+    settings = continuous.RowSettings(*(ops.convert_to_tensor(value) for value in settings))
+    output, lengths = request.buffer.copy(), request.lengths
+    positions = (lengths - 1).astype("int32")
+    tokens = output[np.arange(rows), positions]
+    stops, ended, counts = set(request.stop_token_ids.tolist()), np.zeros(rows, bool), np.zeros(rows, "int32")
+    for step in range(request.max_new_tokens):
+        bias = np.stack([constraint.bias() for constraint in constraints]) + _logit_bias(config, model)
+        cache, seen, generated = chunk(
+            cache,
+            ops.convert_to_tensor(tokens),
+            ops.convert_to_tensor(positions),
+            seen,
+            settings,
+            ops.convert_to_tensor(bias),
+        )
+        tokens = ops.convert_to_numpy(generated)[:, 0].astype("int32")
+        for row in np.flatnonzero(~ended):
+            output[row, lengths[row] + step], counts[row] = tokens[row], step + 1
+            complete = constraints[row].take(tokens[row])
+            ended[row] = complete or int(tokens[row]) in stops
+        positions = np.minimum(positions + 1, total - 1).astype("int32")
+        if ended.all():
+            break
+    return output, counts  # after its end, a row holds the buffer's padding
+
+
+def _prefilled(model, request: Request):
+    """The cache of the prompts' keys and values, `total` positions long, and each row's seen tokens."""
+    rows, total = request.buffer.shape
+    filled = _function(model, ("prefill",), lambda: continuous.prefill(model))(
+        ops.convert_to_tensor(request.buffer[:, : request.prompt_width])
+    )
+    seen_rows = np.zeros((rows, model.decoding_vocabulary_size), "int32")
+    for row, length in enumerate(request.lengths):
+        seen_rows[row, request.buffer[row, :length]] = 1
+    everyone = list(range(rows))
+    return continuous.admit(
+        model.empty_cache(rows, total),
+        ops.zeros((rows, model.decoding_vocabulary_size), "int32"),
+        filled,
+        everyone,
+        everyone,
+        seen_rows,
+    )
+
+
+def _logit_bias(config: GenerationConfig, model) -> np.ndarray:
+    bias = np.zeros(model.decoding_vocabulary_size, "float32")
+    for token, value in config.logit_bias or ():
+        bias[token] = value
+    return bias
+
+
+def _function(model, key: tuple, make):
+    """A compiled function kept on the model, the server's where it is the same."""
+    key, functions = ("serve", key), model.compiled_decoding()
+    if key not in functions:
+        functions[key] = make()
+    return functions[key]

@@ -1,0 +1,140 @@
+"""The engine's compiled functions by cache shape: which shapes have run, a warm-up that compiles the
+shapes a server will use before it says it is ready, and compiles of new shapes on a thread of their own
+while the rows already decoding go on. A first call of a shape compiles it (seconds on JAX and
+TensorFlow, a trace on PyTorch); on the engine's thread that would stall every row."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from keras import ops
+
+from keras_tfm.generation import continuous
+
+# A function's key: ("prefill",) or ("chunk", Features, steps); a shape: (rows, width or cache length)
+Key = tuple
+Shape = tuple[int, int]
+WIDTH_STEP = 32  # the shortest cache (and prefill width); longer ones double
+
+
+class CompiledShapes:
+    """`model`'s prefill and chunk functions, and the `(key, shape)` pairs each has been compiled for."""
+
+    def __init__(self, model):
+        self.model = model
+        self.ready: set[tuple[Key, Shape]] = set()
+        self.beside = 0  # shapes compiled on their own thread while rows decoded
+        self.stalls = 0  # shapes compiled on the engine's thread while other requests' rows waited
+        self._pending: dict[tuple[Key, Shape], concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="keras_tfm-compile")
+
+    def function(self, key: Key) -> Callable:
+        """The compiled function of `key`, kept on the model beside `generate`'s (every engine of the
+        model reuses it)."""
+        functions = self.model.compiled_decoding()
+        with self._lock:  # the engine's and the compiling thread's
+            if ("serve", key) not in functions:
+                make = continuous.prefill if key[0] == "prefill" else continuous.decode_chunk
+                functions[("serve", key)] = make(self.model, *key[1:])
+            return functions[("serve", key)]
+
+    def call(self, key: Key, shape: Shape, others_wait: bool, *inputs):
+        """`key`'s function on `inputs` of `shape`; a first call while `others_wait` counts as a stall."""
+        pending = self._pending.pop((key, shape), None)
+        if pending is not None:
+            pending.result()  # compiling on the side already: wait for it rather than compile twice
+        elif others_wait and (key, shape) not in self.ready:
+            self.stalls += 1
+        result = self.function(key)(*inputs)
+        self.ready.add((key, shape))
+        return result
+
+    def compile(self, key: Key, shape: Shape) -> None:
+        """Compiles `key` for `shape` by running it on zeros of that shape (on any thread)."""
+        rows, length = shape
+        if key[0] == "prefill":
+            self.function(key)(ops.zeros(shape, "int32"))
+        else:
+            features = key[1]
+            settings = continuous.RowSettings(*(ops.convert_to_tensor(v) for v in continuous.idle_settings(rows)))
+            zeros = ops.zeros((rows,), "int32")
+            seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "int32")
+            bias = (ops.zeros((rows, self.model.decoding_vocabulary_size), "float32"),) if features.biased else ()
+            self.function(key)(self.model.empty_cache(rows, length), zeros, zeros, seen, settings, *bias)
+
+    def available(self, wanted: Iterable[tuple[Key, Shape]]) -> bool:
+        """Whether every `(key, shape)` of `wanted` is compiled; those that are not are compiled on the
+        side (call again later). A compile that failed raises here."""
+        missing = [item for item in wanted if item not in self.ready]
+        for item in missing:
+            if item not in self._pending:
+                self._pending[item] = self._pool.submit(self.compile, *item)
+        if not all(self._pending[item].done() for item in missing):
+            return False
+        for item in missing:
+            self._pending.pop(item).result()
+            self.ready.add(item)
+            self.beside += 1
+        return True
+
+    def usable_chunk(self, features: continuous.Features, steps: int, shape: Shape) -> continuous.Features | None:
+        """Features of a chunk compiled for `shape` that computes what `features` asks (the same, or more:
+        a row is unchanged by features it does not use), fewest first; None where none is compiled."""
+        fits = [
+            key[1]
+            for key, ready_shape in self.ready
+            if key[0] == "chunk" and key[2] == steps and ready_shape == shape
+            and all(has or not wanted for has, wanted in zip(key[1], features))
+        ]  # fmt: skip
+        return min(fits, key=sum) if fits else None
+
+    def warm_up(self, plan: list[tuple[Key, Shape]], progress: Callable[[str], None] | None) -> None:
+        """Compiles every `(key, shape)` of `plan` in order, telling `progress` after each."""
+        start = time.monotonic()
+        for done, (key, shape) in enumerate(plan, 1):
+            if (key, shape) not in self.ready:
+                self.compile(key, shape)
+                self.ready.add((key, shape))
+            if progress is not None:
+                what = "prefill" if key[0] == "prefill" else "decoding"
+                seconds = time.monotonic() - start
+                progress(
+                    f"warm-up {done}/{len(plan)}: {what} of {shape[0]} rows x {shape[1]} positions ({seconds:.0f} s)"
+                )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def warm_up_plan(
+    model, max_batch_size: int, length: int, features: Iterable[continuous.Features], steps: int
+) -> list[tuple[Key, Shape]]:
+    """The shapes a server of `max_batch_size` rows uses for requests of up to `length` positions (prompt
+    and reply): each row count it uses with each cache length up to `length`'s (prefill widths alike),
+    for each of `features` (say, the chunks of greedy rows and of a request that names no settings)."""
+    top = cache_length(length, model.max_length)
+    lengths = sorted({cache_length(WIDTH_STEP << p, model.max_length) for p in range(top.bit_length())} - {0})
+    rows = sorted({bucket(count, max_batch_size, power_of_two=True) for count in range(1, max_batch_size + 1)})
+    plan = []
+    for size in (size for size in lengths if size <= top):
+        for count in rows:
+            plan.append((("prefill",), (count, size)))
+            plan.extend((("chunk", kind, steps), (count, size)) for kind in dict.fromkeys(features))
+    return plan
+
+
+def bucket(size: int, limit: int, power_of_two: bool = False) -> int:
+    """`size` rounded up to a power of two, or to a multiple of `WIDTH_STEP`, but not past `limit`
+    (and never below `size`)."""
+    rounded = 1 << (size - 1).bit_length() if power_of_two else -(-size // WIDTH_STEP) * WIDTH_STEP
+    return max(size, min(rounded, limit))
+
+
+def cache_length(size: int, context: int) -> int:
+    """The cache length (and prefill width) that holds `size` positions: a power of two from
+    `WIDTH_STEP`, never past the `context` (a position table has no row beyond)."""
+    return max(min(WIDTH_STEP, context), bucket(size, context, power_of_two=True))

@@ -1,0 +1,73 @@
+"""`generate(..., json_schema=...)`: whatever the weights, every continuation is JSON that follows the
+schema; what constrained decoding cannot hold is refused by name. The grammar's side is the host's; the
+row loop's compiled chunk with a host bias is tested on every backend in `test_continuous`."""
+
+import json
+
+import pytest
+
+import keras_tfm
+from keras_tfm.errors import InputError
+
+pytest.importorskip("llguidance")
+
+CHARACTERS = ' abcdefghijklmnopqrstuvwxyz{}[]":,0123456789.-<>_/\n'
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 6}, "sunny": {"type": "boolean"}},
+    "required": ["city", "sunny"],
+    "additionalProperties": False,
+}
+
+
+def json_model(chat_template: str = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"):
+    """A one-layer model of random weights whose one-character vocabulary can write JSON."""
+    import tokenizers
+
+    from keras_tfm.data import HuggingFaceTokenizer
+
+    vocabulary = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({c: i for i, c in enumerate(CHARACTERS)}, unk_token=" ")
+    )
+    vocabulary.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("[\\s\\S]"), behavior="isolated")
+    vocabulary.decoder = tokenizers.decoders.Fuse()
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=len(CHARACTERS), max_length=128, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+    )
+    model.tokenizer = HuggingFaceTokenizer(vocabulary.to_str(), chat_template=chat_template)
+    return model
+
+
+@pytest.mark.backend_independent
+def test_every_continuation_follows_the_schema_whatever_the_weights():
+    model = json_model()
+    prompts = ["to be", "speak up and"]
+    texts = model.generate(prompts, max_new_tokens=60, json_schema=SCHEMA, temperature=1.5, seed=2,
+                           num_return_sequences=2, frequency_penalty=0.5)  # fmt: skip
+    replies = [text[len(prompt) :] for prompt, pair in zip(prompts, texts) for text in pair]
+    for reply in replies:  # no stop token here: each ends with its grammar, not in the buffer's padding
+        value = json.loads(reply)
+        assert reply == json.dumps(value, separators=(",", ":"), ensure_ascii=False), reply
+        assert set(value) == {"city", "sunny"} and isinstance(value["sunny"], bool), reply
+        assert isinstance(value["city"], str) and len(value["city"]) <= 6, reply
+    assert len(set(replies)) > 1  # sampled: the grammar chose nothing for them
+    again = model.generate(prompts, max_new_tokens=60, json_schema=SCHEMA, temperature=1.5, seed=2,
+                           num_return_sequences=2, frequency_penalty=0.5)  # fmt: skip
+    assert again == texts  # seeded
+    ids = model.generate([[1, 2, 3]], max_new_tokens=40, json_schema=True)  # any object, greedy, ids in and out
+    assert isinstance(json.loads(model.decode_text(ids[0, 3:])), dict)
+
+
+@pytest.mark.backend_independent
+def test_what_constrained_decoding_cannot_hold_is_refused():
+    model = json_model()
+    for settings, argument in (
+        (dict(num_beams=2), "json_schema"),
+        (dict(no_repeat_ngram_size=2), "json_schema"),
+        (dict(return_scores=True), "return_scores"),
+        (dict(json_schema="{not json"), "json_schema"),
+    ):
+        with pytest.raises(InputError, match=rf"^{argument}: "):
+            model.generate("to be", max_new_tokens=4, **{"json_schema": SCHEMA, **settings})
+    with pytest.raises(InputError, match=r"^json_schema: DecoderLM\.stream: is taken by `generate`"):
+        next(iter(model.stream("to be", max_new_tokens=4, json_schema=SCHEMA)))
