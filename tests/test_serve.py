@@ -18,7 +18,6 @@ import time
 import numpy as np
 import pytest
 
-import keras_tfm
 from tests.test_cli import chat_model, saved_language_model
 
 openai = pytest.importorskip("openai")
@@ -213,8 +212,9 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
         assert httpx.get(server.url + "/health").status_code == 503 and lines
         release.set()
         assert engine.ready.wait(120) and httpx.get(server.url + "/health").status_code == 200
-        # rows 1 and 2, cache length 32: a prefill, a greedy chunk and a chunk of the defaults' sampling
-        assert len(lines) == 6 and lines[-1].startswith("warm-up 6/6") and len(engine.compiled.ready) == 6
+        # rows 1 and 2, cache length 32: a prefill, a greedy chunk and a chunk of the defaults' sampling,
+        # and the writes of 1 prompt into 1 row, and of 1 and 2 prompts into 2 rows
+        assert len(lines) == 9 and lines[-1].startswith("warm-up 9/9") and len(engine.compiled.ready) == 9
         slowed(engine, monkeypatch, 0.2)  # 10 chunks of 4 tokens: two seconds of stream
         compile, during = engine.compiled.compile, []
 

@@ -10,11 +10,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
 from keras import ops
 
 from keras_tfm.generation import continuous
 
-# A function's key: ("prefill",) or ("chunk", Features, steps); a shape: (rows, width or cache length)
+# A function's key: ("prefill",), ("chunk", Features, steps) or ("admit", prefill shape); a shape: (rows,
+# width or cache length)
 Key = tuple
 Shape = tuple[int, int]
 WIDTH_STEP = 32  # the shortest cache (and prefill width); longer ones double
@@ -56,14 +58,20 @@ class CompiledShapes:
     def compile(self, key: Key, shape: Shape) -> None:
         """Compiles `key` for `shape` by running it on zeros of that shape (on any thread)."""
         rows, length = shape
+        vocabulary = self.model.decoding_vocabulary_size
         if key[0] == "prefill":
             self.function(key)(ops.zeros(shape, "int32"))
+        elif key[0] == "admit":  # its operations, compiled one by one on JAX, for these shapes
+            filled, seen = self.model.empty_cache(*key[1]), ops.zeros((rows, vocabulary), "int32")
+            sources = [min(row, key[1][0] - 1) for row in range(rows)]  # rows of `filled`
+            cache, seen_rows = self.model.empty_cache(rows, length), np.zeros((rows, vocabulary), "int32")
+            continuous.admit(cache, seen, filled, sources, list(range(rows)), seen_rows)
         else:
             features = key[1]
             settings = continuous.RowSettings(*(ops.convert_to_tensor(v) for v in continuous.idle_settings(rows)))
             zeros = ops.zeros((rows,), "int32")
-            seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "int32")
-            bias = (ops.zeros((rows, self.model.decoding_vocabulary_size), "float32"),) if features.biased else ()
+            seen = ops.zeros((rows, vocabulary), "int32")
+            bias = (ops.zeros((rows, vocabulary), "float32"),) if features.biased else ()
             self.function(key)(self.model.empty_cache(rows, length), zeros, zeros, seen, settings, *bias)
 
     def available(self, wanted: Iterable[tuple[Key, Shape]]) -> bool:
@@ -100,14 +108,18 @@ class CompiledShapes:
                 self.compile(key, shape)
                 self.ready.add((key, shape))
             if progress is not None:
-                what = "prefill" if key[0] == "prefill" else "decoding"
                 seconds = time.monotonic() - start
-                progress(
-                    f"warm-up {done}/{len(plan)}: {what} of {shape[0]} rows x {shape[1]} positions ({seconds:.0f} s)"
-                )
+                progress(f"warm-up {done}/{len(plan)}: {_described(key, shape)} ({seconds:.0f} s)")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _described(key: Key, shape: Shape) -> str:
+    cache = f"{shape[0]} rows x {shape[1]} positions"
+    if key[0] == "admit":
+        return f"{key[1][0]} prompts of {key[1][1]} tokens written into a cache of {cache}"
+    return f"{'prefill' if key[0] == 'prefill' else 'decoding'} of {cache}"
 
 
 def warm_up_plan(
@@ -119,11 +131,15 @@ def warm_up_plan(
     top = cache_length(length, model.max_length)
     lengths = sorted({cache_length(WIDTH_STEP << p, model.max_length) for p in range(top.bit_length())} - {0})
     rows = sorted({bucket(count, max_batch_size, power_of_two=True) for count in range(1, max_batch_size + 1)})
+    lengths = [size for size in lengths if size <= top]
     plan = []
-    for size in (size for size in lengths if size <= top):
+    for size in lengths:
         for count in rows:
             plan.append((("prefill",), (count, size)))
             plan.extend((("chunk", kind, steps), (count, size)) for kind in dict.fromkeys(features))
+    # prompts of (count, width) written into a cache of (rows, length)
+    shapes = [(count, size) for size in lengths for count in rows]
+    plan += [(("admit", new), cache) for cache in shapes for new in shapes if new[0] <= cache[0] and new[1] <= cache[1]]
     return plan
 
 

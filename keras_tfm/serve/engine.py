@@ -228,7 +228,7 @@ class Engine:
         if busy:
             jobs = [self._slots[slot].ticket.job for slot in busy] + [t.job for t in tickets]
             features, steps = _settings_features([j.config for j in jobs], jobs), _steps(jobs, self.chunk_steps)
-            wanted = [prefill] + [(("chunk", features, steps), shape)] * (
+            wanted = [prefill, (("admit", prefill[1]), shape)] + [(("chunk", features, steps), shape)] * (
                 self.compiled.usable_chunk(features, steps, shape) is None
             )
             if not self.compiled.available(wanted):
@@ -253,7 +253,13 @@ class Engine:
         seen_rows = np.zeros((len(slots), self._seen.shape[1]), "int32")
         for index, source in enumerate(sources):
             seen_rows[index, prompts[source]] = 1  # seen in the prompt, not generated
+        # as many writes as the cache has rows (the last one repeated): one shape of writes per cache shape,
+        # which the warm-up compiles, not one per count of new rows
+        extra = len(self._slots) - len(slots)
+        sources, slots = sources + sources[-1:] * extra, slots + slots[-1:] * extra
+        seen_rows = np.concatenate([seen_rows, np.repeat(seen_rows[-1:], extra, axis=0)])
         self._cache, self._seen = continuous.admit(self._cache, self._seen, filled, sources, slots, seen_rows)
+        self.compiled.ready.add((("admit", prefill[1]), shape))
         return True
 
     def _start_row(self, slot: int, job: Job, copy: int) -> None:
@@ -282,7 +288,10 @@ class Engine:
             self._cache = self.model.empty_cache(rows, length)
             self._seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "int32")
         else:
-            self._cache, self._seen = continuous.resized(self._cache, self._seen, busy, rows, length)
+            # the free rows filled with copies of a busy one (admission overwrites them): one shape of
+            # copies per pair of cache shapes, not one per count of busy rows
+            kept = busy + busy[-1:] * (rows - len(busy))
+            self._cache, self._seen = continuous.resized(self._cache, self._seen, kept, rows, length)
         tokens, positions, settings = np.zeros(rows, "int32"), np.zeros(rows, "int32"), continuous.idle_settings(rows)
         if busy:
             tokens[: len(busy)], positions[: len(busy)] = self._tokens[busy], self._positions[busy]
