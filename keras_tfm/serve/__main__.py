@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per request on standard error: client, method, path, status, seconds "
                              "(default: on)")  # fmt: skip
-    parser.add_argument("--warm-up-length", type=int, default=256,
+    parser.add_argument("--warm-up-length", type=int, default=128,
                         help="before /health says ready, compile the shapes of requests of up to this many "
                              "positions, prompt and reply (0: none; longer ones compile when first needed, "
                              "while the rows already decoding go on; default: %(default)s)")  # fmt: skip

@@ -215,11 +215,19 @@ def position(epoch: int, step: int) -> str:
 class Checkpoints(keras.callbacks.Callback):
     """Saves a checkpoint at the end of each epoch and, within epochs, every `every` steps (counted from
     the run's start) or, without `every`, when `minutes` have passed since the last; none once the loss
-    has gone bad. `start(epoch, step)` tells where the next `fit` begins."""
+    has gone bad (`nan_stop`'s step). `start(epoch, step)` tells where the next `fit` begins."""
 
-    def __init__(self, manager: CheckpointManager, steps_per_epoch: int, extra: dict | None = None, **when):
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        steps_per_epoch: int,
+        extra: dict | None = None,
+        nan_stop: StopOnNaN | None = None,
+        **when,
+    ):
         super().__init__()
         self.manager, self.steps_per_epoch, self.extra = manager, steps_per_epoch, extra or {}
+        self.nan_stop = nan_stop
         self.every, self.seconds = when.get("every"), 60 * when.get("minutes", 10.0)
         self.epoch = self.offset = 0
         self.last = time.monotonic()
@@ -232,8 +240,7 @@ class Checkpoints(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.offset + batch + 1
-        # `self._model`: on JAX, reading `self.model` copies the weights back from the training step's state
-        if step >= self.steps_per_epoch or getattr(self._model, "_keras_tfm_diverged", None) is not None:
+        if step >= self.steps_per_epoch or self._diverged():
             return  # the epoch's end saves
         done = self.epoch * self.steps_per_epoch + step
         due = done % self.every == 0 if self.every else time.monotonic() - self.last >= self.seconds
@@ -243,9 +250,12 @@ class Checkpoints(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.offset = 0
-        if getattr(self.model, "_keras_tfm_diverged", None) is None:
+        if not self._diverged():
             self.manager.save(self.model, epoch + 1, self.extra)
             self.last = time.monotonic()
+
+    def _diverged(self) -> bool:
+        return self.nan_stop is not None and self.nan_stop.bad_step is not None
 
 
 class StopOnNaN(keras.callbacks.Callback):
@@ -259,7 +269,6 @@ class StopOnNaN(keras.callbacks.Callback):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
             self.bad_step = int(batch)
-            self.model._keras_tfm_diverged = self.bad_step
             self.model.stop_training = True
 
 

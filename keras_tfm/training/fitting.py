@@ -260,6 +260,7 @@ def fit(
         manager,
         steps_per_epoch,
         {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "settings": settings},
+        nan_stop,
         every=config.checkpoint_every,
         minutes=config.checkpoint_minutes or math.inf,
     )
