@@ -142,8 +142,8 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         if mode == "int8" and keras.backend.backend() == "torch" and not int8_products_are_fast():
             warnings.warn(
                 "this CPU has no VNNI instructions (avx512_vnni, avx_vnni): on PyTorch its int8 products are "
-                "slower than float32 ones (0.4x measured decoding on an AVX2 Xeon). int8 saves memory here, "
-                "not time.",
+                "slower than float32 ones (0.4-0.5x measured decoding on AVX2 Intel and AMD CPUs). int8 saves "
+                "memory here, not time.",
                 stacklevel=2,
             )
 
