@@ -89,6 +89,8 @@ def test_character_tokenizer_round_trip_and_reuse(tmp_path):
     assert tokenizer.vocabulary == sorted(set("hello world"))
     ids = tokenizer.encode("low world")
     assert ids.dtype == np.int32 and tokenizer.decode(ids) == "low world"
+    # ids past the vocabulary (a model's vocabulary padded to 64) or negative have no text, not a crash
+    assert tokenizer.decode([*ids.tolist(), len(tokenizer.vocabulary), 63, -1]) == "low world"
     again = load_or_fit_tokenizer("char", "hello world", str(tmp_path), log=lambda m: None)
     assert isinstance(again, CharacterTokenizer) and again.vocabulary == tokenizer.vocabulary
     with pytest.raises(DataError, match="fitted on other text"):  # the ids would change meaning

@@ -57,7 +57,10 @@ class CharacterTokenizer(Tokenizer):
         return np.fromiter((self._index[c] for c in text), dtype="int32", count=len(text))
 
     def decode(self, ids) -> str:
-        return "".join(self.vocabulary[int(i)] for i in np.asarray(ids).reshape(-1))
+        """The characters of `ids`; an id outside the vocabulary (a model's padded vocabulary is larger)
+        has no text, as in Hugging Face `tokenizers`."""
+        size = len(self.vocabulary)
+        return "".join(self.vocabulary[i] for i in np.asarray(ids).reshape(-1).tolist() if 0 <= i < size)
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
