@@ -161,15 +161,9 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
                 else:
                     metrics.generated_tokens.inc(sum(choice.tokens for choice in value))
                     ends = [choice.finish_reason for choice in value]
-                    if job.tools:
-                        for i, choice in enumerate(value):
-                            message = chat_message(choice.text, job)
-                            delta = chunk(i, message["content"])
-                            if message.get("tool_calls"):
-                                calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
-                                delta["delta"] = {"content": message["content"], "tool_calls": calls}
-                                ends[i] = "tool_calls"
-                            yield event([delta])
+                    for i, delta in enumerate(_tool_call_deltas(value, job) if job.tools else ()):
+                        yield event([{**chunk(i, None), "delta": delta}])
+                        ends[i] = "tool_calls" if "tool_calls" in delta else ends[i]
                     yield event([chunk(i, None, end) for i, end in enumerate(ends)])
                     if include_usage:
                         yield event([], usage=usage_of(job, value))
@@ -179,3 +173,16 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
             ticket.cancelled = True  # a client that left mid-stream frees its place at the next chunk
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _tool_call_deltas(choices, job) -> list[dict]:
+    """Each choice's reply to a request with tools, as one delta: its text, and its calls where it made
+    any (read once the reply is whole)."""
+    deltas = []
+    for choice in choices:
+        message = chat_message(choice.text, job)
+        delta = {"content": message["content"]}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+        deltas.append(delta)
+    return deltas
