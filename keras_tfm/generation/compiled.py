@@ -10,7 +10,7 @@ import keras
 from keras import ops, tree
 
 from keras_tfm import compat
-from keras_tfm.layers.attention import cache_writer
+from keras_tfm.layers.kv_cache import cache_writer
 
 
 class CompiledFunctions:

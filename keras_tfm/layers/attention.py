@@ -4,15 +4,15 @@ results are merged by one output projection (W_o)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import keras
 import numpy as np
 from keras import ops
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu
 from keras_tfm.errors import InputError
+from keras_tfm.layers import kv_cache
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.attention_masks import position_mask
 from keras_tfm.layers.feed_forward import projection
 from keras_tfm.layers.positions import is_per_row
 from keras_tfm.layers.quantization import QuantizationConfigMixin
@@ -21,19 +21,6 @@ from keras_tfm.layers.rotary import RotaryEmbedding
 # Masked logits, and scores of what must never be chosen in decoding; softmax is taken in float32,
 # where exp(-1e9) == 0 exactly.
 LARGE_NEGATIVE = -1e9
-_CACHE_WRITERS: list = []  # `write(cache, start, entries)` that `update_cache` uses inside `cache_writer`
-
-
-@contextlib.contextmanager
-def cache_writer(write):
-    """Inside this block `update_cache` writes new keys and values with `write(cache, start, entries)`
-    instead of `ops.slice_update`, which returns a new cache: a decoding loop that never reads an old
-    cache again may write it in place (`generation.compiled` does on PyTorch)."""
-    _CACHE_WRITERS.append(write)
-    try:
-        yield
-    finally:
-        _CACHE_WRITERS.pop()
 
 
 def _check_inputs(query, value, key) -> None:
@@ -72,31 +59,6 @@ def _check_per_row(index, value) -> None:
             f"shape {tuple(index.shape)} for `value` of shape {tuple(value.shape)}.",
             caller="MultiHeadAttention",
         )
-
-
-def _write_rows(cache, start: tuple, entries):
-    """`cache` `(batch, 2, heads, length, dim)` with each row's one new position `entries[b, :, :, 0]`
-    written at its own position `start[3][b]`: a scatter of the new entries only."""
-    positions = start[3]
-    rows, _, heads, _, dim = ops.shape(entries)
-    count = rows * 2 * heads
-    row = ops.repeat(ops.arange(rows), 2 * heads)
-    kind = ops.tile(ops.repeat(ops.arange(2), heads), [rows])
-    head = ops.tile(ops.arange(heads), [2 * rows])
-    position = ops.repeat(ops.cast(positions, "int32"), 2 * heads)
-    indices = ops.stack([row, kind, head, position], axis=1)
-    return ops.scatter_update(cache, indices, ops.reshape(entries, (count, dim)))
-
-
-def _to_cache_layout(heads):
-    """`(batch, length, heads, dim)` -> the cache's `(batch, heads, length, dim)`: heads before
-    positions, so that XLA's batched matmuls over (batch, heads) read the cache without
-    transposing it at every decoding step."""
-    return ops.transpose(heads, (0, 2, 1, 3))
-
-
-def _from_cache_layout(cached):
-    return ops.transpose(cached, (0, 2, 1, 3))
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -282,7 +244,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         self._check_cacheable()
         key = value if key is None else key
         keys, values = self._key_value_heads(value, key, start_index, angles)
-        return ops.stack([_to_cache_layout(keys), _to_cache_layout(values)], axis=1)
+        return ops.stack([kv_cache.to_cache_layout(keys), kv_cache.to_cache_layout(values)], axis=1)
 
     def update_cache(self, value, cache, cache_update_index, key=None, angles=None):
         """`cache` with the keys and values of `value` (and `key`) written at `cache_update_index`:
@@ -301,8 +263,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         _check_per_row(index, value)
         new_entries = self.precompute_key_value(value, key, start_index=cache_update_index, angles=angles)
         # one update of the joint cache: a functional update copies its input (PyTorch)
-        write = _CACHE_WRITERS[-1] if _CACHE_WRITERS else (_write_rows if is_per_row(index) else ops.slice_update)
-        return write(cache, (0, 0, 0, cache_update_index, 0), ops.cast(new_entries, cache.dtype))
+        return kv_cache.write(cache, cache_update_index, ops.cast(new_entries, cache.dtype))
 
     def _check_cacheable(self, cache=None):
         if self.value_dim != self.key_dim:
@@ -361,42 +322,15 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                 )
             attention_mask = ops.cast(attention_mask, "bool")
             masks.append(ops.expand_dims(attention_mask, 1) if rank == 3 else attention_mask)
-        if (use_causal_mask or has_cache) and is_per_row(cache_update_index):
-            masks.append(self._per_row_mask(query_length, key_length, cache_update_index, use_causal_mask))
-        elif use_causal_mask or has_cache:
+        if use_causal_mask or has_cache:
             offset = 0 if cache_update_index is None else cache_update_index
-            query_positions = ops.arange(query_length) + offset
-            key_positions = ops.arange(key_length)
-            if use_causal_mask:
-                visible = key_positions[None, :] <= query_positions[:, None]
-                if self.sliding_window is not None:
-                    visible = ops.logical_and(
-                        visible, key_positions[None, :] > query_positions[:, None] - self.sliding_window
-                    )
-            else:  # a cache is only filled up to the current step
-                visible = ops.broadcast_to(key_positions[None, :] < offset + query_length, (query_length, key_length))
-            masks.append(ops.expand_dims(visible, (0, 1)))
+            masks.append(position_mask(query_length, key_length, offset, use_causal_mask, self.sliding_window))
         if not masks:
             return None
         mask = masks[0]
         for other in masks[1:]:
             mask = ops.logical_and(mask, other)
         return mask
-
-    def _per_row_mask(self, query_length, key_length, offsets, use_causal_mask: bool):
-        """`(batch, 1, query_length, key_length)`: the causal (and sliding-window) mask, or a cache's
-        filled part, of rows whose queries start at their own positions `offsets` `(batch,)`."""
-        query_positions = ops.expand_dims(offsets, 1) + ops.arange(query_length)[None, :]
-        query_positions = ops.expand_dims(query_positions, 2)  # (batch, query_length, 1)
-        key_positions = ops.arange(key_length)[None, None, :]
-        if not use_causal_mask:  # a cache is only filled up to the current step
-            last = ops.expand_dims(ops.expand_dims(offsets + query_length, 1), 2)
-            visible = ops.broadcast_to(key_positions < last, (ops.shape(offsets)[0], query_length, key_length))
-            return ops.expand_dims(visible, 1)
-        visible = key_positions <= query_positions
-        if self.sliding_window is not None:
-            visible = ops.logical_and(visible, key_positions > query_positions - self.sliding_window)
-        return ops.expand_dims(visible, 1)
 
     def call(
         self,
@@ -481,7 +415,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         self._check_cacheable(cache)
         if cache_update_index is not None:
             cache = self.update_cache(value, cache, cache_update_index, key, angles=key_angles)
-        return query_heads, _from_cache_layout(cache[:, 0]), _from_cache_layout(cache[:, 1]), cache
+        return query_heads, kv_cache.from_cache_layout(cache[:, 0]), kv_cache.from_cache_layout(cache[:, 1]), cache
 
     def _unfused(self, query_heads, explicit: bool) -> bool:
         """Whether the weights are computed here rather than by the fused op. The fused op needs equal

@@ -454,59 +454,24 @@ class Translator(ZooModel):
 def transformer_small(**overrides) -> Translator:
     """A Multi30k-sized Transformer: 3 + 3 layers, 8 heads, 256 wide, feed-forward 512 (about 9M
     parameters with ~8k-token vocabularies), dropout 0.1."""
-    return Translator(
-        **{
-            **dict(
-                source_vocabulary_size=8000,
-                num_encoder_layers=3,
-                num_decoder_layers=3,
-                num_heads=8,
-                hidden_dim=256,
-                intermediate_dim=512,
-                dropout=0.1,
-            ),
-            **overrides,
-        }
-    )
+    size = dict(source_vocabulary_size=8000, num_encoder_layers=3, num_decoder_layers=3, num_heads=8,
+                hidden_dim=256, intermediate_dim=512, dropout=0.1)  # fmt: skip
+    return Translator(**{**size, **overrides})
 
 
 def transformer_base(**overrides) -> Translator:
     """Transformer base (Vaswani et al. 2017): 6 + 6 layers, 8 heads, 512 wide, feed-forward 2048,
     dropout 0.1, a shared 37,000-token vocabulary."""
-    return Translator(
-        **{
-            **dict(
-                source_vocabulary_size=37000,
-                share_embeddings=True,
-                num_encoder_layers=6,
-                num_decoder_layers=6,
-                num_heads=8,
-                hidden_dim=512,
-                intermediate_dim=2048,
-                dropout=0.1,
-            ),
-            **overrides,
-        }
-    )
+    size = dict(source_vocabulary_size=37000, share_embeddings=True, num_encoder_layers=6, num_decoder_layers=6,
+                num_heads=8, hidden_dim=512, intermediate_dim=2048, dropout=0.1)  # fmt: skip
+    return Translator(**{**size, **overrides})
 
 
 def transformer_big(**overrides) -> Translator:
     """Transformer big: 6 + 6 layers, 16 heads, 1024 wide, feed-forward 4096, dropout 0.3."""
-    return Translator(
-        **{
-            **dict(
-                source_vocabulary_size=37000,
-                share_embeddings=True,
-                num_encoder_layers=6,
-                num_decoder_layers=6,
-                num_heads=16,
-                hidden_dim=1024,
-                intermediate_dim=4096,
-                dropout=0.3,
-            ),
-            **overrides,
-        }
-    )
+    size = dict(source_vocabulary_size=37000, share_embeddings=True, num_encoder_layers=6, num_decoder_layers=6,
+                num_heads=16, hidden_dim=1024, intermediate_dim=4096, dropout=0.3)  # fmt: skip
+    return Translator(**{**size, **overrides})
 
 
 def _translation_config(owner: str, config: GenerationConfig, **settings) -> GenerationConfig:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_tfm.layers import MultiHeadAttention, attention
+from keras_tfm.layers import MultiHeadAttention, kv_cache
 from tests.checks import assert_close, to_numpy
 
 
@@ -236,7 +236,7 @@ def test_a_cache_update_makes_a_new_cache_unless_a_decoding_loop_writes_in_place
     if keras.backend.backend() == "torch":  # the traced decoding loops write in place: the same values
         from keras_tfm.generation import compiled
 
-        with attention.cache_writer(compiled._write_in_place):
+        with kv_cache.cache_writer(compiled._write_in_place):
             _, in_place = layer(x[:, :3], use_causal_mask=True, cache=cache, cache_update_index=index)
         assert in_place is cache
         np.testing.assert_array_equal(to_numpy(in_place), to_numpy(updated))
