@@ -1,5 +1,8 @@
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
 # The suite's models are tiny, so XLA's time goes to compiling, not running: LLVM's optimisation passes
 # cost more than they save, and XLA:CPU's MLIR fusion emitters compile three times slower than its
@@ -14,6 +17,15 @@ os.environ["XLA_FLAGS"] = " ".join(
         "--xla_cpu_use_fusion_emitters=false",
     ]
 ).strip()
+# JAX keeps what XLA compiles in a cache on disk and reads a program back instead of compiling it again:
+# the suite builds the same tiny models in many tests and recipe subprocesses (tests/models/test_gpt.py:
+# 17% less CPU on a cold cache). `.ci/test` gives its JAX processes one directory; a plain `pytest`
+# gets one of its own, removed at exit. Subprocesses inherit it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="keras_tfm-tests-xla-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # No test reaches the network: Hugging Face Hub ids are read from a local cache only (huggingface_hub reads
 # this when it is imported).
 os.environ["HF_HUB_OFFLINE"] = "1"

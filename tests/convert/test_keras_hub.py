@@ -8,11 +8,14 @@ import keras_tfm
 from keras_tfm.errors import CheckpointError
 from tests.checks import to_numpy
 
-keras_hub = pytest.importorskip("keras_hub")
-
 # `from_keras_hub` copies keras-hub's arrays (as NumPy) into our layers: the same on every backend, so one
 # backend's process runs these. Our models' outputs on each backend: the transformers parity tests.
 pytestmark = pytest.mark.backend_independent
+
+
+def hub():
+    """keras-hub, imported where a test runs (it imports TensorFlow: seconds, in processes that skip these)."""
+    return pytest.importorskip("keras_hub")
 
 
 def peaked(model):
@@ -23,21 +26,21 @@ def peaked(model):
 
 def gpt2_backbone():
     keras.utils.set_random_seed(0)
-    return keras_hub.models.GPT2Backbone(
+    return hub().models.GPT2Backbone(
         vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=24
     )
 
 
 def bert_backbone():
     keras.utils.set_random_seed(0)
-    return keras_hub.models.BertBackbone(
+    return hub().models.BertBackbone(
         vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
     )
 
 
 def vit_backbone():
     keras.utils.set_random_seed(0)
-    return keras_hub.models.ViTBackbone(
+    return hub().models.ViTBackbone(
         image_shape=(8, 8, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
     )
 
@@ -51,7 +54,7 @@ def bert_inputs(rng):
 
 
 def test_gpt2_logits_parameters_and_greedy_generation(rng):
-    causal_lm = keras_hub.models.GPT2CausalLM(backbone=peaked(gpt2_backbone()), preprocessor=None)
+    causal_lm = hub().models.GPT2CausalLM(backbone=peaked(gpt2_backbone()), preprocessor=None)
     prompts = [[3, 7, 9, 11], [5, 6]]
     ids, mask = np.zeros((2, 12), "int32"), np.zeros((2, 12), bool)
     for row, prompt in enumerate(prompts):
@@ -80,14 +83,14 @@ def test_bert_token_vectors_and_classifier_logits(rng):
     np.testing.assert_allclose(
         to_numpy(model(inputs))[real], to_numpy(backbone(inputs)["sequence_output"])[real], atol=1e-4, rtol=0
     )
-    classifier = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None)
+    classifier = hub().models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None)
     model = keras_tfm.from_keras_hub(classifier)
     assert isinstance(model, keras_tfm.BertClassifier) and model.count_params() == classifier.count_params()
     np.testing.assert_allclose(to_numpy(model(inputs)), to_numpy(classifier(inputs)), atol=1e-4, rtol=0)
 
 
 def test_bert_masked_lm_logits_at_the_masked_positions(rng):
-    masked_lm = keras_hub.models.BertMaskedLM(backbone=bert_backbone(), preprocessor=None)
+    masked_lm = hub().models.BertMaskedLM(backbone=bert_backbone(), preprocessor=None)
     inputs = {**bert_inputs(rng), "mask_positions": np.array([[1, 4], [0, 8]], "int32")}
     model = keras_tfm.from_keras_hub(masked_lm)
     # keras-hub's head differs from BERT's own (and Hugging Face's): exact GELU and epsilon 1e-5
@@ -103,14 +106,14 @@ def test_vit_features_and_classifier_logits(rng):
     model = keras_tfm.from_keras_hub(backbone)
     assert not model.include_top and model.count_params() == backbone.count_params()
     np.testing.assert_allclose(to_numpy(model(images)), to_numpy(backbone(images)), atol=1e-4, rtol=0)
-    classifier = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+    classifier = hub().models.ViTImageClassifier(backbone=backbone, num_classes=4, preprocessor=None)
     model = keras_tfm.from_keras_hub(classifier)
     assert model.count_params() == classifier.count_params()
     np.testing.assert_allclose(to_numpy(model(images)), to_numpy(classifier(images)), atol=1e-4, rtol=0)
 
 
 def test_preset_directories_load_as_their_model(rng, tmp_path):
-    classifier = keras_hub.models.BertTextClassifier(backbone=bert_backbone(), num_classes=3, preprocessor=None)
+    classifier = hub().models.BertTextClassifier(backbone=bert_backbone(), num_classes=3, preprocessor=None)
     classifier.save_to_preset(str(tmp_path / "classifier"))  # a task: its head is in task.weights.h5
     classifier.backbone.save_to_preset(str(tmp_path / "backbone"))
     inputs = bert_inputs(rng)
@@ -122,14 +125,12 @@ def test_preset_directories_load_as_their_model(rng, tmp_path):
 def test_what_it_cannot_reproduce_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="unsupported model BertTokenizer; supported: "):
         keras_tfm.from_keras_hub(
-            keras_hub.tokenizers.BertTokenizer(vocabulary=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
+            hub().tokenizers.BertTokenizer(vocabulary=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
         )
-    pooled = keras_hub.models.ViTImageClassifier(
-        backbone=vit_backbone(), num_classes=4, pooling="gap", preprocessor=None
-    )
+    pooled = hub().models.ViTImageClassifier(backbone=vit_backbone(), num_classes=4, pooling="gap", preprocessor=None)
     with pytest.raises(ValueError, match="ViTImageClassifier with pooling='gap', .* is not supported"):
         keras_tfm.from_keras_hub(pooled)
-    no_bias = keras_hub.models.ViTBackbone(
+    no_bias = hub().models.ViTBackbone(
         image_shape=(8, 8, 3), patch_size=4, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, use_mha_bias=False
     )
     with pytest.raises(ValueError, match="from_keras_hub: ViTBackbone checkpoints with use_mha_bias=False are not"):
