@@ -4,7 +4,7 @@ requests are prefilled into free rows and join the batch, whatever their prompt 
 settings, and requests that ended (a stop token or string, their `max_tokens`, a client that left) give
 their rows back. Streams get their text after every chunk.
 
-Every compiled loop is for one cache shape, so the cache keeps a few shapes: rows a power of two (up to
+Every compiled loop is for one cache shape, so the cache keeps a few shapes: rows 1, 4, 16, ... (up to
 `max_batch_size`), length a power of two from 32 (up to the context; prefill widths alike), grown when a
 request needs more and shrunk when the rows that are left fit a smaller one that is compiled. A request
 that needs a shape not compiled yet waits while it compiles on another thread (`compiled_shapes`), and
@@ -28,7 +28,7 @@ from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint
 from keras_tfm.generation.sampling import row_seeds
 from keras_tfm.generation.text import TextDecoder
-from keras_tfm.serve.compiled_shapes import CompiledShapes, bucket, cache_length, warm_up_plan
+from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
 
 
@@ -223,7 +223,7 @@ class Engine:
         length = max([len(t.job.prompt) + t.job.max_tokens for t in tickets] + self._lengths_needed())
         shape = self._shape(rows, length)
         prompts = [t.job.prompt for t in tickets]
-        count = bucket(len(prompts), self.max_batch_size, power_of_two=True)
+        count = rows_bucket(len(prompts), self.max_batch_size)
         prefill = (("prefill",), (count, min(cache_length(max(map(len, prompts)), self.model.max_length), shape[1])))
         if busy:
             jobs = [self._slots[slot].ticket.job for slot in busy] + [t.job for t in tickets]
@@ -277,7 +277,7 @@ class Engine:
 
     def _shape(self, rows: int, length: int) -> tuple[int, int]:
         """The fewest rows and positions of the bucketed shapes that hold `rows` rows of `length` positions."""
-        return bucket(rows, self.max_batch_size, power_of_two=True), cache_length(length, self.model.max_length)
+        return rows_bucket(rows, self.max_batch_size), cache_length(length, self.model.max_length)
 
     def _reshape(self, rows: int, length: int) -> None:
         """The cache in shape `(rows, length)` (bucketed); the busy rows move to its first rows."""
