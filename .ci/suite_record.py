@@ -42,7 +42,7 @@ def jobs(reports: str) -> list[dict]:
 
 def slowest_files(reports: str, count: int = 15) -> list[dict]:
     """The test files whose tests took the most time, summed over the processes (pytest's own timings:
-    wall time, with the five processes sharing the cores)."""
+    wall time, with the six processes sharing the cores)."""
     times: dict = collections.defaultdict(lambda: collections.defaultdict(float))
     for path in glob.glob(os.path.join(reports, "*.xml")):
         backend = os.path.basename(path).split(":")[0]

@@ -76,7 +76,7 @@ def rng():
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """Frees each test file's models and their compiled programs when it ends: `.ci/test` runs five
+    """Frees each test file's models and their compiled programs when it ends: `.ci/test` runs six
     suites at once on a 24 GB machine, and JAX keeps every executable of a live jitted function (a
     model's generation loop holds the model, so only a collection frees them)."""
     yield
