@@ -23,18 +23,17 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
     rows, total = request.buffer.shape
     constraints = [Constraint(model, grammar) for _ in range(rows)]
     cache, seen = _prefilled(model, request)
-    values = [continuous.row_values(config, seed) for seed in row_seeds(config.seed, rows)]
-    kinds = [kind for _, kind in continuous.row_values(config, 0, dtypes=True)]
-    settings = continuous.RowSettings(*(np.array(column, kind) for column, kind in zip(zip(*values), kinds)))
+    settings = continuous.settings_of([config] * rows, row_seeds(config.seed, rows))
     features = continuous.features_of(settings)._replace(biased=True)
-    chunk = _function(model, ("chunk", features, 1), lambda: continuous.decode_chunk(model, features, 1))
+    chunk = continuous.function(model, ("chunk", features, 1))
     settings = continuous.RowSettings(*(ops.convert_to_tensor(value) for value in settings))
     output, lengths = request.buffer.copy(), request.lengths
     positions = (lengths - 1).astype("int32")
     tokens = output[np.arange(rows), positions]
+    logit_bias = continuous.host_bias(config, model.decoding_vocabulary_size)
     stops, ended, counts = set(request.stop_token_ids.tolist()), np.zeros(rows, bool), np.zeros(rows, "int32")
     for step in range(request.max_new_tokens):
-        bias = np.stack([constraint.bias() for constraint in constraints]) + _logit_bias(config, model)
+        bias = np.stack([constraint.bias() for constraint in constraints]) + logit_bias
         cache, seen, generated = chunk(
             cache,
             ops.convert_to_tensor(tokens),
@@ -57,9 +56,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
 def _prefilled(model, request: Request):
     """The cache of the prompts' keys and values, `total` positions long, and each row's seen tokens."""
     rows, total = request.buffer.shape
-    filled = _function(model, ("prefill",), lambda: continuous.prefill(model))(
-        ops.convert_to_tensor(request.buffer[:, : request.prompt_width])
-    )
+    filled = continuous.function(model, ("prefill",))(ops.convert_to_tensor(request.buffer[:, : request.prompt_width]))
     seen_rows = np.zeros((rows, model.decoding_vocabulary_size), "int32")
     for row, length in enumerate(request.lengths):
         seen_rows[row, request.buffer[row, :length]] = 1
@@ -72,18 +69,3 @@ def _prefilled(model, request: Request):
         everyone,
         seen_rows,
     )
-
-
-def _logit_bias(config: GenerationConfig, model) -> np.ndarray:
-    bias = np.zeros(model.decoding_vocabulary_size, "float32")
-    for token, value in config.logit_bias or ():
-        bias[token] = value
-    return bias
-
-
-def _function(model, key: tuple, make):
-    """A compiled function kept on the model, the server's where it is the same."""
-    key, functions = ("serve", key), model.compiled_decoding()
-    if key not in functions:
-        functions[key] = make()
-    return functions[key]

@@ -13,6 +13,7 @@ same answer whoever it shares the batch with, and the answer `generate` gives wi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -46,6 +47,20 @@ def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tup
     )  # fmt: skip
     kinds = ("float32", "int32", "float32", "float32", "float32", "float32", "float32", "int32")
     return tuple(zip(values, kinds)) if dtypes else values
+
+
+def settings_of(configs: Sequence[GenerationConfig], seeds: Sequence[int]) -> RowSettings:
+    """`RowSettings` (NumPy columns) of rows decoding with these `configs` and `seeds`, one each."""
+    rows = [row_values(config, seed, dtypes=True) for config, seed in zip(configs, seeds, strict=True)]
+    return RowSettings(*(np.array([value for value, _ in column], column[0][1]) for column in zip(*rows)))
+
+
+def host_bias(config: GenerationConfig, vocabulary_size: int) -> np.ndarray:
+    """`(vocabulary,)` float32: what a row's `logit_bias` adds to each token's score, on the host."""
+    bias = np.zeros(vocabulary_size, "float32")
+    for token, value in config.logit_bias or ():
+        bias[token] = value
+    return bias
 
 
 def idle_settings(rows: int) -> list[np.ndarray]:
@@ -168,6 +183,15 @@ def decode_chunk(model, features: Features, steps: int):
         return (result[1], result[4], result[5], *((result[8],) if features.logprobs else ()))
 
     return compiled.compile_function(chunk, model)
+
+
+def function(model, key: tuple):
+    """The compiled function of `key`, `("prefill",)` or `("chunk", features, steps)`, kept on the model:
+    every server engine of the model and `generate`'s constrained rows share it."""
+    functions = model.compiled_decoding()
+    if ("rows", key) not in functions:
+        functions[("rows", key)] = prefill(model) if key[0] == "prefill" else decode_chunk(model, *key[1:])
+    return functions[("rows", key)]
 
 
 def prefill(model):

@@ -40,12 +40,8 @@ class CompiledShapes:
     def function(self, key: Key) -> Callable:
         """The compiled function of `key`, kept on the model beside `generate`'s (every engine of the
         model reuses it)."""
-        functions = self.model.compiled_decoding()
         with self._lock:  # the engine's and the compiling thread's
-            if ("serve", key) not in functions:
-                make = continuous.prefill if key[0] == "prefill" else continuous.decode_chunk
-                functions[("serve", key)] = make(self.model, *key[1:])
-            return functions[("serve", key)]
+            return continuous.function(self.model, key)
 
     def call(self, key: Key, shape: Shape, others_wait: bool, *inputs):
         """`key`'s function on `inputs` of `shape`; a first call while `others_wait` counts as a stall."""

@@ -226,11 +226,9 @@ class Engine:
         count = rows_bucket(len(prompts), self.max_batch_size)
         prefill = (("prefill",), (count, min(cache_length(max(map(len, prompts)), self.model.max_length), shape[1])))
         if busy:
-            jobs = [self._slots[slot].ticket.job for slot in busy] + [t.job for t in tickets]
-            features, steps = _settings_features([j.config for j in jobs], jobs), _steps(jobs, self.chunk_steps)
-            wanted = [prefill, (("admit", prefill[1]), shape)] + [(("chunk", features, steps), shape)] * (
-                self.compiled.usable_chunk(features, steps, shape) is None
-            )
+            chunk = _chunk_key(self._jobs(busy) + [t.job for t in tickets], self.chunk_steps)
+            wanted = [prefill, (("admit", prefill[1]), shape)]
+            wanted += [(chunk, shape)] * (self.compiled.usable_chunk(*chunk[1:], shape) is None)
             if not self.compiled.available(wanted):
                 return False
             self.joined_running += len(tickets)
@@ -269,6 +267,9 @@ class Engine:
         for setting, value in zip(self._settings, continuous.row_values(job.config, seed)):
             setting[slot] = value
 
+    def _jobs(self, slots: list[int]) -> list[Job]:
+        return [self._slots[slot].ticket.job for slot in slots]
+
     def _lengths_needed(self) -> list[int]:
         return [len(row.ticket.job.prompt) + row.ticket.job.max_tokens for row in self._slots if row is not None]
 
@@ -304,9 +305,8 @@ class Engine:
         """One chunk of steps for every row; then each busy row takes its new tokens, and the rows that
         ended are given back."""
         busy = self._busy()
-        jobs = [self._slots[slot].ticket.job for slot in busy]
-        shape, steps = (len(self._slots), self._length()), _steps(jobs, self.chunk_steps)
-        features = _settings_features([job.config for job in jobs], jobs)
+        shape = (len(self._slots), self._length())
+        _, features, steps = _chunk_key(self._jobs(busy), self.chunk_steps)
         features = self.compiled.usable_chunk(features, steps, shape) or features
         bias = self._bias(busy, features.biased)
         self.shapes[shape] += 1
@@ -336,11 +336,10 @@ class Engine:
                 self._tokens[slot] = self._positions[slot] = 0
                 self._finish(row.ticket)
         if busy := self._busy():  # a smaller cache, where its loop is compiled already
-            jobs = [self._slots[slot].ticket.job for slot in busy]
             shape = self._shape(len(busy), max(self._lengths_needed()))
-            features = _settings_features([job.config for job in jobs], jobs)
-            compiled = self.compiled.usable_chunk(features, steps, shape) is not None
-            if compiled or self.compiled.available([(("chunk", features, steps), shape)]):
+            chunk = _chunk_key(self._jobs(busy), self.chunk_steps)
+            compiled = self.compiled.usable_chunk(*chunk[1:], shape) is not None
+            if compiled or self.compiled.available([(chunk, shape)]):
                 self._reshape(*shape)
         else:
             self._slots, self._cache, self._seen = [], None, None
@@ -350,11 +349,10 @@ class Engine:
         those without); None where the chunk is not `biased`."""
         if not biased:
             return None
-        rows = {slot: self._slots[slot] for slot in busy}
         bias = np.zeros((len(self._slots), self.model.decoding_vocabulary_size), "float32")
-        for slot, row in rows.items():
-            for token, value in row.ticket.job.config.logit_bias or ():
-                bias[slot, token] = value
+        for slot in busy:
+            row = self._slots[slot]
+            bias[slot] = continuous.host_bias(row.ticket.job.config, bias.shape[1])
             if row.constraint is not None:
                 bias[slot] += row.constraint.bias()
         return bias
@@ -437,11 +435,15 @@ def _alternatives(job: Job) -> int | None:
     return job.logprobs
 
 
+def _chunk_key(jobs: list[Job], chunk_steps: int) -> tuple:
+    """The chunk function that decodes the rows of `jobs`: `("chunk", features, steps)`."""
+    return ("chunk", _settings_features([job.config for job in jobs], jobs), _steps(jobs, chunk_steps))
+
+
 def _settings_features(configs: list[GenerationConfig], jobs: list[Job] = ()) -> continuous.Features:
     """What a chunk computes for rows of these `configs` (of these `jobs`: with their biases, grammars
     and log-probabilities)."""
-    values = list(zip(*(continuous.row_values(config, 0, dtypes=True) for config in configs)))
-    settings = continuous.RowSettings(*(np.array([value for value, _ in column], column[0][1]) for column in values))
+    settings = continuous.settings_of(configs, [0] * len(configs))
     return continuous.features_of(settings)._replace(
         biased=any(job.config.logit_bias or job.grammar for job in jobs),
         logprobs=any(_alternatives(job) is not None for job in jobs),
