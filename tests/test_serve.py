@@ -573,6 +573,64 @@ def test_tool_calls_in_a_reply_are_read_for_each_family():
 
 
 @pytest.mark.backend_independent
+def accumulated(deltas: list[dict]) -> tuple[str, list[tuple]]:
+    """A streamed message's content and its calls `(id, name, arguments)`, put together as clients do."""
+    content, calls = "", {}
+    for delta in deltas:
+        content += delta.get("content") or ""
+        for call in delta.get("tool_calls") or ():
+            entry = calls.setdefault(call["index"], ["", "", ""])
+            function = call.get("function") or {}
+            entry[0] += call.get("id") or ""
+            entry[1] += function.get("name") or ""
+            entry[2] += function.get("arguments") or ""
+    return content, [tuple(calls[index]) for index in sorted(calls)]
+
+
+@pytest.mark.backend_independent
+def test_tool_calls_stream_as_openai_streams_them():
+    """Fed a character at a time, a reply streams as content until a call opens, then the call's id and
+    name, then its arguments piece by piece as they are written; put together, the deltas are the calls
+    and content of the whole reply. A block naming another tool is content; Llama's and Mistral's calls
+    (the whole reply) and a block whose name follows its arguments come whole at their end."""
+    from keras_tfm.serve.tools import StreamedCalls, parse_tool_calls
+
+    names = {"get_weather", "get_time"}
+    arguments = '{"city": "Pa}ri\\"s", "days": [1, {"a": 2}]}'
+    replies = [
+        f'Let me look.\n<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
+        '<tool_call>{"arguments": {"city": "Oslo"}, "name": "get_weather"}</tool_call>',
+        '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+        '[{"name": "get_time", "arguments": {}}]',
+        'Plain <tool_c text, <tool_call>{"name": "delete_files", "arguments": {}}</tool_call> and more',
+    ]
+    for reply in replies:
+        reader, deltas, fed = StreamedCalls(names), [], []
+        for position, character in enumerate(reply):
+            new = reader.feed(character)
+            deltas += new
+            fed += [position] * len(new)
+        deltas += reader.feed("", final=True)
+        content, calls = accumulated(deltas)
+        expected_content, expected = parse_tool_calls(reply, names)
+        assert content.strip() == (expected_content or ""), reply
+        assert [(name, json.loads(text)) for _, name, text in calls] == [
+            (call["function"]["name"], json.loads(call["function"]["arguments"])) for call in expected
+        ]
+        assert all(identity.startswith("call_") for identity, _, _ in calls) and reader.calls == len(expected)
+    # the first reply streamed: its text before the call was whole, the call's name before its arguments
+    # ended, its arguments (the model's JSON text) in pieces
+    reader, deltas, fed = StreamedCalls(names), [], []
+    for position, character in enumerate(replies[0]):
+        new = reader.feed(character)
+        deltas, fed = deltas + new, fed + [position] * len(new)
+    head = next(i for i, delta in enumerate(deltas) if delta.get("tool_calls"))
+    assert fed[0] < replies[0].index("<tool_call>") and fed[head] <= replies[0].index(arguments)
+    pieces = [d["tool_calls"][0]["function"]["arguments"] for d in deltas[head + 1 :] if d.get("tool_calls")]
+    assert len(pieces) > 10 and "".join(pieces).startswith(arguments)
+
+
 def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
     """Tools go to the chat template; a reply that calls one comes back as `tool_calls` (streamed too); a
     history holding the calls and the tool's answer is taken; a forced call must name one of the tools.
@@ -597,8 +655,8 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
         (called,) = choice.message.tool_calls
         assert called.function.name == "get_weather" and json.loads(called.function.arguments) == {"city": "Paris"}
         streamed = list(client.chat.completions.create(**request, stream=True))
-        calls = [c for chunk in streamed for choice in chunk.choices for c in choice.delta.tool_calls or []]
-        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        deltas = [choice.delta.model_dump() for chunk in streamed for choice in chunk.choices]
+        assert [(name, json.loads(arguments)) for _, name, arguments in accumulated(deltas)[1]] == [
             ("get_weather", {"city": "Paris"})
         ]
         assert streamed[-1].choices[0].finish_reason == "tool_calls"

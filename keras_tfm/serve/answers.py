@@ -9,7 +9,7 @@ import uuid
 from typing import NamedTuple
 
 from keras_tfm.serve.engine import Logprob, Ticket
-from keras_tfm.serve.tools import parse_tool_calls
+from keras_tfm.serve.tools import StreamedCalls, parse_tool_calls
 
 
 class Echo(NamedTuple):
@@ -100,7 +100,8 @@ def chat_message(text: str, job) -> dict:
 
 def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, token_text, metrics, echo: Echo):
     """Server-sent events: the text of each choice as it comes (a greedy job's one row stands for all its
-    `n` choices), each choice's end, then the usage where `stream_options` asks."""
+    `n` choices; with `tools`, read into content and tool-call deltas as it comes), each choice's end,
+    then the usage where `stream_options` asks."""
     from starlette.responses import StreamingResponse
 
     identity = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -109,6 +110,8 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
     job = ticket.job
     shared = job.n if job.config.temperature == 0 else 1  # choices one row decodes
     written = [0] * job.n  # characters streamed per choice: the completions' `text_offset`
+    names = {tool["function"]["name"] for tool in job.tools or ()}
+    calls = [StreamedCalls(names) for _ in range(job.n)] if job.tools else None  # each choice's calls
 
     def chunk(index: int, piece: str | None, finish: str | None = None, logprobs=None) -> dict:
         if chat:
@@ -145,15 +148,17 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
                 written[:] = [len(echo.text)] * job.n
             while True:
                 kind, value = await ticket.events.get()
-                if kind == "text" and job.tools:  # the calls are known at the end: sent whole there
-                    continue
                 if kind == "text":
                     row, piece, logprobs = value
                     if sum(written) == len(echo.text) * job.n and piece:  # the first generated text
                         metrics.first_token.observe(time.perf_counter() - start)
                     logprobs = logprobs if job.logprobs is not None else None
                     for index in range(row * shared, (row + 1) * shared):
-                        yield event([chunk(index, piece, logprobs=logprobs)])
+                        if calls:
+                            for delta in calls[index].feed(piece):
+                                yield event([{**chunk(index, None), "delta": delta}])
+                        else:
+                            yield event([chunk(index, piece, logprobs=logprobs)])
                         written[index] += len(piece)
                 elif kind == "error":
                     yield f"data: {json.dumps(value.body())}\n\n"
@@ -161,9 +166,10 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
                 else:
                     metrics.generated_tokens.inc(sum(choice.tokens for choice in value))
                     ends = [choice.finish_reason for choice in value]
-                    for i, delta in enumerate(_tool_call_deltas(value, job) if job.tools else ()):
-                        yield event([{**chunk(i, None), "delta": delta}])
-                        ends[i] = "tool_calls" if "tool_calls" in delta else ends[i]
+                    for i, reader in enumerate(calls or ()):
+                        for delta in reader.feed("", final=True):
+                            yield event([{**chunk(i, None), "delta": delta}])
+                        ends[i] = "tool_calls" if reader.calls else ends[i]
                     yield event([chunk(i, None, end) for i, end in enumerate(ends)])
                     if include_usage:
                         yield event([], usage=usage_of(job, value))
@@ -173,16 +179,3 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
             ticket.cancelled = True  # a client that left mid-stream frees its place at the next chunk
 
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-def _tool_call_deltas(choices, job) -> list[dict]:
-    """Each choice's reply to a request with tools, as one delta: its text, and its calls where it made
-    any (read once the reply is whole)."""
-    deltas = []
-    for choice in choices:
-        message = chat_message(choice.text, job)
-        delta = {"content": message["content"]}
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
-        deltas.append(delta)
-    return deltas

@@ -7,7 +7,7 @@
 - Mistral: `[TOOL_CALLS]` (special, gone from the text) then a JSON list of `{"name", "arguments"}`.
 
 A call is read only when its name is one of the request's tools; text that looks like a call to another
-name stays content.
+name stays content. `parse_tool_calls` reads a whole reply, `StreamedCalls` one as it streams.
 """
 
 from __future__ import annotations
@@ -40,6 +40,115 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]
         if all(calls):
             return None, calls
     return text, []
+
+
+# the start of a Hermes call up to its arguments' value: `{"name": "...", "arguments": `
+HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class StreamedCalls:
+    """One choice's reply to a request with tools, read as it streams, into OpenAI's deltas: the text as
+    `content` until a call opens (`<tool_call>`), the call's id and name once its text names them, then
+    its `arguments` piece by piece as the model writes them (the model's JSON text, not re-encoded).
+    A block that names another tool, or whose name follows its arguments, is sent once it closes (as
+    content, or as one call). A reply that begins with `{` or `[` (Llama's and Mistral's calls are the
+    whole reply) is read whole at its end, by `parse_tool_calls`."""
+
+    def __init__(self, names: set[str]):
+        self.names, self.calls = names, 0
+        self._text, self._done, self._state = "", 0, "start"  # start, content, call, whole, ended
+        self._arguments_at = None  # an open call: where its arguments' text not yet sent starts
+        self._depth, self._string, self._escaped, self._complete = 0, False, False, False
+
+    def feed(self, piece: str, final: bool = False) -> list[dict]:
+        """The deltas `piece` completes (with `final`, the reply's last: everything left)."""
+        self._text += piece
+        deltas, before = [], None
+        while before != (self._state, self._done, self._arguments_at):
+            before = (self._state, self._done, self._arguments_at)
+            deltas += getattr(self, f"_{self._state}")(final)
+        return deltas
+
+    def _start(self, final: bool) -> list[dict]:
+        begun = self._text.lstrip()
+        if begun or final:
+            self._state = "whole" if begun[:1] in ("{", "[") else "content"
+        return []
+
+    def _whole(self, final: bool) -> list[dict]:
+        if not final:
+            return []
+        content, calls = parse_tool_calls(self._text, self.names)
+        self._done, self.calls, self._state = len(self._text), len(calls), "ended"
+        deltas = [{"content": content}] if content else []
+        return deltas + [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(calls)]
+
+    def _ended(self, final: bool) -> list[dict]:
+        return []
+
+    def _content(self, final: bool) -> list[dict]:
+        opened = self._text.find(OPEN, self._done)
+        end = opened if opened >= 0 else len(self._text) - (0 if final else _held(self._text, OPEN))
+        text, self._done = self._text[self._done : end], max(self._done, end)
+        if opened >= 0:
+            self._done, self._state, self._arguments_at = opened + len(OPEN), "call", None
+        return [{"content": text}] if text else []
+
+    def _call(self, final: bool) -> list[dict]:
+        block = self._text[self._done :]
+        if self._arguments_at is None:
+            return self._head(block, final)
+        if not self._complete:
+            return self._arguments()
+        closed = self._text.find(CLOSE, self._arguments_at)
+        if closed >= 0:  # the call's text ended: back to content
+            self._done, self._state, self._arguments_at = closed + len(CLOSE), "content", None
+        return []
+
+    def _head(self, block: str, final: bool) -> list[dict]:
+        """The call's id and name where the block's text names one of the tools first."""
+        head, closed = HERMES_HEAD.match(block), block.find(CLOSE)
+        name = _json(head.group(1)) if head else None
+        if isinstance(name, str) and name in self.names and block[head.end() : head.end() + 1] == "{":
+            self._arguments_at, self._depth, self._string, self._escaped = self._done + head.end(), 0, False, False
+            self._complete, self.calls = False, self.calls + 1
+            call = _call({"name": name}, self.names, "arguments")
+            call["function"]["arguments"] = ""
+            return [{"tool_calls": [{"index": self.calls - 1, **call}]}]
+        if closed < 0 and not final:
+            return []
+        block = block[:closed] if closed >= 0 else block  # not a call as it streamed: the block whole
+        self._state, self._done = "content", self._done + len(block) + (len(CLOSE) if closed >= 0 else 0)
+        call = _call(_json(block), self.names, "arguments")
+        if call is None:
+            return [{"content": OPEN + block + (CLOSE if closed >= 0 else "")}]
+        self.calls += 1
+        return [{"tool_calls": [{"index": self.calls - 1, **call}]}]
+
+    def _arguments(self) -> list[dict]:
+        """The arguments' JSON text from where it was last sent, up to its closing brace."""
+        start = end = self._arguments_at
+        while end < len(self._text) and not self._complete:
+            character = self._text[end]
+            if self._string:
+                self._escaped, self._string = not self._escaped and character == "\\", self._escaped or character != '"'
+            elif character == '"':
+                self._string = True
+            elif character in "{[":
+                self._depth += 1
+            elif character in "}]":
+                self._depth -= 1
+                self._complete = self._depth == 0
+            end += 1
+        self._arguments_at = end
+        piece = self._text[start:end]
+        return [{"tool_calls": [{"index": self.calls - 1, "function": {"arguments": piece}}]}] if piece else []
+
+
+def _held(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could be the start of `tag` (held until it is known)."""
+    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
 
 
 def _json(text: str):
