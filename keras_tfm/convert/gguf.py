@@ -283,6 +283,8 @@ class GGUFWeights(Mapping):
                     caller="from_gguf",
                 ) from None
             array = np.asarray(array, np.float32)
+            if np.may_share_memory(array, tensor.data):  # a float32 tensor's view would keep the file mapped
+                array = array.copy()
         array = array.reshape([int(n) for n in reversed(tensor.shape)])
         if self._unpermute and (".q_proj." in name or ".k_proj." in name):
             heads = self._config["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"]

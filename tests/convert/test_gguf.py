@@ -4,8 +4,10 @@ the refusals of what it cannot read."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -200,10 +202,14 @@ def assert_same_logits(ours, oracle, ids):
 )
 def test_a_gguf_file_gives_the_logits_of_transformers_gguf_loader(tmp_path, byte_level, architecture, quantization):
     kind = None if quantization is None else gguf.GGMLQuantizationType[quantization]
-    ours, oracle, _ = load_both(tmp_path, architecture, byte_level, kind)
+    ours, oracle, path = load_both(tmp_path, architecture, byte_level, kind)
     ids = np.random.default_rng(0).integers(0, len(byte_level["tokens"]), size=(2, 11)).astype("int32")
     assert_same_logits(ours, oracle, ids)
     assert ours.count_params() == sum(p.numel() for p in oracle.parameters())
+    if sys.platform.startswith("linux"):  # the weights are copies: the file is not kept mapped (and resident)
+        gc.collect()
+        with open("/proc/self/maps") as maps:
+            assert str(path) not in maps.read()
 
 
 @pytest.mark.backend_independent  # the loading is from_huggingface's, tested on every backend
