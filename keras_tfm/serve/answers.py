@@ -110,8 +110,7 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
     job = ticket.job
     shared = job.n if job.config.temperature == 0 else 1  # choices one row decodes
     written = [0] * job.n  # characters streamed per choice: the completions' `text_offset`
-    names = {tool["function"]["name"] for tool in job.tools or ()}
-    calls = [StreamedCalls(names) for _ in range(job.n)] if job.tools else None  # each choice's calls
+    calls = [StreamedCalls({t["function"]["name"] for t in job.tools}) for _ in range(job.n)] if job.tools else None
 
     def chunk(index: int, piece: str | None, finish: str | None = None, logprobs=None) -> dict:
         if chat:
