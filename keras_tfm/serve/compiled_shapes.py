@@ -142,22 +142,20 @@ def warm_up_plan(
     return plan
 
 
-def bucket(size: int, limit: int, power_of_two: bool = False) -> int:
-    """`size` rounded up to a power of two, or to a multiple of `WIDTH_STEP`, but not past `limit`
-    (and never below `size`)."""
-    rounded = 1 << (size - 1).bit_length() if power_of_two else -(-size // WIDTH_STEP) * WIDTH_STEP
+def grown(size: int, limit: int, growth: int) -> int:
+    """The smallest power of `growth` that holds `size`, but not past `limit` (and never below `size`)."""
+    rounded = 1
+    while rounded < size:
+        rounded *= growth
     return max(size, min(rounded, limit))
 
 
 def rows_bucket(rows: int, limit: int) -> int:
     """The compiled row count that holds `rows`: a power of `ROW_GROWTH`, but not past `limit`."""
-    size = 1
-    while size < rows:
-        size *= ROW_GROWTH
-    return max(rows, min(size, limit))
+    return grown(rows, limit, ROW_GROWTH)
 
 
 def cache_length(size: int, context: int) -> int:
     """The cache length (and prefill width) that holds `size` positions: a power of two from
     `WIDTH_STEP`, never past the `context` (a position table has no row beyond)."""
-    return max(min(WIDTH_STEP, context), bucket(size, context, power_of_two=True))
+    return max(min(WIDTH_STEP, context), grown(size, context, 2))

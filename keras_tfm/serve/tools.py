@@ -16,7 +16,8 @@ import json
 import re
 import uuid
 
-HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+HERMES = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
 
 
 def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]]:
@@ -44,7 +45,6 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]
 
 # the start of a Hermes call up to its arguments' value: `{"name": "...", "arguments": `
 HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class StreamedCalls:
@@ -58,8 +58,7 @@ class StreamedCalls:
     def __init__(self, names: set[str]):
         self.names, self.calls = names, 0
         self._text, self._done, self._state = "", 0, "start"  # start, content, call, whole, ended
-        self._arguments_at = None  # an open call: where its arguments' text not yet sent starts
-        self._depth, self._string, self._escaped, self._complete = 0, False, False, False
+        self._open_call(None)
 
     def feed(self, piece: str, final: bool = False) -> list[dict]:
         """The deltas `piece` completes (with `final`, the reply's last: everything left)."""
@@ -69,6 +68,16 @@ class StreamedCalls:
             before = (self._state, self._done, self._arguments_at)
             deltas += getattr(self, f"_{self._state}")(final)
         return deltas
+
+    def _open_call(self, arguments_at: int | None) -> None:
+        """Where an open call's arguments' text not yet sent starts, and the scan of its JSON from there."""
+        self._arguments_at, self._depth, self._string, self._escaped, self._complete = (
+            arguments_at,
+            0,
+            False,
+            False,
+            False,
+        )
 
     def _start(self, final: bool) -> list[dict]:
         begun = self._text.lstrip()
@@ -111,8 +120,8 @@ class StreamedCalls:
         head, closed = HERMES_HEAD.match(block), block.find(CLOSE)
         name = _json(head.group(1)) if head else None
         if isinstance(name, str) and name in self.names and block[head.end() : head.end() + 1] == "{":
-            self._arguments_at, self._depth, self._string, self._escaped = self._done + head.end(), 0, False, False
-            self._complete, self.calls = False, self.calls + 1
+            self._open_call(self._done + head.end())
+            self.calls += 1
             call = _call({"name": name}, self.names, "arguments")
             call["function"]["arguments"] = ""
             return [{"tool_calls": [{"index": self.calls - 1, **call}]}]
