@@ -2,10 +2,12 @@
 
 Data (one of):
   --data PATH       UTF-8 text: a file (.txt, .gz), a directory of .txt files, a .zip of .txt files, or several
-                    of these separated by commas (e.g. ../shared/data/wikitext-2/valid.txt,../shared/data/movie_reviews/movie_reviews.zip)
+                    of these separated by commas (e.g. wikitext-2/valid.txt,movie_reviews.zip: WikiText-2 from
+                    https://github.com/pytorch/examples, word_language_model/data/wikitext-2; the movie
+                    reviews from https://github.com/nltk/nltk_data, packages/corpora/movie_reviews.zip)
   --dataset NAME    a tensorflow-datasets text dataset, e.g. imdb_reviews (needs network once)
   (neither)         the offline default: Python's bundled documentation text
---validation-data PATH holds out other text (e.g. ../shared/data/wikitext-2/test.txt); otherwise the last
+--validation-data PATH holds out other text (e.g. wikitext-2/test.txt); otherwise the last
 10% of the text validates.
 
 A keras-hub WordPiece vocabulary is trained on the text (compute_word_piece_vocabulary) unless an earlier
@@ -17,7 +19,7 @@ seeded per batch). Reports held-out
 masked-token accuracy and perplexity.
 
 --finetune PATH then trains a BertClassifier that starts from the pretrained encoder on texts labelled
-by folder (a zip or a directory of <label>/<file>.txt, e.g. ../shared/data/movie_reviews/movie_reviews.zip),
+by folder (a zip or a directory of <label>/<file>.txt, e.g. movie_reviews.zip),
 holding out 10%, and reports its accuracy (in --output-dir/finetune).
 
 --from-huggingface DIR skips pretraining and fine-tunes a Hugging Face BERT checkpoint instead (a local
@@ -25,9 +27,9 @@ directory saved by `save_pretrained` with its tokenizer, or a Hub model id such 
 from the local Hugging Face cache or downloaded into it): its WordPiece vocabulary
 (vocab.txt, lowercased as its tokenizer_config.json says), its weights and pooler, a new head.
 
-    python recipes/bert_mlm.py --data ../shared/data/wikitext-2/valid.txt --validation-data ../shared/data/wikitext-2/test.txt \\
-        --finetune ../shared/data/movie_reviews/movie_reviews.zip
-    python recipes/bert_mlm.py --from-huggingface bert-base-uncased --finetune ../shared/data/movie_reviews/movie_reviews.zip
+    python recipes/bert_mlm.py --data wikitext-2/valid.txt --validation-data wikitext-2/test.txt \\
+        --finetune movie_reviews.zip
+    python recipes/bert_mlm.py --from-huggingface bert-base-uncased --finetune movie_reviews.zip
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Data (one of):
   --data PATH         a UTF-8 text file (.txt or .txt.gz) or a directory of .txt files; the first 90%
-                      trains, the last 10% validates (e.g. ../shared/data/tinyshakespeare/input.txt)
+                      trains, the last 10% validates (e.g. tiny Shakespeare's input.txt, from
+                      https://github.com/karpathy/char-rnn, data/tinyshakespeare/input.txt)
   --dataset NAME      a tensorflow-datasets text dataset, e.g. tiny_shakespeare (needs network once)
   (neither)           the offline default: Python's bundled documentation text
 
@@ -23,10 +24,10 @@ byte-pair tokenizer (vocab.json, merges.txt), or Llama, Mistral, Qwen2 or Qwen3 
 windows of --max-length tokens (default: the checkpoint's context, at most 1024). With --lora-rank only
 LoRA pairs train. The run writes OUTPUT_DIR/huggingface, which transformers loads.
 
-    python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt --steps 2000 --batch-size 12
-    python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt --from-huggingface gpt2 \
+    python recipes/gpt_lm.py --data input.txt --steps 2000 --batch-size 12
+    python recipes/gpt_lm.py --data input.txt --from-huggingface gpt2 \
         --max-length 256 --steps 200 --learning-rate 1e-4
-    python recipes/gpt_lm.py --data ../shared/data/tinyshakespeare/input.txt \
+    python recipes/gpt_lm.py --data input.txt \
         --from-huggingface HuggingFaceTB/SmolLM2-135M --lora-rank 8 --max-length 256 --steps 200
 """
 

@@ -1,10 +1,11 @@
 """Train an encoder-decoder Transformer to translate, then report BLEU (sacreBLEU) with beam search.
 
 Data (one of):
-  --data PATH       a tab-separated file of pairs (e.g. ../shared/data/spa-eng/spa.txt, English first;
+  --data PATH       a tab-separated file of pairs (e.g. spa.txt of the Anki English-Spanish pairs,
+                    http://storage.googleapis.com/download.tensorflow.org/data/spa-eng.zip, English first;
                     --swap to translate the other way), or a directory of line-aligned files
-                    {train,val,test}.{LANG}[.gz] (e.g. ../shared/data/multi30k/task1/raw with
-                    --source-language de --target-language en)
+                    {train,val,test}.{LANG}[.gz] (e.g. multi30k/task1/raw, from the data/ folder of
+                    https://github.com/multi30k/dataset, with --source-language de --target-language en)
   --dataset NAME    tensorflow-datasets, e.g. ted_hrlr_translate/pt_to_en with --source-language pt
                     --target-language en (needs network once)
   (neither)         the offline default: generated English number words -> digits
@@ -19,9 +20,9 @@ against the references, cased and lowercased; with --tokenized-references (e.g. 
 task1/tok/test_2016_flickr.lc.norm.tok.en) also on lowercased Moses-tokenized text, the score most
 Multi30k papers report. Sample translations are printed and written to translations.txt.
 
-    python recipes/translator.py --data ../shared/data/multi30k/task1/raw --source-language de \\
+    python recipes/translator.py --data multi30k/task1/raw --source-language de \\
         --target-language en --epochs 10 \\
-        --tokenized-references ../shared/data/multi30k/task1/tok/test_2016_flickr.lc.norm.tok.en
+        --tokenized-references multi30k/task1/tok/test_2016_flickr.lc.norm.tok.en
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Train a Vision Transformer image classifier, then draw what it attends to.
 
 Data (one of):
-  --data PATH       a directory of IDX files (MNIST/Fashion-MNIST layout, e.g. ../shared/data/fashion-mnist),
+  --data PATH       a directory of IDX files (MNIST/Fashion-MNIST layout, e.g. fashion-mnist holding the
+                    four .gz files of https://github.com/zalandoresearch/fashion-mnist, data/fashion),
                     an .npz file with x_train, y_train, x_test, y_test, or an image folder PATH/<class>/*.png
                     (or PATH/train/<class>/... and PATH/test/<class>/...); photos of mixed sizes need
                     --image-size, to which they are resized as they are read
@@ -24,8 +25,8 @@ new head for this data's classes, and its image processor's resizing and center 
 --image-size; positions are interpolated for other sizes), scaling and normalisation; grayscale images
 become RGB.
 
-    python recipes/vit.py --data ../shared/data/fashion-mnist --epochs 10
-    python recipes/vit.py --data ../shared/data/fashion-mnist --from-huggingface google/vit-base-patch16-224 \
+    python recipes/vit.py --data fashion-mnist --epochs 10
+    python recipes/vit.py --data fashion-mnist --from-huggingface google/vit-base-patch16-224 \
         --image-size 64 --epochs 2 --learning-rate 1e-4
 """
 

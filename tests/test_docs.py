@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import subprocess
 import sys
 
 import keras
@@ -36,15 +37,20 @@ def test_every_python_example_of_a_page_runs_as_written(page, tmp_path, monkeypa
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="export's examples write every format there")
 @pytest.mark.parametrize("page", TENSORFLOW_PAGES)
 def test_every_export_example_runs_as_written_on_tensorflow(page, tmp_path, monkeypatch):
-    """The server's client examples talk to a stand-in for the page's SmolLM2 server: a tiny chat model
-    served under its name, port and key."""
+    """The server's client examples (Python, and `curl` in bash) talk to a stand-in for the page's SmolLM2
+    server: a tiny chat model served under its name, port and key."""
     from tests.test_cli import chat_model
     from tests.test_serve import Server
 
     assert _blocks(page)
     monkeypatch.setenv("KERAS_TFM_API_KEY", "stand-in")
-    with Server(chat_model(max_length=64), name="SmolLM2-135M-Instruct", port=8000, api_key="stand-in"):
+    with Server(chat_model(max_length=128), name="SmolLM2-135M-Instruct", port=8000, api_key="stand-in"):
         _run_page(page, tmp_path, monkeypatch)
+        for block in [block for block in SHELL_BLOCK.findall(_read(page)) if block.startswith("curl ")]:
+            run = subprocess.run(["bash", "-c", block], capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0 and json.loads(run.stdout)["choices"][0]["message"]["role"] == "assistant", (
+                f"{page}: {block}\n{run.stdout}{run.stderr}"
+            )
 
 
 def _run_page(page, tmp_path, monkeypatch):
@@ -103,3 +109,83 @@ def test_every_example_notebook_runs_top_to_bottom(notebook):
     spec.loader.exec_module(execute)
     book = execute.execute(path)  # raises at the first cell that fails
     assert [cell.cell_type for cell in book.cells] == [cell["cell_type"] for cell in committed["cells"]]
+
+
+SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+RECIPE_NAMES = sorted(glob.glob("*.py", root_dir=os.path.join(REPO, "recipes")))
+
+
+def _shell_commands(text: str) -> list[list[str]]:
+    """The commands of shell text, as words: continued lines joined, comments and `VAR=value` prefixes dropped."""
+    import shlex
+
+    commands = []
+    for line in text.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+            words = words[1:]
+        if words:
+            commands.append(words)
+    return commands
+
+
+def _documented_commands() -> list[tuple[str, list[str]]]:
+    """Every command of the pages' bash blocks and of the recipes' descriptions (what `--help` prints)."""
+    from tests.recipes.helpers import recipe_function
+
+    found = [
+        (page, words)
+        for page in PAGES
+        for block in SHELL_BLOCK.findall(_read(page))
+        for words in _shell_commands(block)
+    ]
+    for name in RECIPE_NAMES:
+        described = recipe_function(name, "__doc__")
+        examples = "\n".join(
+            line for line in described.replace("\\\n", " ").splitlines() if line.strip().startswith("python ")
+        )
+        found += [(f"recipes/{name}", words) for words in _shell_commands(examples)]
+    return found
+
+
+def _read(page: str) -> str:
+    with open(os.path.join(REPO, page), encoding="utf-8") as file:
+        return file.read()
+
+
+@pytest.mark.backend_independent
+def test_every_documented_command_names_what_exists():
+    """The shell commands a reader copies: a recipe's or the server's flags parse (with the values the page
+    gives), installs name the package's extras, scripts exist. A command of another kind fails the test
+    until it is checked here. (The `curl` example runs against a server: the export pages' test.)"""
+    import contextlib
+    import io
+
+    import tomllib
+
+    from keras_tfm.serve.__main__ import parser as server_flags
+    from tests.recipes.helpers import recipe_function
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as file:
+        extras = set(tomllib.load(file)["project"]["optional-dependencies"])
+    commands = _documented_commands()
+    assert len(commands) >= 20
+    for where, words in commands:
+        shown = f"{where}: {' '.join(words)}"
+        if words[0] == "python" and words[1].startswith("recipes/"):
+            name = words[1].removeprefix("recipes/")
+            sizes = recipe_function(name, "model_sizes")()
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # --help prints and exits 0
+                    recipe_function(name, "flags")(sizes).parse_args(words[2:])
+            except SystemExit as error:
+                assert error.code == 0, f"{shown}: the recipe refuses these flags"
+        elif words[:3] == ["python", "-m", "keras_tfm.serve"]:
+            server_flags().parse_args(words[3:])
+        elif words[:3] == ["pip", "install", "-e"]:
+            named = set(re.fullmatch(r"\.\[(.*)\]", words[3]).group(1).split(","))
+            assert named <= extras, f"{shown}: no extra {sorted(named - extras)}"
+        elif words[0] in ("bash", "source"):
+            assert os.path.isfile(os.path.join(REPO, words[1])) or words[1] == ".venv/bin/activate", shown
+        else:
+            assert words[0] in ("export", "curl"), f"{shown}: a command this test does not check"

@@ -1,7 +1,7 @@
 """Parallel text (sentence pairs) for translation recipes: local files, a TFDS dataset, or the offline default.
 
 Local files (`data`) may be
-  - a tab-separated file of pairs, one per line (`source<TAB>target[<TAB>...]`, e.g. ../shared/data/spa-eng/spa.txt;
+  - a tab-separated file of pairs, one per line (`source<TAB>target[<TAB>...]`, e.g. the Anki English-Spanish spa.txt;
     `swap` reads target first); split 90/5/5 into train/validation/test after a seeded shuffle;
   - a directory of line-aligned files `{split}.{language}[.gz]` (the Multi30k layout:
     `train.de.gz`, `val.de.gz`, `test_2016_flickr.de.gz`, ...), with `source_language`/`target_language`.
