@@ -24,6 +24,7 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 PROMPT = "To be, or not"
+TEXTS = ["To be, or not to be", "", "that is the question"]
 
 
 def write(directory: str) -> None:
@@ -56,6 +57,23 @@ def write(directory: str) -> None:
     keras_tfm.save_huggingface(model, directory)
     ids = np.arange(12).reshape(2, 6)
     np.save(os.path.join(directory, "reference_logits.npy"), keras.ops.convert_to_numpy(model(ids)))
+    write_embedder(os.path.join(directory, "embedder"), text)
+
+
+def write_embedder(directory: str, text: str) -> None:
+    """A sentence-transformers checkpoint (a small BERT, a WordPiece vocab.txt) and its vectors of TEXTS."""
+    import numpy as np
+
+    import keras_tfm
+    from keras_tfm.data import WordPieceTokenizer
+
+    tokenizer = WordPieceTokenizer.fit(text, vocabulary_size=200)
+    encoder = keras_tfm.Bert(vocabulary_size=tokenizer.vocabulary_size, max_length=32, num_layers=1, num_heads=2,
+                             hidden_dim=16, intermediate_dim=32)  # fmt: skip
+    embedder = keras_tfm.SentenceEmbedder(encoder)
+    embedder.tokenizer = tokenizer
+    keras_tfm.save_huggingface(embedder, directory)
+    np.save(os.path.join(directory, "reference_vectors.npy"), embedder.embed(TEXTS))
 
 
 def check(directory: str, out: str) -> None:
@@ -87,6 +105,9 @@ def check(directory: str, out: str) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout == text + "\n", done.stdout + done.stderr[-2000:]
 
+    embedder = keras_tfm.from_huggingface(os.path.join(directory, "embedder"))
+    vectors = np.load(os.path.join(directory, "embedder", "reference_vectors.npy"))
+    np.testing.assert_allclose(embedder.embed(TEXTS), vectors, atol=1e-5)
     keras_tfm.save_huggingface(model, os.path.join(out, "saved"))
     again = keras.ops.convert_to_numpy(
         keras_tfm.from_huggingface(os.path.join(out, "saved"))(np.arange(12).reshape(2, 6))
@@ -162,7 +183,7 @@ def check(directory: str, out: str) -> None:
     )
     print(
         f"{backend}: import keras_tfm {seconds:.1f} s (no other framework imported, no TensorFlow installed: "
-        f"{size / 2**20:,.0f} MiB installed); from_huggingface, generate, stream, chat, python -m keras_tfm "
+        f"{size / 2**20:,.0f} MiB installed); from_huggingface, generate, stream, chat, embed, python -m keras_tfm "
         f"generate, save_huggingface and the GPT recipe ran; {served}; from_gguf asked for its extra, ONNX export "
         "for TensorFlow"
     )

@@ -4,7 +4,7 @@
 from keras_tfm import backend_logs, layers, losses, viz
 from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_huggingface
 from keras_tfm.generation import GenerationConfig
-from keras_tfm.losses import TokenCrossEntropy
+from keras_tfm.losses import MultipleNegativesRankingLoss, TokenCrossEntropy
 from keras_tfm.models import (
     GPT,
     Bert,
@@ -12,6 +12,7 @@ from keras_tfm.models import (
     BertMLM,
     CausalLM,
     DecoderLM,
+    SentenceEmbedder,
     Translator,
     ViT,
     bert_base,

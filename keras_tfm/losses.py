@@ -110,3 +110,51 @@ class TokenCrossEntropy(keras.losses.SparseCategoricalCrossentropy):
         config = super().get_config()
         config.update(ignore_class=self.ignore_class, label_smoothing=self.label_smoothing)
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class MultipleNegativesRankingLoss(keras.losses.Loss):
+    """Contrastive loss of sentence embeddings with in-batch negatives (sentence-transformers'
+    `MultipleNegativesRankingLoss`): each anchor's positive must score above every other candidate of
+    the batch, by cross-entropy over `scale` x cosine similarity.
+
+    Args:
+        scale: the similarities' multiplier (sentence-transformers' default, 20).
+
+    Call arguments:
+        y_true: ignored (the pairing is the layout of `y_pred`); `fit` may be given no labels.
+        y_pred: `(batch, k, dim)`: per row an anchor, its positive and `k - 2` hard negatives (what a
+            `SentenceEmbedder` gives for `embedder.tokenize(pairs)`).
+
+    Example:
+    >>> loss = MultipleNegativesRankingLoss()
+    >>> vectors = np.array([[[1.0, 0.0], [1.0, 0.1]], [[0.0, 1.0], [0.1, 1.0]]])
+    >>> float(loss(None, vectors)) < 0.01
+    True
+    """
+
+    def __init__(self, scale: float = 20.0, reduction: str = "sum_over_batch_size", name: str = "ranking", dtype=None):
+        super().__init__(reduction=reduction, name=name, dtype=dtype)
+        self.scale = scale
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # Keras would convert labels that are not there: the ranking reads the layout of `y_pred` only
+        return super().__call__(ops.zeros(ops.shape(y_pred)[:1]), y_pred, sample_weight)
+
+    def call(self, y_true, y_pred):
+        y_pred = ops.convert_to_tensor(y_pred)
+        if len(y_pred.shape) != 3 or (y_pred.shape[1] is not None and y_pred.shape[1] < 2):
+            raise InputError(
+                f"`y_pred` must be (batch, k >= 2, dim): an anchor and its positive per row; received shape "
+                f"{tuple(y_pred.shape)}.",
+                caller="MultipleNegativesRankingLoss",
+            )
+        vectors = y_pred / ops.maximum(ops.norm(y_pred, axis=-1, keepdims=True), 1e-12)
+        anchors = vectors[:, 0]
+        candidates = ops.reshape(ops.transpose(vectors[:, 1:], (1, 0, 2)), (-1, ops.shape(vectors)[-1]))
+        scores = self.scale * ops.matmul(anchors, ops.transpose(candidates))
+        labels = ops.arange(ops.shape(anchors)[0])
+        return keras.losses.sparse_categorical_crossentropy(labels, scores, from_logits=True)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "scale": self.scale}

@@ -14,18 +14,29 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
 import json
 import os
-import re
 
 import keras
 
 from keras_tfm.compat import sublayers
 
 # Importing each model type's module registers its converter and exporter.
-from keras_tfm.convert import adapters, bert, gpt2, llama, marian, quantized_loading, safetensors_files, vit  # noqa: F401
+from keras_tfm.convert import (  # noqa: F401
+    adapters,
+    bert,
+    gpt2,
+    llama,
+    marian,
+    quantized_loading,
+    safetensors_files,
+    sentence_transformers,
+    vit,
+)
 from keras_tfm.convert.config import checkpoint_config
+from keras_tfm.convert.destination import PROCESSOR_FILES, check_destination, swap_in
 from keras_tfm.convert.files import checkpoint_directory, read_checkpoint, read_json
 from keras_tfm.convert.registry import check_model_type, convert_checkpoint, exported_classes, exporter_of
 from keras_tfm.convert.variables import return_freed_memory
@@ -120,7 +131,9 @@ def from_huggingface(
     layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
     `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and
     Qwen3 (`*Model`, `*ForCausalLM`, as a `DecoderLM`), Marian (`MarianMTModel`), ViT (`ViTModel` without
-    its pooler, as `include_top=False`, and `ViTForImageClassification`).
+    its pooler, as `include_top=False`, and `ViTForImageClassification`). A sentence-transformers
+    directory (its `modules.json`: a BERT `Transformer`, `Pooling`, `Normalize`) gives a
+    `SentenceEmbedder`, whose `embed(texts)` gives the vectors sentence-transformers' `encode` gives.
 
     Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -135,6 +148,18 @@ def from_huggingface(
     """
     dtype = resolved_dtype(dtype, "from_huggingface")
     _check_arguments(num_classes, allow_nan, dtype, quantize, adapter)
+    if isinstance(model_or_directory, (str, os.PathLike)) and adapter is None and num_classes is None:
+        directory = checkpoint_directory(model_or_directory)
+        if sentence_transformers.is_sentence_transformers(directory):
+            load = functools.partial(
+                _from_checkpoint, adapter=None, allow_nan=allow_nan, dtype=dtype, quantize=quantize
+            )
+            return sentence_transformers.from_sentence_transformers(directory, load)
+    return _from_checkpoint(model_or_directory, num_classes, adapter, allow_nan, dtype, quantize)
+
+
+def _from_checkpoint(model_or_directory, num_classes=None, adapter=None, allow_nan=False, dtype=None, quantize=None):
+    """`from_huggingface` of a transformers checkpoint, its arguments checked."""
     config, weights, adapter_config, adapter_weights, base = _checkpoint_parts(model_or_directory, adapter)
     if adapter_config is not None:
         num_classes = adapters.check_weights(adapter_weights, num_classes)
@@ -291,13 +316,6 @@ def check_tokenizer_fits(model, tokenizer, directory: str) -> None:
         )
 
 
-# what a checkpoint's tokenizer and image processor read, beside its config and weights
-_PROCESSOR_FILES = re.compile(
-    r"(tokenizer.*\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
-    r"merges\.txt|.*\.spm|.*\.model|preprocessor_config\.json|generation_config\.json)"
-)
-
-
 def save_huggingface(
     model,
     directory: str,
@@ -352,7 +370,7 @@ def save_huggingface(
     """
     import shutil
 
-    _check_destination(directory, overwrite)
+    check_destination(directory, overwrite)
     source = checkpoint_directory(tokenizer_from, "save_huggingface") if tokenizer_from is not None else None
     w = WeightWriter()
     config = _exported_config(model, w, labels, image_preprocessing)
@@ -361,7 +379,7 @@ def save_huggingface(
     os.makedirs(staging)
     try:
         _write_checkpoint(model, staging, source, w, config)
-        _swap_in(staging, directory)
+        swap_in(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -405,11 +423,12 @@ def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter
     import shutil
 
     for name in sorted(os.listdir(source)) if source else []:
-        if _PROCESSOR_FILES.fullmatch(name):
+        if PROCESSOR_FILES.fullmatch(name):
             shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
     if source is None and getattr(model, "generation_config", None):  # its end ids, for transformers' generate
         w.files["generation_config.json"] = dict(model.generation_config)
     for name, content in {**w.files, "config.json": config}.items():
+        os.makedirs(os.path.dirname(os.path.join(directory, name)), exist_ok=True)  # a module's folder
         with open(os.path.join(directory, name), "w") as f:
             json.dump(content, f, indent=2, sort_keys=True)
     if source is None and model.tokenizer is not None and model.tokenizer.writes_huggingface():
@@ -421,61 +440,3 @@ def stored_dtype(model) -> str:
     """The dtype a model's checkpoint is written in: its variables' (float32 under mixed precision)."""
     dtype = keras.backend.standardize_dtype(model.variable_dtype)
     return dtype if dtype in ("bfloat16", "float16") else "float32"
-
-
-# what a Hugging Face checkpoint directory holds: what `overwrite=True` may replace, and nothing else
-_CHECKPOINT_FILES = re.compile(
-    r"config\.json|.*\.safetensors|model\.safetensors\.index\.json|pytorch_model.*\.bin(\.index\.json)?|"
-    r"adapter_config\.json|" + _PROCESSOR_FILES.pattern
-)
-
-
-def _check_destination(directory, overwrite: bool) -> None:
-    """Refuses a file, a directory with files in it unless `overwrite`, and one that holds anything but a
-    checkpoint's files even then."""
-    if not isinstance(overwrite, bool):
-        raise InputError(f"expected True or False; received {overwrite!r}.", "overwrite", caller="save_huggingface")
-    path = os.fspath(directory)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError(
-            f"{path!r} is a file; expected a directory to write the checkpoint in.",
-            "directory",
-            caller="save_huggingface",
-        )
-    held = sorted(os.listdir(path)) if os.path.isdir(path) else []
-    foreign = [
-        name for name in held if not (_CHECKPOINT_FILES.fullmatch(name) and os.path.isfile(os.path.join(path, name)))
-    ]
-    if foreign and overwrite:
-        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-        raise InputError(
-            f"{path!r} holds what is not a checkpoint's ({shown}); `overwrite=True` replaces a checkpoint's "
-            "own files only. Give a directory that holds a checkpoint alone, or a new one.",
-            "directory",
-            caller="save_huggingface",
-        )
-    if held and not overwrite:
-        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
-        raise InputError(
-            f"{path!r} already holds files ({shown}): another checkpoint's tokenizer or "
-            "weights would be left beside this one. Give `overwrite=True` to replace the checkpoint there, or "
-            "another directory.",
-            "directory",
-            caller="save_huggingface",
-        )
-
-
-def _swap_in(staging: str, directory: str) -> None:
-    """Puts the complete checkpoint in `staging` where `directory` is: renamed whole where there is none,
-    else its old checkpoint files removed and the new ones moved in (the directory itself stays)."""
-    directory = os.path.abspath(os.fspath(directory))
-    if not os.path.exists(directory):
-        os.makedirs(os.path.dirname(directory), exist_ok=True)
-        os.rename(staging, directory)
-        return
-    written = set(os.listdir(staging))
-    for name in os.listdir(directory):  # only checkpoint files: _check_destination refused anything else
-        if name not in written:
-            os.remove(os.path.join(directory, name))
-    for name in written:
-        os.replace(os.path.join(staging, name), os.path.join(directory, name))

@@ -11,6 +11,7 @@ from keras_tfm.layers.positions import (
     SinusoidalPositionEncoding2D,
 )
 from keras_tfm.layers.rotary import RotaryEmbedding
+from keras_tfm.layers.token_pooling import TokenPooling
 
 __all__ = [
     "DecoderBlock",
@@ -24,4 +25,5 @@ __all__ = [
     "SinusoidalPositionEncoding",
     "SinusoidalPositionEncoding2D",
     "TokenEmbedding",
+    "TokenPooling",
 ]

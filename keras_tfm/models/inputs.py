@@ -43,13 +43,14 @@ def check_ids(model, args: tuple, kwargs: dict) -> None:
         if spec is None or shape is None:
             continue
         limit, setting = spec
-        if len(shape) != 2:
+        if len(shape) not in getattr(model, "id_ranks", (2,)):
+            shown = " or ".join(("(batch, length)", "(batch, k, length)")[: len(getattr(model, "id_ranks", (2,)))])
             raise InputError(
-                f"`{name}` must have shape (batch, length); received shape {shape}.",
+                f"`{name}` must have shape {shown}; received shape {shape}.",
                 name,
                 caller=type(model).__name__,
             )
-        if shape[1] == 0 and setting != "length":
+        if shape[-1] == 0 and setting != "length":
             raise InputError(
                 f"`{name}` must hold at least one id per row; received shape {shape}.",
                 name,

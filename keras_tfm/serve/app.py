@@ -40,7 +40,8 @@ def create_app(
     warm_up_length: int = 0,
     progress=None,
 ):
-    """A Starlette app serving `model` (a `CausalLM` with a tokenizer) as `model_name`.
+    """A Starlette app serving `model` (a `CausalLM` with a tokenizer) as `model_name`; a `SentenceEmbedder`
+    gets `/v1/embeddings` instead of the generating routes (`max_batch_size` inputs embedded at once).
 
     Args:
         model: the model; its tokenizer's chat template serves `/v1/chat/completions`.
@@ -63,33 +64,54 @@ def create_app(
             0: none (each shape compiles when first used, beside the rows decoding where there are).
         progress: called with a line of text after each shape the warm-up compiles.
     """
+    from keras_tfm.models.sentence_embedder import SentenceEmbedder
+
+    if isinstance(model, SentenceEmbedder):
+        from keras_tfm.serve.embeddings import create_embedding_app
+
+        _check_key(api_key)
+        return create_embedding_app(model, model_name, api_key, max_batch_size, max_queue, max_body_bytes,
+                                    allowed_hosts, cors_origins)  # fmt: skip
+    defaults = _checked_defaults(model, api_key, default_max_tokens)
+    engine = Engine(model, max_batch_size, max_queue, warm_up_length=warm_up_length,
+                    warm_up_configs=(defaults.config,), progress=progress)  # fmt: skip
+    server = _Routes(model, model_name, engine, defaults, api_key, max_tokens, max_body_bytes, allowed_hosts,
+                     escape_special_tokens)  # fmt: skip
+    posts = {"/v1/completions": server.completions, "/v1/chat/completions": server.chat_completions,
+             "/v1/embeddings": server.embeddings}  # fmt: skip
+    app = starlette_app(server, posts, engine, cors_origins)
+    app.state.engine = engine
+    return app
+
+
+def starlette_app(server, posts: dict, worker, cors_origins: tuple[str, ...]):
+    """The app of `server`'s handlers (`health`, `models`, `one_model`, `exposition`, and `posts`: path ->
+    handler): refusals in OpenAI's error schema, every request counted in `server.metrics` and logged,
+    CORS for `cors_origins`, and `worker` (the engine's or batcher's thread) closed with the server."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.middleware.cors import CORSMiddleware
     from starlette.routing import Route
 
-    defaults = _checked_defaults(model, api_key, default_max_tokens)
-    engine = Engine(model, max_batch_size, max_queue, warm_up_length=warm_up_length,
-                    warm_up_configs=(defaults.config,), progress=progress)  # fmt: skip
-    server = _Routes(model, model_name, engine, defaults, api_key, max_tokens, max_body_bytes, allowed_hosts,
-                     escape_special_tokens)  # fmt: skip
+    routes = [
+        Route("/health", server.health),
+        Route("/v1/models", server.models),
+        Route("/v1/models/{model_id:path}", server.one_model),
+        Route("/metrics", server.exposition),
+        *[Route(path, handler, methods=["POST"]) for path, handler in posts.items()],
+    ]
+    metrics = server.metrics
+
     cors = Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                       allow_headers=["Authorization", "Content-Type"])  # fmt: skip
     app = Starlette(
-        routes=[
-            Route("/health", server.health),
-            Route("/v1/models", server.models),
-            Route("/v1/models/{model_id:path}", server.one_model),
-            Route("/metrics", server.exposition),
-            Route("/v1/completions", server.completions, methods=["POST"]),
-            Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
-        ],
+        routes=routes,
         exception_handlers={RequestError: _refused, HTTPException: _http_error, Exception: _server_error},
-        lifespan=_closing(engine),
-        middleware=[Middleware(Observed, metrics=server.metrics), *[cors] * bool(cors_origins)],
+        lifespan=_closing(worker),
+        middleware=[Middleware(Observed, metrics=metrics), *[cors] * bool(cors_origins)],
     )
-    app.state.engine, app.state.metrics = engine, server.metrics
+    app.state.metrics = metrics
     return app
 
 
@@ -146,6 +168,11 @@ class _Routes:
         answer = completion(await _answer(ticket), job, name, chat, token_text, echo)
         self.metrics.generated_tokens.inc(answer["usage"]["completion_tokens"])
         return JSONResponse(answer)
+
+    async def embeddings(self, request):
+        await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        raise RequestError(f"the model {self.model_name!r} generates text and does not embed it; serve an "
+                           "embedding model (a sentence-transformers checkpoint) for /v1/embeddings.", "model")  # fmt: skip
 
     async def models(self, request):
         from starlette.responses import JSONResponse
@@ -219,13 +246,13 @@ async def _answer(ticket: Ticket) -> list:
     return value
 
 
-def _closing(engine: Engine):
-    """The app's lifespan: the engine's thread ends with the server."""
+def _closing(worker):
+    """The app's lifespan: the worker's thread (the engine's, the embedding batcher's) ends with the server."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        engine.close()
+        worker.close()
 
     return lifespan
 
@@ -244,10 +271,15 @@ def _check_model(model, api_key: str | None) -> None:
     """Refuses, before any request, a model the server cannot serve and an empty key."""
     if not callable(getattr(model, "generate", None)) or not hasattr(model, "empty_cache"):
         raise ValueError(
-            f"model: the server needs a language model (GPT, DecoderLM); received a {type(model).__name__}."
+            f"model: the server needs a language model (GPT, DecoderLM) or a SentenceEmbedder; received a "
+            f"{type(model).__name__}."
         )
     if model.tokenizer is None:
         raise ValueError("model: the server needs a model with a tokenizer (`model.tokenizer`).")
+    _check_key(api_key)
+
+
+def _check_key(api_key: str | None) -> None:
     if api_key is not None and not api_key.strip():
         raise ValueError("api_key: an empty key would let every request in; give a key, or None for no key.")
 

@@ -38,8 +38,9 @@ class Metrics:
         )  # fmt: skip
         waiting = Gauge("keras_tfm_requests_waiting", "Requests waiting for rows", **kind)
         waiting.set_function(engine.waiting)
-        busy = Gauge("keras_tfm_rows_busy", "Rows of the cache decoding a request", **kind)
-        busy.set_function(lambda: len(engine.busy_rows()))
+        if hasattr(engine, "busy_rows"):  # a decoding engine (an embedding server's batcher has no rows)
+            busy = Gauge("keras_tfm_rows_busy", "Rows of the cache decoding a request", **kind)
+            busy.set_function(lambda: len(engine.busy_rows()))
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics as `/metrics` answers them: Prometheus' text format and its content type."""
@@ -77,4 +78,4 @@ class Observed:
 
 
 # paths counted under their own name (others are "other", so that a scan cannot grow the label set)
-KNOWN_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+KNOWN_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics")

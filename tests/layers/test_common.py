@@ -26,6 +26,7 @@ CASES = {
         (SEQUENCE,),
         {},
     ),
+    "token_pooling": (lambda **kw: layers.TokenPooling(("mean", "max", "lasttoken"), **kw), (SEQUENCE,), {}),
     "decoder_block": (lambda **kw: layers.DecoderBlock(4, 64, **kw), (SEQUENCE,), {}),
     "decoder_block_cross": (
         lambda **kw: layers.DecoderBlock(4, 64, use_cross_attention=True, norm_first=False, **kw),

@@ -46,6 +46,7 @@ class HuggingFaceTokenizer(Tokenizer):
         self.tokenizer_json = tokenizer_json
         self._tokenizer = Tokenizer.from_str(tokenizer_json)
         self._literal = None  # made on first use: a copy that reads special tokens' text as text
+        self._truncating = None  # (max_length, a copy that cuts there), made on first use
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens or {})
 
@@ -76,6 +77,22 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def encode(self, text: str, add_special_tokens: bool = False) -> np.ndarray:
         return np.asarray(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids, "int32")
+
+    def encode_batch(self, texts: list[str], max_length: int | None = None) -> list[np.ndarray]:
+        """Each text's ids with the checkpoint's special tokens (BERT's [CLS] ... [SEP]), cut to `max_length`
+        ids as transformers' `truncation=True` cuts them: the text's last tokens go, the special tokens stay."""
+        if max_length is None:
+            encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
+        else:
+            if self._truncating is None or self._truncating[0] != max_length:
+                from tokenizers import Tokenizer
+
+                truncating = Tokenizer.from_str(self.tokenizer_json)
+                truncating.no_padding()
+                truncating.enable_truncation(max_length)
+                self._truncating = (max_length, truncating)
+            encodings = self._truncating[1].encode_batch(texts, add_special_tokens=True)
+        return [np.asarray(encoding.ids, "int32") for encoding in encodings]
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]

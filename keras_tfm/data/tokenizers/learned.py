@@ -168,6 +168,13 @@ class WordPieceTokenizer(_LineTokenizer):
     def token_id(self, token: str) -> int:
         return self.vocabulary.index(token)
 
+    def encode_batch(self, texts: list[str], max_length: int | None = None) -> list[np.ndarray]:
+        """Each text's ids as BERT reads a sentence, [CLS] ... [SEP], its last tokens cut to fit `max_length`."""
+        first, last = self.token_id("[CLS]"), self.token_id("[SEP]")
+        room = None if max_length is None else max(max_length - 2, 0)
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray([first, *encoding.ids[:room], last], "int32") for encoding in encodings]
+
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:
             json.dump(

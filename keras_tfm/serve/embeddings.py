@@ -1,0 +1,235 @@
+"""`/v1/embeddings`: OpenAI's embeddings API for a `SentenceEmbedder`, the inputs of the requests that wait
+embedded together by one thread, with the other routes' checks, limits and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import queue
+import threading
+import time
+
+import numpy as np
+
+from keras_tfm.serve.requests import RequestError
+
+FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
+MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
+
+
+def inputs_of(body: dict, model) -> list[np.ndarray]:
+    """The token ids of each input of `body["input"]`: a string, a list of strings, a list of token ids,
+    or a list of such lists (ids taken as they are: special tokens included, at most the model's length)."""
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise RequestError(f"unknown field `{unknown[0]}`; /v1/embeddings takes {', '.join(FIELDS)}.", unknown[0])
+    given = body.get("input")
+    if isinstance(given, str):
+        given = [given]
+    if not isinstance(given, list) or not given or len(given) > MAX_INPUTS:
+        raise RequestError(
+            f"`input` must be a string or a list of 1 to {MAX_INPUTS} strings or token-id lists; "
+            f"received {type(given).__name__}{f' of {len(given)}' if isinstance(given, list) else ''}.",
+            "input",
+        )
+    if all(isinstance(item, str) for item in given):
+        return model.encode(given)
+    if all(_is_id(item) for item in given):
+        given = [given]
+    if not all(isinstance(item, list) and item and all(_is_id(i) for i in item) for item in given):
+        raise RequestError("`input` must hold strings, or lists of token ids (integers), not both.", "input")
+    limit, size = model.max_sequence_length, model.vocabulary_size
+    for item in given:
+        if len(item) > limit or min(item) < 0 or max(item) >= size:
+            raise RequestError(
+                f"`input` token-id lists must hold at most {limit} ids in [0, {size}); received {len(item)} ids in "
+                f"[{min(item)}, {max(item)}].",
+                "input",
+            )
+    return [np.asarray(item, "int32") for item in given]
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def answer(body: dict, vectors: np.ndarray, ids: list, model, model_name: str) -> dict:
+    """OpenAI's embeddings response: each vector (cut to `dimensions`, made unit length again where the
+    model normalizes) as floats or base64 of little-endian float32, with the tokens counted."""
+    form = body.get("encoding_format", "float")
+    if form not in ("float", "base64"):
+        raise RequestError(f"`encoding_format` must be 'float' or 'base64'; received {form!r:.80}.", "encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None:
+        if not _is_id(dimensions) or not 1 <= dimensions <= model.embedding_dim:
+            raise RequestError(
+                f"`dimensions` must be an integer in [1, {model.embedding_dim}]; received {dimensions!r:.80}.",
+                "dimensions",
+            )
+        vectors = vectors[:, :dimensions]
+        if model.normalize:  # as sentence-transformers' truncate_dim with a normalized model
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+    vectors = np.asarray(vectors, "<f4")
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(vector.tobytes()).decode() if form == "base64" else vector.tolist(),
+        }
+        for i, vector in enumerate(vectors)
+    ]
+    tokens = sum(len(row) for row in ids)
+    return {
+        "object": "list",
+        "data": data,
+        "model": model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def model_entry(model, model_name: str) -> dict:
+    return {
+        "id": model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "keras_tfm",
+        "max_model_len": model.max_sequence_length,
+        "dimensions": model.embedding_dim,
+    }
+
+
+class EmbeddingBatcher:
+    """One thread embeds the inputs of every request waiting, up to `max_batch_size` inputs at once (a
+    request with more is embedded whole, alone): requests that come together share the model's batches.
+    More than `max_queue` requests waiting are refused (429)."""
+
+    def __init__(self, model, max_batch_size: int, max_queue: int):
+        self.model, self.max_batch_size = model, max_batch_size
+        self.pending: queue.Queue = queue.Queue(max_queue)
+        self.thread = threading.Thread(target=self._run, name="keras_tfm-embeddings", daemon=True)
+        self.thread.start()
+
+    def waiting(self) -> int:
+        return self.pending.qsize()
+
+    async def embed(self, ids: list) -> np.ndarray:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            self.pending.put_nowait((ids, future))
+        except queue.Full:
+            raise RequestError("the server is busy: too many requests are waiting; retry later.", None, 429,
+                               "rate_limit_error") from None  # fmt: skip
+        return await asyncio.wrap_future(future)
+
+    def _run(self) -> None:
+        while (first := self.pending.get()) is not None:
+            batch, count, closing = [first], len(first[0]), False
+            while count < self.max_batch_size and not closing:
+                try:
+                    item = self.pending.get_nowait()
+                except queue.Empty:
+                    break
+                closing = item is None
+                if not closing:
+                    batch.append(item)
+                    count += len(item[0])
+            self._embed(batch)
+            if closing:
+                return
+
+    def _embed(self, batch: list) -> None:
+        try:
+            vectors = self.model.embed_token_ids([row for ids, _ in batch for row in ids], self.max_batch_size)
+        except Exception as error:  # a fault of the model's: each request answered with it
+            for _, future in batch:
+                future.set_exception(error)
+            return
+        start = 0
+        for ids, future in batch:
+            future.set_result(vectors[start : start + len(ids)])
+            start += len(ids)
+
+    def close(self) -> None:
+        self.pending.put(None, timeout=30)
+        self.thread.join(timeout=30)
+
+
+def create_embedding_app(model, model_name, api_key, max_batch_size, max_queue, max_body_bytes, allowed_hosts,
+                         cors_origins):  # fmt: skip
+    """`create_app` for a `SentenceEmbedder`: `/v1/embeddings`, `/v1/models`, `/health` and `/metrics`; the
+    generating routes answer that this model embeds."""
+    from keras_tfm.serve.app import starlette_app
+
+    batcher = EmbeddingBatcher(model, max_batch_size, max_queue)
+    routes = _EmbeddingRoutes(model, model_name, batcher, api_key, max_body_bytes, allowed_hosts)
+    posts = {"/v1/embeddings": routes.embeddings, "/v1/completions": routes.generating,
+             "/v1/chat/completions": routes.generating}  # fmt: skip
+    return starlette_app(routes, posts, batcher, cors_origins)
+
+
+class _EmbeddingRoutes:
+    def __init__(self, model, model_name, batcher, api_key, max_body_bytes, allowed_hosts):
+        from keras_tfm.serve.operations import Metrics
+
+        self.model, self.model_name, self.batcher, self.api_key = model, model_name, batcher, api_key
+        self.max_body_bytes = max_body_bytes
+        self.hosts = None if allowed_hosts is None else {host.lower() for host in allowed_hosts}
+        self.metrics = Metrics(batcher)
+
+    async def embeddings(self, request):
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        from keras_tfm.serve.app import _read_json
+
+        body = await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        if body.get("model") not in (None, self.model_name):
+            raise RequestError(f"the model {body.get('model')!r:.100} does not exist; this server has "
+                               f"{self.model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
+        ids = await run_in_threadpool(inputs_of, body, self.model)  # tokenizing off the event loop
+        vectors = await self.batcher.embed(ids)
+        self.metrics.prompt_tokens.inc(sum(len(row) for row in ids))
+        return JSONResponse(answer(body, vectors, ids, self.model, self.model_name))
+
+    async def generating(self, request):
+        from keras_tfm.serve.app import _read_json
+
+        await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        raise RequestError(f"the model {self.model_name!r} embeds text and does not generate it; use "
+                           "/v1/embeddings.", "model")  # fmt: skip
+
+    async def models(self, request):
+        from starlette.responses import JSONResponse
+
+        self._checked(request)
+        return JSONResponse({"object": "list", "data": [model_entry(self.model, self.model_name)]})
+
+    async def one_model(self, request):
+        from starlette.responses import JSONResponse
+
+        self._checked(request)
+        if request.path_params["model_id"] != self.model_name:
+            raise RequestError(f"the model {request.path_params['model_id']!r:.100} does not exist; this server "
+                               f"has {self.model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
+        return JSONResponse(model_entry(self.model, self.model_name))
+
+    async def exposition(self, request):
+        from starlette.responses import Response
+
+        from keras_tfm.serve.app import _check_host
+
+        _check_host(request, self.hosts)
+        content, kind = self.metrics.exposition()
+        return Response(content, media_type=kind)
+
+    async def health(self, request):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok", "waiting": self.batcher.waiting()})
+
+    def _checked(self, request) -> None:
+        from keras_tfm.serve.app import _authorize, _check_host
+
+        _check_host(request, self.hosts)
+        _authorize(request, self.api_key)

@@ -1,0 +1,125 @@
+"""`/v1/embeddings` through the official openai client: what `embed` gives, for every input form, batched
+across requests; the same refusals as the other routes."""
+
+import base64
+import concurrent.futures
+import re
+
+import httpx
+import numpy as np
+import pytest
+
+import keras_tfm
+from keras_tfm.data import WordPieceTokenizer
+from tests.checks import bert_vocabulary
+from tests.test_serve import Server, chat_model
+
+openai = pytest.importorskip("openai")
+
+TEXTS = ["The cat sat on the mat.", "", "a dog runs fast " * 20, "Hello, world!"]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    tokenizer = WordPieceTokenizer(bert_vocabulary(" ".join(TEXTS)))
+    encoder = keras_tfm.Bert(
+        vocabulary_size=tokenizer.vocabulary_size, max_length=32, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32,
+    )  # fmt: skip
+    model = keras_tfm.SentenceEmbedder(encoder, pooling=("mean", "cls"), max_sequence_length=24)
+    model.tokenizer = tokenizer
+    return model
+
+
+def test_the_openai_client_gets_what_embed_gives(embedder):
+    expected = embedder.embed(TEXTS)
+    ids = embedder.encode(TEXTS)
+    with Server(embedder, name="minilm", api_key="secret", max_batch_size=4) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="secret", max_retries=0)
+        assert client.models.retrieve("minilm").model_extra["dimensions"] == 32
+        reply = client.embeddings.create(model="minilm", input=TEXTS)  # the client asks for base64 and decodes it
+        np.testing.assert_allclose([item.embedding for item in reply.data], expected, atol=1e-6)
+        assert [item.index for item in reply.data] == [0, 1, 2, 3]
+        assert reply.usage.prompt_tokens == reply.usage.total_tokens == sum(len(row) for row in ids)
+        floats = client.embeddings.create(model="minilm", input=TEXTS[0], encoding_format="float")
+        np.testing.assert_allclose(floats.data[0].embedding, expected[0], atol=1e-6)
+        by_ids = client.embeddings.create(model="minilm", input=[row.tolist() for row in ids], encoding_format="float")
+        np.testing.assert_allclose([item.embedding for item in by_ids.data], expected, atol=1e-6)
+        one = client.embeddings.create(model="minilm", input=ids[0].tolist(), encoding_format="float")
+        np.testing.assert_allclose(one.data[0].embedding, expected[0], atol=1e-6)
+        short = client.embeddings.create(model="minilm", input=TEXTS, dimensions=8, encoding_format="float")
+        cut = expected[:, :8] / np.linalg.norm(expected[:, :8], axis=-1, keepdims=True)  # unit length again
+        np.testing.assert_allclose([item.embedding for item in short.data], cut, atol=1e-6)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:  # requests at once share batches
+            answers = list(
+                pool.map(lambda i: client.embeddings.create(model="minilm", input=TEXTS[i % 4 :]), range(16))
+            )
+        for i, answer in enumerate(answers):
+            np.testing.assert_allclose([item.embedding for item in answer.data], expected[i % 4 :], atol=1e-6)
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'keras_tfm_requests_total{method="POST",route="/v1/embeddings",status="200"} 21.0' in metrics
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(embedder):
+    with Server(embedder, name="minilm") as server:
+        url = server.url + "/v1/embeddings"
+        for body, param, message in (
+            ({"input": "a", "normalize": True}, "normalize", "unknown field `normalize`"),
+            ({"input": []}, "input", "`input` must be a string or a list of 1 to 2048"),
+            ({"input": ["a", [1, 2]]}, "input", "`input` must hold strings, or lists of token ids"),
+            ({"input": [[1, 10_000]]}, "input", r"at most 24 ids in \[0, "),
+            ({"input": [[2] * 25]}, "input", "at most 24 ids"),
+            ({"input": "a", "dimensions": 33}, "dimensions", r"`dimensions` must be an integer in \[1, 32\]"),
+            ({"input": "a", "encoding_format": "hex"}, "encoding_format", "must be 'float' or 'base64'"),
+            ({"input": "a", "model": "gpt"}, "model", "the model 'gpt' does not exist"),
+        ):
+            reply = httpx.post(url, json=body)
+            assert reply.status_code in (400, 404), reply.text
+            error = reply.json()["error"]
+            assert error["param"] == param and re.search(message, error["message"]), error
+        chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": []})
+        assert chat.status_code == 400 and "embeds text and does not generate it" in chat.json()["error"]["message"]
+        vector = httpx.post(url, json={"input": "Hello", "encoding_format": "base64"}).json()["data"][0]["embedding"]
+        np.testing.assert_allclose(np.frombuffer(base64.b64decode(vector), "<f4"), embedder.embed("Hello"), atol=1e-6)
+
+
+def test_a_generating_server_says_it_does_not_embed():
+    with Server(chat_model(max_length=32)) as server:
+        reply = httpx.post(server.url + "/v1/embeddings", json={"input": "a"})
+        assert reply.status_code == 400 and "generates text and does not embed it" in reply.json()["error"]["message"]
+
+
+@pytest.mark.backend_independent
+def test_requests_that_wait_are_embedded_together():
+    """While one batch is embedded, the requests that come wait, then go in one batch (up to max_batch_size
+    inputs), each answered with its own vectors."""
+    import asyncio
+    import threading
+
+    from keras_tfm.serve.embeddings import EmbeddingBatcher
+
+    class Recorded:  # the batcher's side of a model: vectors that say which input they are
+        def __init__(self):
+            self.batches, self.first = [], threading.Event()
+
+        def embed_token_ids(self, ids, batch_size):
+            self.batches.append(len(ids))
+            self.first.wait(10)
+            return np.asarray([[row[0]] for row in ids], "float32")
+
+    model = Recorded()
+    batcher = EmbeddingBatcher(model, max_batch_size=4, max_queue=8)
+
+    async def requests():
+        first = asyncio.ensure_future(batcher.embed([[0]]))
+        while not model.batches:
+            await asyncio.sleep(0.01)
+        waiting = [asyncio.ensure_future(batcher.embed([[i], [i + 10]])) for i in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        model.first.set()
+        return await asyncio.gather(first, *waiting)
+
+    answers = asyncio.run(requests())
+    batcher.close()
+    assert model.batches == [1, 4, 2]  # 1; then 2 + 2 inputs (max_batch_size); then the last request
+    assert [answer[:, 0].tolist() for answer in answers] == [[0], [1, 11], [2, 12], [3, 13]]
