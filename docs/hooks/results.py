@@ -60,7 +60,8 @@ def table(rows: list[dict], same_backend_baseline: str) -> str:
     unit = rows[0].get("unit", "value")
     extra = list(dict.fromkeys(key for row in rows for key in row if key not in HIDDEN))
     by_name = {row["contender"]: row for row in rows}
-    hugging_face = next((name for name in by_name if name.startswith("hugging_face")), None)
+    # the Hugging Face reference (transformers, or its sentence-transformers), compared with every row
+    hugging_face = next((name for name in by_name if name.startswith(("hugging_face", "sentence_transformers"))), None)
     columns = ["contender", unit, *extra]
     same = any(_backend_baseline(name, same_backend_baseline) in by_name for name in by_name)
     if same:
@@ -155,6 +156,14 @@ SUMMARY = [
         "keras_tfm (jax)",
         None,
         "hugging_face static cache (torch)",
+    ),
+    (
+        "Sentence embeddings, all-MiniLM-L6-v2 shape, against sentence-transformers (texts/s)",
+        "embeddings",
+        "embed",
+        "keras_tfm (torch)",
+        None,
+        "sentence_transformers (torch)",
     ),
     (
         "Translator beam search (sentences/s)",
