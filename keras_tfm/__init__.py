@@ -10,6 +10,8 @@ from keras_tfm.models import (
     Bert,
     BertClassifier,
     BertMLM,
+    BertQuestionAnswerer,
+    BertTokenClassifier,
     CausalLM,
     DecoderLM,
     SentenceEmbedder,

@@ -1,5 +1,6 @@
-"""BERT (`BertModel`, `BertForMaskedLM`, `BertForPreTraining`, `BertForSequenceClassification`) <-> `keras_tfm.Bert`,
-`BertMLM`, `BertClassifier`. PyTorch `Linear` kernels are (out, in) and are transposed; the MLM
+"""BERT (`BertModel`, `BertForMaskedLM`, `BertForPreTraining`, `BertForSequenceClassification`,
+`BertForTokenClassification`, `BertForQuestionAnswering`) <-> `keras_tfm.Bert`, `BertMLM`, `BertClassifier`,
+`BertTokenClassifier`, `BertQuestionAnswerer`. PyTorch `Linear` kernels are (out, in) and are transposed; the MLM
 decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from keras_tfm.convert.weights import (
 )
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
+from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
 
 
 def _blocks(encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> None:
@@ -54,19 +56,7 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=ACTIVATIONS[config.get("hidden_act", "gelu")],
     )
-    # BertForSequenceClassification's classifier_dropout: None there means hidden_dropout_prob, as here
-    classifier_dropout = config.get("classifier_dropout")
-    # a classifier head first: a peft adapter's head on a BertForPreTraining checkpoint (bert-base-uncased)
-    if num_classes is not None:
-        model = BertClassifier(num_classes=num_classes, classifier_dropout=classifier_dropout, **arguments)
-    elif "classifier.weight" in w:
-        model = BertClassifier(
-            num_classes=w.weights["classifier.weight"].shape[0], classifier_dropout=classifier_dropout, **arguments
-        )
-    elif "cls.predictions.transform.dense.weight" in w:
-        model = BertMLM(**arguments)
-    else:
-        model = Bert(**arguments)
+    model = _task_model(config, w, num_classes, arguments)
     model.build()
     encoder = model if isinstance(model, Bert) else model.encoder
     w.set(encoder.token_embedding, "embeddings.word_embeddings.weight")
@@ -86,6 +76,12 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
         )
         model.output_bias.assign(w("cls.predictions.bias"))
         ignored += ("pooler.", "bert.pooler.")  # a BertMLM has no pooler
+    elif isinstance(model, (BertTokenClassifier, BertQuestionAnswerer)):
+        head = model.classifier if isinstance(model, BertTokenClassifier) else model.span_head
+        name = "classifier" if isinstance(model, BertTokenClassifier) else "qa_outputs"
+        if num_classes is None:
+            w.linear(name, head)
+        ignored += ("pooler.", "bert.pooler.", "cls.", *((name + ".",) * (num_classes is not None)))
     elif isinstance(model, BertClassifier):
         if num_classes is None or "pooler.dense.weight" in w:  # a new head keeps the checkpoint's pooler
             w.linear("pooler.dense", model.pooler)
@@ -102,9 +98,31 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     return model
 
 
+def _task_model(config: dict, w: WeightReader, num_classes: int | None, arguments: dict):
+    """The model of the checkpoint's task (its `architectures`, else its head's weights); `num_classes`: a
+    classifier with a new head (a peft adapter's head on a BertForPreTraining checkpoint, bert-base-uncased)."""
+    # classifier_dropout: None there means hidden_dropout_prob, as here
+    dropout = {"classifier_dropout": config.get("classifier_dropout")}
+    task = next(iter(config.get("architectures") or []), "")
+    if task == "BertForTokenClassification":
+        names = config.get("id2label") or {}
+        count = num_classes or w.weights["classifier.weight"].shape[0]
+        class_names = [names.get(str(i), names.get(i, f"LABEL_{i}")) for i in range(count)] if not num_classes else None
+        return BertTokenClassifier(num_classes=count, class_names=class_names, **dropout, **arguments)
+    if task == "BertForQuestionAnswering" or "qa_outputs.weight" in w:
+        return BertQuestionAnswerer(**arguments)
+    if num_classes is not None:
+        return BertClassifier(num_classes=num_classes, **dropout, **arguments)
+    if "classifier.weight" in w:
+        return BertClassifier(num_classes=w.weights["classifier.weight"].shape[0], **dropout, **arguments)
+    return BertMLM(**arguments) if "cls.predictions.transform.dense.weight" in w else Bert(**arguments)
+
+
 @exporter(Bert)
 @exporter(BertMLM)
 @exporter(BertClassifier)
+@exporter(BertTokenClassifier)
+@exporter(BertQuestionAnswerer)
 def export_bert(model, w: WeightWriter) -> dict:
     encoder = model if isinstance(model, Bert) else model.encoder
     p = "" if isinstance(model, Bert) else "bert."  # BertModel's names, and its task models'
@@ -144,6 +162,13 @@ def export_bert(model, w: WeightWriter) -> dict:
         w.layer_norm("cls.predictions.transform.LayerNorm", model.transform_norm)
         w["cls.predictions.bias"] = model.output_bias
         return dict(config, architectures=["BertForMaskedLM"])
+    if isinstance(model, BertTokenClassifier):
+        w.linear("classifier", model.classifier)
+        return dict(config, architectures=["BertForTokenClassification"], classifier_dropout=model.classifier_dropout,
+                    num_labels=model.num_classes)  # fmt: skip
+    if isinstance(model, BertQuestionAnswerer):
+        w.linear("qa_outputs", model.span_head)
+        return dict(config, architectures=["BertForQuestionAnswering"])
     if isinstance(model, BertClassifier):
         w.linear(p + "pooler.dense", model.pooler)
         w.linear("classifier", model.classifier)

@@ -83,6 +83,8 @@ def read_checkpoint(model_or_directory) -> tuple[dict, dict]:
     if hasattr(model_or_directory, "state_dict") and hasattr(model_or_directory, "config"):
         weights = {k: v.detach().float().cpu().numpy() for k, v in model_or_directory.state_dict().items()}
         config = checkpoint_config(model_or_directory.config.to_dict(), "the model's configuration (`model.config`)")
+        if not config.get("architectures"):  # a model made in memory: its class is its task
+            config["architectures"] = [type(model_or_directory).__name__]
         return config, weights
     raise InputError(
         "from_huggingface expects a transformers model or a directory path; received "

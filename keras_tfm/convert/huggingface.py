@@ -129,8 +129,8 @@ def from_huggingface(
 
     Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`, `BertForPreTraining`, the
     layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
-    `BertForSequenceClassification`), GPT-2 (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and
-    Qwen3 (`*Model`, `*ForCausalLM`, as a `DecoderLM`), Marian (`MarianMTModel`), ViT (`ViTModel` without
+    `BertForSequenceClassification`, `BertForTokenClassification`, `BertForQuestionAnswering`), GPT-2
+    (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and Qwen3 (`*Model`, `*ForCausalLM`, as a `DecoderLM`), Marian (`MarianMTModel`), ViT (`ViTModel` without
     its pooler, as `include_top=False`, and `ViTForImageClassification`). A sentence-transformers
     directory (its `modules.json`: a BERT `Transformer`, `Pooling`, `Normalize`) gives a
     `SentenceEmbedder`, whose `embed(texts)` gives the vectors sentence-transformers' `encode` gives.
@@ -329,7 +329,9 @@ def save_huggingface(
     `GPT` as `GPT2LMHeadModel`, `DecoderLM` as `LlamaForCausalLM` (`MistralForCausalLM` with a sliding
     window, `Qwen2ForCausalLM` with query/key/value biases, `Qwen3ForCausalLM` with QK-norm),
     `BertMLM` as `BertForMaskedLM`, `BertClassifier` as
-    `BertForSequenceClassification`, `Bert` as `BertModel`, `ViT` as `ViTForImageClassification`
+    `BertForSequenceClassification`, `BertTokenClassifier` and `BertQuestionAnswerer` as
+    `BertForTokenClassification` and `BertForQuestionAnswering`, `Bert` as `BertModel`, a `SentenceEmbedder` as
+    a sentence-transformers directory, `ViT` as `ViTForImageClassification`
     (`ViTModel` with `include_top=False`), `Translator` as `MarianMTModel`. A model with LoRA enabled
     is written with its pairs merged into the kernels (`save_peft_adapter` writes the pairs alone).
     `from_huggingface(directory)` gives the model back. Needs only NumPy and `safetensors`.
@@ -408,6 +410,7 @@ def _exported_config(model, w: WeightWriter, labels, image_preprocessing) -> dic
         )
     config = {**export(model, w, **options), "torch_dtype": stored_dtype(model)}  # transformers' name for it
     num_labels = config.pop("num_labels", None)
+    labels = labels if labels is not None else getattr(model, "class_names", None)
     if labels is not None and (num_labels is None or len(labels) != num_labels):
         expected = f"{num_labels} class names" if num_labels else "no labels: not a classifier"
         raise InputError(f"labels: expected {expected}; received {len(labels)}.", caller="save_huggingface")

@@ -28,7 +28,7 @@ class TokenPooling(keras.layers.Layer):
     Example:
     >>> pooling = TokenPooling("mean")
     >>> vectors = np.arange(12, dtype="float32").reshape(1, 3, 4)
-    >>> pooling(vectors, padding_mask=np.array([[1, 1, 0]])).tolist()
+    >>> keras.ops.convert_to_numpy(pooling(vectors, padding_mask=np.array([[1, 1, 0]]))).tolist()
     [[2.0, 3.0, 4.0, 5.0]]
     """
 

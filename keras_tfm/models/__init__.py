@@ -11,6 +11,7 @@ from keras_tfm.models.bert import (
     bert_small,
     bert_tiny,
 )
+from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
 from keras_tfm.models.causal_lm import CausalLM
 from keras_tfm.models.decoder_lm import (
     DecoderLM,

@@ -38,7 +38,7 @@ class SentenceEmbedder(ZooModel):
 
     Example:
     >>> embedder = SentenceEmbedder(keras_tfm.bert_tiny(head=None, vocabulary_size=100), pooling="mean")
-    >>> embedder(np.array([[2, 7, 9, 3]])).shape  # from_huggingface(directory).embed(["a text"]) with a tokenizer
+    >>> tuple(embedder(np.array([[2, 7, 9, 3]])).shape)  # from_huggingface(directory).embed(["a text"]) with a tokenizer
     (1, 128)
     """
 

@@ -139,3 +139,39 @@ def test_dropout_rates_come_from_the_config(num_classes):
     assert (reloaded.encoder.attention_dropout, reloaded.pooled_dropout.rate) == (0.2, 0.3)
     unset = keras_tfm.from_huggingface(hf_bert(transformers.BertForSequenceClassification, hidden_dropout_prob=0.15))
     assert unset.classifier_dropout == 0.15  # classifier_dropout=None: hidden_dropout_prob, as in transformers
+
+
+@pytest.mark.parametrize("name", ["BertForTokenClassification", "BertForQuestionAnswering"])
+def test_token_heads_match_and_save_both_ways(rng, tmp_path, name):
+    """Token labels and answer spans: the same logits (start and end as `[:, 0]` and `[:, 1]`), parameter
+    counts and class names, read from transformers' model and written back as its checkpoint."""
+    labels = {0: "O", 1: "B-PER", 2: "I-PER"} if name == "BertForTokenClassification" else {0: "start", 1: "end"}
+    hf = hf_bert(getattr(transformers, name), id2label=labels, num_labels=len(labels))
+    model = keras_tfm.from_huggingface(hf)
+    ids, segments, mask = inputs(rng)
+    ours = to_numpy(model(ids, segment_ids=segments, padding_mask=mask))
+    with torch.no_grad():
+        out = hf(
+            torch.tensor(ids), token_type_ids=torch.tensor(segments), attention_mask=torch.tensor(mask.astype(int))
+        )
+    if name == "BertForTokenClassification":
+        assert isinstance(model, keras_tfm.BertTokenClassifier) and model.class_names == ["O", "B-PER", "I-PER"]
+        expected = out.logits.numpy()
+        np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
+    else:
+        assert isinstance(model, keras_tfm.BertQuestionAnswerer)
+        for index, logits in enumerate((out.start_logits, out.end_logits)):
+            np.testing.assert_allclose(ours[:, index][mask], logits.numpy()[mask], atol=1e-4, rtol=0)
+    assert model.count_params() == sum(p.numel() for p in hf.parameters())
+    keras_tfm.save_huggingface(model, str(tmp_path / "saved"))
+    again = getattr(transformers, name).from_pretrained(str(tmp_path / "saved")).eval()
+    assert type(keras_tfm.from_huggingface(str(tmp_path / "saved"))) is type(model)
+    with torch.no_grad():
+        got = again(
+            torch.tensor(ids), token_type_ids=torch.tensor(segments), attention_mask=torch.tensor(mask.astype(int))
+        )
+    if name == "BertForTokenClassification":
+        assert again.config.id2label == {0: "O", 1: "B-PER", 2: "I-PER"}
+        np.testing.assert_allclose(got.logits.numpy()[mask], expected[mask], atol=1e-5, rtol=0)
+    else:
+        np.testing.assert_allclose(got.start_logits.numpy(), out.start_logits.numpy(), atol=1e-5, rtol=0)

@@ -89,3 +89,12 @@ def checkpoint_files(name_or_path: str) -> str:
         return checkpoint_directory(name_or_path)
     except InputError as error:
         raise DataError(error.message, "from_huggingface") from None
+
+
+def pair_windows(tokenizer, first: str, second: str, max_length: int, stride: int) -> list:
+    """The windows of a pair from a `tokenizers.Tokenizer` (changed: it is a copy): the first text whole in
+    each, the second cut with `stride` tokens of overlap."""
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length, stride=stride, strategy="only_second")
+    encoding = tokenizer.encode(first, second, add_special_tokens=True)
+    return [encoding, *encoding.overflowing]

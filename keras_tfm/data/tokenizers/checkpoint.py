@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from keras_tfm.data.errors import DataError
-from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files
+from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files, pair_windows
 from keras_tfm.data.tokenizers.learned import BytePairTokenizer, WordPieceTokenizer
 
 
@@ -81,18 +81,32 @@ class HuggingFaceTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str], max_length: int | None = None) -> list[np.ndarray]:
         """Each text's ids with the checkpoint's special tokens (BERT's [CLS] ... [SEP]), cut to `max_length`
         ids as transformers' `truncation=True` cuts them: the text's last tokens go, the special tokens stay."""
-        if max_length is None:
-            encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
-        else:
-            if self._truncating is None or self._truncating[0] != max_length:
-                from tokenizers import Tokenizer
-
-                truncating = Tokenizer.from_str(self.tokenizer_json)
-                truncating.no_padding()
-                truncating.enable_truncation(max_length)
-                self._truncating = (max_length, truncating)
-            encodings = self._truncating[1].encode_batch(texts, add_special_tokens=True)
+        encodings = self._cut(max_length).encode_batch(texts, add_special_tokens=True)
         return [np.asarray(encoding.ids, "int32") for encoding in encodings]
+
+    def encode_with_offsets(self, text: str, max_length: int | None = None):
+        """`tokenizers`' encoding of `text` as `encode_batch` cuts it, with each token's characters
+        (`offsets`) and word (`word_ids`)."""
+        return self._cut(max_length).encode(text, add_special_tokens=True)
+
+    def encode_pair_windows(self, first: str, second: str, max_length: int, stride: int) -> list:
+        """`tokenizers`' encodings of the pair (a question, a context) in windows of `max_length` tokens, the
+        second text cut into overlapping pieces (`stride` tokens shared), as transformers' question-answering
+        pipeline reads a long context."""
+        return pair_windows(_fresh(self.tokenizer_json), first, second, max_length, stride)
+
+    def _cut(self, max_length: int | None):
+        """The tokenizer, or a copy that cuts at `max_length` (made once per length)."""
+        if max_length is None:
+            return self._tokenizer
+        if self._truncating is None or self._truncating[0] != max_length:
+            from tokenizers import Tokenizer
+
+            truncating = Tokenizer.from_str(self.tokenizer_json)
+            truncating.no_padding()
+            truncating.enable_truncation(max_length)
+            self._truncating = (max_length, truncating)
+        return self._truncating[1]
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
@@ -302,3 +316,9 @@ def checkpoint_tokenizer(directory: str):
     if os.path.isfile(os.path.join(directory, "vocab.txt")):
         return WordPieceTokenizer.from_huggingface(directory)
     return None
+
+
+def _fresh(tokenizer_json: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from keras_tfm.data.errors import DataError
-from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files
+from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files, pair_windows
 
 WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
 
@@ -119,6 +119,7 @@ class WordPieceTokenizer(_LineTokenizer):
             max_input_chars_per_word=100,
         )
         self._tokenizer = _bert_pipeline(Tokenizer(model), lowercase, strip_accents)
+        self._sentence_copy = None  # (max_length, a copy that adds [CLS] and [SEP] and cuts there)
 
     @classmethod
     def from_huggingface(cls, directory: str) -> WordPieceTokenizer:
@@ -170,10 +171,37 @@ class WordPieceTokenizer(_LineTokenizer):
 
     def encode_batch(self, texts: list[str], max_length: int | None = None) -> list[np.ndarray]:
         """Each text's ids as BERT reads a sentence, [CLS] ... [SEP], its last tokens cut to fit `max_length`."""
-        first, last = self.token_id("[CLS]"), self.token_id("[SEP]")
-        room = None if max_length is None else max(max_length - 2, 0)
-        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [np.asarray([first, *encoding.ids[:room], last], "int32") for encoding in encodings]
+        return [np.asarray(encoding.ids, "int32") for encoding in self._sentences(max_length).encode_batch(texts)]
+
+    def encode_with_offsets(self, text: str, max_length: int | None = None):
+        """`tokenizers`' encoding of `text` as `encode_batch` makes it, with each token's characters
+        (`offsets`) and word (`word_ids`)."""
+        return self._sentences(max_length).encode(text)
+
+    def encode_pair_windows(self, first: str, second: str, max_length: int, stride: int) -> list:
+        """`tokenizers`' encodings of [CLS] first [SEP] second [SEP] in windows of `max_length` tokens, the
+        second text cut into overlapping pieces (`stride` tokens shared)."""
+        from tokenizers import Tokenizer
+
+        return pair_windows(Tokenizer.from_str(self._sentences(None).to_str()), first, second, max_length, stride)
+
+    def _sentences(self, max_length: int | None):
+        """A copy of the tokenizer that puts [CLS] and [SEP] around a text (and a pair's second), cut at
+        `max_length` (made once per length)."""
+        if self._sentence_copy is None or self._sentence_copy[0] != max_length:
+            from tokenizers import Tokenizer, processors
+
+            copy = Tokenizer.from_str(self._tokenizer.to_str())
+            first, last = self.token_id("[CLS]"), self.token_id("[SEP]")
+            copy.post_processor = processors.TemplateProcessing(
+                single="[CLS] $A [SEP]",
+                pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                special_tokens=[("[CLS]", first), ("[SEP]", last)],
+            )
+            if max_length is not None:
+                copy.enable_truncation(max_length)
+            self._sentence_copy = (max_length, copy)
+        return self._sentence_copy[1]
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as file:

@@ -1,0 +1,195 @@
+"""BERT's heads that read every token: a label per token (named entities, parts of speech) and extractive
+question answering (where in the context the answer starts and ends).
+
+BertTokenClassifier:   tokens -> Bert -> dropout -> Dense(num_classes)   (transformers' BertForTokenClassification)
+BertQuestionAnswerer:  tokens -> Bert -> Dense(2): start and end logits  (transformers' BertForQuestionAnswering)
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_tfm.errors import InputError
+from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.initializers import own_initializer
+from keras_tfm.models.bert import _BertWithHead
+
+IGNORED_LABEL = -100  # transformers' label for the tokens a loss skips (a word's later pieces, padding)
+
+
+def _head(units: int, name: str, policy) -> keras.layers.Dense:
+    init = keras.initializers.TruncatedNormal(stddev=0.02)
+    return keras.layers.Dense(units, kernel_initializer=own_initializer(init), dtype=policy, name=name)
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class BertTokenClassifier(_BertWithHead):
+    """BERT with a label per token: `(batch, length, num_classes)` logits.
+
+    Args: `num_classes`; `class_names` (default LABEL_0, ...), which `label_words` answers with and a saved
+    checkpoint's `id2label` holds; `classifier_dropout`, before the head, defaults to `dropout`; plus those of
+    `Bert`. The default loss skips labels of -100 (transformers' mark for a word's later pieces).
+
+    Example:
+    >>> tagger = BertTokenClassifier(num_classes=3, vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2)
+    >>> tuple(tagger(np.array([[2, 7, 9, 3]])).shape)
+    (1, 4, 3)
+    """
+
+    lora_trainable_layer_names = ("classifier",)
+
+    def __init__(self, num_classes: int = 2, class_names: list | None = None, classifier_dropout: float | None = None,
+                 **kwargs):  # fmt: skip
+        check_arguments("BertTokenClassifier", locals(), optional=("class_names", "classifier_dropout"))
+        super().__init__("bert_token_classifier", **kwargs)
+        self.num_classes = num_classes
+        self.class_names = (
+            [str(name) for name in class_names] if class_names else [f"LABEL_{i}" for i in range(num_classes)]
+        )
+        if len(self.class_names) != num_classes:
+            raise InputError(f"expected {num_classes} names (num_classes); received {len(self.class_names)}.",
+                             "class_names", caller="BertTokenClassifier")  # fmt: skip
+        self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout
+        self.token_dropout = keras.layers.Dropout(
+            self.classifier_dropout, dtype=self.dtype_policy, name="token_dropout"
+        )
+        self.classifier = _head(num_classes, "classifier", self.dtype_policy)
+        self._compile_defaults()
+
+    def _label_range(self) -> tuple[int, str]:
+        return self.num_classes, "num_classes"
+
+    def default_loss(self) -> keras.losses.Loss:
+        from keras_tfm.losses import TokenCrossEntropy
+
+        return TokenCrossEntropy(ignore_class=IGNORED_LABEL)
+
+    def build(self, token_ids_shape=None):
+        self.encoder.build()
+        self.classifier.build((None, self.encoder.hidden_dim))
+        self.built = True
+
+    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
+        if isinstance(token_ids, dict):
+            return self.call(**token_ids, training=training)
+        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
+        return self.classifier(self.token_dropout(x, training=training))
+
+    def label_words(self, texts) -> list:
+        """Each text's words with the label of their first piece (transformers' token-classification pipeline
+        with `aggregation_strategy="first"`): per text a list of `{"word", "label", "score", "start", "end"}`,
+        `start` and `end` the word's characters in the text. Needs the checkpoint's tokenizer."""
+        single = isinstance(texts, str)
+        encodings = _encodings(self, [texts] if single else texts, "label_words")
+        labelled = [_words(self, encoding, text) for encoding, text in zip(encodings, [texts] if single else texts)]
+        return labelled[0] if single else labelled
+
+
+def _encodings(model, texts, caller: str) -> list:
+    if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
+        raise InputError("expected a text or a non-empty list of texts.", "texts", caller=caller)
+    if model.tokenizer is None or not hasattr(model.tokenizer, "encode_with_offsets"):
+        raise InputError("this model has no tokenizer that gives offsets (a checkpoint's tokenizer.json or "
+                         "vocab.txt): set `model.tokenizer`.", "tokenizer", caller=caller)  # fmt: skip
+    return [model.tokenizer.encode_with_offsets(text, model.encoder.max_length) for text in texts]
+
+
+def _words(model, encoding, text: str) -> list[dict]:
+    ids = np.asarray(encoding.ids, "int32")[None]
+    logits = ops.convert_to_numpy(model.predict_on_batch({"token_ids": ids}))[0]
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    words, seen = [], set()
+    for position, word in enumerate(encoding.word_ids):
+        if word is None or word in seen:
+            continue
+        seen.add(word)
+        start, end = encoding.word_to_chars(word)
+        label = int(probabilities[position].argmax())
+        words.append({"word": text[start:end], "label": model.class_names[label],
+                      "score": float(probabilities[position, label]), "start": start, "end": end})  # fmt: skip
+    return words
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class BertQuestionAnswerer(_BertWithHead):
+    """BERT for extractive question answering: `(batch, 2, length)` logits, where in the context (the second
+    sentence, `segment_ids` 1) the answer starts (`[:, 0]`) and ends (`[:, 1]`). The default loss takes
+    labels `(batch, 2)`: the start and end token positions, as transformers' `start_positions` and
+    `end_positions`, and averages the two cross-entropies as transformers does.
+
+    Example:
+    >>> reader = BertQuestionAnswerer(vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2)
+    >>> tuple(reader(np.array([[2, 7, 3, 9, 11, 3]]), segment_ids=np.array([[0, 0, 0, 1, 1, 1]])).shape)
+    (1, 2, 6)
+    """
+
+    lora_trainable_layer_names = ("span_head",)
+
+    def __init__(self, **kwargs):
+        super().__init__("bert_question_answerer", **kwargs)
+        self.span_head = _head(2, "span_head", self.dtype_policy)
+        self._compile_defaults()
+
+    def _label_range(self) -> tuple[int, str]:
+        return self.encoder.max_length, "max_length"
+
+    def default_loss(self) -> keras.losses.Loss:
+        from keras_tfm.losses import TokenCrossEntropy
+
+        return TokenCrossEntropy()
+
+    def build(self, token_ids_shape=None):
+        self.encoder.build()
+        self.span_head.build((None, self.encoder.hidden_dim))
+        self.built = True
+
+    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
+        if isinstance(token_ids, dict):
+            return self.call(**token_ids, training=training)
+        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
+        return ops.transpose(self.span_head(x), (0, 2, 1))
+
+    def answer(self, question: str, context: str, max_answer_length: int = 15, max_length: int = 384,
+               stride: int = 128) -> dict:  # fmt: skip
+        """The likeliest span of `context` that answers `question`, as transformers' question-answering
+        pipeline finds it: `{"answer", "score", "start", "end"}`, `start` and `end` its characters in the
+        context, `score` the start's probability times the end's. A context longer than `max_length` tokens
+        is read in windows that share `stride` tokens; spans of at most `max_answer_length` tokens."""
+        if not all(isinstance(text, str) and text.strip() for text in (question, context)):
+            raise InputError("expected a question and a context, each a non-empty string.", "question", caller="answer")
+        if self.tokenizer is None or not hasattr(self.tokenizer, "encode_pair_windows"):
+            raise InputError("this model has no tokenizer that reads a pair of texts (a checkpoint's tokenizer.json "
+                             "or vocab.txt): set `model.tokenizer`.", "tokenizer", caller="answer")  # fmt: skip
+        length = min(max_length, self.encoder.max_length)
+        windows = self.tokenizer.encode_pair_windows(question, context, length, min(stride, length // 2))
+        best = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+        for window in windows:
+            inputs = {
+                "token_ids": np.asarray([window.ids], "int32"),
+                "segment_ids": np.asarray([window.type_ids], "int32"),
+            }
+            logits = ops.convert_to_numpy(self.predict_on_batch(inputs))[0]
+            found = _best_span(logits, np.asarray([part == 1 for part in window.sequence_ids]), max_answer_length)
+            if found is not None and found[2] > best["score"]:
+                start, end = window.offsets[found[0]][0], window.offsets[found[1]][1]
+                best = {"answer": context[start:end], "score": found[2], "start": start, "end": end}
+        return best
+
+
+def _best_span(logits: np.ndarray, in_context: np.ndarray, max_answer_length: int) -> tuple | None:
+    """(start, end, score) of the likeliest span of context tokens: each logit outside the context and [CLS]
+    at -10000 before the softmax, [CLS]'s probability then zeroed (no empty answer), as transformers does."""
+    if not in_context.any():
+        return None
+    masked = np.where(in_context | (np.arange(len(in_context)) == 0), logits, -10000.0)  # [CLS] in the softmax
+    probabilities = np.exp(masked - masked.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    probabilities[:, 0] = 0.0
+    scores = np.tril(np.triu(np.outer(probabilities[0], probabilities[1])), max_answer_length - 1)
+    scores[~in_context] = 0.0
+    scores[:, ~in_context] = 0.0
+    start, end = np.unravel_index(int(scores.argmax()), scores.shape)
+    return int(start), int(end), float(scores[start, end])

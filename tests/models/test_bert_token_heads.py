@@ -1,0 +1,95 @@
+"""The token heads' answers for people against transformers on the same checkpoints: word labels (its
+token-classification pipeline) and answer spans (its tokenizer's windows, its model and the span search of its
+question-answering pipeline; a context longer than the model)."""
+
+import os
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import bert_vocabulary
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TEXT = "George Washington visited the old harbour of Boston, then sailed north to Halifax in 1783."
+QUESTION = "Where did George Washington sail to?"
+
+
+def checkpoint(directory, name: str) -> str:
+    """A random transformers checkpoint of `name` with a fast WordPiece tokenizer (tokenizer.json)."""
+    os.makedirs(directory, exist_ok=True)
+    vocabulary = os.path.join(directory, "vocab.txt")
+    with open(vocabulary, "w") as file:
+        file.write("\n".join(bert_vocabulary(TEXT + " " + QUESTION)) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocabulary)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=32,
+    )  # fmt: skip
+    if name == "BertForTokenClassification":
+        config.id2label = {0: "PER", 1: "LOC", 2: "DATE"}
+    torch.manual_seed(0)
+    getattr(transformers, name)(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def test_word_labels_are_the_pipelines_at_each_words_first_piece(tmp_path):
+    directory = checkpoint(tmp_path, "BertForTokenClassification")
+    tagger = keras_tfm.from_huggingface(directory)
+    words = tagger.label_words(TEXT)
+    pipeline = transformers.pipeline("token-classification", model=directory, device="cpu")
+    first_pieces = [token for token in pipeline(TEXT) if not token["word"].startswith("##")]
+    assert [word["word"] for word in words][:4] == ["George", "Washington", "visited", "the"]
+    assert [(w["label"], w["start"]) for w in words] == [(t["entity"], t["start"]) for t in first_pieces]
+    np.testing.assert_allclose([w["score"] for w in words], [t["score"] for t in first_pieces], atol=1e-5)
+    assert all(TEXT[w["start"] : w["end"]] == w["word"] for w in words)
+    assert tagger.label_words([TEXT, "Boston"])[1][0]["word"] == "Boston"
+
+
+def reference_answer(directory: str, question: str, context: str, max_length: int, stride: int, longest: int):
+    """transformers' tokenizer and model, and the span search of its question-answering pipeline (removed in
+    transformers 5) written out: each window's softmax over the context and [CLS], [CLS] then zeroed, the
+    best start x end product over spans of at most `longest` tokens, the best window's span."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.BertForQuestionAnswering.from_pretrained(directory).eval()
+    windows = tokenizer(question, context, truncation="only_second", max_length=max_length, stride=stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True)  # fmt: skip
+    best = (0.0, None)
+    for index, ids in enumerate(windows["input_ids"]):
+        context_tokens = [part == 1 for part in windows.sequence_ids(index)]
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), token_type_ids=torch.tensor([windows["token_type_ids"][index]]))
+        probabilities = []
+        for logits in (out.start_logits[0].numpy(), out.end_logits[0].numpy()):
+            kept = np.array(
+                [
+                    logit if inside or i == 0 else -10000.0
+                    for i, (logit, inside) in enumerate(zip(logits, context_tokens))
+                ]
+            )
+            p = np.exp(kept - kept.max()) / np.exp(kept - kept.max()).sum()
+            p[0] = 0.0
+            probabilities.append(p)
+        for i in range(len(ids)):
+            for j in range(i, min(i + longest, len(ids))):
+                score = probabilities[0][i] * probabilities[1][j]
+                if context_tokens[i] and context_tokens[j] and score > best[0]:
+                    offsets = windows["offset_mapping"][index]
+                    best = (score, (offsets[i][0], offsets[j][1]))
+    score, (start, end) = best
+    return {"answer": context[start:end], "score": score, "start": start, "end": end}
+
+
+def test_answers_are_the_pipelines_over_windows_of_a_long_context(tmp_path):
+    directory = checkpoint(tmp_path, "BertForQuestionAnswering")
+    reader = keras_tfm.from_huggingface(directory)
+    context = " ".join([TEXT] * 3)  # about 70 tokens: windows of 32 sharing 8
+    ours = reader.answer(QUESTION, context, max_length=32, stride=8, max_answer_length=15)
+    expected = reference_answer(directory, QUESTION, context, 32, 8, 15)
+    assert (ours["answer"], ours["start"], ours["end"]) == (expected["answer"], expected["start"], expected["end"])
+    assert ours["score"] == pytest.approx(expected["score"], rel=1e-4) and ours["answer"]
+    with pytest.raises(ValueError, match=r"question: answer: expected a question and a context"):
+        reader.answer("", context)
