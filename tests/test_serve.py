@@ -331,6 +331,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
         assert "not valid JSON" in post(chat, '{"messages": [{"role": "user", "content": "\\ud800"}]}', 400)
         assert "encodes to no tokens" in post("/v1/completions", {"prompt": ""}, 400, "prompt")
         assert "`n` must be at most 4" in post("/v1/completions", {"prompt": "to", "n": 5, "temperature": 1}, 400, "n")
+        assert "generates text and does not embed it" in post("/v1/embeddings", {"input": "a"}, 400, "model")
         assert httpx.get(server.url + "/v1/nothing", headers=headers).status_code == 404
         assert httpx.get(server.url + "/health").json()["status"] == "ok"
 

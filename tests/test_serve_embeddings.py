@@ -12,7 +12,7 @@ import pytest
 import keras_tfm
 from keras_tfm.data import WordPieceTokenizer
 from tests.checks import bert_vocabulary
-from tests.test_serve import Server, chat_model
+from tests.test_serve import Server
 
 openai = pytest.importorskip("openai")
 
@@ -81,12 +81,6 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(embedder):
         assert chat.status_code == 400 and "embeds text and does not generate it" in chat.json()["error"]["message"]
         vector = httpx.post(url, json={"input": "Hello", "encoding_format": "base64"}).json()["data"][0]["embedding"]
         np.testing.assert_allclose(np.frombuffer(base64.b64decode(vector), "<f4"), embedder.embed("Hello"), atol=1e-6)
-
-
-def test_a_generating_server_says_it_does_not_embed():
-    with Server(chat_model(max_length=32)) as server:
-        reply = httpx.post(server.url + "/v1/embeddings", json={"input": "a"})
-        assert reply.status_code == 400 and "generates text and does not embed it" in reply.json()["error"]["message"]
 
 
 @pytest.mark.backend_independent

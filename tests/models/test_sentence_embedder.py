@@ -3,6 +3,7 @@ its files read and written, its vectors given, its contrastive loss trained."""
 
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -91,10 +92,16 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    """Each case's checkpoint, written once for the tests that read it."""
+    return {case: st_checkpoint(tmp_path_factory.mktemp("case"), **settings) for case, settings in CASES.items()}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_embeddings_are_sentence_transformers_on_its_checkpoint(tmp_path, case):
+def test_embeddings_are_sentence_transformers_on_its_checkpoint(checkpoints, case):
     settings = CASES[case]
-    directory = st_checkpoint(tmp_path, **settings)
+    directory = checkpoints[case]
     reference = sentence_transformers.SentenceTransformer(directory, device="cpu")
     embedder = keras_tfm.from_huggingface(directory)
     assert isinstance(embedder, keras_tfm.SentenceEmbedder) and embedder.max_sequence_length == 12
@@ -132,7 +139,7 @@ def test_a_saved_embedder_is_read_by_sentence_transformers_and_by_keras(tmp_path
     assert_same_vectors(loaded.embed(TEXTS), expected)
 
 
-def test_fit_with_in_batch_negatives_learns_which_texts_pair(tmp_path):
+def test_fit_with_in_batch_negatives_learns_which_texts_pair(checkpoints):
     """Each text's pair is its words each replaced by another word (a fixed mapping, a "translation"): the
     two share no word, so at first the pair scores like any other text of the batch (loss near ln 8 = 2.08
     for batches of 8); trained with the default loss (in-batch negatives), far below that."""
@@ -141,7 +148,7 @@ def test_fit_with_in_batch_negatives_learns_which_texts_pair(tmp_path):
     translated = dict(zip(words, np.roll(words, 7)))
     anchors = [list(rng.choice(words, 4, replace=False)) for _ in range(64)]
     pairs = [(" ".join(text), " ".join(translated[word] for word in text)) for text in anchors]
-    embedder = keras_tfm.from_huggingface(st_checkpoint(tmp_path))
+    embedder = keras_tfm.from_huggingface(checkpoints["mean, normalized"])
     inputs = embedder.tokenize(pairs)
     assert inputs["token_ids"].shape[:2] == (64, 2)
     embedder.compile(optimizer=keras.optimizers.Adam(3e-3))  # the default loss: MultipleNegativesRankingLoss
@@ -151,14 +158,15 @@ def test_fit_with_in_batch_negatives_learns_which_texts_pair(tmp_path):
     assert before > 1.8 and after < 0.7, (before, after)
 
 
-def test_bad_inputs_are_refused_by_name(tmp_path):
-    embedder = keras_tfm.from_huggingface(st_checkpoint(tmp_path, prompts={"query": "query: "}))
+def test_bad_inputs_are_refused_by_name(checkpoints, tmp_path):
+    shutil.copytree(checkpoints["weighted, last, sqrt; e5 prompts"], tmp_path / "st")
+    embedder = keras_tfm.from_huggingface(str(tmp_path / "st"))
     for texts in ([], [1, 2], None, [("a", "b")]):
         with pytest.raises(ValueError, match=r"texts: embed: expected"):
             embedder.embed(texts)
     with pytest.raises(ValueError, match=r"batch_size: embed: expected an integer >= 1; received 0"):
         embedder.embed(["a"], batch_size=0)
-    with pytest.raises(ValueError, match=r"prompt_name: embed: expected one of \['query'\]; received 'doc'"):
+    with pytest.raises(ValueError, match=r"prompt_name: embed: expected one of \['passage', 'query'\]; received 'doc'"):
         embedder.embed(["a"], prompt_name="doc")
     with pytest.raises(ValueError, match=r"give `prompt_name` or `prompt`, not both"):
         embedder.embed(["a"], prompt_name="query", prompt="q: ")
