@@ -1,9 +1,12 @@
-"""BERT (`BertModel`, `BertForMaskedLM`, `BertForPreTraining`, `BertForSequenceClassification`,
-`BertForTokenClassification`, `BertForQuestionAnswering`) <-> `keras_tfm.Bert`, `BertMLM`, `BertClassifier`,
-`BertTokenClassifier`, `BertQuestionAnswerer`. PyTorch `Linear` kernels are (out, in) and are transposed; the MLM
-decoder is tied to the word embeddings, so only its bias is read."""
+"""BERT and RoBERTa (XLM-RoBERTa too): `*Model`, `*ForMaskedLM`, `BertForPreTraining`, `*ForSequenceClassification`,
+`*ForTokenClassification`, `*ForQuestionAnswering` <-> `keras_tfm.Bert`, `BertMLM`, `BertClassifier`,
+`BertTokenClassifier`, `BertQuestionAnswerer`. RoBERTa is BERT with its positions from 2 on (`position_offset`;
+its padding id is 1), one segment, and other names for its heads. PyTorch `Linear` kernels are (out, in) and are
+transposed; the MLM decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
@@ -37,12 +40,44 @@ def _blocks(encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> 
         w.layer_norm(p + "output.LayerNorm", block.feed_forward_norm)
 
 
+class Family(NamedTuple):
+    """Where a family's checkpoints keep what `Bert`'s task models hold."""
+
+    model_type: str
+    prefix: str  # of the encoder's weights under a task model
+    architecture: str  # the start of its classes' names
+    transform: str  # the masked-LM head's Dense and LayerNorm, and its output bias
+    transform_norm: str
+    output_bias: str
+    pooler: str  # the sequence classifier's Dense + tanh on the first token, and its output layer
+    classifier: str
+    ignored: tuple  # weights with no counterpart: a tied decoder, a pooler no task model reads
+
+
+BERT = Family("bert", "bert.", "Bert", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+              "cls.predictions.bias", "pooler.dense", "classifier", ("cls.predictions.decoder.", "cls.seq_relationship."))  # fmt: skip
+ROBERTA = Family("roberta", "roberta.", "Roberta", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias",
+                 "classifier.dense", "classifier.out_proj", ("lm_head.decoder.",))  # fmt: skip
+
+
 @converter("bert", prefixes=("bert.",))
 def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
-    # a BERT decoder (causal, with cross-attention) or relative positions is another model than `Bert`
-    require_options("BERT", config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
+    return _convert(BERT, config, w, num_classes)
+
+
+@converter("roberta", "xlm-roberta", prefixes=("roberta.",))
+def convert_roberta(config: dict, w: WeightReader, num_classes: int | None = None):
+    return _convert(ROBERTA, config, w, num_classes)
+
+
+def _convert(family: Family, config: dict, w: WeightReader, num_classes: int | None):
+    name = family.architecture.upper()
+    # a decoder (causal, with cross-attention) or relative positions is another model than `Bert`
+    require_options(name, config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
     if config.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise CheckpointError(f"BERT activation {config['hidden_act']!r} is not supported.", caller="from_huggingface")
+        raise CheckpointError(
+            f"{name} activation {config['hidden_act']!r} is not supported.", caller="from_huggingface"
+        )
     arguments = dict(
         vocabulary_size=config["vocab_size"],
         max_length=config["max_position_embeddings"],
@@ -55,8 +90,9 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
         attention_dropout=config.get("attention_probs_dropout_prob", 0.1),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=ACTIVATIONS[config.get("hidden_act", "gelu")],
+        position_offset=config.get("pad_token_id", 1) + 1 if family is ROBERTA else 0,
     )
-    model = _task_model(config, w, num_classes, arguments)
+    model = _task_model(family, config, w, num_classes, arguments)
     model.build()
     encoder = model if isinstance(model, Bert) else model.encoder
     w.set(encoder.token_embedding, "embeddings.word_embeddings.weight")
@@ -64,58 +100,55 @@ def convert_bert(config: dict, w: WeightReader, num_classes: int | None = None):
     w.set(encoder.segment_embedding, "embeddings.token_type_embeddings.weight")
     set_layer_norm(encoder.embedding_norm, w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
     _blocks(encoder, w)
-    # The MLM decoder is tied to the word embeddings (its bias is cls.predictions.bias); the
-    # next-sentence head of BertForPreTraining checkpoints has no counterpart here.
-    ignored = ("cls.predictions.decoder.", "cls.seq_relationship.")
-    if isinstance(model, BertMLM):
-        w.linear("cls.predictions.transform.dense", model.transform)
-        set_layer_norm(
-            model.transform_norm,
-            w("cls.predictions.transform.LayerNorm.weight"),
-            w("cls.predictions.transform.LayerNorm.bias"),
-        )
-        model.output_bias.assign(w("cls.predictions.bias"))
-        ignored += ("pooler.", "bert.pooler.")  # a BertMLM has no pooler
-    elif isinstance(model, (BertTokenClassifier, BertQuestionAnswerer)):
-        head = model.classifier if isinstance(model, BertTokenClassifier) else model.span_head
-        name = "classifier" if isinstance(model, BertTokenClassifier) else "qa_outputs"
-        if num_classes is None:
-            w.linear(name, head)
-        ignored += ("pooler.", "bert.pooler.", "cls.", *((name + ".",) * (num_classes is not None)))
-    elif isinstance(model, BertClassifier):
-        if num_classes is None or "pooler.dense.weight" in w:  # a new head keeps the checkpoint's pooler
-            w.linear("pooler.dense", model.pooler)
-        if num_classes is None:
-            w.linear("classifier", model.classifier)
-        else:
-            ignored += ("classifier.",)  # the checkpoint's own head, replaced by a fresh one
-        ignored += ("cls.",)  # the masked-LM head of a pretraining checkpoint under a classifier
-    else:
-        ignored += ("pooler.", "bert.pooler.")  # keras_tfm.Bert returns token vectors, not a pooled vector
+    ignored = family.ignored + _read_head(family, model, w, num_classes)
     w.check_all_used(
-        "from_huggingface", "BERT", ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids")
+        "from_huggingface", name, ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids")
     )
     return model
 
 
-def _task_model(config: dict, w: WeightReader, num_classes: int | None, arguments: dict):
+def _read_head(family: Family, model, w: WeightReader, num_classes: int | None) -> tuple:
+    """Reads the task model's head; returns the prefixes of the weights it leaves unread."""
+    poolers = ("pooler.", family.prefix + "pooler.")
+    if isinstance(model, BertMLM):
+        w.linear(family.transform, model.transform)
+        w.layer_norm(family.transform_norm, model.transform_norm)
+        model.output_bias.assign(w(family.output_bias))
+        return poolers  # a BertMLM has no pooler
+    if isinstance(model, (BertTokenClassifier, BertQuestionAnswerer)):
+        head = model.classifier if isinstance(model, BertTokenClassifier) else model.span_head
+        name = "classifier" if isinstance(model, BertTokenClassifier) else "qa_outputs"
+        if num_classes is None:
+            w.linear(name, head)
+        return (*poolers, "cls.", *((name + ".",) * (num_classes is not None)))
+    if isinstance(model, BertClassifier):
+        if num_classes is None or (family is BERT and "pooler.dense.weight" in w):  # a new head keeps BERT's pooler
+            w.linear(family.pooler, model.pooler)
+        if num_classes is None:
+            w.linear(family.classifier, model.classifier)
+        # a pretraining checkpoint's masked-LM head; with `num_classes`, its own head (a fresh one replaces it)
+        return ("cls.", "lm_head.", *((*poolers, "classifier.") if num_classes is not None else ()))
+    return poolers  # keras_tfm.Bert returns token vectors, not a pooled vector
+
+
+def _task_model(family: Family, config: dict, w: WeightReader, num_classes: int | None, arguments: dict):
     """The model of the checkpoint's task (its `architectures`, else its head's weights); `num_classes`: a
     classifier with a new head (a peft adapter's head on a BertForPreTraining checkpoint, bert-base-uncased)."""
     # classifier_dropout: None there means hidden_dropout_prob, as here
     dropout = {"classifier_dropout": config.get("classifier_dropout")}
-    task = next(iter(config.get("architectures") or []), "")
-    if task == "BertForTokenClassification":
+    task = next(iter(config.get("architectures") or []), "").split("For", 1)[-1]
+    if task == "TokenClassification":
         names = config.get("id2label") or {}
         count = num_classes or w.weights["classifier.weight"].shape[0]
         class_names = [names.get(str(i), names.get(i, f"LABEL_{i}")) for i in range(count)] if not num_classes else None
         return BertTokenClassifier(num_classes=count, class_names=class_names, **dropout, **arguments)
-    if task == "BertForQuestionAnswering" or "qa_outputs.weight" in w:
+    if task == "QuestionAnswering" or "qa_outputs.weight" in w:
         return BertQuestionAnswerer(**arguments)
     if num_classes is not None:
         return BertClassifier(num_classes=num_classes, **dropout, **arguments)
-    if "classifier.weight" in w:
-        return BertClassifier(num_classes=w.weights["classifier.weight"].shape[0], **dropout, **arguments)
-    return BertMLM(**arguments) if "cls.predictions.transform.dense.weight" in w else Bert(**arguments)
+    if family.classifier + ".weight" in w:
+        return BertClassifier(num_classes=w.weights[family.classifier + ".weight"].shape[0], **dropout, **arguments)
+    return BertMLM(**arguments) if family.transform + ".weight" in w else Bert(**arguments)
 
 
 @exporter(Bert)
@@ -125,15 +158,15 @@ def _task_model(config: dict, w: WeightReader, num_classes: int | None, argument
 @exporter(BertQuestionAnswerer)
 def export_bert(model, w: WeightWriter) -> dict:
     encoder = model if isinstance(model, Bert) else model.encoder
-    p = "" if isinstance(model, Bert) else "bert."  # BertModel's names, and its task models'
+    family = ROBERTA if encoder.position_offset else BERT  # RoBERTa's positions start after its padding id
+    p = "" if isinstance(model, Bert) else family.prefix  # the *Model's names, and its task models'
     w[p + "embeddings.word_embeddings.weight"] = encoder.token_embedding.embeddings
     w[p + "embeddings.position_embeddings.weight"] = encoder.position_embedding.embeddings
     w[p + "embeddings.token_type_embeddings.weight"] = encoder.segment_embedding.embeddings
     w.layer_norm(p + "embeddings.LayerNorm", encoder.embedding_norm)
     _blocks(encoder, w, p)
-    activation = hugging_face_activation("BERT", encoder.activation)
     config = dict(
-        model_type="bert",
+        model_type=family.model_type,
         vocab_size=encoder.vocabulary_size,
         max_position_embeddings=encoder.max_length,
         type_vocab_size=encoder.num_segments,
@@ -144,38 +177,54 @@ def export_bert(model, w: WeightWriter) -> dict:
         hidden_dropout_prob=encoder.dropout,
         attention_probs_dropout_prob=encoder.attention_dropout,
         layer_norm_eps=encoder.layer_norm_epsilon,
-        hidden_act=activation,
+        hidden_act=hugging_face_activation(family.architecture.upper(), encoder.activation),
+        **(
+            {"pad_token_id": encoder.position_offset - 1, "bos_token_id": 0, "eos_token_id": 2}
+            if family is ROBERTA
+            else {}
+        ),
     )
+    task, head = _write_head(family, model, w, p)
+    return dict(config, architectures=[family.architecture + task], **head)
+
+
+def _write_head(family: Family, model, w: WeightWriter, p: str) -> tuple[str, dict]:
+    """Writes the task model's head; returns its class's ending and what its config adds."""
     if isinstance(model, BertMLM):
-        # transformers' head uses the encoder's activation and epsilon
-        for field, value, encoders in (
-            ("head_activation", model.head_activation, encoder.activation),
-            ("head_layer_norm_epsilon", model.head_layer_norm_epsilon, encoder.layer_norm_epsilon),
-        ):
-            if value not in (None, encoders):
-                raise InputError(
-                    f"BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
-                    f"({encoders!r}); received {field}={value!r}.",
-                    caller="save_huggingface",
-                )
-        w.linear("cls.predictions.transform.dense", model.transform)
-        w.layer_norm("cls.predictions.transform.LayerNorm", model.transform_norm)
-        w["cls.predictions.bias"] = model.output_bias
-        return dict(config, architectures=["BertForMaskedLM"])
+        _check_head_as_encoders(model)
+        w.linear(family.transform, model.transform)
+        w.layer_norm(family.transform_norm, model.transform_norm)
+        w[family.output_bias] = model.output_bias
+        return "ForMaskedLM", {}
     if isinstance(model, BertTokenClassifier):
         w.linear("classifier", model.classifier)
-        return dict(config, architectures=["BertForTokenClassification"], classifier_dropout=model.classifier_dropout,
-                    num_labels=model.num_classes)  # fmt: skip
+        return "ForTokenClassification", {
+            "classifier_dropout": model.classifier_dropout,
+            "num_labels": model.num_classes,
+        }
     if isinstance(model, BertQuestionAnswerer):
         w.linear("qa_outputs", model.span_head)
-        return dict(config, architectures=["BertForQuestionAnswering"])
+        return "ForQuestionAnswering", {}
     if isinstance(model, BertClassifier):
-        w.linear(p + "pooler.dense", model.pooler)
-        w.linear("classifier", model.classifier)
-        return dict(
-            config,
-            architectures=["BertForSequenceClassification"],
-            classifier_dropout=model.classifier_dropout,
-            num_labels=model.num_classes,
-        )
-    return dict(config, architectures=["BertModel"])
+        w.linear((p if family is BERT else "") + family.pooler, model.pooler)
+        w.linear(family.classifier, model.classifier)
+        return "ForSequenceClassification", {
+            "classifier_dropout": model.classifier_dropout,
+            "num_labels": model.num_classes,
+        }
+    return "Model", {}
+
+
+def _check_head_as_encoders(model: BertMLM) -> None:
+    """transformers' masked-LM head uses the encoder's activation and epsilon."""
+    encoder = model.encoder
+    for field, value, encoders in (
+        ("head_activation", model.head_activation, encoder.activation),
+        ("head_layer_norm_epsilon", model.head_layer_norm_epsilon, encoder.layer_norm_epsilon),
+    ):
+        if value not in (None, encoders):
+            raise InputError(
+                f"BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
+                f"({encoders!r}); received {field}={value!r}.",
+                caller="save_huggingface",
+            )

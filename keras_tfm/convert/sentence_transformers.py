@@ -11,6 +11,7 @@ from keras_tfm.convert.registry import exporter, exporter_of
 from keras_tfm.convert.weights import WeightWriter
 from keras_tfm.errors import CheckpointError
 from keras_tfm.layers.token_pooling import MODES
+from keras_tfm.models.bert import Bert
 from keras_tfm.models.sentence_embedder import SentenceEmbedder
 
 # the legacy `pooling_mode_*` flags of a Pooling config, in the order their vectors are concatenated
@@ -35,7 +36,13 @@ def from_sentence_transformers(directory: str, load) -> SentenceEmbedder:
     modules = _modules(directory)
     encoder = load(modules["Transformer"])
     encoder = getattr(encoder, "encoder", encoder)  # a task model's checkpoint: its encoder
-    settings = _transformer_settings(modules["Transformer"], encoder.max_length)
+    if not isinstance(encoder, Bert):
+        raise CheckpointError(
+            f"{directory!r}: its Transformer module is a {type(encoder).__name__}; sentence embedders are read "
+            "for BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa).",
+            caller="from_huggingface",
+        )
+    settings = _transformer_settings(modules["Transformer"], encoder.longest_input)
     pooling = _pooling(os.path.join(modules["Pooling"], "config.json"), encoder.hidden_dim)
     prompts = _read_json(os.path.join(directory, "config_sentence_transformers.json"), {})
     embedder = SentenceEmbedder(

@@ -84,7 +84,7 @@ RULES = {
         ),
         _integer(1),
     ),
-    **dict.fromkeys(("pad_token_id", "start_token_id", "end_token_id"), _integer(0)),
+    **dict.fromkeys(("pad_token_id", "start_token_id", "end_token_id", "position_offset"), _integer(0)),
     **dict.fromkeys(("dropout", "attention_dropout", "classifier_dropout"), _RATE),
     **dict.fromkeys(
         (

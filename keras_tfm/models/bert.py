@@ -30,6 +30,7 @@ _ENCODER_ARGUMENTS = (
     "attention_dropout",
     "layer_norm_epsilon",
     "activation",
+    "position_offset",
     "remat",
 )
 
@@ -44,6 +45,8 @@ class Bert(ZooModel):
         dropout: on embeddings and residual branches (training only).
         attention_dropout: on attention weights; defaults to `dropout`.
         layer_norm_epsilon, activation.
+        position_offset: the position of the first token in the position table (RoBERTa's 2: its rows 0 and 1
+            are unused, as its padding id is 1); texts may hold `max_length - position_offset` tokens.
         remat: the blocks recompute their activations in training's backward pass (less memory).
 
     Call arguments (as keyword arguments, or one dict with these keys, as `fit` and `predict` pass them):
@@ -74,6 +77,7 @@ class Bert(ZooModel):
         attention_dropout: float | None = None,
         layer_norm_epsilon: float = 1e-12,
         activation: str = "gelu",
+        position_offset: int = 0,
         remat: bool = False,
         **kwargs,
     ):
@@ -92,6 +96,10 @@ class Bert(ZooModel):
         self.attention_dropout = dropout if attention_dropout is None else attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.activation = activation
+        if position_offset >= max_length:
+            raise InputError(f"expected fewer than max_length={max_length} positions; received {position_offset}.",
+                             "position_offset", caller="Bert")  # fmt: skip
+        self.position_offset = position_offset
 
         init = keras.initializers.TruncatedNormal(stddev=0.02)
         policy = self.dtype_policy
@@ -125,6 +133,11 @@ class Bert(ZooModel):
             for i in range(num_layers)
         ]
 
+    @property
+    def longest_input(self) -> int:
+        """How many tokens a text may hold: the position table's rows from `position_offset` on."""
+        return self.max_length - self.position_offset
+
     def build(self, token_ids_shape=None):
         self.call(keras.KerasTensor((1, 2), "int32"))  # builds sub-layers, computes nothing
         self.built = True
@@ -135,7 +148,7 @@ class Bert(ZooModel):
         if segment_ids is None:
             segment_ids = ops.zeros_like(token_ids)
         x = self.token_embedding(token_ids)
-        x = x + self.position_embedding(x) + self.segment_embedding(segment_ids)
+        x = x + self.position_embedding(x, start_index=self.position_offset) + self.segment_embedding(segment_ids)
         x = self.embedding_dropout(self.embedding_norm(x), training=training)
         for block in self.blocks[:-1]:
             x = block(x, padding_mask=padding_mask, training=training)

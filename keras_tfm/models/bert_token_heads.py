@@ -93,7 +93,7 @@ def _encodings(model, texts, caller: str) -> list:
     if model.tokenizer is None or not hasattr(model.tokenizer, "encode_with_offsets"):
         raise InputError("this model has no tokenizer that gives offsets (a checkpoint's tokenizer.json or "
                          "vocab.txt): set `model.tokenizer`.", "tokenizer", caller=caller)  # fmt: skip
-    return [model.tokenizer.encode_with_offsets(text, model.encoder.max_length) for text in texts]
+    return [model.tokenizer.encode_with_offsets(text, model.encoder.longest_input) for text in texts]
 
 
 def _words(model, encoding, text: str) -> list[dict]:
@@ -134,7 +134,7 @@ class BertQuestionAnswerer(_BertWithHead):
         self._compile_defaults()
 
     def _label_range(self) -> tuple[int, str]:
-        return self.encoder.max_length, "max_length"
+        return self.encoder.longest_input, "max_length"
 
     def default_loss(self) -> keras.losses.Loss:
         from keras_tfm.losses import TokenCrossEntropy
@@ -163,7 +163,7 @@ class BertQuestionAnswerer(_BertWithHead):
         if self.tokenizer is None or not hasattr(self.tokenizer, "encode_pair_windows"):
             raise InputError("this model has no tokenizer that reads a pair of texts (a checkpoint's tokenizer.json "
                              "or vocab.txt): set `model.tokenizer`.", "tokenizer", caller="answer")  # fmt: skip
-        length = min(max_length, self.encoder.max_length)
+        length = min(max_length, self.encoder.longest_input)
         windows = self.tokenizer.encode_pair_windows(question, context, length, min(stride, length // 2))
         best = {"answer": "", "score": 0.0, "start": 0, "end": 0}
         for window in windows:

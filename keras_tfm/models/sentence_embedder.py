@@ -27,7 +27,7 @@ class SentenceEmbedder(ZooModel):
         normalize: scale each vector to unit length (sentence-transformers' `Normalize` module), so that
             a dot product is the cosine similarity.
         max_sequence_length: `embed` cuts texts to this many tokens, special tokens included (the
-            checkpoint's `max_seq_length`); default: the encoder's `max_length`.
+            checkpoint's `max_seq_length`); default: as many as the encoder's positions take.
         lowercase: lowercase texts before tokenizing (sentence-transformers' `do_lower_case`).
         prompts: named texts `embed` puts before each text (`prompt_name="query"`), as e5's
             `{"query": "query: ", "passage": "passage: "}`; `default_prompt_name`: the one used unless told.
@@ -68,7 +68,7 @@ class SentenceEmbedder(ZooModel):
         self.token_pooling = TokenPooling(pooling, dtype=self.dtype_policy, name="token_pooling")
         self.pooling = self.token_pooling.modes
         self.normalize = bool(normalize)
-        self.max_sequence_length = max_sequence_length or encoder.max_length
+        self.max_sequence_length = max_sequence_length or encoder.longest_input
         self.lowercase = bool(lowercase)
         self.prompts = dict(prompts or {})
         if default_prompt_name is not None and default_prompt_name not in self.prompts:
@@ -143,7 +143,7 @@ class SentenceEmbedder(ZooModel):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise InputError(f"expected an integer >= 1; received {batch_size!r}.", "batch_size", caller="embed")
         ids = [np.asarray(row, "int32").reshape(-1) for row in ids]
-        _check_token_ids(ids, self.encoder.max_length, self.vocabulary_size)
+        _check_token_ids(ids, self.encoder.longest_input, self.vocabulary_size)
         order = np.argsort([-len(row) for row in ids], kind="stable")
         vectors = np.zeros((len(ids), self.embedding_dim), "float32")
         for start in range(0, len(order), batch_size):
@@ -155,7 +155,7 @@ class SentenceEmbedder(ZooModel):
         """One batch, its rows and length rounded up (to a power of two, a multiple of 8), so that a
         compiling backend meets few shapes; padding changes no vector."""
         rows = min(batch_size, 1 << (len(ids) - 1).bit_length())
-        length = min(-(-max(len(row) for row in ids) // 8) * 8, self.encoder.max_length)
+        length = min(-(-max(len(row) for row in ids) // 8) * 8, self.encoder.longest_input)
         vectors = self.predict_on_batch(_padded(ids, rows, length))
         return np.asarray(ops.convert_to_numpy(vectors), "float32")[: len(ids)]
 

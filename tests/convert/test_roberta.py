@@ -1,0 +1,72 @@
+"""RoBERTa and XLM-RoBERTa (a `Bert` whose positions start at 2) vs transformers, from small random configs."""
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CONFIG = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=60,
+    max_position_embeddings=26, type_vocab_size=1, pad_token_id=1,
+)  # fmt: skip
+NAMES = [
+    "RobertaModel",
+    "RobertaForMaskedLM",
+    "RobertaForSequenceClassification",
+    "RobertaForTokenClassification",
+    "RobertaForQuestionAnswering",
+    "XLMRobertaForMaskedLM",
+]
+
+
+def hf_model(name: str):
+    torch.manual_seed(0)
+    config_class = transformers.XLMRobertaConfig if name.startswith("XLM") else transformers.RobertaConfig
+    return getattr(transformers, name)(config_class(**CONFIG, num_labels=2 if "Question" in name else 3)).eval()
+
+
+def outputs(hf, ids, mask) -> np.ndarray:
+    with torch.no_grad():
+        out = hf(torch.tensor(ids), attention_mask=torch.tensor(mask.astype(int)))
+    if hasattr(out, "start_logits"):
+        return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], 1)
+    return (out.logits if hasattr(out, "logits") else out.last_hidden_state).numpy()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_outputs_parameter_counts_and_saving_match(rng, tmp_path, name):
+    """The same outputs on the real tokens (right padding: RoBERTa numbers positions from its padding id,
+    which the padded tail's garbage depends on) and parameter counts; written back, transformers reads the
+    same model."""
+    hf = hf_model(name)
+    model = keras_tfm.from_huggingface(hf)
+    ids = rng.integers(3, 60, size=(2, 24))  # not the padding id 1: positions 2 ... 25, the table's last rows
+    mask = np.ones((2, 24), bool)
+    mask[1, 15:] = False
+    ours, expected = to_numpy(model(ids, padding_mask=mask)), outputs(hf, ids, mask)
+    if name.endswith("SequenceClassification"):
+        np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=0)
+    elif name.endswith("QuestionAnswering"):
+        np.testing.assert_allclose(ours.transpose(0, 2, 1)[mask], expected.transpose(0, 2, 1)[mask], atol=1e-4)
+    else:
+        np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
+    pooler = hf.config.hidden_size**2 + hf.config.hidden_size if name == "RobertaModel" else 0  # not converted
+    assert model.count_params() == sum(p.numel() for p in hf.parameters()) - pooler
+    if name in ("RobertaForMaskedLM", "RobertaForSequenceClassification"):
+        keras_tfm.save_huggingface(model, str(tmp_path / "saved"))
+        again = getattr(transformers, name).from_pretrained(str(tmp_path / "saved")).eval()
+        got = outputs(again, ids, mask)
+        np.testing.assert_allclose(
+            got[mask] if got.ndim == 3 else got, ours[mask] if ours.ndim == 3 else ours, atol=1e-4
+        )
+
+
+def test_a_text_longer_than_the_positions_after_the_offset_is_refused():
+    model = keras_tfm.from_huggingface(hf_model("RobertaModel"))
+    assert (model.position_offset, model.longest_input) == (2, 24)
+    with pytest.raises(ValueError, match=r"exceeds max_length=26"):
+        model(np.full((1, 25), 5))
