@@ -1,7 +1,9 @@
-"""BERT and RoBERTa (XLM-RoBERTa too): `*Model`, `*ForMaskedLM`, `BertForPreTraining`, `*ForSequenceClassification`,
-`*ForTokenClassification`, `*ForQuestionAnswering` <-> `keras_tfm.Bert`, `BertMLM`, `BertClassifier`,
+"""BERT, RoBERTa (XLM-RoBERTa too) and DistilBERT: `*Model`, `*ForMaskedLM`, `BertForPreTraining`,
+`*ForSequenceClassification`, `*ForTokenClassification`, `*ForQuestionAnswering` <-> `keras_tfm.Bert`, `BertMLM`,
+`BertClassifier`,
 `BertTokenClassifier`, `BertQuestionAnswerer`. RoBERTa is BERT with its positions from 2 on (`position_offset`;
-its padding id is 1), one segment, and other names for its heads. PyTorch `Linear` kernels are (out, in) and are
+its padding id is 1), one segment, and other names for its heads; DistilBERT is BERT without segments, other
+names, and a ReLU pooler under its classifier. PyTorch `Linear` kernels are (out, in) and are
 transposed; the MLM decoder is tied to the word embeddings, so only its bias is read."""
 
 from __future__ import annotations
@@ -22,22 +24,23 @@ from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
 
 
-def _blocks(encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> None:
+def _blocks(family, encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> None:
     """Reads (`WeightReader`) or writes (`WeightWriter`) the blocks under their checkpoint names."""
     for i, block in enumerate(encoder.blocks):
-        p = f"{prefix}encoder.layer.{i}."
+        p = f"{prefix}{family.layers}.{i}."
         attention = block.self_attention
+        query, key, value, output, ffn_in, ffn_out, attention_norm, ffn_norm = family.block
         for dense, name in (
-            (attention.query_dense, "attention.self.query"),
-            (attention.key_dense, "attention.self.key"),
-            (attention.value_dense, "attention.self.value"),
-            (attention.output_dense, "attention.output.dense"),
-            (block.feed_forward.intermediate_dense, "intermediate.dense"),
-            (block.feed_forward.output_dense, "output.dense"),
+            (attention.query_dense, query),
+            (attention.key_dense, key),
+            (attention.value_dense, value),
+            (attention.output_dense, output),
+            (block.feed_forward.intermediate_dense, ffn_in),
+            (block.feed_forward.output_dense, ffn_out),
         ):
             w.linear(p + name, dense)
-        w.layer_norm(p + "attention.output.LayerNorm", block.self_attention_norm)
-        w.layer_norm(p + "output.LayerNorm", block.feed_forward_norm)
+        w.layer_norm(p + attention_norm, block.self_attention_norm)
+        w.layer_norm(p + ffn_norm, block.feed_forward_norm)
 
 
 class Family(NamedTuple):
@@ -52,12 +55,20 @@ class Family(NamedTuple):
     pooler: str  # the sequence classifier's Dense + tanh on the first token, and its output layer
     classifier: str
     ignored: tuple  # weights with no counterpart: a tied decoder, a pooler no task model reads
+    pooler_activation: str = "tanh"
+    layers: str = "encoder.layer"
+    block: tuple = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                    "intermediate.dense", "output.dense", "attention.output.LayerNorm", "output.LayerNorm")  # fmt: skip
 
 
 BERT = Family("bert", "bert.", "Bert", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
               "cls.predictions.bias", "pooler.dense", "classifier", ("cls.predictions.decoder.", "cls.seq_relationship."))  # fmt: skip
 ROBERTA = Family("roberta", "roberta.", "Roberta", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias",
                  "classifier.dense", "classifier.out_proj", ("lm_head.decoder.",))  # fmt: skip
+DISTILBERT = Family("distilbert", "distilbert.", "DistilBert", "vocab_transform", "vocab_layer_norm",
+                    "vocab_projector.bias", "pre_classifier", "classifier", ("vocab_projector.weight",), "relu",
+                    "transformer.layer", ("attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin",
+                                          "ffn.lin1", "ffn.lin2", "sa_layer_norm", "output_layer_norm"))  # fmt: skip
 
 
 @converter("bert", prefixes=("bert.",))
@@ -70,15 +81,24 @@ def convert_roberta(config: dict, w: WeightReader, num_classes: int | None = Non
     return _convert(ROBERTA, config, w, num_classes)
 
 
-def _convert(family: Family, config: dict, w: WeightReader, num_classes: int | None):
-    name = family.architecture.upper()
-    # a decoder (causal, with cross-attention) or relative positions is another model than `Bert`
-    require_options(name, config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
+@converter("distilbert", prefixes=("distilbert.",))
+def convert_distilbert(config: dict, w: WeightReader, num_classes: int | None = None):
+    return _convert(DISTILBERT, config, w, num_classes)
+
+
+def _arguments(family: Family, config: dict) -> dict:
+    """`Bert`'s arguments from the family's config (DistilBERT names its fields apart)."""
+    if family is DISTILBERT:
+        config = dict(
+            config, hidden_size=config["dim"], num_hidden_layers=config["n_layers"], num_attention_heads=config["n_heads"],
+            intermediate_size=config["hidden_dim"], hidden_dropout_prob=config.get("dropout", 0.1), type_vocab_size=0,
+            attention_probs_dropout_prob=config.get("attention_dropout", 0.1), hidden_act=config.get("activation", "gelu"),
+            classifier_dropout=config.get("seq_classif_dropout", 0.2),
+        )  # fmt: skip
     if config.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise CheckpointError(
-            f"{name} activation {config['hidden_act']!r} is not supported.", caller="from_huggingface"
-        )
-    arguments = dict(
+        raise CheckpointError(f"{family.architecture.upper()} activation {config['hidden_act']!r} is not supported.",
+                              caller="from_huggingface")  # fmt: skip
+    return dict(
         vocabulary_size=config["vocab_size"],
         max_length=config["max_position_embeddings"],
         num_segments=config.get("type_vocab_size", 2),
@@ -91,15 +111,23 @@ def _convert(family: Family, config: dict, w: WeightReader, num_classes: int | N
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=ACTIVATIONS[config.get("hidden_act", "gelu")],
         position_offset=config.get("pad_token_id", 1) + 1 if family is ROBERTA else 0,
-    )
-    model = _task_model(family, config, w, num_classes, arguments)
+    ), config.get("classifier_dropout")
+
+
+def _convert(family: Family, config: dict, w: WeightReader, num_classes: int | None):
+    name = family.architecture.upper()
+    # a decoder (causal, with cross-attention) or relative positions is another model than `Bert`
+    require_options(name, config, is_decoder=False, add_cross_attention=False, position_embedding_type="absolute")
+    arguments, classifier_dropout = _arguments(family, config)
+    model = _task_model(family, config, w, num_classes, arguments, classifier_dropout)
     model.build()
     encoder = model if isinstance(model, Bert) else model.encoder
     w.set(encoder.token_embedding, "embeddings.word_embeddings.weight")
     w.set(encoder.position_embedding, "embeddings.position_embeddings.weight")
-    w.set(encoder.segment_embedding, "embeddings.token_type_embeddings.weight")
+    if encoder.segment_embedding:
+        w.set(encoder.segment_embedding, "embeddings.token_type_embeddings.weight")
     set_layer_norm(encoder.embedding_norm, w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
-    _blocks(encoder, w)
+    _blocks(family, encoder, w)
     ignored = family.ignored + _read_head(family, model, w, num_classes)
     w.check_all_used(
         "from_huggingface", name, ignore=lambda name: name.startswith(ignored) or name.endswith("position_ids")
@@ -127,15 +155,19 @@ def _read_head(family: Family, model, w: WeightReader, num_classes: int | None) 
         if num_classes is None:
             w.linear(family.classifier, model.classifier)
         # a pretraining checkpoint's masked-LM head; with `num_classes`, its own head (a fresh one replaces it)
-        return ("cls.", "lm_head.", *((*poolers, "classifier.") if num_classes is not None else ()))
+        return (
+            "cls.",
+            "lm_head.",
+            *((*poolers, "classifier.", family.pooler + ".") if num_classes is not None else ()),
+        )
     return poolers  # keras_tfm.Bert returns token vectors, not a pooled vector
 
 
-def _task_model(family: Family, config: dict, w: WeightReader, num_classes: int | None, arguments: dict):
+def _task_model(family: Family, config: dict, w: WeightReader, num_classes: int | None, arguments: dict,
+                classifier_dropout: float | None):  # fmt: skip
     """The model of the checkpoint's task (its `architectures`, else its head's weights); `num_classes`: a
     classifier with a new head (a peft adapter's head on a BertForPreTraining checkpoint, bert-base-uncased)."""
-    # classifier_dropout: None there means hidden_dropout_prob, as here
-    dropout = {"classifier_dropout": config.get("classifier_dropout")}
+    dropout = {"classifier_dropout": classifier_dropout}  # None there means hidden_dropout_prob, as here
     task = next(iter(config.get("architectures") or []), "").split("For", 1)[-1]
     if task == "TokenClassification":
         names = config.get("id2label") or {}
@@ -144,10 +176,12 @@ def _task_model(family: Family, config: dict, w: WeightReader, num_classes: int 
         return BertTokenClassifier(num_classes=count, class_names=class_names, **dropout, **arguments)
     if task == "QuestionAnswering" or "qa_outputs.weight" in w:
         return BertQuestionAnswerer(**arguments)
+    pooler = {"pooler_activation": family.pooler_activation}
     if num_classes is not None:
-        return BertClassifier(num_classes=num_classes, **dropout, **arguments)
+        return BertClassifier(num_classes=num_classes, **dropout, **pooler, **arguments)
     if family.classifier + ".weight" in w:
-        return BertClassifier(num_classes=w.weights[family.classifier + ".weight"].shape[0], **dropout, **arguments)
+        count = w.weights[family.classifier + ".weight"].shape[0]
+        return BertClassifier(num_classes=count, **dropout, **pooler, **arguments)
     return BertMLM(**arguments) if family.transform + ".weight" in w else Bert(**arguments)
 
 
@@ -158,17 +192,39 @@ def _task_model(family: Family, config: dict, w: WeightReader, num_classes: int 
 @exporter(BertQuestionAnswerer)
 def export_bert(model, w: WeightWriter) -> dict:
     encoder = model if isinstance(model, Bert) else model.encoder
-    family = ROBERTA if encoder.position_offset else BERT  # RoBERTa's positions start after its padding id
+    # RoBERTa's positions start after its padding id; DistilBERT has no segments
+    family = ROBERTA if encoder.position_offset else DISTILBERT if not encoder.num_segments else BERT
     p = "" if isinstance(model, Bert) else family.prefix  # the *Model's names, and its task models'
     w[p + "embeddings.word_embeddings.weight"] = encoder.token_embedding.embeddings
     w[p + "embeddings.position_embeddings.weight"] = encoder.position_embedding.embeddings
-    w[p + "embeddings.token_type_embeddings.weight"] = encoder.segment_embedding.embeddings
+    if encoder.segment_embedding:
+        w[p + "embeddings.token_type_embeddings.weight"] = encoder.segment_embedding.embeddings
     w.layer_norm(p + "embeddings.LayerNorm", encoder.embedding_norm)
-    _blocks(encoder, w, p)
-    config = dict(
+    _blocks(family, encoder, w, p)
+    task, head = _write_head(family, model, w, p)
+    return dict(
+        _config(family, encoder, head.pop("classifier_dropout", None)),
+        architectures=[family.architecture + task],
+        **head,
+    )
+
+
+def _config(family: Family, encoder: Bert, classifier_dropout: float | None) -> dict:
+    activation = hugging_face_activation(family.architecture.upper(), encoder.activation)
+    sizes = dict(vocab_size=encoder.vocabulary_size, max_position_embeddings=encoder.max_length)
+    if family is DISTILBERT:
+        if encoder.layer_norm_epsilon != 1e-12:
+            raise InputError(f"DistilBERT's layer norms use 1e-12; received layer_norm_epsilon={encoder.layer_norm_epsilon}.",
+                             caller="save_huggingface")  # fmt: skip
+        return dict(
+            sizes, model_type="distilbert", dim=encoder.hidden_dim, n_layers=encoder.num_layers, n_heads=encoder.num_heads,
+            hidden_dim=encoder.intermediate_dim, dropout=encoder.dropout, attention_dropout=encoder.attention_dropout,
+            activation=activation, pad_token_id=0, sinusoidal_pos_embds=False,
+            **({"seq_classif_dropout": classifier_dropout} if classifier_dropout is not None else {}),
+        )  # fmt: skip
+    return dict(
+        sizes,
         model_type=family.model_type,
-        vocab_size=encoder.vocabulary_size,
-        max_position_embeddings=encoder.max_length,
         type_vocab_size=encoder.num_segments,
         num_hidden_layers=encoder.num_layers,
         num_attention_heads=encoder.num_heads,
@@ -177,15 +233,14 @@ def export_bert(model, w: WeightWriter) -> dict:
         hidden_dropout_prob=encoder.dropout,
         attention_probs_dropout_prob=encoder.attention_dropout,
         layer_norm_eps=encoder.layer_norm_epsilon,
-        hidden_act=hugging_face_activation(family.architecture.upper(), encoder.activation),
+        hidden_act=activation,
+        **({"classifier_dropout": classifier_dropout} if classifier_dropout is not None else {}),
         **(
             {"pad_token_id": encoder.position_offset - 1, "bos_token_id": 0, "eos_token_id": 2}
             if family is ROBERTA
             else {}
         ),
     )
-    task, head = _write_head(family, model, w, p)
-    return dict(config, architectures=[family.architecture + task], **head)
 
 
 def _write_head(family: Family, model, w: WeightWriter, p: str) -> tuple[str, dict]:
@@ -206,6 +261,9 @@ def _write_head(family: Family, model, w: WeightWriter, p: str) -> tuple[str, di
         w.linear("qa_outputs", model.span_head)
         return "ForQuestionAnswering", {}
     if isinstance(model, BertClassifier):
+        if model.pooler_activation != family.pooler_activation:
+            raise InputError(f"{family.architecture}'s classifier pools with {family.pooler_activation}; received "
+                             f"pooler_activation={model.pooler_activation!r}.", caller="save_huggingface")  # fmt: skip
         w.linear((p if family is BERT else "") + family.pooler, model.pooler)
         w.linear(family.classifier, model.classifier)
         return "ForSequenceClassification", {

@@ -129,7 +129,8 @@ def from_huggingface(
 
     Supported: BERT (`BertModel` without its pooler, `BertForMaskedLM`, `BertForPreTraining`, the
     layout of the published BERT checkpoints, as a `BertMLM` without its next-sentence head,
-    `BertForSequenceClassification`, `BertForTokenClassification`, `BertForQuestionAnswering`), GPT-2
+    `BertForSequenceClassification`, `BertForTokenClassification`, `BertForQuestionAnswering`; the same of
+    RoBERTa, XLM-RoBERTa and DistilBERT, as a `Bert` with `position_offset` or without segments), GPT-2
     (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and Qwen3 (`*Model`, `*ForCausalLM`, as a `DecoderLM`), Marian (`MarianMTModel`), ViT (`ViTModel` without
     its pooler, as `include_top=False`, and `ViTForImageClassification`). A sentence-transformers
     directory (its `modules.json`: a BERT `Transformer`, `Pooling`, `Normalize`) gives a

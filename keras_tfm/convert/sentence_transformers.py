@@ -39,7 +39,7 @@ def from_sentence_transformers(directory: str, load) -> SentenceEmbedder:
     if not isinstance(encoder, Bert):
         raise CheckpointError(
             f"{directory!r}: its Transformer module is a {type(encoder).__name__}; sentence embedders are read "
-            "for BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa).",
+            "for BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa, DistilBERT).",
             caller="from_huggingface",
         )
     settings = _transformer_settings(modules["Transformer"], encoder.longest_input)

@@ -76,7 +76,6 @@ RULES = {
             "image_size",
             "patch_size",
             "num_channels",
-            "num_segments",
             "num_key_value_heads",
             "head_dim",
             "sliding_window",
@@ -84,7 +83,7 @@ RULES = {
         ),
         _integer(1),
     ),
-    **dict.fromkeys(("pad_token_id", "start_token_id", "end_token_id", "position_offset"), _integer(0)),
+    **dict.fromkeys(("pad_token_id", "start_token_id", "end_token_id", "position_offset", "num_segments"), _integer(0)),
     **dict.fromkeys(("dropout", "attention_dropout", "classifier_dropout"), _RATE),
     **dict.fromkeys(
         (
@@ -103,7 +102,7 @@ RULES = {
     "scaling_factor": _number("a number >= 1", lambda value: value >= 1.0),
     "rotary_fraction": _number("a fraction in (0, 1]", lambda value: 0.0 < value <= 1.0),
     "rotary_embedding": ("a dict of RotaryEmbedding arguments", lambda value: isinstance(value, dict)),
-    **dict.fromkeys(("activation", "head_activation"), _ACTIVATION),
+    **dict.fromkeys(("activation", "head_activation", "pooler_activation"), _ACTIVATION),
     **dict.fromkeys(("initializer", "kernel_initializer", "bias_initializer", "embeddings_initializer"), _INITIALIZER),
     **dict.fromkeys(
         (

@@ -4,7 +4,7 @@ tokens -> token + learned position + segment embeddings -> LayerNorm -> dropout
        -> num_layers x post-norm EncoderBlock (padding-masked self-attention, GELU MLP)
 BertMLM:        masked positions only (from the last block on) -> Dense + GELU + LayerNorm
                 -> logits tied to the token embedding + bias
-BertClassifier: [CLS] -> pooler (Dense + tanh) -> dropout -> Dense(num_classes)
+BertClassifier: [CLS] -> pooler (Dense + tanh, or ReLU) -> dropout -> Dense(num_classes)
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class Bert(ZooModel):
     """The BERT encoder: `model(token_ids)` gives one vector per token.
 
     Args:
-        vocabulary_size, max_length, num_segments: sizes of the token, position and segment tables.
+        vocabulary_size, max_length, num_segments: sizes of the token, position and segment tables (0
+            segments: none, as DistilBERT).
         num_layers, num_heads, hidden_dim, intermediate_dim (default 4 x hidden_dim): the encoder.
         dropout: on embeddings and residual branches (training only).
         attention_dropout: on attention weights; defaults to `dropout`.
@@ -109,7 +110,7 @@ class Bert(ZooModel):
         self.position_embedding = LearnedPositionEmbedding(
             max_length, initializer=init, dtype=policy, name="position_embedding"
         )
-        self.segment_embedding = TokenEmbedding(
+        self.segment_embedding = num_segments and TokenEmbedding(
             num_segments, hidden_dim, embeddings_initializer=init, dtype=policy, name="segment_embedding"
         )
         self.embedding_norm = keras.layers.LayerNormalization(
@@ -145,10 +146,10 @@ class Bert(ZooModel):
     def call(self, token_ids, segment_ids=None, padding_mask=None, output_positions=None, training=None):
         if isinstance(token_ids, dict):  # `fit` and `predict` pass one structure: keras-hub's input names
             return self.call(**token_ids, training=training)
-        if segment_ids is None:
-            segment_ids = ops.zeros_like(token_ids)
         x = self.token_embedding(token_ids)
-        x = x + self.position_embedding(x, start_index=self.position_offset) + self.segment_embedding(segment_ids)
+        x = x + self.position_embedding(x, start_index=self.position_offset)
+        if self.segment_embedding:
+            x = x + self.segment_embedding(ops.zeros_like(token_ids) if segment_ids is None else segment_ids)
         x = self.embedding_dropout(self.embedding_norm(x), training=training)
         for block in self.blocks[:-1]:
             x = block(x, padding_mask=padding_mask, training=training)
@@ -280,8 +281,8 @@ class BertMLM(_BertWithHead):
 class BertClassifier(_BertWithHead):
     """BERT with a sentence-classification head on the [CLS] token (fine-tuning).
 
-    Args: `num_classes`; `classifier_dropout`, on the pooled vector, defaults to `dropout`; plus those
-    of `Bert`.
+    Args: `num_classes`; `classifier_dropout`, on the pooled vector, defaults to `dropout`;
+    `pooler_activation` ("tanh"; DistilBERT's "relu"); plus those of `Bert`.
 
     Example:
     >>> classifier = bert_tiny(head="classifier", num_classes=2)
@@ -291,16 +292,18 @@ class BertClassifier(_BertWithHead):
 
     lora_trainable_layer_names = ("classifier",)
 
-    def __init__(self, num_classes: int = 2, classifier_dropout: float | None = None, **kwargs):
+    def __init__(self, num_classes: int = 2, classifier_dropout: float | None = None, pooler_activation: str = "tanh",
+                 **kwargs):  # fmt: skip
         check_arguments("BertClassifier", locals(), optional=("classifier_dropout",))
         super().__init__("bert_classifier", **kwargs)
+        self.pooler_activation = pooler_activation
         self.num_classes = num_classes
         self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout
         policy = self.dtype_policy
         init = keras.initializers.TruncatedNormal(stddev=0.02)
         self.pooler = keras.layers.Dense(
             self.encoder.hidden_dim,
-            activation="tanh",
+            activation=pooler_activation,
             kernel_initializer=own_initializer(init),
             dtype=policy,
             name="pooler",

@@ -1,4 +1,5 @@
-"""RoBERTa and XLM-RoBERTa (a `Bert` whose positions start at 2) vs transformers, from small random configs."""
+"""RoBERTa and XLM-RoBERTa (a `Bert` whose positions start at 2) and DistilBERT (without segments, a ReLU pooler)
+vs transformers, from small random configs."""
 
 import numpy as np
 import pytest
@@ -13,20 +14,17 @@ CONFIG = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=60,
     max_position_embeddings=26, type_vocab_size=1, pad_token_id=1,
 )  # fmt: skip
-NAMES = [
-    "RobertaModel",
-    "RobertaForMaskedLM",
-    "RobertaForSequenceClassification",
-    "RobertaForTokenClassification",
-    "RobertaForQuestionAnswering",
-    "XLMRobertaForMaskedLM",
-]
+DISTILBERT = dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=60, max_position_embeddings=24)
+TASKS = ["Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
+NAMES = [f"Roberta{task}" for task in TASKS] + ["XLMRobertaForMaskedLM"] + [f"DistilBert{task}" for task in TASKS]
 
 
 def hf_model(name: str):
     torch.manual_seed(0)
-    config_class = transformers.XLMRobertaConfig if name.startswith("XLM") else transformers.RobertaConfig
-    return getattr(transformers, name)(config_class(**CONFIG, num_labels=2 if "Question" in name else 3)).eval()
+    family = "XLMRoberta" if name.startswith("XLM") else "DistilBert" if name.startswith("Distil") else "Roberta"
+    config = getattr(transformers, f"{family}Config")(**(DISTILBERT if family == "DistilBert" else CONFIG))
+    config.num_labels = 2 if "Question" in name else 3
+    return getattr(transformers, name)(config).eval()
 
 
 def outputs(hf, ids, mask) -> np.ndarray:
@@ -41,10 +39,10 @@ def outputs(hf, ids, mask) -> np.ndarray:
 def test_outputs_parameter_counts_and_saving_match(rng, tmp_path, name):
     """The same outputs on the real tokens (right padding: RoBERTa numbers positions from its padding id,
     which the padded tail's garbage depends on) and parameter counts; written back, transformers reads the
-    same model."""
+    same model (and a DistilBERT, without segments, refuses segment ids)."""
     hf = hf_model(name)
     model = keras_tfm.from_huggingface(hf)
-    ids = rng.integers(3, 60, size=(2, 24))  # not the padding id 1: positions 2 ... 25, the table's last rows
+    ids = rng.integers(3, 60, size=(2, 24))  # not the padding id 1: RoBERTa's positions 2 ... 25, its last rows
     mask = np.ones((2, 24), bool)
     mask[1, 15:] = False
     ours, expected = to_numpy(model(ids, padding_mask=mask)), outputs(hf, ids, mask)
@@ -56,7 +54,10 @@ def test_outputs_parameter_counts_and_saving_match(rng, tmp_path, name):
         np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
     pooler = hf.config.hidden_size**2 + hf.config.hidden_size if name == "RobertaModel" else 0  # not converted
     assert model.count_params() == sum(p.numel() for p in hf.parameters()) - pooler
-    if name in ("RobertaForMaskedLM", "RobertaForSequenceClassification"):
+    if name.startswith("DistilBert"):
+        with pytest.raises(ValueError, match=r"segment_ids.*num_segments=0"):
+            model(ids, segment_ids=np.zeros_like(ids))
+    if name.endswith(("ForMaskedLM", "ForSequenceClassification")) and not name.startswith("XLM"):
         keras_tfm.save_huggingface(model, str(tmp_path / "saved"))
         again = getattr(transformers, name).from_pretrained(str(tmp_path / "saved")).eval()
         got = outputs(again, ids, mask)
