@@ -23,6 +23,7 @@ from keras_tfm.models import (
     bert_mini,
     bert_small,
     bert_tiny,
+    distilbert_base,
     gpt2_large,
     gpt2_medium,
     gpt2_small,
@@ -36,6 +37,8 @@ from keras_tfm.models import (
     mistral_7b,
     qwen2_5_0_5b,
     qwen3_0_6b,
+    roberta_base,
+    roberta_large,
     smollm2_135m,
     smollm2_360m,
     transformer_base,
@@ -47,6 +50,7 @@ from keras_tfm.models import (
     vit_small,
     vit_small_images,
     vit_tiny,
+    xlm_roberta_base,
 )
 from keras_tfm.saving import load, load_model
 

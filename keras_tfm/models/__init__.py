@@ -10,6 +10,10 @@ from keras_tfm.models.bert import (
     bert_mini,
     bert_small,
     bert_tiny,
+    distilbert_base,
+    roberta_base,
+    roberta_large,
+    xlm_roberta_base,
 )
 from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
 from keras_tfm.models.causal_lm import CausalLM

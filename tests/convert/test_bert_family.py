@@ -71,3 +71,23 @@ def test_a_text_longer_than_the_positions_after_the_offset_is_refused():
     assert (model.position_offset, model.longest_input) == (2, 24)
     with pytest.raises(ValueError, match=r"exceeds max_length=26"):
         model(np.full((1, 25), 5))
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "size, hf_class, config",
+    [
+        ("roberta_base", "RobertaForMaskedLM", dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1)),
+        ("distilbert_base", "DistilBertForSequenceClassification", {}),
+    ],
+)
+def test_named_sizes_have_the_published_parameter_counts(size, hf_class, config):
+    family = hf_class.split("For")[0]
+    with torch.device("meta"):
+        hf = getattr(transformers, hf_class)(getattr(transformers, f"{family}Config")(**config))
+    from keras_tfm.convert.variables import checkpoint_values
+
+    with checkpoint_values():  # built as for a checkpoint: no initial values drawn
+        model = getattr(keras_tfm, size)(head="classifier" if "Sequence" in hf_class else "mlm")
+        model.build()
+    assert model.count_params() == sum(p.numel() for p in hf.parameters())
