@@ -34,7 +34,10 @@ def inputs_of(body: dict, model) -> list[np.ndarray]:
             "input",
         )
     if all(isinstance(item, str) for item in given):
-        return model.encode(given)
+        ids = model.encode(given)
+        if any(len(row) == 0 for row in ids):  # a tokenizer that adds no special tokens, and an empty text
+            raise RequestError("an `input` text encodes to no tokens; send text.", "input")
+        return ids
     if all(_is_id(item) for item in given):
         given = [given]
     if not all(isinstance(item, list) and item and all(_is_id(i) for i in item) for item in given):
