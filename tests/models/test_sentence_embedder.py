@@ -184,3 +184,30 @@ def test_bad_inputs_are_refused_by_name(checkpoints, tmp_path):
     )
     with pytest.raises(ValueError, match=r"module 'sentence_transformers.models.Dense' is not supported; supported"):
         keras_tfm.from_huggingface(os.path.join(tmp_path, "st"))
+
+
+def test_a_roberta_encoder_embeds_as_sentence_transformers(tmp_path):
+    """The same path for another encoder family: RoBERTa (positions from 2, a byte-level BPE with <s> ... </s>)."""
+    from sentence_transformers import SentenceTransformer, models
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    learner = ByteLevelBPETokenizer()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    learner.train_from_iterator([CORPUS] * 5, vocab_size=300, special_tokens=specials, show_progress=False)
+    learner._tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=learner._tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+        mask_token="<mask>", cls_token="<s>", sep_token="</s>",
+    )  # fmt: skip
+    config = transformers.RobertaConfig(
+        vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=34, type_vocab_size=1, pad_token_id=1,
+    )  # fmt: skip
+    transformers.RobertaModel(config).save_pretrained(tmp_path / "roberta")
+    tokenizer.save_pretrained(tmp_path / "roberta")
+    modules = [models.Transformer(str(tmp_path / "roberta"), max_seq_length=16), models.Pooling(32, "mean")]
+    SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "st"))
+    embedder = keras_tfm.from_huggingface(str(tmp_path / "st"))
+    assert embedder.encoder.position_offset == 2
+    reference = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert_same_vectors(embedder.embed(TEXTS, batch_size=3), reference.encode(TEXTS))
