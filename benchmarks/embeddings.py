@@ -6,12 +6,14 @@ sentence-transformers' `encode` (PyTorch), the same checkpoint and texts.
 The checkpoint has all-MiniLM-L6-v2's shape (BERT, 6 layers, 12 heads, 384 wide, FFN 1536, vocabulary 30,522,
 mean pooling, unit length, texts cut at 256 tokens), random weights, written once by keras_tfm as a
 sentence-transformers directory that both read. Texts: 1,024 lines of WikiText-2 (../shared/data), 4 to
-256+ tokens, batches of 32 (both sort by length). keras-hub has no sentence-transformers model.
+256+ tokens, batches of 32 (both sort by length). keras-hub has no sentence-transformers model. Each row
+also gives its process's resident peak (interpreter, libraries and all) beside the weights' size.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import tempfile
 
@@ -67,7 +69,14 @@ def worker(contender: str, task: str = "embed") -> dict:
         with Timer() as timer:
             embed()
         rates.append(len(corpus) / timer.seconds)
-    return {"value": max(rates), "windows": [round(rate, 1) for rate in rates]}
+    weights = sum(
+        os.path.getsize(os.path.join(CHECKPOINT, name))
+        for name in os.listdir(CHECKPOINT)
+        if name.endswith(".safetensors")
+    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's resident peak, whole run
+    return {"value": max(rates), "windows": [round(rate, 1) for rate in rates], "peak_MB": round(peak),
+            "weights_MB": round(weights / 2**20)}  # fmt: skip
 
 
 CONTENDERS = [(f"keras_tfm ({backend})", "keras_tfm", backend) for backend in ("jax", "tensorflow", "torch")]
