@@ -62,7 +62,8 @@ class Family(NamedTuple):
 
 
 BERT = Family("bert", "bert.", "Bert", "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-              "cls.predictions.bias", "pooler.dense", "classifier", ("cls.predictions.decoder.", "cls.seq_relationship."))  # fmt: skip
+              "cls.predictions.bias", "pooler.dense", "classifier",
+              ("cls.predictions.decoder.", "cls.seq_relationship."))  # fmt: skip
 ROBERTA = Family("roberta", "roberta.", "Roberta", "lm_head.dense", "lm_head.layer_norm", "lm_head.bias",
                  "classifier.dense", "classifier.out_proj", ("lm_head.decoder.",))  # fmt: skip
 DISTILBERT = Family("distilbert", "distilbert.", "DistilBert", "vocab_transform", "vocab_layer_norm",
@@ -86,13 +87,15 @@ def convert_distilbert(config: dict, w: WeightReader, num_classes: int | None = 
     return _convert(DISTILBERT, config, w, num_classes)
 
 
-def _arguments(family: Family, config: dict) -> dict:
-    """`Bert`'s arguments from the family's config (DistilBERT names its fields apart)."""
+def _arguments(family: Family, config: dict) -> tuple[dict, float | None]:
+    """`Bert`'s arguments from the family's config (DistilBERT names its fields apart), and the classifier's dropout."""
     if family is DISTILBERT:
         config = dict(
-            config, hidden_size=config["dim"], num_hidden_layers=config["n_layers"], num_attention_heads=config["n_heads"],
-            intermediate_size=config["hidden_dim"], hidden_dropout_prob=config.get("dropout", 0.1), type_vocab_size=0,
-            attention_probs_dropout_prob=config.get("attention_dropout", 0.1), hidden_act=config.get("activation", "gelu"),
+            config, hidden_size=config["dim"], num_hidden_layers=config["n_layers"],
+            num_attention_heads=config["n_heads"], intermediate_size=config["hidden_dim"], type_vocab_size=0,
+            hidden_dropout_prob=config.get("dropout", 0.1),
+            attention_probs_dropout_prob=config.get("attention_dropout", 0.1),
+            hidden_act=config.get("activation", "gelu"),
             classifier_dropout=config.get("seq_classif_dropout", 0.2),
         )  # fmt: skip
     if config.get("hidden_act", "gelu") not in ACTIVATIONS:
@@ -214,10 +217,11 @@ def _config(family: Family, encoder: Bert, classifier_dropout: float | None) -> 
     sizes = dict(vocab_size=encoder.vocabulary_size, max_position_embeddings=encoder.max_length)
     if family is DISTILBERT:
         if encoder.layer_norm_epsilon != 1e-12:
-            raise InputError(f"DistilBERT's layer norms use 1e-12; received layer_norm_epsilon={encoder.layer_norm_epsilon}.",
-                             caller="save_huggingface")  # fmt: skip
+            raise InputError("DistilBERT's layer norms use 1e-12; received layer_norm_epsilon="
+                             f"{encoder.layer_norm_epsilon}.", caller="save_huggingface")  # fmt: skip
         return dict(
-            sizes, model_type="distilbert", dim=encoder.hidden_dim, n_layers=encoder.num_layers, n_heads=encoder.num_heads,
+            sizes, model_type="distilbert", dim=encoder.hidden_dim, n_layers=encoder.num_layers,
+            n_heads=encoder.num_heads,
             hidden_dim=encoder.intermediate_dim, dropout=encoder.dropout, attention_dropout=encoder.attention_dropout,
             activation=activation, pad_token_id=0, sinusoidal_pos_embds=False,
             **({"seq_classif_dropout": classifier_dropout} if classifier_dropout is not None else {}),

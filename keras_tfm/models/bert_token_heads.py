@@ -90,17 +90,28 @@ class BertTokenClassifier(_BertWithHead):
 def _encodings(model, texts, caller: str) -> list:
     if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
         raise InputError("expected a text or a non-empty list of texts.", "texts", caller=caller)
-    if model.tokenizer is None or not hasattr(model.tokenizer, "encode_with_offsets"):
-        raise InputError("this model has no tokenizer that gives offsets (a checkpoint's tokenizer.json or "
-                         "vocab.txt): set `model.tokenizer`.", "tokenizer", caller=caller)  # fmt: skip
-    return [model.tokenizer.encode_with_offsets(text, model.encoder.longest_input) for text in texts]
+    tokenizer = _tokenizer_with(model, "encode_with_offsets", caller)
+    return [tokenizer.encode_with_offsets(text, model.encoder.longest_input) for text in texts]
+
+
+def _tokenizer_with(model, method: str, caller: str):
+    """The model's tokenizer, where it has `method` (the offsets and pairs of `tokenizers`' encodings)."""
+    if model.tokenizer is None or not hasattr(model.tokenizer, method):
+        raise InputError("this model has no tokenizer that gives each token's characters (a checkpoint's "
+                         "tokenizer.json or vocab.txt): set `model.tokenizer`.", "tokenizer",
+                         caller=caller)  # fmt: skip
+    return model.tokenizer
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    exponentials = np.exp(logits - logits.max(-1, keepdims=True))
+    return exponentials / exponentials.sum(-1, keepdims=True)
 
 
 def _words(model, encoding, text: str) -> list[dict]:
     ids = np.asarray(encoding.ids, "int32")[None]
     logits = ops.convert_to_numpy(model.predict_on_batch({"token_ids": ids}))[0]
-    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
-    probabilities /= probabilities.sum(-1, keepdims=True)
+    probabilities = _softmax(logits)
     words, seen = [], set()
     for position, word in enumerate(encoding.word_ids):
         if word is None or word in seen:
@@ -160,11 +171,9 @@ class BertQuestionAnswerer(_BertWithHead):
         is read in windows that share `stride` tokens; spans of at most `max_answer_length` tokens."""
         if not all(isinstance(text, str) and text.strip() for text in (question, context)):
             raise InputError("expected a question and a context, each a non-empty string.", "question", caller="answer")
-        if self.tokenizer is None or not hasattr(self.tokenizer, "encode_pair_windows"):
-            raise InputError("this model has no tokenizer that reads a pair of texts (a checkpoint's tokenizer.json "
-                             "or vocab.txt): set `model.tokenizer`.", "tokenizer", caller="answer")  # fmt: skip
+        tokenizer = _tokenizer_with(self, "encode_pair_windows", "answer")
         length = min(max_length, self.encoder.longest_input)
-        windows = self.tokenizer.encode_pair_windows(question, context, length, min(stride, length // 2))
+        windows = tokenizer.encode_pair_windows(question, context, length, min(stride, length // 2))
         best = {"answer": "", "score": 0.0, "start": 0, "end": 0}
         for window in windows:
             inputs = {
@@ -185,8 +194,7 @@ def _best_span(logits: np.ndarray, in_context: np.ndarray, max_answer_length: in
     if not in_context.any():
         return None
     masked = np.where(in_context | (np.arange(len(in_context)) == 0), logits, -10000.0)  # [CLS] in the softmax
-    probabilities = np.exp(masked - masked.max(-1, keepdims=True))
-    probabilities /= probabilities.sum(-1, keepdims=True)
+    probabilities = _softmax(masked)
     probabilities[:, 0] = 0.0
     scores = np.tril(np.triu(np.outer(probabilities[0], probabilities[1])), max_answer_length - 1)
     scores[~in_context] = 0.0
