@@ -131,3 +131,13 @@ def bert_vocabulary(text: str) -> list[str]:
     characters = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words[:300], *characters, *("##" + c for c in characters)]
     return list(dict.fromkeys(tokens))
+
+
+def count_of_size(size_function, num_layers: int, vocabulary_size: int, **arguments) -> int:
+    """The parameters of `size_function(**arguments)`, counted from three small builds instead of the whole model:
+    one block over a one-token vocabulary, then a second block, then a second token; the rest repeats those."""
+    one, two, wider = (
+        size_function(num_layers=layers, vocabulary_size=rows, **arguments).count_params()
+        for layers, rows in ((1, 1), (2, 1), (1, 2))
+    )
+    return one + (num_layers - 1) * (two - one) + (vocabulary_size - 1) * (wider - one)

@@ -35,6 +35,8 @@ CLASSES = {
     keras_tfm.Bert: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.BertMLM: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.BertClassifier: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.ModernBert: dict(vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=4, intermediate_dim=8),
+    keras_tfm.ModernBertClassifier: dict(vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.Translator: dict(
         source_vocabulary_size=10, num_encoder_layers=1, num_decoder_layers=1, num_heads=2, hidden_dim=4
     ),
@@ -76,6 +78,8 @@ def _arguments(cls) -> dict:
         found.pop(name, None)
     if cls in (keras_tfm.BertMLM, keras_tfm.BertClassifier):  # the encoder's, through **kwargs
         found = {**_arguments(keras_tfm.Bert), **found}
+    if cls is keras_tfm.ModernBertClassifier:
+        found = {**_arguments(keras_tfm.ModernBert), **found}
     return found
 
 

@@ -30,6 +30,7 @@ from keras_tfm.convert import (  # noqa: F401
     gpt2,
     llama,
     marian,
+    modern_bert,
     quantized_loading,
     safetensors_files,
     sentence_transformers,

@@ -12,6 +12,7 @@ from keras_tfm.convert.weights import WeightWriter
 from keras_tfm.errors import CheckpointError
 from keras_tfm.layers.token_pooling import MODES
 from keras_tfm.models.bert import Bert
+from keras_tfm.models.modern_bert import ModernBert
 from keras_tfm.models.sentence_embedder import SentenceEmbedder
 
 # the legacy `pooling_mode_*` flags of a Pooling config, in the order their vectors are concatenated
@@ -36,10 +37,10 @@ def from_sentence_transformers(directory: str, load) -> SentenceEmbedder:
     modules = _modules(directory)
     encoder = load(modules["Transformer"])
     encoder = getattr(encoder, "encoder", encoder)  # a task model's checkpoint: its encoder
-    if not isinstance(encoder, Bert):
+    if not isinstance(encoder, (Bert, ModernBert)):
         raise CheckpointError(
             f"{directory!r}: its Transformer module is a {type(encoder).__name__}; sentence embedders are read "
-            "for BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa, DistilBERT).",
+            "for BERT-family encoders (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ModernBERT).",
             caller="from_huggingface",
         )
     settings = _transformer_settings(modules["Transformer"], encoder.longest_input)

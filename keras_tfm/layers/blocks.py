@@ -87,6 +87,8 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         rotary_embedding: dict | None = None,
         sliding_window: int | None = None,
         query_key_norm_epsilon: float | None = None,
+        norm_use_bias: bool = True,
+        normalize_attention_input: bool = True,
         **kwargs,
     ):
         check_arguments(
@@ -131,6 +133,8 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         self.rotary_embedding = None if rotary_embedding is None else dict(rotary_embedding)
         self.sliding_window = sliding_window
         self.query_key_norm_epsilon = query_key_norm_epsilon
+        self.norm_use_bias = norm_use_bias
+        self.normalize_attention_input = normalize_attention_input
         self.supports_masking = True
         self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
@@ -167,9 +171,13 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         )
 
     def _norm(self, name: str) -> keras.layers.Layer:
+        if name == "self_attention_norm" and not self.normalize_attention_input:
+            return keras.layers.Identity(dtype=self.dtype_policy, name=name)
         if self.normalization == "rms_norm":
             return keras.layers.RMSNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
-        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, center=self.norm_use_bias, dtype=self.dtype_policy, name=name
+        )
 
     def _feed_forward(self) -> FeedForward | GatedFeedForward:
         return (GatedFeedForward if self.gated_feed_forward else FeedForward)(
@@ -209,6 +217,8 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
             rotary_embedding=self.rotary_embedding,
             sliding_window=self.sliding_window,
             query_key_norm_epsilon=self.query_key_norm_epsilon,
+            norm_use_bias=self.norm_use_bias,
+            normalize_attention_input=self.normalize_attention_input,
         )
         return config
 
@@ -240,6 +250,9 @@ class EncoderBlock(_Block):
             feed-forward network; each defaults to `use_bias` (the output's to `attention_use_bias`).
         rotary_embedding, sliding_window, query_key_norm_epsilon: of the self-attention (see
             `MultiHeadAttention`).
+        norm_use_bias: the layer norms' offsets (ModernBERT's have none).
+        normalize_attention_input: False: the self-attention reads the block's input as it comes (pre-norm
+            only: ModernBERT's first block, whose input the embeddings' norm has just normalized).
 
     Call arguments:
         inputs: `(batch, length, hidden_dim)`.
@@ -290,6 +303,10 @@ class EncoderBlock(_Block):
         x, context = inputs, None  # context: keys and values when queries are a subset of tokens
         normalized_queries = None
         if output_positions is not None:
+            if self.rotary_embedding is not None:  # gathered queries would be rotated as positions 0, 1, ...
+                raise InputError("output_positions needs positions added before the block; this block rotates "
+                                 "its queries (rotary_embedding): gather its output instead.", "output_positions",
+                                 caller="EncoderBlock")  # fmt: skip
             output_positions = self._checked_positions(output_positions, inputs)
             x = _gather(inputs, output_positions)
             context = self.self_attention_norm(inputs) if self.norm_first else inputs

@@ -38,6 +38,15 @@ from keras_tfm.models.gpt import (
     gpt_shakespeare_char,
     gpt_shakespeare_char_cpu,
 )
+from keras_tfm.models.modern_bert import (
+    ModernBert,
+    ModernBertClassifier,
+    ModernBertMLM,
+    ModernBertQuestionAnswerer,
+    ModernBertTokenClassifier,
+    modernbert_base,
+    modernbert_large,
+)
 from keras_tfm.models.sentence_embedder import SentenceEmbedder
 from keras_tfm.models.translator import Translator, transformer_base, transformer_big, transformer_small
 from keras_tfm.models.vit import ViT, vit_base, vit_huge, vit_large, vit_small, vit_small_images, vit_tiny

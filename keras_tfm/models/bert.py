@@ -175,14 +175,18 @@ class Bert(ZooModel):
         }
 
 
-class _BertWithHead(ZooModel):
-    """Shared by the task models: an encoder built from the same arguments as `Bert`."""
+class EncoderWithHead(ZooModel):
+    """A task model over an encoder of `encoder_class`, built from the task model's own arguments of
+    `encoder_arguments` (its config holds them, as the encoder's)."""
+
+    encoder_class: type
+    encoder_arguments: tuple
 
     def __init__(self, default_name: str, **kwargs):
-        encoder_arguments = {k: kwargs.pop(k) for k in _ENCODER_ARGUMENTS if k in kwargs}
+        encoder_arguments = {k: kwargs.pop(k) for k in self.encoder_arguments if k in kwargs}
         kwargs.setdefault("name", default_name)
         super().__init__(**kwargs)
-        self.encoder = Bert(**encoder_arguments, dtype=self.dtype_policy, name="encoder")
+        self.encoder = self.encoder_class(**encoder_arguments, dtype=self.dtype_policy, name="encoder")
 
     def _id_inputs(self) -> dict:
         return self.encoder._id_inputs()
@@ -195,14 +199,38 @@ class _BertWithHead(ZooModel):
 
     @classmethod
     def _constructor_arguments(cls) -> list[str]:
-        return [*super()._constructor_arguments(), *_ENCODER_ARGUMENTS]  # passed on to `Bert` through **kwargs
+        return [*super()._constructor_arguments(), *cls.encoder_arguments]  # passed on through **kwargs
 
     def _config_value(self, name: str):
-        return getattr(self.encoder if name in _ENCODER_ARGUMENTS else self, name)
+        return getattr(self.encoder if name in self.encoder_arguments else self, name)
+
+
+class _BertWithHead(EncoderWithHead):
+    """Shared by the task models: an encoder built from the same arguments as `Bert`."""
+
+    encoder_class = Bert
+    encoder_arguments = _ENCODER_ARGUMENTS
+
+
+class MaskedLanguageModel:
+    """What masked LMs share: `mask_positions` (where the head reads the encoder) and a label per token."""
+
+    def _id_inputs(self) -> dict:
+        ids = dict(self.encoder._id_inputs())
+        ids["mask_positions"] = ids.pop("output_positions")
+        return ids
+
+    def _label_range(self) -> tuple[int, str]:
+        return self.encoder.vocabulary_size, "vocabulary_size"
+
+    def default_loss(self) -> keras.losses.Loss:
+        from keras_tfm.losses import TokenCrossEntropy
+
+        return TokenCrossEntropy()
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class BertMLM(_BertWithHead):
+class BertMLM(MaskedLanguageModel, _BertWithHead):
     """BERT with its masked-language-model head (pretraining).
 
     Args: those of `Bert`, plus
@@ -240,19 +268,6 @@ class BertMLM(_BertWithHead):
         epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
         self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
         self._compile_defaults()
-
-    def _id_inputs(self) -> dict:
-        ids = dict(self.encoder._id_inputs())
-        ids["mask_positions"] = ids.pop("output_positions")  # where the head reads the encoder
-        return ids
-
-    def _label_range(self) -> tuple[int, str]:
-        return self.encoder.vocabulary_size, "vocabulary_size"
-
-    def default_loss(self) -> keras.losses.Loss:
-        from keras_tfm.losses import TokenCrossEntropy
-
-        return TokenCrossEntropy()
 
     def build(self, token_ids_shape=None):
         self.encoder.build()

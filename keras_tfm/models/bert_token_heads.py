@@ -24,8 +24,21 @@ def _head(units: int, name: str, policy) -> keras.layers.Dense:
     return keras.layers.Dense(units, kernel_initializer=own_initializer(init), dtype=policy, name=name)
 
 
+class LabelsWords:
+    """`label_words` for a token classifier with `class_names` and an encoder with `longest_input`."""
+
+    def label_words(self, texts) -> list:
+        """Each text's words with the label of their first piece (transformers' token-classification pipeline
+        with `aggregation_strategy="first"`): per text a list of `{"word", "label", "score", "start", "end"}`,
+        `start` and `end` the word's characters in the text. Needs the checkpoint's tokenizer."""
+        single = isinstance(texts, str)
+        encodings = _encodings(self, [texts] if single else texts, "label_words")
+        labelled = [_words(self, encoding, text) for encoding, text in zip(encodings, [texts] if single else texts)]
+        return labelled[0] if single else labelled
+
+
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class BertTokenClassifier(_BertWithHead):
+class BertTokenClassifier(LabelsWords, _BertWithHead):
     """BERT with a label per token: `(batch, length, num_classes)` logits.
 
     Args: `num_classes`; `class_names` (default LABEL_0, ...), which `label_words` answers with and a saved
@@ -45,12 +58,7 @@ class BertTokenClassifier(_BertWithHead):
         check_arguments("BertTokenClassifier", locals(), optional=("class_names", "classifier_dropout"))
         super().__init__("bert_token_classifier", **kwargs)
         self.num_classes = num_classes
-        self.class_names = (
-            [str(name) for name in class_names] if class_names else [f"LABEL_{i}" for i in range(num_classes)]
-        )
-        if len(self.class_names) != num_classes:
-            raise InputError(f"expected {num_classes} names (num_classes); received {len(self.class_names)}.",
-                             "class_names", caller="BertTokenClassifier")  # fmt: skip
+        self.class_names = checked_class_names(class_names, num_classes, "BertTokenClassifier")
         self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout
         self.token_dropout = keras.layers.Dropout(
             self.classifier_dropout, dtype=self.dtype_policy, name="token_dropout"
@@ -77,14 +85,14 @@ class BertTokenClassifier(_BertWithHead):
         x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
         return self.classifier(self.token_dropout(x, training=training))
 
-    def label_words(self, texts) -> list:
-        """Each text's words with the label of their first piece (transformers' token-classification pipeline
-        with `aggregation_strategy="first"`): per text a list of `{"word", "label", "score", "start", "end"}`,
-        `start` and `end` the word's characters in the text. Needs the checkpoint's tokenizer."""
-        single = isinstance(texts, str)
-        encodings = _encodings(self, [texts] if single else texts, "label_words")
-        labelled = [_words(self, encoding, text) for encoding, text in zip(encodings, [texts] if single else texts)]
-        return labelled[0] if single else labelled
+
+def checked_class_names(class_names: list | None, num_classes: int, caller: str) -> list[str]:
+    """The classes' names as strings (default LABEL_0, ...), one per class."""
+    names = [str(name) for name in class_names] if class_names else [f"LABEL_{i}" for i in range(num_classes)]
+    if len(names) != num_classes:
+        raise InputError(f"expected {num_classes} names (num_classes); received {len(names)}.", "class_names",
+                         caller=caller)  # fmt: skip
+    return names
 
 
 def _encodings(model, texts, caller: str) -> list:
@@ -124,8 +132,35 @@ def _words(model, encoding, text: str) -> list[dict]:
     return words
 
 
+class AnswersQuestions:
+    """`answer` for a model whose `(batch, 2, length)` logits mark an answer's start and end."""
+
+    def answer(self, question: str, context: str, max_answer_length: int = 15, max_length: int = 384,
+               stride: int = 128) -> dict:  # fmt: skip
+        """The likeliest span of `context` that answers `question`, as transformers' question-answering
+        pipeline finds it: `{"answer", "score", "start", "end"}`, `start` and `end` its characters in the
+        context, `score` the start's probability times the end's. A context longer than `max_length` tokens
+        is read in windows that share `stride` tokens; spans of at most `max_answer_length` tokens."""
+        if not all(isinstance(text, str) and text.strip() for text in (question, context)):
+            raise InputError("expected a question and a context, each a non-empty string.", "question", caller="answer")
+        tokenizer = _tokenizer_with(self, "encode_pair_windows", "answer")
+        length = min(max_length, self.encoder.longest_input)
+        windows = tokenizer.encode_pair_windows(question, context, length, min(stride, length // 2))
+        best = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+        for window in windows:
+            inputs = {"token_ids": np.asarray([window.ids], "int32")}
+            if getattr(self.encoder, "num_segments", 0):  # the context as sentence B
+                inputs["segment_ids"] = np.asarray([window.type_ids], "int32")
+            logits = ops.convert_to_numpy(self.predict_on_batch(inputs))[0]
+            found = _best_span(logits, np.asarray([part == 1 for part in window.sequence_ids]), max_answer_length)
+            if found is not None and found[2] > best["score"]:
+                start, end = window.offsets[found[0]][0], window.offsets[found[1]][1]
+                best = {"answer": context[start:end], "score": found[2], "start": start, "end": end}
+        return best
+
+
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class BertQuestionAnswerer(_BertWithHead):
+class BertQuestionAnswerer(AnswersQuestions, _BertWithHead):
     """BERT for extractive question answering: `(batch, 2, length)` logits, where in the context (the second
     sentence, `segment_ids` 1) the answer starts (`[:, 0]`) and ends (`[:, 1]`). The default loss takes
     labels `(batch, 2)`: the start and end token positions, as transformers' `start_positions` and
@@ -162,30 +197,6 @@ class BertQuestionAnswerer(_BertWithHead):
             return self.call(**token_ids, training=training)
         x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
         return ops.transpose(self.span_head(x), (0, 2, 1))
-
-    def answer(self, question: str, context: str, max_answer_length: int = 15, max_length: int = 384,
-               stride: int = 128) -> dict:  # fmt: skip
-        """The likeliest span of `context` that answers `question`, as transformers' question-answering
-        pipeline finds it: `{"answer", "score", "start", "end"}`, `start` and `end` its characters in the
-        context, `score` the start's probability times the end's. A context longer than `max_length` tokens
-        is read in windows that share `stride` tokens; spans of at most `max_answer_length` tokens."""
-        if not all(isinstance(text, str) and text.strip() for text in (question, context)):
-            raise InputError("expected a question and a context, each a non-empty string.", "question", caller="answer")
-        tokenizer = _tokenizer_with(self, "encode_pair_windows", "answer")
-        length = min(max_length, self.encoder.longest_input)
-        windows = tokenizer.encode_pair_windows(question, context, length, min(stride, length // 2))
-        best = {"answer": "", "score": 0.0, "start": 0, "end": 0}
-        for window in windows:
-            inputs = {
-                "token_ids": np.asarray([window.ids], "int32"),
-                "segment_ids": np.asarray([window.type_ids], "int32"),
-            }
-            logits = ops.convert_to_numpy(self.predict_on_batch(inputs))[0]
-            found = _best_span(logits, np.asarray([part == 1 for part in window.sequence_ids]), max_answer_length)
-            if found is not None and found[2] > best["score"]:
-                start, end = window.offsets[found[0]][0], window.offsets[found[1]][1]
-                best = {"answer": context[start:end], "score": found[2], "start": start, "end": end}
-        return best
 
 
 def _best_span(logits: np.ndarray, in_context: np.ndarray, max_answer_length: int) -> tuple | None:

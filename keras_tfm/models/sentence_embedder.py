@@ -20,7 +20,7 @@ class SentenceEmbedder(ZooModel):
     """One vector per text: `embed(texts)`, or the model called on token ids as `fit` and `predict` call it.
 
     Args:
-        encoder: the token encoder (a `Bert`): `encoder(token_ids, segment_ids=..., padding_mask=...)`
+        encoder: the token encoder (a `Bert` or `ModernBert`): `encoder(token_ids, padding_mask=...)`
             gives `(batch, length, hidden_dim)`.
         pooling: the `TokenPooling` modes: "mean" (default), "cls", "max", "mean_sqrt_len_tokens",
             "weightedmean", "lasttoken", or several (their vectors concatenated).
@@ -109,7 +109,8 @@ class SentenceEmbedder(ZooModel):
             flat = [None if x is None else ops.reshape(x, (-1, shape[-1])) for x in (segment_ids, padding_mask)]
             vectors = self.call(ops.reshape(token_ids, (-1, shape[-1])), *flat, training=training)
             return ops.reshape(vectors, (shape[0], shape[1], -1))
-        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
+        segments = {} if segment_ids is None else {"segment_ids": segment_ids}  # ModernBERT has none
+        x = self.encoder(token_ids, padding_mask=padding_mask, training=training, **segments)
         x = self.token_pooling(x, padding_mask=padding_mask)
         if self.normalize:
             x = x / ops.maximum(ops.norm(x, axis=-1, keepdims=True), 1e-12)

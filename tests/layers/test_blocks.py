@@ -188,3 +188,6 @@ def test_output_positions_gather_the_keras_mask_and_are_checked(rng, x):
     np.testing.assert_array_equal(to_numpy(mask), [[True, False], [True, True]])
     with pytest.raises(ValueError, match=r"`output_positions` must have shape \(batch, num_positions\)"):
         block(x, output_positions=np.zeros((3, 2), "int32"))
+    rotating = EncoderBlock(num_heads=4, intermediate_dim=32, rotary_embedding={"max_wavelength": 100.0})
+    with pytest.raises(ValueError, match=r"output_positions: EncoderBlock: .*rotary_embedding"):
+        rotating(x, output_positions=np.zeros((x.shape[0], 2), "int32"))

@@ -24,10 +24,13 @@ def checkpoint(directory, name: str) -> str:
     with open(vocabulary, "w") as file:
         file.write("\n".join(bert_vocabulary(TEXT + " " + QUESTION)) + "\n")
     tokenizer = transformers.BertTokenizerFast(vocabulary)
-    config = transformers.BertConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=32,
-    )  # fmt: skip
+    sizes = dict(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=64, max_position_embeddings=32)  # fmt: skip
+    if name.startswith("ModernBert"):  # global, then local attention over 4 tokens on each side
+        special = dict(pad_token_id=0, bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+        config = transformers.ModernBertConfig(**sizes, **special, local_attention=8, global_attn_every_n_layers=2)
+    else:
+        config = transformers.BertConfig(**sizes)
     if name == "BertForTokenClassification":
         config.id2label = {0: "PER", 1: "LOC", 2: "DATE"}
     torch.manual_seed(0)
@@ -54,14 +57,16 @@ def reference_answer(directory: str, question: str, context: str, max_length: in
     transformers 5) written out: each window's softmax over the context and [CLS], [CLS] then zeroed, the
     best start x end product over spans of at most `longest` tokens, the best window's span."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    model = transformers.BertForQuestionAnswering.from_pretrained(directory).eval()
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(directory).eval()
+    segments = model.config.model_type == "bert"  # ModernBERT has none
     windows = tokenizer(question, context, truncation="only_second", max_length=max_length, stride=stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True)  # fmt: skip
     best = (0.0, None)
     for index, ids in enumerate(windows["input_ids"]):
         context_tokens = [part == 1 for part in windows.sequence_ids(index)]
         with torch.no_grad():
-            out = model(torch.tensor([ids]), token_type_ids=torch.tensor([windows["token_type_ids"][index]]))
+            types = {"token_type_ids": torch.tensor([windows["token_type_ids"][index]])} if segments else {}
+            out = model(torch.tensor([ids]), **types)
         probabilities = []
         for logits in (out.start_logits[0].numpy(), out.end_logits[0].numpy()):
             kept = np.array(
@@ -83,8 +88,9 @@ def reference_answer(directory: str, question: str, context: str, max_length: in
     return {"answer": context[start:end], "score": score, "start": start, "end": end}
 
 
-def test_answers_are_the_pipelines_over_windows_of_a_long_context(tmp_path):
-    directory = checkpoint(tmp_path, "BertForQuestionAnswering")
+@pytest.mark.parametrize("name", ["BertForQuestionAnswering", "ModernBertForQuestionAnswering"])
+def test_answers_are_the_pipelines_over_windows_of_a_long_context(tmp_path, name):
+    directory = checkpoint(tmp_path, name)
     reader = keras_tfm.from_huggingface(directory)
     context = " ".join([TEXT] * 3)  # about 70 tokens: windows of 32 sharing 8
     ours = reader.answer(QUESTION, context, max_length=32, stride=8, max_answer_length=15)

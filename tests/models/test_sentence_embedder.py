@@ -211,3 +211,23 @@ def test_a_roberta_encoder_embeds_as_sentence_transformers(tmp_path):
     assert embedder.encoder.position_offset == 2
     reference = SentenceTransformer(str(tmp_path / "st"), device="cpu")
     assert_same_vectors(embedder.embed(TEXTS, batch_size=3), reference.encode(TEXTS))
+
+
+def test_a_modernbert_encoder_embeds_as_sentence_transformers(tmp_path):
+    """ModernBERT (no segments, rotary positions, local attention over 4 tokens on each side) under [CLS] pooling."""
+    from sentence_transformers import SentenceTransformer, models
+
+    directory = encoder_checkpoint(tmp_path / "bert")
+    sizes = json.load(open(os.path.join(directory, "config.json")))
+    config = transformers.ModernBertConfig(
+        vocab_size=sizes["vocab_size"], hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=48, local_attention=8, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+        cls_token_id=None, sep_token_id=None,
+    )  # fmt: skip
+    transformers.ModernBertModel(config).save_pretrained(directory)
+    modules = [models.Transformer(directory, max_seq_length=16), models.Pooling(32, "cls"), models.Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "st"))
+    embedder = keras_tfm.from_huggingface(str(tmp_path / "st"))
+    assert isinstance(embedder.encoder, keras_tfm.ModernBert)
+    reference = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert_same_vectors(embedder.embed(TEXTS, batch_size=3), reference.encode(TEXTS))
