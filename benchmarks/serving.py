@@ -1,7 +1,8 @@
 """What batching buys the server: the SmolLM2-135M shape (random weights), greedy, 32-token prompts and
 64 new tokens, with 1, 4, 16 and 64 clients at once, each sending requests one after another for a fixed
 number of requests: throughput (new tokens/s over the run), time to the first streamed token (of a
-request alone), and p50/p99 latency of whole requests, against one client at a time. Each cache shape
+request alone), p50/p99 latency of whole requests, against one client at a time, and the process's resident
+memory after each run and its peak so far (the server runs in this process). Each cache shape
 (rows, length) decodes with its own compiled loop: the server warms up first (`warm_up_length`, its
 seconds recorded), so the runs are the first load after start, without compiles.
 
@@ -108,6 +109,12 @@ def run(url: str, clients: int, requests: int, mixed: bool = False) -> dict:
     }
 
 
+def resident_memory() -> dict:
+    """The process's resident memory now and its peak, in MB (Linux)."""
+    status = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/self/status") if "kB" in line}
+    return {"rss_MB": status["VmRSS"] // 1024, "peak_MB": status["VmHWM"] // 1024}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -119,6 +126,8 @@ def main() -> None:
     import keras
 
     model = character_model()
+    model.build()
+    weights_mb = round(sum(int(np.prod(w.shape)) * 4 for w in model.weights) / 2**20)
     start = time.perf_counter()
     url, running = server(model, args.warm_up_length)
     warm_up_s = round(time.perf_counter() - start, 1)
@@ -127,12 +136,13 @@ def main() -> None:
     for clients in args.clients:
         result = run(url, clients, max(args.requests, clients), args.mixed)
         result.update(contender=f"keras_tfm serve ({backend}), {clients} clients", task="serve", unit="new tokens/s")
-        result["warm_up_s"] = warm_up_s
+        result.update(warm_up_s=warm_up_s, weights_MB=weights_mb, **resident_memory())
         results.append(result)
         ratio = result["value"] / results[0]["value"]
         print(
             f"{clients:3d} clients: {result['value']:7.1f} new tokens/s ({ratio:.2f}x one client), p50 "
-            f"{result['p50_latency_s']} s, p99 {result['p99_latency_s']} s, first token {result['first_token_s']} s",
+            f"{result['p50_latency_s']} s, p99 {result['p99_latency_s']} s, first token {result['first_token_s']} s, "
+            f"resident {result['rss_MB']} MB (peak {result['peak_MB']} MB, weights {weights_mb} MB)",
             flush=True,
         )
     running.should_exit = True

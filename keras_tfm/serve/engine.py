@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 from keras import ops
 
+from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint
@@ -170,7 +171,12 @@ class Engine:
 
     def _next_tickets(self) -> list[Ticket] | None:
         """The waiting tickets whose rows fit beside the busy ones, oldest first (waits while there is
-        nothing to do); None once the engine is closed."""
+        nothing to do); None once the engine is closed. Going idle, it first hands what the answered requests
+        freed back to the system (the C library would keep it: 1.4 GB more after 64 requests on JAX)."""
+        with self._condition:
+            idle = not self._waiting and not self._busy() and not self._closed
+        if idle:
+            return_freed_memory()
         with self._condition:
             while not self._waiting and not self._busy() and not self._closed:
                 self._condition.wait()
