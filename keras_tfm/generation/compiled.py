@@ -113,7 +113,8 @@ def torch_trace(fn: Callable, model: keras.Model, example_args: tuple):
     # made per shape. TorchScript warns of each, in words that read like a fault.
     with warnings.catch_warnings(), cache_writer(_write_in_place):
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        traced = torch.jit.trace(_module(fn, model), example_args, check_trace=False)
+        # `_store_inputs=False`: by default the trace keeps its example inputs (a whole cache per shape)
+        traced = torch.jit.trace(_module(fn, model), example_args, check_trace=False, _store_inputs=False)
     _specialize(traced.graph, traced)
     return traced
 
