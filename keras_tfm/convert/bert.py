@@ -12,14 +12,15 @@ from typing import NamedTuple
 
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
-    ACTIVATIONS,
     WeightReader,
     WeightWriter,
+    class_names_of,
     hugging_face_activation,
+    keras_activation,
     require_options,
     set_layer_norm,
 )
-from keras_tfm.errors import CheckpointError, InputError
+from keras_tfm.errors import InputError
 from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
 from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
 
@@ -98,9 +99,6 @@ def _arguments(family: Family, config: dict) -> tuple[dict, float | None]:
             hidden_act=config.get("activation", "gelu"),
             classifier_dropout=config.get("seq_classif_dropout", 0.2),
         )  # fmt: skip
-    if config.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise CheckpointError(f"{family.architecture.upper()} activation {config['hidden_act']!r} is not supported.",
-                              caller="from_huggingface")  # fmt: skip
     return dict(
         vocabulary_size=config["vocab_size"],
         max_length=config["max_position_embeddings"],
@@ -112,7 +110,7 @@ def _arguments(family: Family, config: dict) -> tuple[dict, float | None]:
         dropout=config.get("hidden_dropout_prob", 0.1),
         attention_dropout=config.get("attention_probs_dropout_prob", 0.1),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
-        activation=ACTIVATIONS[config.get("hidden_act", "gelu")],
+        activation=keras_activation(family.architecture.upper(), config, "hidden_act", "gelu"),
         position_offset=config.get("pad_token_id", 1) + 1 if family is ROBERTA else 0,
     ), config.get("classifier_dropout")
 
@@ -173,9 +171,8 @@ def _task_model(family: Family, config: dict, w: WeightReader, num_classes: int 
     dropout = {"classifier_dropout": classifier_dropout}  # None there means hidden_dropout_prob, as here
     task = next(iter(config.get("architectures") or []), "").split("For", 1)[-1]
     if task == "TokenClassification":
-        names = config.get("id2label") or {}
         count = num_classes or w.weights["classifier.weight"].shape[0]
-        class_names = [names.get(str(i), names.get(i, f"LABEL_{i}")) for i in range(count)] if not num_classes else None
+        class_names = None if num_classes else class_names_of(config, count)
         return BertTokenClassifier(num_classes=count, class_names=class_names, **dropout, **arguments)
     if task == "QuestionAnswering" or "qa_outputs.weight" in w:
         return BertQuestionAnswerer(**arguments)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
-    ACTIVATIONS,
     WeightReader,
     WeightWriter,
     hugging_face_activation,
+    keras_activation,
     no_classifier,
     require_options,
 )
-from keras_tfm.errors import CheckpointError
 from keras_tfm.models.gpt import GPT
 
 
@@ -39,10 +38,6 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
     require_options(
         "GPT-2", config, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False
     )
-    if config.get("activation_function", "gelu_new") not in ACTIVATIONS:
-        raise CheckpointError(
-            f"GPT-2 activation {config['activation_function']!r} is not supported.", caller="from_huggingface"
-        )
     hidden_dim = config["n_embd"]
     model = GPT(
         vocabulary_size=config["vocab_size"],
@@ -57,7 +52,7 @@ def convert_gpt2(config: dict, w: WeightReader, num_classes: int | None = None) 
         attention_dropout=config.get("attn_pdrop", 0.1),
         layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=config.get("tie_word_embeddings", True),
-        activation=ACTIVATIONS[config.get("activation_function", "gelu_new")],
+        activation=keras_activation("GPT-2", config, "activation_function", "gelu_new"),
     )
     model.build()
     w.set(model.token_embedding, "wte.weight")

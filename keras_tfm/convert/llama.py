@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
-    ACTIVATIONS,
     WeightReader,
     WeightWriter,
     hugging_face_activation,
+    keras_activation,
     no_classifier,
 )
 from keras_tfm.errors import CheckpointError, InputError
@@ -119,9 +119,7 @@ def convert_llama(config: dict, w: WeightReader, num_classes: int | None = None)
     model_type = config["model_type"]
     name = NAMES[model_type]
     no_classifier(name, num_classes)
-    activation = config.get("hidden_act", "silu")
-    if activation not in ACTIVATIONS:
-        raise CheckpointError(f"{name} activation {activation!r} is not supported.", caller="from_huggingface")
+    activation = keras_activation(name, config, "hidden_act", "silu")
     attention_bias = config.get("attention_bias", False)
     biases = dict(
         attention_use_bias=True if model_type == "qwen2" else attention_bias,
@@ -142,7 +140,7 @@ def convert_llama(config: dict, w: WeightReader, num_classes: int | None = None)
         rotary_embedding=_rotary_embedding(config, name),
         layer_norm_epsilon=config.get("rms_norm_eps", 1e-6),
         tie_embeddings=config.get("tie_word_embeddings", False),
-        activation=ACTIVATIONS[activation],
+        activation=activation,
         sliding_window=sliding_window,
         sliding_window_layers=sliding_window_layers,
         query_key_norm=model_type == "qwen3",

@@ -12,7 +12,13 @@ from __future__ import annotations
 import keras
 
 from keras_tfm.convert.registry import converter, exporter
-from keras_tfm.convert.weights import ACTIVATIONS, WeightReader, WeightWriter, hugging_face_activation, no_classifier
+from keras_tfm.convert.weights import (
+    WeightReader,
+    WeightWriter,
+    hugging_face_activation,
+    keras_activation,
+    no_classifier,
+)
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models.translator import Translator
 
@@ -45,9 +51,7 @@ def _blocks(model: Translator, w: WeightReader | WeightWriter, prefix: str = "")
 @converter("marian", prefixes=("model.",))
 def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None) -> Translator:
     no_classifier("Marian", num_classes)
-    activation = config.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
-        raise CheckpointError(f"Marian activation {activation!r} is not supported.", caller="from_huggingface")
+    activation = keras_activation("Marian", config, "activation_function", "gelu")
     shared = config.get("share_encoder_decoder_embeddings", True)
     if config.get("encoder_attention_heads") != config.get("decoder_attention_heads") or config.get(
         "encoder_ffn_dim"
@@ -72,7 +76,7 @@ def convert_marian(config: dict, w: WeightReader, num_classes: int | None = None
         tie_embeddings=config.get("tie_word_embeddings", True),
         scale_embeddings=config.get("scale_embedding", False),
         use_output_bias=True,
-        activation=ACTIVATIONS[activation],
+        activation=activation,
         dropout=config.get("dropout", 0.1),
         attention_dropout=config.get("attention_dropout", 0.0),
         pad_token_id=config["pad_token_id"],

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
-    ACTIVATIONS,
     WeightReader,
     WeightWriter,
+    class_names_of,
     hugging_face_activation,
+    keras_activation,
     require_options,
 )
 from keras_tfm.errors import CheckpointError
@@ -30,14 +31,6 @@ _TASKS = {
     "TokenClassification": ModernBertTokenClassifier,
     "QuestionAnswering": ModernBertQuestionAnswerer,
 }
-
-
-def _activation(config: dict, field: str) -> str:
-    name = config.get(field, "gelu")
-    if name not in ACTIVATIONS:
-        raise CheckpointError(f"ModernBERT {field} {name!r} is not supported; supported: {sorted(ACTIVATIONS)}.",
-                              caller="from_huggingface")  # fmt: skip
-    return ACTIVATIONS[name]
 
 
 def _global_every(config: dict) -> int:
@@ -84,7 +77,7 @@ def _arguments(config: dict) -> dict:
         dropout=max(config.get("embedding_dropout", 0.0), config.get("mlp_dropout", 0.0)),
         attention_dropout=config.get("attention_dropout", 0.0),
         layer_norm_epsilon=config.get("norm_eps", 1e-5),
-        activation=_activation(config, "hidden_activation"),
+        activation=keras_activation("ModernBERT", config, "hidden_activation", "gelu"),
     )
 
 
@@ -124,7 +117,7 @@ def convert_modern_bert(config: dict, w: WeightReader, num_classes: int | None =
 def _task_model(task: str | None, config: dict, w: WeightReader, num_classes: int | None, arguments: dict):
     if task is None:
         return ModernBert(**arguments)
-    head = dict(arguments, head_activation=_activation(config, "classifier_activation"))
+    head = dict(arguments, head_activation=keras_activation("ModernBERT", config, "classifier_activation", "gelu"))
     if task == "MaskedLM":
         return ModernBertMLM(**head)
     dropout = config.get("classifier_dropout", 0.0)
@@ -132,8 +125,7 @@ def _task_model(task: str | None, config: dict, w: WeightReader, num_classes: in
         return ModernBertQuestionAnswerer(classifier_dropout=dropout, **head)
     count = num_classes or w.weights["classifier.weight"].shape[0]
     if task == "TokenClassification":
-        names = config.get("id2label") or {}
-        class_names = None if num_classes else [names.get(str(i), names.get(i, f"LABEL_{i}")) for i in range(count)]
+        class_names = None if num_classes else class_names_of(config, count)
         return ModernBertTokenClassifier(num_classes=count, class_names=class_names, classifier_dropout=dropout, **head)
     pooling = config.get("classifier_pooling", "cls")
     return ModernBertClassifier(num_classes=count, pooling=pooling, classifier_dropout=dropout, **head)

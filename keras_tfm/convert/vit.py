@@ -19,10 +19,10 @@ import numpy as np
 from keras_tfm.convert.files import checkpoint_directory, read_json
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
-    ACTIVATIONS,
     WeightReader,
     WeightWriter,
     hugging_face_activation,
+    keras_activation,
     require_options,
     set_layer_norm,
 )
@@ -53,8 +53,6 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
     include_top = checkpoint_head or num_classes is not None
     if checkpoint_head:
         num_classes = w.weights["classifier.weight"].shape[0]
-    if config.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise CheckpointError(f"ViT activation {config['hidden_act']!r} is not supported.", caller="from_huggingface")
     image_size, patch_size = config["image_size"], config["patch_size"]
     for field, value in (("image_size", image_size), ("patch_size", patch_size)):
         if not isinstance(value, int) and len(set(value)) != 1:
@@ -74,7 +72,7 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
         dropout=config.get("hidden_dropout_prob", 0.0),
         attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
-        activation=ACTIVATIONS[config.get("hidden_act", "gelu")],
+        activation=keras_activation("ViT", config, "hidden_act", "gelu"),
     )
     model.build()
     model.class_token.assign(w("embeddings.cls_token"))

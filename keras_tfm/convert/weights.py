@@ -23,6 +23,22 @@ ACTIVATIONS = {
 }
 
 
+def keras_activation(model_type: str, config: dict, field: str, default: str) -> str:
+    """The Keras activation of the checkpoint's `config[field]` (`default` where it has none), refused by name
+    where Keras has none."""
+    name = config.get(field, default)
+    if name not in ACTIVATIONS:
+        raise CheckpointError(f"{model_type} activation {name!r} ({field}) is not supported; supported: {sorted(ACTIVATIONS)}.",
+                              caller="from_huggingface")  # fmt: skip
+    return ACTIVATIONS[name]
+
+
+def class_names_of(config: dict, count: int) -> list[str]:
+    """The names of a classifier's `count` classes from the checkpoint's `id2label` (LABEL_i where it has none)."""
+    names = config.get("id2label") or {}
+    return [names.get(str(i), names.get(i, f"LABEL_{i}")) for i in range(count)]
+
+
 def hugging_face_activation(model_type: str, activation: str) -> str:
     """The checkpoint's name for a Keras activation: the first name in `ACTIVATIONS` that gives it."""
     for name, keras_name in ACTIVATIONS.items():

@@ -8,28 +8,14 @@ from __future__ import annotations
 
 import keras
 
-from keras_tfm.compat import get_keras_mask, on_xla_cpu, set_keras_mask
+from keras_tfm.compat import get_keras_mask, set_keras_mask
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ
 from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 from keras_tfm.layers.remat import rematerializable
-
-
-def _residual(x, sublayer, norm, dropout, norm_first: bool, training, normalized=None):
-    """One residual sub-layer, pre- or post-norm. `sublayer` may return `(y, *extras)`. `normalized`:
-    `norm(x)`, when the caller has it already (pre-norm)."""
-    if norm_first:
-        out = sublayer(norm(x) if normalized is None else normalized)
-    else:
-        out = sublayer(x)
-    extras = ()
-    if isinstance(out, tuple):
-        out, *extras = out
-    out = x + dropout(out, training=training)
-    out = out if norm_first else norm(out)
-    return (_computed_once(out) if training else out), tuple(extras)
+from keras_tfm.layers.residual import residual
 
 
 def _gather(x, positions):
@@ -37,25 +23,6 @@ def _gather(x, positions):
     for _ in range(len(x.shape) - 2):
         positions = positions[..., None]
     return keras.ops.take_along_axis(x, positions, axis=1)
-
-
-def _computed_once(x):
-    """`x` itself, which XLA (JAX, TensorFlow) must now compute once.
-
-    Without this, XLA's CPU compiler keeps the residual stream as an expression (the sum of every
-    earlier sub-layer's output) and fuses it into each consumer: LayerNorm statistics, the next residual
-    add, and in the backward pass the transposed copies the weight gradients read. That recomputation
-    grows with depth (in a 4-layer GPT's training step, a fifth of the time went to such fusions).
-    `optimization_barrier` does not help on CPU (removed before fusion); a conditional is a boundary XLA
-    does not fuse across, forward or backward. Both branches return `x` (as two different computations:
-    JAX drops a conditional whose branches are the same). Training only: in the decoding loops the
-    conditionals cost more than they save. Measured with `benchmarks/gpt.py` on XLA:CPU only, so
-    only there (`compat.on_xla_cpu`): GPUs and TPUs, and PyTorch (eager), get the plain graph.
-    """
-    if not on_xla_cpu():
-        return x
-    first = keras.ops.reshape(x, (-1,))[0]
-    return keras.ops.cond(keras.ops.isfinite(first), lambda: x, lambda: keras.ops.copy(x))
 
 
 NORMALIZATIONS = ("layer_norm", "rms_norm")
@@ -325,7 +292,7 @@ class EncoderBlock(_Block):
                 training=training,
             )
 
-        x, extras = _residual(
+        x, extras = residual(
             x,
             attend,
             self.self_attention_norm,
@@ -334,7 +301,7 @@ class EncoderBlock(_Block):
             training,
             normalized=normalized_queries,
         )
-        x, _ = _residual(
+        x, _ = residual(
             x,
             lambda h: self.feed_forward(h, training=training),
             self.feed_forward_norm,
@@ -462,7 +429,7 @@ class DecoderBlock(_Block):
                 training=training,
             )
 
-        x, self_extras = _residual(
+        x, self_extras = residual(
             decoder_sequence, self_attend, self.self_attention_norm, self.residual_dropout, self.norm_first, training
         )
         cross_extras = ()
@@ -478,10 +445,10 @@ class DecoderBlock(_Block):
                     training=training,
                 )
 
-            x, cross_extras = _residual(
+            x, cross_extras = residual(
                 x, cross_attend, self.cross_attention_norm, self.residual_dropout, self.norm_first, training
             )
-        x, _ = _residual(
+        x, _ = residual(
             x,
             lambda h: self.feed_forward(h, training=training),
             self.feed_forward_norm,
