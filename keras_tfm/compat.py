@@ -36,7 +36,7 @@ __all__ = [
     "in_symbolic_scope",
     "int8_kernels_by_column",
     "int8_products_are_fast",
-    "mend_torch_int8_products",
+    "mend_torch_products",
     "on_xla_cpu",
     "one_garbage_collection",
     "optimizer_averages_kept_apart",
@@ -137,28 +137,36 @@ def concrete_values(value):
     return None
 
 
-_MENDED_TORCH_INT8: list = []
+_MENDED_TORCH: list = []
 _MENDING = threading.Lock()
 
 
-def mend_torch_int8_products() -> None:
-    """Mends, for the process, two faults of Keras' PyTorch backend (Keras 3.15) that make an int8
-    model decode 4x slower than its float32 one on a CPU; the results stay Keras' own, bit for bit.
+def mend_torch_products() -> None:
+    """Mends, for the process, four faults of Keras' PyTorch backend (Keras 3.15) that slow decoding on
+    a CPU. With autograd on, every product stays Keras' own.
 
     - `ops.custom_gradient`, around every int8 layer's product, always runs as a
       `torch.autograd.Function`, which `torch.jit.trace` records as a call back into Python: each
       product of a traced decoding step would run eagerly. With autograd off there is no gradient to
       define, so the function runs as itself and is traced like any other op.
     - `ops.matmul` of int8 by int8 off CUDA casts both to int32 for a generic product.
-      `torch._int_mm` gives the same int32 sums with the CPU's int8 kernel (VNNI on x86)."""
+      `torch._int_mm` gives the same int32 sums with the CPU's int8 kernel (VNNI on x86).
+    - `ops.matmul` of float32 by a float32 matrix runs MKL's product, which on AMD processors takes a
+      generic path: 1.6-2.3x slower than oneDNN's (`_onednn_linear`) at the decoding steps' shapes, and 3x
+      on the output head. With autograd off, on an x86 CPU, oneDNN computes it (float32 sums in
+      another order: differences of a few float32 ulps).
+    - `ops.dot_product_attention` copies its keys and values (`.contiguous()`) before PyTorch's fused
+      attention, which reads strided tensors as they are. A decoding step's keys and values are a slice
+      of the cache: every layer copied the whole cache at every step, 60% of a 16-row step's time.
+      With autograd off, on the CPU, `_attention_of_views` skips the copies."""
     with _MENDING:
-        if not _MENDED_TORCH_INT8 and keras.backend.backend() == "torch":
-            _MENDED_TORCH_INT8.append(_mend_torch_int8_products())
+        if not _MENDED_TORCH and keras.backend.backend() == "torch":
+            _MENDED_TORCH.append(_mend_torch_products())
 
 
-def _mend_torch_int8_products() -> tuple:
+def _mend_torch_products() -> tuple:
     import torch
-    from keras.src.backend.torch import core, numpy
+    from keras.src.backend.torch import core, nn, numpy
 
     class custom_gradient(core.custom_gradient):
         def __call__(self, *args, **kwargs):
@@ -168,16 +176,70 @@ def _mend_torch_int8_products() -> tuple:
             return output
 
     keras_matmul = numpy.matmul
+    onednn = _onednn_linear()
 
     def matmul(x1, x2):
         x1, x2 = numpy.convert_to_tensor(x1), numpy.convert_to_tensor(x2)
-        if x1.dtype == x2.dtype == torch.int8 and x1.ndim >= 2 and x2.ndim == 2 and x1.device.type == "cpu":
+        if x1.ndim < 2 or x2.ndim != 2 or x1.device.type != "cpu":
+            return keras_matmul(x1, x2)
+        if x1.dtype == x2.dtype == torch.int8:
             product = torch._int_mm(x1.reshape(-1, x1.shape[-1]), x2)
             return product.reshape(*x1.shape[:-1], x2.shape[1])
+        if onednn is not None and x1.dtype == x2.dtype == torch.float32 and not torch.is_grad_enabled():
+            return onednn(x1, x2.t())  # the weights as they lie: oneDNN reads the transposed view
         return keras_matmul(x1, x2)
 
     core.custom_gradient, numpy.matmul = custom_gradient, matmul
-    return custom_gradient, matmul
+    nn.dot_product_attention = _attention_of_views(nn.dot_product_attention)
+    return custom_gradient, matmul, nn.dot_product_attention
+
+
+def _attention_of_views(keras_attention):
+    """Keras' PyTorch `dot_product_attention` without its copies of the inputs, where autograd is off
+    and every input lies on the CPU; Keras' own otherwise, and for a bias, a soft cap or a mask with
+    `is_causal`."""
+    import torch
+    from keras.src.backend.torch import nn
+    from keras.src.backend.torch.core import convert_to_tensor
+
+    def attention(query, key, value, bias=None, mask=None, scale=None, is_causal=False, **options):
+        query, key, value = (convert_to_tensor(x) for x in (query, key, value))
+        mask = None if mask is None else convert_to_tensor(mask, dtype="bool")
+        plain = bias is None and not any(options.values()) and not (mask is not None and is_causal)
+        same = len({x.dtype for x in (query, key, value)}) == 1 and all(x.ndim == 4 for x in (query, key, value))
+        on_cpu = all(x.device.type == "cpu" for x in (query, key, value, *([mask] if mask is not None else [])))
+        if torch.is_grad_enabled() or not (plain and same and on_cpu):
+            return keras_attention(query, key, value, bias, mask, scale, is_causal, **options)
+        if mask is not None:
+            mask = torch.where(mask, 0.0, nn._get_large_negative(query.dtype))
+        query, key, value = (torch.transpose(x, 1, 2) for x in (query, key, value))
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:
+            key, value = (torch.repeat_interleave(x, groups, dim=1) for x in (key, value))
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale
+        )
+        return torch.transpose(attended, 1, 2)
+
+    return attention
+
+
+def _onednn_linear():
+    """`(x, weights (outputs, inputs)) -> x @ weights.T` by oneDNN, PyTorch's inference kernel for
+    `torch.compile` (`mkldnn::_linear_pointwise`), or None off x86 or without oneDNN. Scripted because
+    `torch.jit.trace` cannot record the op's empty list of arguments; a trace calls the script."""
+    import platform
+
+    import torch
+
+    usable = platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+    if not usable or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return None
+
+    def linear(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, weights, None, "none", [], None)
+
+    return torch.jit.script(linear)
 
 
 def int8_products_are_fast() -> bool:

@@ -157,7 +157,7 @@ def test_torch_int8_products_are_keras_own_and_traceable(rng):
     kernel, kernel_scale = (keras.ops.convert_to_numpy(v) for v in (dense._kernel, dense.kernel_scale))
     sums = keras.ops.convert_to_numpy(quantized).astype("int64") @ kernel.astype("int64")
     expected = sums.astype("float32") / (kernel_scale * keras.ops.convert_to_numpy(scale))
-    compat.mend_torch_int8_products()
+    compat.mend_torch_products()
     np.testing.assert_allclose(keras.ops.convert_to_numpy(dense(x)), expected, rtol=1e-6, atol=1e-6)
     with torch.no_grad():
         traced = torch.jit.trace(dense, (torch.tensor(x),), check_trace=False)
@@ -167,6 +167,57 @@ def test_torch_int8_products_are_keras_own_and_traceable(rng):
     dense(inputs).sum().backward()
     float_kernel = kernel.astype("float32") / kernel_scale
     np.testing.assert_allclose(inputs.grad.numpy(), np.broadcast_to(float_kernel.sum(1), x.shape), rtol=1e-5)
+
+
+def test_torch_float_products_go_to_onednn_without_autograd(rng):
+    """A float32 product with autograd off runs oneDNN's kernel on an x86 CPU, is recorded as that op by
+    `torch.jit.trace` (through its script), and gives NumPy's product; with autograd on, Keras' own with its
+    gradient. Its weights are read as they lie: a transposed view, as a tied output head passes them."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("a fault of Keras' PyTorch backend")
+    import torch
+
+    compat.mend_torch_products()
+    if compat._onednn_linear() is None:
+        pytest.skip("oneDNN's product is used on x86 CPUs only")
+    x, weights = rng.normal(size=(2, 3, 40)).astype("float32"), rng.normal(size=(24, 40)).astype("float32")
+    expected = x @ weights.T
+    with torch.no_grad():
+        product = keras.ops.matmul(torch.tensor(x), keras.ops.transpose(torch.tensor(weights)))
+        np.testing.assert_allclose(product.numpy(), expected, rtol=1e-5, atol=1e-5)
+        traced = torch.jit.trace(lambda v: keras.ops.matmul(v, torch.tensor(weights).T), (torch.tensor(x),))
+    kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+    assert "mkldnn::_linear_pointwise" in kinds and "aten::matmul" not in kinds
+    np.testing.assert_allclose(traced(torch.tensor(x)).numpy(), expected, rtol=1e-5, atol=1e-5)
+    inputs = torch.tensor(x, requires_grad=True)
+    keras.ops.matmul(inputs, torch.tensor(weights).T).sum().backward()
+    np.testing.assert_allclose(inputs.grad.numpy(), np.broadcast_to(weights.sum(0), x.shape), rtol=1e-5)
+
+
+def test_torch_attention_reads_strided_keys_and_values_without_copies(rng):
+    """`ops.dot_product_attention` with autograd off, of keys and values that are a slice of a joint
+    cache (as a decoding step's), gives Keras' own result (grouped heads, a mask) without copying them."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("a fault of Keras' PyTorch backend")
+    import torch
+
+    compat.mend_torch_products()
+    cache = torch.tensor(rng.normal(size=(3, 2, 2, 5, 8)).astype("float32"))  # (batch, 2, heads, length, dim)
+    key, value = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
+    mask = torch.tensor(rng.random((3, 1, 2, 5)) > 0.3)
+    mask[..., 0] = True
+    for heads in (2, 6):  # one query head per key/value head, and three
+        query = torch.tensor(rng.normal(size=(3, 2, heads, 8)).astype("float32"))
+        with torch.enable_grad():  # Keras' own path
+            expected = keras.ops.dot_product_attention(query, key, value, mask=mask, scale=0.3).detach()
+        with torch.no_grad(), torch.profiler.profile() as profile:
+            attended = keras.ops.dot_product_attention(query, key, value, mask=mask, scale=0.3)
+        np.testing.assert_allclose(attended.numpy(), expected.numpy(), rtol=1e-6, atol=1e-6)
+    copies = [e.name for e in profile.events() if e.name in ("aten::contiguous", "aten::clone")]
+    assert copies == ["aten::clone"] * 2  # the grouped keys' and values' repetition, not the cache
+    with torch.no_grad(), torch.profiler.profile() as profile:
+        keras.ops.dot_product_attention(query[:, :, :2], key, value, mask=mask)
+    assert not [e.name for e in profile.events() if e.name in ("aten::contiguous", "aten::clone")]
 
 
 def test_int8_kernels_laid_by_column_keep_their_values(rng):

@@ -127,6 +127,7 @@ def _specialize(graph, module) -> None:
     positions' rotation angles, the mask) is computed once: ~3,000 nodes, the same values."""
     import torch
 
+    torch._C._jit_pass_inline(graph)  # the scripted products (`compat.mend_torch_products`), called inline
     _type_weights(graph, module)
     for node in list(graph.nodes()):
         if node.kind() != "aten::size":
@@ -194,8 +195,8 @@ def _write_in_place(cache, start: tuple, entries):
 def compile_function(fn: Callable, model: keras.Model) -> Callable:
     """Compiles `fn` once for this backend: XLA through `jax.jit` (the model's variables passed in
     as state) or `tf.function(jit_compile=True)`. PyTorch runs the loop in Python without autograd
-    (see `decoding_functions` for what it traces), its int8 products on the CPU's int8 kernel
-    (`compat.mend_torch_int8_products`)."""
+    (see `decoding_functions` for what it traces), its int8 products on the CPU's int8 kernel and its
+    float32 ones on oneDNN's (`compat.mend_torch_products`)."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
@@ -212,7 +213,7 @@ def compile_function(fn: Callable, model: keras.Model) -> Callable:
         return tf.function(fn, jit_compile=True)  # one trace per batch shape, like jax.jit
     import torch
 
-    compat.mend_torch_int8_products()
+    compat.mend_torch_products()
     compat.int8_kernels_by_column(model)
 
     def run_without_autograd(*args):
