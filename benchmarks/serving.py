@@ -125,6 +125,9 @@ def main() -> None:
     args = parser.parse_args()
     import keras
 
+    from keras_tfm import compat
+
+    compat.torch_server_process()  # as `python -m keras_tfm.serve` does
     model = character_model()
     model.build()
     weights_mb = round(sum(int(np.prod(w.shape)) * 4 for w in model.weights) / 2**20)

@@ -42,6 +42,9 @@ __all__ = [
     "optimizer_averages_kept_apart",
     "patch_tf2onnx",
     "set_keras_mask",
+    "torch_parallel_here",
+    "torch_server_process",
+    "torch_serial_here",
     "saved_model_weights_once",
     "sublayers",
     "track_variables_again",
@@ -240,6 +243,65 @@ def _onednn_linear():
         return torch.ops.mkldnn._linear_pointwise(x, weights, None, "none", [], None)
 
     return torch.jit.script(linear)
+
+
+_TORCH_THREADS: list = []  # the process's PyTorch intra-op threads, once one thread gave them up
+_NO_SOURCE_LOCATIONS: list = []  # the tracer's hook that records none (kept alive: PyTorch calls it)
+
+
+def torch_serial_here() -> None:
+    """Runs PyTorch's operators on the calling thread without a team of OpenMP threads, keeping the
+    process's thread count for `torch_parallel_here`.
+
+    GNU OpenMP's workers spin for new work only while the process's OpenMP threads fit in its cores;
+    once two threads have teams (the main thread that loaded a model, a server's engine that decodes),
+    every worker sleeps between parallel regions and is woken by a system call, and a decoding step has
+    hundreds of regions: 1.6x slower at one row, 1.2x at 16 (SmolLM2 shape, 2 cores). So a server's
+    other threads run serially, and its engine alone in parallel."""
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    with _MENDING:
+        if not _TORCH_THREADS:
+            _TORCH_THREADS.append(torch.get_num_threads())
+    torch.set_num_threads(1)
+
+
+def torch_server_process() -> None:
+    """Sets up PyTorch for a process that serves a model (the command-line server): its calling (main)
+    thread runs serially (`torch_serial_here`), and `torch.jit.trace` records no source locations.
+
+    The tracer stores the whole Python stack of every operation it records (about 2 kB each, through
+    Keras' layers), and a decoding trace records ~24,000 before `generation.compiled` simplifies it: the
+    strings and what they fragment held about half of every trace's memory (~17 of ~35 MB for each shape
+    of the SmolLM2 shape). The locations only name lines in a trace's error messages. There is no
+    public switch, so the tracer's hook (`torch::jit::tracer::setRecordSourceLocation`) is given a
+    function that records none, for the rest of the process, where PyTorch exports it."""
+    if keras.backend.backend() != "torch":
+        return
+    torch_serial_here()
+    import ctypes
+
+    import torch
+
+    with _MENDING:
+        if _NO_SOURCE_LOCATIONS:
+            return
+        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        setter = getattr(library, "_ZN5torch3jit6tracer23setRecordSourceLocationEPFvPNS0_4NodeEE", None)
+        if setter is not None:
+            _NO_SOURCE_LOCATIONS.append(ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda node: None))
+            setter(_NO_SOURCE_LOCATIONS[0])
+
+
+def torch_parallel_here() -> None:
+    """Gives the calling thread the intra-op threads the process had before `torch_serial_here`; a
+    no-op if no thread gave them up."""
+    if keras.backend.backend() == "torch" and _TORCH_THREADS:
+        import torch
+
+        torch.set_num_threads(_TORCH_THREADS[0])
 
 
 def int8_products_are_fast() -> bool:

@@ -220,6 +220,51 @@ def test_torch_attention_reads_strided_keys_and_values_without_copies(rng):
     assert not [e.name for e in profile.events() if e.name in ("aten::contiguous", "aten::clone")]
 
 
+def test_one_thread_of_a_server_runs_torch_in_parallel(monkeypatch):
+    """`torch_serial_here` leaves the calling thread one intra-op thread and keeps the process's count,
+    which `torch_parallel_here` gives to another thread (a server's engine)."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("PyTorch's threads")
+    import threading
+
+    import torch
+
+    monkeypatch.setattr(compat, "_TORCH_THREADS", [])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+    try:
+        compat.torch_serial_here()
+        assert torch.get_num_threads() == 1
+        worker = threading.Thread(target=lambda: (compat.torch_parallel_here(), seen.append(torch.get_num_threads())))
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2]
+
+
+def test_a_server_process_traces_without_source_locations(monkeypatch):
+    """After `torch_server_process`, `torch.jit.trace` records the same operations without the Python
+    stack of each, and the calling thread runs serially."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("PyTorch's tracer")
+    import torch
+
+    monkeypatch.setattr(compat, "_TORCH_THREADS", [])
+    before = torch.get_num_threads()
+    try:
+        compat.torch_server_process()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    x = torch.arange(4.0)
+    traced = torch.jit.trace(lambda v: keras.ops.tanh(v * 2.0) + 1.0, (x,))
+    kinds = [node.kind() for node in traced.graph.nodes()]
+    assert "aten::tanh" in kinds and not [node.sourceRange() for node in traced.graph.nodes() if node.sourceRange()]
+    np.testing.assert_allclose(traced(x).numpy(), np.tanh(np.arange(4.0) * 2) + 1, rtol=1e-6)
+
+
 def test_int8_kernels_laid_by_column_keep_their_values(rng):
     if keras.backend.backend() != "torch":
         pytest.skip("PyTorch's int8 kernel")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from keras import ops
 
+from keras_tfm import compat
 from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.generation import continuous
 
@@ -36,7 +37,9 @@ class CompiledShapes:
         self.stalls = 0  # shapes compiled on the engine's thread while other requests' rows waited
         self._pending: dict[tuple[Key, Shape], concurrent.futures.Future] = {}
         self._lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="keras_tfm-compile")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="keras_tfm-compile", initializer=compat.torch_serial_here
+        )
 
     def function(self, key: Key) -> Callable:
         """The compiled function of `key`, kept on the model beside `generate`'s (every engine of the

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from keras_tfm import compat
 from keras_tfm.serve.requests import RequestError
 
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
@@ -126,6 +127,7 @@ class EmbeddingBatcher:
         return await asyncio.wrap_future(future)
 
     def _run(self) -> None:
+        compat.torch_parallel_here()
         while (first := self.pending.get()) is not None:
             batch, count, closing = [first], len(first[0]), False
             while count < self.max_batch_size and not closing:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 from keras import ops
 
+from keras_tfm import compat
 from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
@@ -193,6 +194,7 @@ class Engine:
             return taken
 
     def _run(self) -> None:
+        compat.torch_parallel_here()
         try:
             self.compiled.warm_up(self._warm_up, self._progress)
         except Exception as error:  # shapes that did not compile compile when first used
