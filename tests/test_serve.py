@@ -248,6 +248,20 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
     assert engine.compiled.stalls == 0 and engine.compiled.beside >= 1 and min(during) >= 2, during
 
 
+@pytest.mark.backend_independent
+def test_a_prompt_just_past_a_width_is_prefilled_at_that_width(model):
+    """A new row's first chunk (4 steps) feeds the prompt's tokens past the prefill, so a prompt of 35
+    tokens fills a width of 32, not 64, and the answer is still `generate`'s."""
+    text = ("to be or not to be " * 2)[:35]
+    assert len(model.tokenizer.encode_prompt(text)) == 35
+    expected = model.generate(text, max_new_tokens=8)[len(text) :]
+    with Server(model) as server:
+        body = {"prompt": text, "max_tokens": 8, "temperature": 0}
+        answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        prefills = {shape for key, shape in server.app.state.engine.compiled.ready if key == ("prefill",)}
+    assert answer["choices"][0]["text"] == expected and prefills == {(1, 32)}
+
+
 def test_a_model_with_a_position_table_decodes_to_the_end_of_its_context(model):
     """A GPT of 16 positions asked for every token its context leaves: the rows' cache never outgrows
     the position table (chunks of 4 steps overshoot a row's end), and the answer is `generate`'s."""

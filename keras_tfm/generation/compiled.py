@@ -3,6 +3,7 @@ compiled on JAX, TensorFlow and PyTorch. Everything else in `generation/` is `ke
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 
@@ -192,16 +193,20 @@ def _write_in_place(cache, start: tuple, entries):
     return cache.index_copy_(3, positions, entries)
 
 
-def compile_function(fn: Callable, model: keras.Model) -> Callable:
+def compile_function(fn: Callable, model: keras.Model, donated: tuple[int, ...] = ()) -> Callable:
     """Compiles `fn` once for this backend: XLA through `jax.jit` (the model's variables passed in
     as state) or `tf.function(jit_compile=True)`. PyTorch runs the loop in Python without autograd
     (see `decoding_functions` for what it traces), its int8 products on the CPU's int8 kernel and its
-    float32 ones on oneDNN's (`compat.mend_torch_products`)."""
+    float32 ones on oneDNN's (`compat.mend_torch_products`).
+
+    `donated`: the positions of arguments the caller never reads again (a cache it replaces by the
+    one returned). JAX then writes the result into their buffers, rather than copying them into
+    new ones: a chunk of the SmolLM2 shape at 16 rows x 128 positions holds one cache (94 MB) less."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        @jax.jit
+        @functools.partial(jax.jit, donate_argnums=tuple(position + 1 for position in donated))
         def stateless(values, *args):
             with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
                 return fn(*args)

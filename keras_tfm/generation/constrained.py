@@ -32,6 +32,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
     tokens = output[np.arange(rows), positions]
     logit_bias = continuous.host_bias(config, model.decoding_vocabulary_size)
     stops, ended, counts = set(request.stop_token_ids.tolist()), np.zeros(rows, bool), np.zeros(rows, "int32")
+    fed = tuple(ops.convert_to_tensor(part) for part in continuous.nothing_fed(rows, 1))
     for step in range(request.max_new_tokens):
         bias = np.stack([constraint.bias() for constraint in constraints]) + logit_bias
         cache, seen, generated = chunk(
@@ -40,6 +41,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
             ops.convert_to_tensor(positions),
             seen,
             settings,
+            fed,
             ops.convert_to_tensor(bias),
         )
         tokens = ops.convert_to_numpy(generated)[:, 0].astype("int32")

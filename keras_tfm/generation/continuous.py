@@ -63,6 +63,11 @@ def host_bias(config: GenerationConfig, vocabulary_size: int) -> np.ndarray:
     return bias
 
 
+def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's `fed` where no row feeds its prompt's tokens."""
+    return np.zeros((rows, steps), "int32"), np.zeros(rows, "int32")
+
+
 def idle_settings(rows: int) -> list[np.ndarray]:
     """`RowSettings` values of `rows` free rows (what they compute is dropped): greedy decoding's, seed 0."""
     return [np.full(rows, value, dtype) for value, dtype in row_values(GenerationConfig(), 0, dtypes=True)]
@@ -142,19 +147,25 @@ def logprobs_of(logits, chosen, top: int):
 
 
 def decode_chunk(model, features: Features, steps: int):
-    """A compiled `(cache, tokens, positions, seen, settings[, bias]) -> (cache, seen, generated[,
+    """A compiled `(cache, tokens, positions, seen, settings, fed[, bias]) -> (cache, seen, generated[,
     logprobs])`: every row feeds its token at its position, then the token it chose at the next, `steps`
-    times; `generated` `(rows, steps)` holds the chosen tokens (`bias` `(rows, vocabulary)` float32, with
-    `features.biased`: what the host adds to each row's scores at every step of the chunk). With
+    times; `generated` `(rows, steps)` holds the tokens fed next (`bias` `(rows, vocabulary)` float32,
+    with `features.biased`: what the host adds to each row's scores at every step of the chunk). `fed`,
+    `(tokens (rows, steps), counts (rows,))` int32: a row's first `counts` steps feed those tokens of its
+    prompt rather than the ones it chose (a new row whose prompt runs past its prefill; a new row's first
+    token comes from the chunk anyway, so these steps cost it no time) and count no seen token. With
     `features.logprobs`, `logprobs` is `(chosen (rows, steps), top ids and top log-probabilities (rows,
     steps, k))` of `logprobs_of`. A row past the cache's end writes its last position again (its request
-    has ended; the host drops what it generated)."""
+    has ended; the host drops what it generated). The `cache` and `seen` it is given are spent (JAX
+    writes the new ones into their buffers): the caller goes on with those it returns."""
     top = min(TOP_LOGPROBS, model.decoding_vocabulary_size)
 
-    def step_rows(i, cache, tokens, positions, seen, generated, settings, bias, logprobs):
+    def step_rows(i, cache, tokens, positions, seen, generated, settings, fed, bias, logprobs):
         logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, positions)
         chosen = choose_rows(logits[:, -1, :], seen, settings, positions, features, bias)
-        generated = ops.slice_update(generated, (0, i), ops.expand_dims(chosen, 1))
+        prompted = i < fed[1]
+        following = ops.where(prompted, ops.take(fed[0], i, axis=1), chosen)
+        generated = ops.slice_update(generated, (0, i), ops.expand_dims(following, 1))
         if features.logprobs:
             picked, top_ids, top_values = logprobs_of(logits[:, -1, :], chosen, top)
             logprobs = tuple(
@@ -162,13 +173,15 @@ def decode_chunk(model, features: Features, steps: int):
                 for kept, new in zip(logprobs, (picked, top_ids, top_values))
             )
         if features.penalty or features.counts:
-            seen = seen_counted(seen, ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32"), None)
+            hot = ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32")
+            seen = seen_counted(seen, hot * ops.expand_dims(ops.cast(ops.logical_not(prompted), "int32"), 1), None)
         last = ops.shape(cache[0])[3] - 1
-        return i + 1, cache, chosen, ops.minimum(positions + 1, last), seen, generated, settings, bias, logprobs
+        positions = ops.minimum(positions + 1, last)
+        return i + 1, cache, following, positions, seen, generated, settings, fed, bias, logprobs
 
     _, while_loop = compiled.decoding_functions(model.call_with_cache, model)
 
-    def chunk(cache, tokens, positions, seen, settings, bias=()):
+    def chunk(cache, tokens, positions, seen, settings, fed, bias=()):
         rows = ops.shape(tokens)[0]
         generated = ops.zeros((rows, steps), "int32")
         logprobs = ()
@@ -178,11 +191,13 @@ def decode_chunk(model, features: Features, steps: int):
                 ops.zeros((rows, steps, top), "int32"),
                 ops.zeros((rows, steps, top), "float32"),
             )
-        start = (ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, bias, logprobs)
+        start = (
+            ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, fed, bias, logprobs
+        )  # fmt: skip
         result = while_loop(lambda i, *rest: i < steps, step_rows, start)
-        return (result[1], result[4], result[5], *((result[8],) if features.logprobs else ()))
+        return (result[1], result[4], result[5], *((result[9],) if features.logprobs else ()))
 
-    return compiled.compile_function(chunk, model)
+    return compiled.compile_function(chunk, model, donated=(0, 3))  # the cache and `seen`: callers replace them
 
 
 def function(model, key: tuple):

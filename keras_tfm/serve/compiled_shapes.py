@@ -81,7 +81,8 @@ class CompiledShapes:
             zeros = ops.zeros((rows,), "int32")
             seen = ops.zeros((rows, vocabulary), "int32")
             bias = (ops.zeros((rows, vocabulary), "float32"),) if features.biased else ()
-            self.function(key)(self.model.empty_cache(rows, length), zeros, zeros, seen, settings, *bias)
+            fed = tuple(ops.convert_to_tensor(part) for part in continuous.nothing_fed(rows, key[2]))
+            self.function(key)(self.model.empty_cache(rows, length), zeros, zeros, seen, settings, fed, *bias)
 
     def available(self, wanted: Iterable[tuple[Key, Shape]]) -> bool:
         """Whether every `(key, shape)` of `wanted` is compiled; those that are not are compiled on the

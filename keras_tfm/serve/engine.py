@@ -118,6 +118,7 @@ class Engine:
         self._closed = False
         self._slots: list[Row | None] = []
         self._cache = self._seen = None
+        self._fed = continuous.nothing_fed(0, chunk_steps)  # prompt tokens each row feeds in the next chunk
         self.rows_per_chunk: collections.Counter = collections.Counter()  # busy rows in each chunk decoded
         self.shapes: collections.Counter = collections.Counter()  # (rows, length) of each chunk decoded
         self.joined_running = 0  # requests that joined rows already decoding
@@ -231,10 +232,11 @@ class Engine:
         length = max([len(t.job.prompt) + t.job.max_tokens for t in tickets] + self._lengths_needed())
         shape = self._shape(rows, length)
         prompts = [t.job.prompt for t in tickets]
-        count = rows_bucket(len(prompts), self.max_batch_size)
-        prefill = (("prefill",), (count, min(cache_length(max(map(len, prompts)), self.model.max_length), shape[1])))
+        chunk = _chunk_key(self._jobs(busy) + [t.job for t in tickets], self.chunk_steps)
+        width = self._prefill_width(prompts, chunk[2], shape[1])
+        prefilled = [min(len(prompt) - 1, width) for prompt in prompts]
+        prefill = (("prefill",), (rows_bucket(len(prompts), self.max_batch_size), width))
         if busy:
-            chunk = _chunk_key(self._jobs(busy) + [t.job for t in tickets], self.chunk_steps)
             wanted = [prefill, (("admit", prefill[1]), shape)]
             wanted += [(chunk, shape)] * (self.compiled.usable_chunk(*chunk[1:], shape) is None)
             if not self.compiled.available(wanted):
@@ -242,8 +244,8 @@ class Engine:
             self.joined_running += len(tickets)
         self._reshape(*shape)
         ids = np.zeros(prefill[1], "int32")
-        for row, prompt in zip(ids, prompts):
-            row[: len(prompt)] = prompt
+        for row, prompt, length in zip(ids, prompts, prefilled):
+            row[:length] = prompt[:length]
         filled = self.compiled.call(*prefill, bool(busy), ops.convert_to_tensor(ids))
         sources, slots = [], []
         free = iter(slot for slot, row in enumerate(self._slots) if row is None)
@@ -253,7 +255,7 @@ class Engine:
                 constraint = None if ticket.job.grammar is None else Constraint(self.model, ticket.job.grammar)
                 ticket.rows.append(Row(ticket, self._decoder(ticket.job), constraint=constraint))
                 self._slots[slot] = ticket.rows[-1]
-                self._start_row(slot, ticket.job, copy)
+                self._start_row(slot, ticket.job, copy, prefilled[source])
                 sources.append(source)
                 slots.append(slot)
         seen_rows = np.zeros((len(slots), self._seen.shape[1]), "int32")
@@ -268,9 +270,18 @@ class Engine:
         self.compiled.ready.add((("admit", prefill[1]), shape))
         return True
 
-    def _start_row(self, slot: int, job: Job, copy: int) -> None:
-        """A row's first step feeds its prompt's last token at its position, with the request's settings."""
-        self._tokens[slot], self._positions[slot] = job.prompt[-1], len(job.prompt) - 1
+    def _prefill_width(self, prompts: list[list[int]], steps: int, length: int) -> int:
+        """The prefill's width for `prompts` before a chunk of `steps` steps: the fewest positions after
+        which each prompt has at most `steps` tokens left, which the chunk feeds (`_start_row`). So a
+        prompt of 34 tokens (a start token, a word mark and 32 more) fills a width of 32, not 64."""
+        return min(cache_length(max(len(prompt) - steps for prompt in prompts), self.model.max_length), length)
+
+    def _start_row(self, slot: int, job: Job, copy: int, prefilled: int) -> None:
+        """A row's first step feeds its prompt's token after the `prefilled` ones, at its position, and the
+        steps after it the rest of the prompt; with the request's settings."""
+        self._tokens[slot], self._positions[slot] = job.prompt[prefilled], prefilled
+        rest = job.prompt[prefilled + 1 :]
+        self._fed[0][slot, : len(rest)], self._fed[1][slot] = rest, len(rest)
         seed = row_seeds(random.getrandbits(32) if job.config.seed is None else job.config.seed, copy + 1)[copy]
         for setting, value in zip(self._settings, continuous.row_values(job.config, seed)):
             setting[slot] = value
@@ -302,6 +313,7 @@ class Engine:
             kept = busy + busy[-1:] * (rows - len(busy))
             self._cache, self._seen = continuous.resized(self._cache, self._seen, kept, rows, length)
         tokens, positions, settings = np.zeros(rows, "int32"), np.zeros(rows, "int32"), continuous.idle_settings(rows)
+        self._fed = continuous.nothing_fed(rows, self.chunk_steps)  # between chunks no row has prompt left
         if busy:
             tokens[: len(busy)], positions[: len(busy)] = self._tokens[busy], self._positions[busy]
             for kept, old in zip(settings, self._settings):
@@ -330,15 +342,18 @@ class Engine:
             ops.convert_to_tensor(self._positions),
             self._seen,
             settings,
+            (ops.convert_to_tensor(self._fed[0][:, :steps]), ops.convert_to_tensor(self._fed[1])),
             *(() if bias is None else (ops.convert_to_tensor(bias),)),
         )
         generated = ops.convert_to_numpy(generated)
         scores = [ops.convert_to_numpy(part) for part in scores[0]] if scores else None
+        fed, self._fed = self._fed[1], continuous.nothing_fed(len(self._slots), self.chunk_steps)
         self._tokens = generated[:, -1].astype("int32")
         self._positions = np.minimum(self._positions + steps, self._length() - 1).astype("int32")
         for slot in busy:
             row = self._slots[slot]
-            self._take(row, generated[slot], None if scores is None else [part[slot] for part in scores])
+            new = slice(fed[slot], None)  # after the prompt's tokens the chunk fed
+            self._take(row, generated[slot, new], None if scores is None else [part[slot, new] for part in scores])
             if row.finish is not None:
                 self._slots[slot] = None
                 self._tokens[slot] = self._positions[slot] = 0

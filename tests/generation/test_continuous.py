@@ -2,6 +2,7 @@
 join a running cache (and move when it is resized) continue as `generate` does, and each row draws from
 its own distribution with its own random stream."""
 
+import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -59,8 +60,9 @@ def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0, top_k=0, min
 
 def test_rows_that_join_a_running_cache_continue_as_generate_does(rng):
     """Two prompts decode in a cache of four rows (the second with OpenAI's frequency and presence
-    penalties); a third (with a repetition penalty) joins after one chunk; the cache then shrinks to two
-    rows and grows in length. Every row's greedy tokens are `generate`'s for its prompt alone."""
+    penalties, prefilled but for its last three tokens, which its first chunk feeds); a third (with a
+    repetition penalty) joins after one chunk; the cache then shrinks to two rows and grows in length.
+    Every row's greedy tokens are `generate`'s for its prompt alone."""
     model = decoder_lm()
     prompts = [rng.integers(0, VOCABULARY, n).astype("int32") for n in (4, 9, 6)]
     penalties = [1.0, 1.0, 1.5]
@@ -73,24 +75,29 @@ def test_rows_that_join_a_running_cache_continue_as_generate_does(rng):
     ]
     cache, seen = model.empty_cache(4, 32), ops.zeros((4, VOCABULARY), "int32")
     tokens, positions, slots, got = np.zeros(4, "int32"), np.zeros(4, "int32"), {}, {}
+    fed = continuous.nothing_fed(4, 4)
 
-    def admit(cache, seen, index, slot):
+    def admit(cache, seen, index, slot, prefilled=None):
         prompt = prompts[index]
-        filled = continuous.prefill(model)(ops.convert_to_tensor(np.pad(prompt, (0, 32 - len(prompt)))[None]))
+        prefilled = len(prompt) - 1 if prefilled is None else prefilled
+        ids = np.pad(prompt[:prefilled], (0, 32 - prefilled))[None]
+        filled = continuous.prefill(model)(ops.convert_to_tensor(ids))
         seen_row = np.zeros((1, VOCABULARY), "int32")
         seen_row[0, prompt] = 1
-        tokens[slot], positions[slot], slots[index], got[index] = prompt[-1], len(prompt) - 1, slot, []
+        tokens[slot], positions[slot], slots[index], got[index] = prompt[prefilled], prefilled, slot, []
+        rest = prompt[prefilled + 1 :]
+        fed[0][slot, : len(rest)], fed[1][slot] = rest, len(rest)
         return continuous.admit(cache, seen, filled, [0], [slot], seen_row)
 
     cache, seen = admit(cache, seen, 0, 3)
-    cache, seen = admit(cache, seen, 1, 1)
+    cache, seen = admit(cache, seen, 1, 1, prefilled=6)
     for chunk in range(3):
         if chunk == 1:
             cache, seen = admit(cache, seen, 2, 0)
         if chunk == 2:  # row 3 (prompt 0) leaves; rows 0 and 1 move to a cache of 2 rows, 48 positions
             kept = [0, 1]
             cache, seen = continuous.resized(cache, seen, kept, 2, 48)
-            tokens, positions = tokens[kept], positions[kept]
+            tokens, positions, fed = tokens[kept], positions[kept], continuous.nothing_fed(2, 4)
             slots = {index: kept.index(slot) for index, slot in slots.items() if slot in kept}
         rows = len(tokens)
         penalty, frequency, presence = np.ones(rows, "float32"), np.zeros(rows, "float32"), np.zeros(rows, "float32")
@@ -104,13 +111,20 @@ def test_rows_that_join_a_running_cache_continue_as_generate_does(rng):
             ops.convert_to_tensor(positions),
             seen,
             settings(rows, penalty=penalty, frequency=frequency, presence=presence),
+            tuple(ops.convert_to_tensor(part) for part in fed),
         )
         generated = ops.convert_to_numpy(generated)
         tokens, positions = generated[:, -1].copy(), positions + 4
         for index, slot in slots.items():
-            got[index].extend(generated[slot].tolist())
+            got[index].extend(generated[slot, fed[1][slot] :].tolist())
+        fed = continuous.nothing_fed(len(tokens), 4)
+        if chunk == 0:  # its seen counts: its prompt's tokens marked, the two tokens it chose counted
+            counts = np.zeros(VOCABULARY, "int32")
+            counts[prompts[1]] = 1
+            np.add.at(counts, got[1], 2)
+            np.testing.assert_array_equal(ops.convert_to_numpy(seen)[slots[1]], counts)
     np.testing.assert_array_equal(got[0], expected[0][:8])
-    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[1], expected[1][:10])  # two of its first chunk's steps fed its prompt
     np.testing.assert_array_equal(got[2], expected[2][:8])
 
 
@@ -149,25 +163,27 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     model = decoder_lm()
     prompts = [rng.integers(0, VOCABULARY, 5).astype("int32") for _ in range(2)]
     filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([np.pad(p, (0, 3)) for p in prompts])))
-    cache, seen = continuous.admit(
-        model.empty_cache(2, 16),
-        ops.zeros((2, VOCABULARY), "int32"),
-        filled,
-        [0, 1],
-        [0, 1],
-        np.zeros((2, 50), "int32"),
-    )
+
+    def admitted():  # a chunk spends the cache and `seen` it is given (JAX reuses their buffers)
+        empty = model.empty_cache(2, 16), ops.zeros((2, VOCABULARY), "int32")
+        return continuous.admit(*empty, filled, [0, 1], [0, 1], np.zeros((2, 50), "int32"))
+
     tokens, positions = ops.convert_to_tensor([p[-1] for p in prompts]), ops.convert_to_tensor(np.full(2, 4, "int32"))
     row_settings = settings(2, temperature=np.array([0.0, 1.0]), seed=np.array([0, 9]))
     free = continuous.decode_chunk(model, continuous.Features(sampling=True), 1)
-    _, _, expected = free(cache, tokens, positions, seen, row_settings)
+    cache, seen = admitted()
+    nothing = tuple(ops.convert_to_tensor(part) for part in continuous.nothing_fed(2, 1))
+    _, _, expected = free(cache, tokens, positions, seen, row_settings, nothing)
+    if keras.backend.backend() == "jax":  # the chunk wrote its results into the buffers it was given
+        assert cache[0].is_deleted() and seen.is_deleted()
     expected = ops.convert_to_numpy(expected)
     only = (expected[0, 0] + 1) % VOCABULARY  # not the token row 0 takes unmasked
     bias = np.zeros((2, VOCABULARY), "float32")
     bias[0] = LARGE_NEGATIVE
     bias[0, only] = 0.0
     biased = continuous.decode_chunk(model, continuous.Features(sampling=True, biased=True), 1)
-    _, _, chosen = biased(cache, tokens, positions, seen, row_settings, ops.convert_to_tensor(bias))
+    cache, seen = admitted()
+    _, _, chosen = biased(cache, tokens, positions, seen, row_settings, nothing, ops.convert_to_tensor(bias))
     chosen = ops.convert_to_numpy(chosen)
     assert chosen[0, 0] == only and chosen[1, 0] == expected[1, 0]
 
