@@ -262,6 +262,32 @@ def test_a_prompt_just_past_a_width_is_prefilled_at_that_width(model):
     assert answer["choices"][0]["text"] == expected and prefills == {(1, 32)}
 
 
+@pytest.mark.backend_independent
+def test_an_engine_left_open_is_closed_before_the_interpreter_ends(model):
+    """A daemon thread still decoding at exit is stopped inside the runtime's C++, which aborts the process
+    (JAX): an engine made without a server's lifespan is closed by an exit hook, its thread ended; one
+    closed while it warms up stops after the shape it was compiling."""
+    from keras_tfm.serve import workers
+    from keras_tfm.serve.engine import Engine
+
+    def engine_threads():
+        return [thread for thread in threading.enumerate() if thread.name == "keras_tfm-engine"]
+
+    made, lines = [], []
+
+    def progress(line):  # the first shape compiled: wait until the engine is closed
+        lines.append(line)
+        deadline = time.time() + 30
+        while not (made and made[0]._closed) and time.time() < deadline:
+            time.sleep(0.01)
+
+    made.append(Engine(model, max_batch_size=2, warm_up_length=32, progress=progress))
+    Engine(model, max_batch_size=2)
+    assert len(engine_threads()) >= 2
+    workers.close_open_workers()  # what `atexit` runs
+    assert not engine_threads() and len(lines) == 1, lines
+
+
 def test_a_model_with_a_position_table_decodes_to_the_end_of_its_context(model):
     """A GPT of 16 positions asked for every token its context leaves: the rows' cache never outgrows
     the position table (chunks of 4 steps overshoot a row's end), and the answer is `generate`'s."""

@@ -110,10 +110,15 @@ class CompiledShapes:
         ]  # fmt: skip
         return min(fits, key=sum) if fits else None
 
-    def warm_up(self, plan: list[tuple[Key, Shape]], progress: Callable[[str], None] | None) -> None:
-        """Compiles every `(key, shape)` of `plan` in order, telling `progress` after each."""
+    def warm_up(
+        self, plan: list[tuple[Key, Shape]], progress: Callable[[str], None] | None, stopped: Callable[[], bool]
+    ) -> None:
+        """Compiles every `(key, shape)` of `plan` in order, telling `progress` after each, until `stopped()`
+        (a server closed while it warms up ends within one compile)."""
         start = time.monotonic()
         for done, (key, shape) in enumerate(plan, 1):
+            if stopped():
+                return
             if (key, shape) not in self.ready:
                 self.compile(key, shape)
                 self.ready.add((key, shape))

@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_tfm import compat
 from keras_tfm.serve.requests import RequestError
+from keras_tfm.serve.workers import close_at_exit
 
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
@@ -113,6 +114,7 @@ class EmbeddingBatcher:
         self.pending: queue.Queue = queue.Queue(max_queue)
         self.thread = threading.Thread(target=self._run, name="keras_tfm-embeddings", daemon=True)
         self.thread.start()
+        close_at_exit(self)
 
     def waiting(self) -> int:
         return self.pending.qsize()
@@ -156,8 +158,9 @@ class EmbeddingBatcher:
             start += len(ids)
 
     def close(self) -> None:
-        self.pending.put(None, timeout=30)
-        self.thread.join(timeout=30)
+        if self.thread.is_alive():  # closed once already: its lifespan, then at exit
+            self.pending.put(None, timeout=30)
+            self.thread.join(timeout=30)
 
 
 def create_embedding_app(model, model_name, api_key, max_batch_size, max_queue, max_body_bytes, allowed_hosts,

@@ -5,7 +5,8 @@ settings, and requests that ended (a stop token or string, their `max_tokens`, a
 their rows back. Streams get their text after every chunk.
 
 Every compiled loop is for one cache shape, so the cache keeps a few shapes: rows 1, 4, 16, ... (up to
-`max_batch_size`), length a power of two from 32 (up to the context; prefill widths alike), grown when a
+`max_batch_size`), length a power of two from 32 (up to the context; prefill widths alike, a row's first
+chunk feeding the few tokens of its prompt past the width), grown when a
 request needs more and shrunk when the rows that are left fit a smaller one that is compiled. A request
 that needs a shape not compiled yet waits while it compiles on another thread (`compiled_shapes`), and
 the rows decoding go on. The device side is `generation.continuous`; this file keeps the books."""
@@ -32,6 +33,7 @@ from keras_tfm.generation.sampling import row_seeds
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
+from keras_tfm.serve.workers import close_at_exit
 
 
 @dataclasses.dataclass
@@ -125,6 +127,7 @@ class Engine:
         self.clients_left = 0  # requests whose client left before the end
         self._thread = threading.Thread(target=self._run, name="keras_tfm-engine", daemon=True)
         self._thread.start()
+        close_at_exit(self)
 
     def submit(self, job: Job) -> Ticket:
         if _rows_of(job) > self.max_batch_size:  # it would wait for rows that never come
@@ -197,7 +200,7 @@ class Engine:
     def _run(self) -> None:
         compat.torch_parallel_here()
         try:
-            self.compiled.warm_up(self._warm_up, self._progress)
+            self.compiled.warm_up(self._warm_up, self._progress, lambda: self._closed)
         except Exception as error:  # shapes that did not compile compile when first used
             if self._progress is not None:
                 self._progress(f"warm-up failed: {error}")
