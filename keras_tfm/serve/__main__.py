@@ -39,9 +39,9 @@ def parser() -> argparse.ArgumentParser:
                         help="one line per request on standard error: client, method, path, status, seconds "
                              "(default: on)")  # fmt: skip
     parser.add_argument("--warm-up-length", type=int, default=128,
-                        help="before /health says ready, compile the shapes of requests of up to this many "
-                             "positions, prompt and reply (0: none; longer ones compile when first needed, "
-                             "while the rows already decoding go on; default: %(default)s)")  # fmt: skip
+                        help="a language model: before /health says ready, compile the shapes of requests of "
+                             "up to this many positions, prompt and reply (0: none; longer ones compile when "
+                             "first needed, while the rows already decoding go on; default: %(default)s)")  # fmt: skip
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="on SIGTERM or Ctrl-C, seconds the requests being answered have to finish before "
                              "they are cancelled (default: %(default)s)")  # fmt: skip
