@@ -609,8 +609,12 @@ def test_tool_calls_in_a_reply_are_read_for_each_family():
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
     content, calls = parse_tool_calls('[{"name": "get_weather", "arguments": {"city": "Rome"}}]', names)  # Mistral
     assert content is None and len(calls) == 1
-    for text in ('{"name": "delete_files", "arguments": {}}', "<tool_call>not json</tool_call>", "plain"):
-        assert parse_tool_calls(text, names) == (text, [])  # no call to a tool the request gave
+    for cut in ("", "\n<", "</tool_call"):  # a call whose closing tag `max_tokens` cut
+        content, calls = parse_tool_calls('Cut: <tool_call>\n{"name": "get_weather", "arguments": {}}' + cut, names)
+        assert content == "Cut:" and len(calls) == 1, cut
+    for text in ('{"name": "delete_files", "arguments": {}}', "<tool_call>not json</tool_call>", "plain",
+                 '<tool_call>{"name": "get_weather", "argum'):  # fmt: skip
+        assert parse_tool_calls(text, names) == (text, [])  # no call to a tool the request gave, or no call
 
 
 @pytest.mark.backend_independent
@@ -645,6 +649,7 @@ def test_tool_calls_stream_as_openai_streams_them():
         '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
         '[{"name": "get_time", "arguments": {}}]',
         'Plain <tool_c text, <tool_call>{"name": "delete_files", "arguments": {}}</tool_call> and more',
+        'Cut by max_tokens: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool',
     ]
     for reply in replies:
         reader, deltas, fed = StreamedCalls(names), [], []

@@ -24,14 +24,14 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]
     """`(content, tool_calls)` of a reply's `text` for tools named `names`: the calls in OpenAI's shape
     (`{"id", "type": "function", "function": {"name", "arguments": a JSON string}}`) and the text that
     is not a call (None where nothing is left); `(text, [])` where it holds no call."""
-    calls = []
-    for block in HERMES.findall(text):
+    calls, closed = [], _closed(text)
+    for block in HERMES.findall(closed):
         call = _call(_json(block), names, "arguments")
         if call is None:
             return text, []
         calls.append(call)
     if calls:
-        content = HERMES.sub("", text).strip()
+        content = HERMES.sub("", closed).strip()
         return content or None, calls
     whole = _json(text.strip())
     if isinstance(whole, dict) and (call := _call(whole, names, "parameters") or _call(whole, names, "arguments")):
@@ -41,6 +41,16 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]
         if all(calls):
             return None, calls
     return text, []
+
+
+def _closed(text: str) -> str:
+    """`text` with its last block closed where the reply ended in it (`max_tokens` cut its closing tag,
+    whole or in part): `StreamedCalls` has sent such a call by then, and vLLM reads it so."""
+    opened = text.rfind(OPEN)
+    if opened < 0 or CLOSE in text[opened:]:
+        return text
+    cut = next((size for size in range(len(CLOSE) - 1, 0, -1) if text.endswith(CLOSE[:size])), 0)
+    return text[: len(text) - cut] + CLOSE
 
 
 # the start of a Hermes call up to its arguments' value: `{"name": "...", "arguments": `
