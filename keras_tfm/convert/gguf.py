@@ -9,8 +9,11 @@ converter for both formats.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 import os
+import sys
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -135,6 +138,7 @@ def read_gguf(path) -> tuple:
     try:
         reader = gguf.GGUFReader(path)
         metadata = {name: field.contents() for name, field in reader.fields.items()}
+        reader.fields.clear()  # a view object per vocabulary entry (~50 MB for 49k); `metadata` has their values
     except Exception as error:  # the reader raises ValueError, IndexError, ... on a cut or damaged file
         raise CheckpointError(
             f"cannot read {os.fspath(path)!r}: the file is truncated or damaged ({type(error).__name__}: "
@@ -284,7 +288,8 @@ class GGUFWeights(Mapping):
                 ) from None
             array = np.asarray(array, np.float32)
             if np.may_share_memory(array, tensor.data):  # a float32 tensor's view would keep the file mapped
-                array = array.copy()
+                array = _copied(array)
+        release_pages(tensor.data)
         array = array.reshape([int(n) for n in reversed(tensor.shape)])
         if self._unpermute and (".q_proj." in name or ".k_proj." in name):
             heads = self._config["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"]
@@ -300,6 +305,29 @@ class GGUFWeights(Mapping):
     def values_count(self) -> int:
         """How many values the tensors hold together."""
         return sum(int(np.prod([int(n) for n in tensor.shape])) for tensor in self._tensors.values())
+
+
+def _copied(view: np.ndarray, values: int = 1 << 22) -> np.ndarray:
+    """A copy of a tensor's `view` of the mapped file, its pages released `values` at a time as they are
+    copied: the largest tensor (often the token table) is never resident twice."""
+    source = view.reshape(-1)
+    copy = np.empty_like(source)
+    for start in range(0, source.size, values):
+        copy[start : start + values] = source[start : start + values]
+        release_pages(source[start : start + values])
+    return copy.reshape(view.shape)
+
+
+def release_pages(view: np.ndarray) -> None:
+    """Unmaps the pages of a memory-mapped file under `view`, read and copied already (they stay in the
+    system's file cache). Resident memory counts a mapping's pages once read, so reading every tensor
+    through the reader's map would hold the whole file beside the model it became (Linux only)."""
+    if not sys.platform.startswith("linux") or view.nbytes == 0:
+        return
+    page = mmap.PAGESIZE
+    start = view.ctypes.data // page * page
+    end = -(-(view.ctypes.data + view.nbytes) // page) * page
+    ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
 
 
 def _huggingface_name(name: str) -> str:

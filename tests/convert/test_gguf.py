@@ -308,6 +308,30 @@ def test_llama3_rope_scaling_written_as_frequency_factors_is_kept(tmp_path, byte
         keras_tfm.from_gguf(tmp_path / "unknown.gguf")
 
 
+def file_pages_resident_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssFile")) / 1024
+
+
+@pytest.mark.backend_independent
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pages are released on Linux")
+def test_tensors_read_through_the_files_map_leave_its_pages_unmapped(tmp_path):
+    from keras_tfm.convert import gguf as gguf_loading
+
+    values = np.random.default_rng(0).standard_normal(8 << 20).astype(np.float32)  # 32 MB
+    values.tofile(tmp_path / "tensor.bin")
+    mapped = np.memmap(tmp_path / "tensor.bin", np.float32, mode="r")
+    before = file_pages_resident_mb()
+    copy = gguf_loading._copied(mapped, values=1000)  # copied a piece at a time, each released once copied
+    assert file_pages_resident_mb() - before < 8
+    np.testing.assert_array_equal(copy, values)
+    assert float(np.asarray(mapped).sum()) == float(values.sum())  # read whole: every page resident
+    assert file_pages_resident_mb() - before > 28
+    gguf_loading.release_pages(mapped[1:-1])  # its pages, rounded out to whole pages
+    assert file_pages_resident_mb() - before < 4
+    np.testing.assert_array_equal(mapped, values)  # read again from the file
+
+
 @pytest.mark.backend_independent
 def test_files_it_cannot_read_are_refused_by_name(tmp_path, byte_level, monkeypatch):
     with pytest.raises(CheckpointError, match=r"from_gguf: no GGUF file at"):
