@@ -597,7 +597,7 @@ def test_completions_echo_the_prompt_and_best_of_answers_the_likeliest_draws(mod
 
 @pytest.mark.backend_independent
 def test_tool_calls_in_a_reply_are_read_for_each_family():
-    from keras_tfm.serve.tools import parse_tool_calls
+    from keras_tfm.serve.tools import finished_calls, parse_tool_calls
 
     names = {"get_weather"}
     content, calls = parse_tool_calls(
@@ -611,7 +611,10 @@ def test_tool_calls_in_a_reply_are_read_for_each_family():
     assert content is None and len(calls) == 1
     for cut in ("", "\n<", "</tool_call"):  # a call whose closing tag `max_tokens` cut
         content, calls = parse_tool_calls('Cut: <tool_call>\n{"name": "get_weather", "arguments": {}}' + cut, names)
-        assert content == "Cut:" and len(calls) == 1, cut
+        assert content == "Cut:" and len(calls) == 1 and finished_calls(calls), cut
+    content, calls = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa<', names)
+    assert content is None and calls[0]["function"]["arguments"] == '{"city": "Pa<'  # cut in its arguments
+    assert not finished_calls(calls)
     for text in ('{"name": "delete_files", "arguments": {}}', "<tool_call>not json</tool_call>", "plain",
                  '<tool_call>{"name": "get_weather", "argum'):  # fmt: skip
         assert parse_tool_calls(text, names) == (text, [])  # no call to a tool the request gave, or no call
@@ -638,7 +641,10 @@ def test_tool_calls_stream_as_openai_streams_them():
     name, then its arguments piece by piece as they are written; put together, the deltas are the calls
     and content of the whole reply. A block naming another tool is content; Llama's and Mistral's calls
     (the whole reply) and a block whose name follows its arguments come whole at their end."""
-    from keras_tfm.serve.tools import StreamedCalls, parse_tool_calls
+    from keras_tfm.serve.tools import StreamedCalls, finished_calls, parse_tool_calls
+
+    def parsed(arguments: str):  # a call cut in its arguments has them as written
+        return arguments if arguments.endswith("</") else json.loads(arguments)
 
     names = {"get_weather", "get_time"}
     arguments = '{"city": "Pa}ri\\"s", "days": [1, {"a": 2}]}'
@@ -650,6 +656,7 @@ def test_tool_calls_stream_as_openai_streams_them():
         '[{"name": "get_time", "arguments": {}}]',
         'Plain <tool_c text, <tool_call>{"name": "delete_files", "arguments": {}}</tool_call> and more',
         'Cut by max_tokens: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool',
+        'Cut in its arguments: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa</',
     ]
     for reply in replies:
         reader, deltas, fed = StreamedCalls(names), [], []
@@ -661,10 +668,11 @@ def test_tool_calls_stream_as_openai_streams_them():
         content, calls = accumulated(deltas)
         expected_content, expected = parse_tool_calls(reply, names)
         assert content.strip() == (expected_content or ""), reply
-        assert [(name, json.loads(text)) for _, name, text in calls] == [
-            (call["function"]["name"], json.loads(call["function"]["arguments"])) for call in expected
+        assert [(name, parsed(text)) for _, name, text in calls] == [
+            (call["function"]["name"], parsed(call["function"]["arguments"])) for call in expected
         ]
         assert all(identity.startswith("call_") for identity, _, _ in calls) and reader.calls == len(expected)
+        assert reader.cut == (bool(expected) and not finished_calls(expected)), reply
     # the first reply streamed: its text before the call was whole, the call's name before its arguments
     # ended, its arguments (the model's JSON text) in pieces
     reader, deltas, fed = StreamedCalls(names), [], []
@@ -690,7 +698,8 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
     asked = [{"role": "user", "content": "weather in paris"}]
     expected = model.tokenizer.encode(model.tokenizer.apply_chat_template(asked, tools=[weather]))
     call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-    monkeypatch.setattr(model, "decode_text", lambda ids: call)
+    written = [call]
+    monkeypatch.setattr(model, "decode_text", lambda ids: written[0])
     with Server(model) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         request = dict(model="tiny", messages=asked, tools=[weather], max_tokens=4, temperature=0)
@@ -725,6 +734,13 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
                 broken.result()
         plain = client.chat.completions.create(**{**request, "tool_choice": "none"})
         assert plain.choices[0].message.content == call and not plain.choices[0].message.tool_calls
+        written[0] = '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'  # max_tokens cut its arguments
+        cut = client.chat.completions.create(**request).choices[0]
+        assert cut.finish_reason == "length" and cut.message.tool_calls[0].function.arguments == '{"city": "Pa'
+        streamed = list(client.chat.completions.create(**request, stream=True))
+        deltas = [choice.delta.model_dump() for chunk in streamed for choice in chunk.choices]
+        assert accumulated(deltas)[1][0][1:] == ("get_weather", '{"city": "Pa')
+        assert streamed[-1].choices[0].finish_reason == "length"
 
 
 @pytest.mark.backend_independent  # the grammar is host-side; the bias it gives rows is every backend's

@@ -9,7 +9,7 @@ import uuid
 from typing import NamedTuple
 
 from keras_tfm.serve.engine import Logprob, Ticket
-from keras_tfm.serve.tools import StreamedCalls, parse_tool_calls
+from keras_tfm.serve.tools import StreamedCalls, finished_calls, parse_tool_calls
 
 
 class Echo(NamedTuple):
@@ -74,7 +74,7 @@ def completion(choices, job, model_name: str, chat: bool, token_text, echo: Echo
             ({"message": chat_message(c.text, job)} if chat else {"text": echo.text + c.text}),
             c.finish_reason,
         )
-        if reply.get("message", {}).get("tool_calls"):
+        if finished_calls(reply.get("message", {}).get("tool_calls", [])):
             finish = "tool_calls"
         answer["choices"].append(
             {
@@ -168,7 +168,7 @@ def stream_response(ticket: Ticket, model_name: str, chat: bool, body: dict, tok
                     for i, reader in enumerate(calls or ()):
                         for delta in reader.feed("", final=True):
                             yield event([{**chunk(i, None), "delta": delta}])
-                        ends[i] = "tool_calls" if reader.calls else ends[i]
+                        ends[i] = "tool_calls" if reader.calls and not reader.cut else ends[i]
                     yield event([chunk(i, None, end) for i, end in enumerate(ends)])
                     if include_usage:
                         yield event([], usage=usage_of(job, value))

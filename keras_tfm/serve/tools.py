@@ -23,10 +23,14 @@ HERMES = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTA
 def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]]:
     """`(content, tool_calls)` of a reply's `text` for tools named `names`: the calls in OpenAI's shape
     (`{"id", "type": "function", "function": {"name", "arguments": a JSON string}}`) and the text that
-    is not a call (None where nothing is left); `(text, [])` where it holds no call."""
+    is not a call (None where nothing is left); `(text, [])` where it holds no call. A last call that the
+    reply's end cut in its arguments has them as written (`finished_calls` tells)."""
     calls, closed = [], _closed(text)
-    for block in HERMES.findall(closed):
+    blocks = HERMES.findall(closed)
+    for index, block in enumerate(blocks):
         call = _call(_json(block), names, "arguments")
+        if call is None and index == len(blocks) - 1 and closed != text:  # from the text as it streamed
+            call = _cut_call(text[text.rfind(OPEN) + len(OPEN) :], names)
         if call is None:
             return text, []
         calls.append(call)
@@ -57,6 +61,24 @@ def _closed(text: str) -> str:
 HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 
+def _cut_call(block: str, names: set[str]) -> dict | None:
+    """A call whose arguments the reply's end cut (`max_tokens`), with its arguments' text as the model
+    wrote it (not JSON), as `StreamedCalls` sent it; None where the block does not name a tool first."""
+    head = HERMES_HEAD.match(block)
+    name = _json(head.group(1)) if head else None
+    if not isinstance(name, str) or name not in names or block[head.end() : head.end() + 1] != "{":
+        return None
+    call = _call({"name": name}, names, "arguments")
+    call["function"]["arguments"] = block[head.end() :]
+    return call
+
+
+def finished_calls(calls: list[dict]) -> bool:
+    """Whether a reply's `calls` are all whole (`finish_reason` "tool_calls"), not cut in their arguments
+    (the reply's own end says why: "length")."""
+    return bool(calls) and all(_json(call["function"]["arguments"]) is not None for call in calls)
+
+
 class StreamedCalls:
     """One choice's reply to a request with tools, read as it streams, into OpenAI's deltas: the text as
     `content` until a call opens (`<tool_call>`), the call's id and name once its text names them, then
@@ -78,6 +100,11 @@ class StreamedCalls:
             before = (self._state, self._done, self._arguments_at)
             deltas += getattr(self, f"_{self._state}")(final)
         return deltas
+
+    @property
+    def cut(self) -> bool:
+        """Whether the reply ended inside a call's arguments (sent as they were written, not JSON)."""
+        return self._state == "call" and self._arguments_at is not None and not self._complete
 
     def _open_call(self, arguments_at: int | None) -> None:
         """Where an open call's arguments' text not yet sent starts, and the scan of its JSON from there."""
