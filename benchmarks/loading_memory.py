@@ -7,6 +7,10 @@ for another disk: the 8B shape needs 16 GB); results go to `results/loading_memo
     python benchmarks/loading_memory.py --shape llama3_2_1b [--dtype bfloat16]
     python benchmarks/loading_memory.py --shape llama3_8b        # 16 GB of bfloat16: needs 24 GB of memory
     python benchmarks/loading_memory.py --shape llama3_8b --quantize int8   # int8 while loading: 8 GB
+    python benchmarks/loading_memory.py --shape llama3_2_1b --format gguf --dtype float32  # an F32 GGUF file
+
+`--format gguf` writes the checkpoint again as a llama.cpp GGUF file (F32 or BF16 tensors, as `--dtype`
+says; no vocabulary) and loads that with `from_gguf` (and transformers' `gguf_file`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def peak_mb():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
 def now_mb():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
-contender, directory, dtype, quantize = sys.argv[1:5]
+contender, directory, dtype, quantize, gguf_file = sys.argv[1:6]
 if contender == "transformers":
     import torch, transformers
 else:
@@ -42,7 +46,10 @@ else:
 baseline = now_mb()
 start = time.perf_counter()
 if contender == "transformers":
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, torch_dtype=getattr(torch, dtype))
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, torch_dtype=getattr(torch, dtype), **extra)
+elif gguf_file:
+    model = keras_tfm.from_gguf(f"{directory}/{gguf_file}", dtype=dtype, quantize=None if quantize == "none" else quantize)
 else:
     model = keras_tfm.from_huggingface(directory, dtype=dtype, quantize=None if quantize == "none" else quantize)
 print(json.dumps({"seconds": time.perf_counter() - start, "baseline_MB": baseline, "peak_MB": peak_mb()}))
@@ -96,10 +103,60 @@ def write_checkpoint(directory: str, shape: tuple, shard_bytes: int = 2 << 30) -
     return size
 
 
-def measure(contender: str, backend: str | None, directory: str, dtype: str, quantize: str) -> dict:
+GGUF_BLOCK_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}  # fmt: skip
+
+
+def write_gguf(directory: str, shape: tuple, dtype: str) -> str:
+    """The checkpoint in `directory` written again as a GGUF file there, a tensor at a time (F32 or BF16
+    tensors, llama.cpp's names, no vocabulary); returns its name."""
+    import gguf
+
+    from keras_tfm.convert import safetensors_files
+
+    hidden, layers, heads, kv_heads, ffn, vocabulary, _ = shape
+    with open(os.path.join(directory, "model.safetensors.index.json")) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    weights = safetensors_files.SafetensorsWeights([os.path.join(directory, file) for file in files])
+    name = f"model-{dtype}.gguf"
+    writer = gguf.GGUFWriter(os.path.join(directory, name), "llama")
+    for method, value in (("add_context_length", 8192), ("add_embedding_length", hidden), ("add_block_count", layers),
+                          ("add_feed_forward_length", ffn), ("add_head_count", heads), ("add_head_count_kv", kv_heads),
+                          ("add_vocab_size", vocabulary), ("add_rope_freq_base", 500000.0),
+                          ("add_layer_norm_rms_eps", 1e-5)):  # fmt: skip
+        getattr(writer, method)(value)
+    kind = gguf.GGMLQuantizationType.F32 if dtype == "float32" else gguf.GGMLQuantizationType.BF16
+    names = {}
+    for key in weights:
+        if key not in GGUF_NAMES:
+            _, _, index, *module, kind_of = key.split(".")
+            names[key] = f"blk.{index}.{GGUF_BLOCK_NAMES['.'.join(module)]}.{kind_of}"
+        else:
+            names[key] = GGUF_NAMES[key]
+        shape_of = tuple(weights.shape(key))
+        size = int(np.prod(shape_of)) * (4 if dtype == "float32" else 2)
+        writer.add_tensor_info(
+            names[key], shape_of, np.dtype("float32" if dtype == "float32" else "uint16"), size, kind
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for key in names:
+        array = np.asarray(weights[key])
+        writer.write_tensor_data(array.astype(np.float32) if dtype == "float32" else array.view(np.uint16))
+    writer.close()
+    return name
+
+
+def measure(contender: str, backend: str | None, directory: str, dtype: str, quantize: str, gguf_file: str) -> dict:
     environment = {**os.environ, "PYTHONPATH": REPO, **({"KERAS_BACKEND": backend} if backend else {})}
     done = subprocess.run(
-        [sys.executable, "-c", WORKER, contender, directory, dtype, quantize],
+        [sys.executable, "-c", WORKER, contender, directory, dtype, quantize, gguf_file],
         capture_output=True,
         text=True,
         env=environment,
@@ -116,17 +173,19 @@ def main() -> None:
     parser.add_argument("--backends", default="jax,tensorflow,torch")
     parser.add_argument("--quantize", default="none", choices=["none", "int8", "int4"], help="quantize while loading")
     parser.add_argument("--directory", default=None, help="where to write the temporary checkpoint")
+    parser.add_argument("--format", default="safetensors", choices=["safetensors", "gguf"])
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(dir=args.directory) as directory:
         size = write_checkpoint(directory, SHAPES[args.shape])
+        gguf_file = write_gguf(directory, SHAPES[args.shape], args.dtype) if args.format == "gguf" else ""
         weights_mb = (
             size / 2**20 * {"none": 2 if args.dtype == "float32" else 1, "int8": 0.5, "int4": 0.25}[args.quantize]
         )
         contenders = [("keras_tfm", backend) for backend in args.backends.split(",")]
         contenders += [("transformers", None)] if args.quantize == "none" else []
         for contender, backend in contenders:
-            result = measure(contender, backend, directory, args.dtype, args.quantize)
+            result = measure(contender, backend, directory, args.dtype, args.quantize, gguf_file)
             name = f"{contender} ({backend or 'torch'})"
             row = {"contender": name, "task": "load", "unit": "peak above imports, MB", **result}
             if "peak_MB" in result:
@@ -137,8 +196,11 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row))
     loaded = args.dtype if args.quantize == "none" else f"{args.quantize} (quantized while loading)"
-    title = f"Loading a {args.shape}-shaped checkpoint of random bfloat16 weights as {loaded}"
-    suffix = "" if args.quantize == "none" else f"_{args.quantize}"
+    source = "checkpoint of random bfloat16 weights"
+    if args.format == "gguf":
+        source = f"GGUF file of random {'F32' if args.dtype == 'float32' else 'BF16'} weights"
+    title = f"Loading a {args.shape}-shaped {source} as {loaded}"
+    suffix = ("" if args.quantize == "none" else f"_{args.quantize}") + ("_gguf" if args.format == "gguf" else "")
     write_results(f"loading_memory_{args.shape}{suffix}", rows, tasks={"load": title})
 
 
