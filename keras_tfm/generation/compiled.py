@@ -193,6 +193,18 @@ def _write_in_place(cache, start: tuple, entries):
     return cache.index_copy_(3, positions, entries)
 
 
+@functools.cache
+def written_in_place(fn: Callable) -> Callable:
+    """`fn(array, *rest)`, which returns `array` with some entries changed, compiled on JAX to write them
+    into `array`'s own buffer (donated: the caller goes on with the result only); `fn` itself on the
+    other backends. A cache's rows written this way never hold a second copy of it beside the first."""
+    if keras.backend.backend() != "jax":
+        return fn
+    import jax
+
+    return jax.jit(fn, donate_argnums=(0,))
+
+
 def compile_function(fn: Callable, model: keras.Model, donated: tuple[int, ...] = ()) -> Callable:
     """Compiles `fn` once for this backend: XLA through `jax.jit` (the model's variables passed in
     as state) or `tf.function(jit_compile=True)`. PyTorch runs the loop in Python without autograd

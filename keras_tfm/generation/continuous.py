@@ -224,16 +224,23 @@ def prefill(model):
 def admit(cache, seen, filled, sources, slots, seen_rows):
     """`cache` and `seen` with rows `slots` `(k,)` replaced: by rows `sources` `(k,)` of the prefilled
     cache `filled` (its positions from 0, the rest zeros) and by `seen_rows` `(k, vocabulary)` (int32: 1
-    for each token of the row's prompt, `sampling.seen_counted`)."""
+    for each token of the row's prompt, `sampling.seen_counted`). The `cache` and `seen` it is given are
+    spent (JAX writes the rows into their buffers, a layer at a time)."""
     indices = ops.expand_dims(ops.convert_to_tensor(slots, "int32"), 1)
-    updated = []
-    for layer, new in zip(cache, filled):
-        new = ops.take(new, ops.convert_to_tensor(sources, "int32"), axis=0)
-        room = ops.shape(layer)[3] - ops.shape(new)[3]
-        new = ops.pad(new, ((0, 0), (0, 0), (0, 0), (0, room), (0, 0)))
-        updated.append(ops.scatter_update(layer, indices, ops.cast(new, layer.dtype)))
-    seen = ops.scatter_update(seen, indices, ops.convert_to_tensor(seen_rows, "int32"))
-    return tuple(updated), seen
+    sources = ops.convert_to_tensor(sources, "int32")
+    write = compiled.written_in_place(_rows_written)
+    updated = tuple(write(layer, new, sources, indices) for layer, new in zip(cache, filled))
+    return updated, compiled.written_in_place(ops.scatter_update)(
+        seen, indices, ops.convert_to_tensor(seen_rows, "int32")
+    )
+
+
+def _rows_written(layer, filled, sources, indices):
+    """A cache layer's rows `indices` `(k, 1)` replaced by rows `sources` `(k,)` of a prefilled layer."""
+    new = ops.take(filled, sources, axis=0)
+    room = ops.shape(layer)[3] - ops.shape(new)[3]
+    new = ops.pad(new, ((0, 0), (0, 0), (0, 0), (0, room), (0, 0)))
+    return ops.scatter_update(layer, indices, ops.cast(new, layer.dtype))
 
 
 def resized(cache, seen, kept, rows: int, length: int):

@@ -164,9 +164,12 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     prompts = [rng.integers(0, VOCABULARY, 5).astype("int32") for _ in range(2)]
     filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([np.pad(p, (0, 3)) for p in prompts])))
 
-    def admitted():  # a chunk spends the cache and `seen` it is given (JAX reuses their buffers)
+    def admitted():  # a chunk and `admit` spend the cache and `seen` they are given (JAX reuses their buffers)
         empty = model.empty_cache(2, 16), ops.zeros((2, VOCABULARY), "int32")
-        return continuous.admit(*empty, filled, [0, 1], [0, 1], np.zeros((2, 50), "int32"))
+        written = continuous.admit(*empty, filled, [0, 1], [0, 1], np.zeros((2, 50), "int32"))
+        if keras.backend.backend() == "jax":
+            assert all(layer.is_deleted() for layer in empty[0]) and empty[1].is_deleted()
+        return written
 
     tokens, positions = ops.convert_to_tensor([p[-1] for p in prompts]), ops.convert_to_tensor(np.full(2, 4, "int32"))
     row_settings = settings(2, temperature=np.array([0.0, 1.0]), seed=np.array([0, 9]))
