@@ -195,14 +195,22 @@ def _write_in_place(cache, start: tuple, entries):
 
 @functools.cache
 def written_in_place(fn: Callable) -> Callable:
-    """`fn(array, *rest)`, which returns `array` with some entries changed, compiled on JAX to write them
-    into `array`'s own buffer (donated: the caller goes on with the result only); `fn` itself on the
-    other backends. A cache's rows written this way never hold a second copy of it beside the first."""
-    if keras.backend.backend() != "jax":
-        return fn
-    import jax
+    """`fn(array, *rest)`, which returns `array` with some entries changed, writing them into `array`'s
+    own buffer (the caller goes on with the result only): on JAX compiled with `array` donated, on
+    PyTorch copied back into it; `fn` itself on TensorFlow. A cache's rows written a layer at a time
+    this way never hold a second whole cache beside the first."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
 
-    return jax.jit(fn, donate_argnums=(0,))
+        return jax.jit(fn, donate_argnums=(0,))
+    if backend != "torch":
+        return fn
+
+    def copied_back(array, *rest):
+        return array.copy_(fn(array, *rest))
+
+    return copied_back
 
 
 def compile_function(fn: Callable, model: keras.Model, donated: tuple[int, ...] = ()) -> Callable:
