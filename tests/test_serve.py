@@ -657,6 +657,7 @@ def test_tool_calls_stream_as_openai_streams_them():
         'Plain <tool_c text, <tool_call>{"name": "delete_files", "arguments": {}}</tool_call> and more',
         'Cut by max_tokens: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool',
         'Cut in its arguments: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa</',
+        'Cut after its arguments: <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}} and mo',
     ]
     for reply in replies:
         reader, deltas, fed = StreamedCalls(names), [], []

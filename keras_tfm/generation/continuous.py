@@ -225,7 +225,7 @@ def admit(cache, seen, filled, sources, slots, seen_rows):
     """`cache` and `seen` with rows `slots` `(k,)` replaced: by rows `sources` `(k,)` of the prefilled
     cache `filled` (its positions from 0, the rest zeros) and by `seen_rows` `(k, vocabulary)` (int32: 1
     for each token of the row's prompt, `sampling.seen_counted`). The `cache` and `seen` it is given are
-    spent (JAX writes the rows into their buffers, a layer at a time)."""
+    spent (JAX and PyTorch write the rows into them, a layer at a time)."""
     indices = ops.expand_dims(ops.convert_to_tensor(slots, "int32"), 1)
     sources = ops.convert_to_tensor(sources, "int32")
     write = compiled.written_in_place(_rows_written)

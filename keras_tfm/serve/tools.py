@@ -62,14 +62,18 @@ HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"argum
 
 
 def _cut_call(block: str, names: set[str]) -> dict | None:
-    """A call whose arguments the reply's end cut (`max_tokens`), with its arguments' text as the model
-    wrote it (not JSON), as `StreamedCalls` sent it; None where the block does not name a tool first."""
+    """The call of a block that the reply's end cut (`max_tokens`) as `StreamedCalls` sent it: its
+    arguments whole where they ended before the cut, else their text as the model wrote it (not JSON);
+    None where the block does not name a tool first."""
     head = HERMES_HEAD.match(block)
     name = _json(head.group(1)) if head else None
     if not isinstance(name, str) or name not in names or block[head.end() : head.end() + 1] != "{":
         return None
     call = _call({"name": name}, names, "arguments")
-    call["function"]["arguments"] = block[head.end() :]
+    try:
+        call["function"]["arguments"] = json.dumps(json.JSONDecoder().raw_decode(block, head.end())[0])
+    except ValueError:
+        call["function"]["arguments"] = block[head.end() :]
     return call
 
 
