@@ -21,7 +21,7 @@ _CHECKPOINT_FILES = re.compile(
     r"adapter_config\.json|modules\.json|sentence_bert_config\.json|config_sentence_transformers\.json|"
     + PROCESSOR_FILES.pattern
 )
-_CHECKPOINT_FOLDERS = re.compile(r"\d+_(Pooling|Normalize)")  # sentence-transformers' modules
+_CHECKPOINT_FOLDERS = re.compile(r"\d+_(Pooling|Dense|Normalize)")  # sentence-transformers' modules
 
 
 def check_destination(directory, overwrite: bool) -> None:
@@ -60,7 +60,8 @@ def check_destination(directory, overwrite: bool) -> None:
 def _checkpoints_own(path: str, name: str) -> bool:
     if os.path.isdir(os.path.join(path, name)):
         return bool(_CHECKPOINT_FOLDERS.fullmatch(name)) and set(os.listdir(os.path.join(path, name))) <= {
-            "config.json"
+            "config.json",
+            "model.safetensors",
         }
     return bool(_CHECKPOINT_FILES.fullmatch(name))
 

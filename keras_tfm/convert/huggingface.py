@@ -439,6 +439,10 @@ def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter
     if source is None and model.tokenizer is not None and model.tokenizer.writes_huggingface():
         model.tokenizer.save_huggingface(directory)  # the model's own tokenizer, where transformers can read it
     safetensors_files.write(w.weights, os.path.join(directory, "model.safetensors"), stored_dtype(model))
+    for folder, module in w.module_weights.items():
+        safetensors_files.write(
+            module.weights, os.path.join(directory, folder, "model.safetensors"), stored_dtype(model)
+        )
 
 
 def stored_dtype(model) -> str:

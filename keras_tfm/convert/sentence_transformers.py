@@ -1,12 +1,15 @@
 """sentence-transformers checkpoints <-> `SentenceEmbedder`: a directory whose `modules.json` lists a
-`Transformer` (a transformers checkpoint, read by this package's converters), a `Pooling` and optionally a
-`Normalize` module; the files sentence-transformers 2 to 6 write and read."""
+`Transformer` (a transformers checkpoint, read by this package's converters), a `Pooling`, optionally
+`Dense` modules and a `Normalize` module; the files sentence-transformers 2 to 6 write and read."""
 
 from __future__ import annotations
 
 import json
 import os
 
+import numpy as np
+
+from keras_tfm.convert.files import read_weights
 from keras_tfm.convert.registry import exporter, exporter_of
 from keras_tfm.convert.weights import WeightWriter
 from keras_tfm.errors import CheckpointError
@@ -24,7 +27,15 @@ _LEGACY_FLAGS = {
     "weightedmean": "pooling_mode_weightedmean_tokens",
     "lasttoken": "pooling_mode_lasttoken",
 }
-_MODULES = ("Transformer", "Pooling", "Normalize")
+_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+# sentence-transformers' Dense activations (torch modules by their path) -> Keras' names
+_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "linear",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.activation.GELU": "gelu",
+}
 
 
 def is_sentence_transformers(directory) -> bool:
@@ -46,17 +57,56 @@ def from_sentence_transformers(directory: str, load) -> SentenceEmbedder:
     settings = _transformer_settings(modules["Transformer"], encoder.longest_input)
     pooling = _pooling(os.path.join(modules["Pooling"], "config.json"), encoder.hidden_dim)
     prompts = _read_json(os.path.join(directory, "config_sentence_transformers.json"), {})
+    dense = [_dense(path, size) for path, size in zip(modules["Dense"], _sizes(modules["Dense"], encoder, pooling))]
     embedder = SentenceEmbedder(
         encoder,
         pooling=pooling,
         normalize="Normalize" in modules,
         prompts={name: text for name, text in (prompts.get("prompts") or {}).items() if text},
         default_prompt_name=prompts.get("default_prompt_name") or None,
+        projections=[projection for projection, _ in dense],
         dtype=encoder.dtype_policy,
         **settings,
     )
+    embedder.build()
+    for layer, (_, arrays) in zip(embedder.projection_layers, dense):
+        layer.kernel.assign(arrays["linear.weight"].T)
+        if layer.use_bias:
+            layer.bias.assign(arrays["linear.bias"])
     embedder.tokenizer = encoder.tokenizer
     return embedder
+
+
+def _sizes(paths: list, encoder, pooling: tuple) -> list:
+    """The input size each Dense module must take: the pooled vector's, then each one's `out_features`."""
+    sizes = [encoder.hidden_dim * len(pooling)]
+    for path in paths[:-1]:
+        sizes.append(_read_json(os.path.join(path, "config.json"), None).get("out_features"))
+    return sizes
+
+
+def _dense(path: str, size: int) -> tuple[dict, dict]:
+    """A Dense module's projection (`SentenceEmbedder`'s) and its weights, refused by name where its
+    activation or sizes do not fit."""
+    config = _read_json(os.path.join(path, "config.json"), None)
+    activation = _ACTIVATIONS.get(config.get("activation_function", "torch.nn.modules.activation.Tanh"))
+    if activation is None or config.get("in_features") != size:
+        raise CheckpointError(
+            f"{path!r}: a Dense module of activation {config.get('activation_function')!r} from "
+            f"{config.get('in_features')} features; expected one of {', '.join(_ACTIVATIONS)} from {size}.",
+            caller="from_huggingface",
+        )
+    arrays = read_weights(path)
+    bias = bool(config.get("bias", True))
+    expected = {
+        "linear.weight": (config.get("out_features"), size),
+        **({"linear.bias": (config.get("out_features"),)} if bias else {}),
+    }
+    found = {name: tuple(arrays[name].shape) for name in expected if name in arrays}
+    if found != expected:
+        raise CheckpointError(f"{path!r}: expected weights {expected}; found {found}.", caller="from_huggingface")
+    projection = {"units": config["out_features"], "activation": activation, "use_bias": bias}
+    return projection, {name: np.asarray(arrays[name], "float32") for name in expected}
 
 
 def _modules(directory: str) -> dict:
@@ -71,7 +121,12 @@ def _modules(directory: str) -> dict:
                 f"supported: {', '.join(_MODULES)}.",
                 caller="from_huggingface",
             )
-        modules[kind] = os.path.join(directory, module.get("path", ""))
+        path = os.path.join(directory, module.get("path", ""))
+        if kind == "Dense":
+            modules.setdefault("Dense", []).append(path)  # any number, in order
+        else:
+            modules[kind] = path
+    modules.setdefault("Dense", [])
     if "Transformer" not in modules or "Pooling" not in modules:
         raise CheckpointError(
             f"{directory!r}: modules.json lists no {'Transformer' if 'Transformer' not in modules else 'Pooling'} "
@@ -133,7 +188,10 @@ def export_sentence_embedder(model: SentenceEmbedder, w: WeightWriter) -> dict:
     config = export(model.encoder, w)
     legacy = list(model.pooling) == [mode for mode in _LEGACY_FLAGS if mode in model.pooling]
     pooling = {flag: mode in model.pooling for mode, flag in _LEGACY_FLAGS.items()} if legacy else {}
-    modules = [("Transformer", ""), ("Pooling", "1_Pooling")] + [("Normalize", "2_Normalize")] * model.normalize
+    dense = [("Dense", f"{2 + i}_Dense") for i in range(len(model.projections))]
+    modules = [("Transformer", ""), ("Pooling", "1_Pooling"), *dense]
+    modules += [("Normalize", f"{2 + len(dense)}_Normalize")] * model.normalize
+    _write_dense(model, [path for _, path in dense], w)
     w.files.update(
         {
             "modules.json": [
@@ -154,7 +212,27 @@ def export_sentence_embedder(model: SentenceEmbedder, w: WeightWriter) -> dict:
                 **(pooling or {"pooling_mode": list(model.pooling)}),
                 "include_prompt": True,
             },
-            **({"2_Normalize/config.json": {}} if model.normalize else {}),
+            **({f"{2 + len(dense)}_Normalize/config.json": {}} if model.normalize else {}),
         }
     )
     return config
+
+
+def _write_dense(model: SentenceEmbedder, folders: list, w: WeightWriter) -> None:
+    """The model's projections as sentence-transformers' Dense modules in `folders`, each its config and
+    its own weights file."""
+    size, torch_names = model.pooled_dim, {name: path for path, name in _ACTIVATIONS.items()}
+    for folder, layer, projection in zip(folders, model.projection_layers, model.projections):
+        if projection["activation"] not in torch_names:
+            raise CheckpointError(
+                f"a projection's activation {projection['activation']!r} has no sentence-transformers Dense "
+                f"module; those it has: {', '.join(torch_names)}.",
+                caller="save_huggingface",
+            )
+        w.module_weights[folder] = WeightWriter()
+        w.module_weights[folder].linear("linear", layer)
+        w.files[f"{folder}/config.json"] = {
+            "in_features": size, "out_features": projection["units"], "bias": projection["use_bias"],
+            "activation_function": torch_names[projection["activation"]],
+        }  # fmt: skip
+        size = projection["units"]

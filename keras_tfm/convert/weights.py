@@ -73,6 +73,7 @@ class WeightWriter:
     def __init__(self):
         self.weights: dict[str, np.ndarray] = {}
         self.files: dict[str, dict] = {}  # other JSON files of the checkpoint, by name (a ViT's image processor)
+        self.module_weights: dict[str, WeightWriter] = {}  # weights in folders of their own (sentence-transformers')
 
     def __setitem__(self, name: str, value) -> None:
         self.weights[name] = np.ascontiguousarray(keras.ops.convert_to_numpy(value), dtype="float32")

@@ -1,7 +1,8 @@
 """Sentence embeddings: an encoder's token vectors pooled into one vector per text, as sentence-transformers
 gives them (all-MiniLM, bge, e5, ...).
 
-texts -> tokenizer (special tokens, cut to max_sequence_length) -> encoder -> TokenPooling -> [unit length]
+texts -> tokenizer (special tokens, cut to max_sequence_length) -> encoder -> TokenPooling -> [projections]
+-> [unit length]
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class SentenceEmbedder(ZooModel):
         lowercase: lowercase texts before tokenizing (sentence-transformers' `do_lower_case`).
         prompts: named texts `embed` puts before each text (`prompt_name="query"`), as e5's
             `{"query": "query: ", "passage": "passage: "}`; `default_prompt_name`: the one used unless told.
+        projections: dense layers applied in order to the pooled vector, before it is scaled to unit
+            length (sentence-transformers' `Dense` modules), each `{"units": int, "activation": a Keras
+            activation's name, "use_bias": bool}`: LaBSE's `[{"units": 768, "activation": "tanh"}]`.
 
     Call arguments: `token_ids`, `segment_ids` (optional), `padding_mask` (True at real tokens; default all
     real), `(batch, length)` or `(batch, k, length)` for k texts per row (pairs for a contrastive loss):
@@ -54,6 +58,7 @@ class SentenceEmbedder(ZooModel):
         lowercase: bool = False,
         prompts: dict | None = None,
         default_prompt_name: str | None = None,
+        projections: list | None = None,
         **kwargs,
     ):
         kwargs.setdefault("name", "sentence_embedder")
@@ -78,6 +83,13 @@ class SentenceEmbedder(ZooModel):
                 caller="SentenceEmbedder",
             )
         self.default_prompt_name = default_prompt_name
+        self.projections = [_checked_projection(p) for p in projections or ()]
+        self.projection_layers = [
+            keras.layers.Dense(
+                p["units"], p["activation"], p["use_bias"], dtype=self.dtype_policy, name=f"projection_{i}"
+            )
+            for i, p in enumerate(self.projections)
+        ]
         self._compile_defaults()
 
     @property
@@ -86,6 +98,11 @@ class SentenceEmbedder(ZooModel):
 
     @property
     def embedding_dim(self) -> int:
+        return self.projections[-1]["units"] if self.projections else self.pooled_dim
+
+    @property
+    def pooled_dim(self) -> int:
+        """The pooled vector's size, before any projection."""
         return self.encoder.hidden_dim * len(self.pooling)
 
     def default_loss(self) -> keras.losses.Loss:
@@ -99,6 +116,10 @@ class SentenceEmbedder(ZooModel):
 
     def build(self, token_ids_shape=None):
         self.encoder.build()
+        size = self.pooled_dim
+        for layer, projection in zip(self.projection_layers, self.projections):
+            layer.build((None, size))
+            size = projection["units"]
         self.built = True
 
     def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
@@ -112,6 +133,8 @@ class SentenceEmbedder(ZooModel):
         segments = {} if segment_ids is None else {"segment_ids": segment_ids}  # ModernBERT has none
         x = self.encoder(token_ids, padding_mask=padding_mask, training=training, **segments)
         x = self.token_pooling(x, padding_mask=padding_mask)
+        for layer in self.projection_layers:
+            x = layer(x)
         if self.normalize:
             x = x / ops.maximum(ops.norm(x, axis=-1, keepdims=True), 1e-12)
         return x
@@ -196,6 +219,34 @@ class SentenceEmbedder(ZooModel):
     @classmethod
     def from_config(cls, config: dict):
         return cls(**{**config, "encoder": keras.saving.deserialize_keras_object(config["encoder"])})
+
+
+def _checked_projection(projection) -> dict:
+    """A projection's `{"units", "activation", "use_bias"}` (activation "linear" and a bias by default),
+    refused by name where it is not one."""
+    given = projection if isinstance(projection, dict) else {}
+    checked = {"units": given.get("units"), "activation": given.get("activation", "linear"),
+               "use_bias": given.get("use_bias", True)}  # fmt: skip
+    units, activation = checked["units"], checked["activation"]
+    known = isinstance(activation, str) and _is_activation(activation)
+    if (
+        set(given) - set(checked) or not given or isinstance(units, bool) or not isinstance(units, int) or units < 1
+        or not known or not isinstance(checked["use_bias"], bool)
+    ):  # fmt: skip
+        raise InputError(
+            'expected each a dict {"units": an integer >= 1, "activation": a Keras activation\'s name, '
+            f'"use_bias": True or False}}; received {projection!r}.',
+            "projections",
+            caller="SentenceEmbedder",
+        )
+    return checked
+
+
+def _is_activation(name: str) -> bool:
+    try:
+        return callable(keras.activations.get(name))
+    except ValueError:
+        return False
 
 
 def _padded(ids: list, rows: int, length: int) -> dict:

@@ -42,13 +42,18 @@ def encoder_checkpoint(directory, hidden_dim: int = 32) -> str:
     return str(directory)
 
 
-def st_checkpoint(directory, pooling="mean", normalize=True, max_seq_length=12, lowercase=False, prompts=None):
-    """A sentence-transformers directory as its current version writes it."""
+def st_checkpoint(
+    directory, pooling="mean", normalize=True, max_seq_length=12, lowercase=False, prompts=None, dense=()
+):
+    """A sentence-transformers directory as its current version writes it (`dense`: its Dense modules'
+    `(in_features, out_features, bias, activation)`)."""
     from sentence_transformers import SentenceTransformer, models
 
     bert = encoder_checkpoint(os.path.join(directory, "bert"))
     modules = [models.Transformer(bert, max_seq_length=max_seq_length, do_lower_case=lowercase)]
-    modules += [models.Pooling(32, pooling_mode=pooling)] + [models.Normalize()] * normalize
+    modules += [models.Pooling(32, pooling_mode=pooling)]
+    modules += [models.Dense(*sizes, bias=bias, activation_function=activation) for *sizes, bias, activation in dense]
+    modules += [models.Normalize()] * normalize
     SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(os.path.join(directory, "st"))
     return os.path.join(directory, "st")
 
@@ -126,8 +131,20 @@ def test_sentence_transformers_2_files_load_lowercased_and_cut(tmp_path):
 
 
 def test_a_saved_embedder_is_read_by_sentence_transformers_and_by_keras(tmp_path):
-    embedder = keras_tfm.from_huggingface(st_checkpoint(tmp_path, pooling=("max", "mean"), lowercase=True))
+    """Dense modules too (LaBSE's tanh projection; a second one without bias or activation)."""
+    import torch
+
+    dense = [(64, 24, True, torch.nn.Tanh()), (24, 16, False, torch.nn.Identity())]
+    directory = st_checkpoint(tmp_path, pooling=("max", "mean"), lowercase=True, dense=dense)
+    embedder = keras_tfm.from_huggingface(directory)
+    assert embedder.projections == [
+        {"units": 24, "activation": "tanh", "use_bias": True}, {"units": 16, "activation": "linear", "use_bias": False}
+    ]  # fmt: skip
     expected = embedder.embed(TEXTS)
+    assert expected.shape == (len(TEXTS), 16)
+    lowered = [text.lower() for text in TEXTS]  # sentence-transformers 6 reads its own lowercasing back without it
+    reference = sentence_transformers.SentenceTransformer(directory, device="cpu")
+    assert_same_vectors(embedder.embed(lowered), reference.encode(lowered))
     keras_tfm.save_huggingface(embedder, str(tmp_path / "saved"))
     keras_tfm.save_huggingface(embedder, str(tmp_path / "saved"), overwrite=True)  # its module folders replaced
     reference = sentence_transformers.SentenceTransformer(str(tmp_path / "saved"), device="cpu")
@@ -137,6 +154,11 @@ def test_a_saved_embedder_is_read_by_sentence_transformers_and_by_keras(tmp_path
     loaded = keras.saving.load_model(str(tmp_path / "embedder.keras"))
     assert loaded.get_config() == embedder.get_config() and loaded.pooling == ("max", "mean")
     assert_same_vectors(loaded.embed(TEXTS), expected)
+    config = json.load(open(tmp_path / "saved" / "3_Dense" / "config.json"))
+    json.dump({**config, "activation_function": "torch.nn.modules.activation.Softplus"},
+              open(tmp_path / "saved" / "3_Dense" / "config.json", "w"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"3_Dense'.*activation 'torch.nn.modules.activation.Softplus' from 24"):
+        keras_tfm.from_huggingface(str(tmp_path / "saved"))
 
 
 def test_fit_with_in_batch_negatives_learns_which_texts_pair(checkpoints):
@@ -180,10 +202,22 @@ def test_bad_inputs_are_refused_by_name(checkpoints, tmp_path):
     modules = os.path.join(tmp_path, "st", "modules.json")
     listed = json.load(open(modules))
     json.dump(
-        listed + [{"idx": 3, "path": "3_Dense", "type": "sentence_transformers.models.Dense"}], open(modules, "w")
+        listed + [{"idx": 3, "path": "3_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}],
+        open(modules, "w"),
     )
-    with pytest.raises(ValueError, match=r"module 'sentence_transformers.models.Dense' is not supported; supported"):
+    with pytest.raises(
+        ValueError, match=r"module 'sentence_transformers.models.LayerNorm' is not supported; supported"
+    ):
         keras_tfm.from_huggingface(os.path.join(tmp_path, "st"))
+    with pytest.raises(
+        ValueError, match=r"projections: SentenceEmbedder: expected each a dict .*; received \{'units': 0\}"
+    ):
+        keras_tfm.SentenceEmbedder(embedder.encoder, projections=[{"units": 0}])
+    with pytest.raises(ValueError, match=r"received \{'units': 4, 'activation': 'softplus2'\}"):
+        keras_tfm.SentenceEmbedder(embedder.encoder, projections=[{"units": 4, "activation": "softplus2"}])
+    elu = keras_tfm.SentenceEmbedder(embedder.encoder, projections=[{"units": 4, "activation": "elu"}])
+    with pytest.raises(ValueError, match=r"activation 'elu' has no sentence-transformers Dense module"):
+        keras_tfm.save_huggingface(elu, str(tmp_path / "elu"))
 
 
 def test_a_roberta_encoder_embeds_as_sentence_transformers(tmp_path):
