@@ -46,6 +46,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         inputs: `(batch, length, hidden_dim)`; only its shape is used.
         start_index: position of the first token (an int or scalar tensor), for cached decoding;
             or a `(batch,)` int tensor: each row's own first position.
+        positions: `(batch, length)` int, each token's own row of the table (RoBERTa counts a row's
+            positions from its first real token, whatever padding comes before); `start_index` is then
+            not used.
 
     Masks: passes the input's Keras mask through unchanged.
 
@@ -69,7 +72,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
+        if positions is not None:
+            return ops.take(ops.cast(self.embeddings, self.compute_dtype), positions, axis=0)
         length = inputs.shape[1]
         if isinstance(length, int) and isinstance(start_index, int) and start_index + length > self.max_length:
             raise InputError(

@@ -47,7 +47,9 @@ class Bert(ZooModel):
         attention_dropout: on attention weights; defaults to `dropout`.
         layer_norm_epsilon, activation.
         position_offset: the position of the first token in the position table (RoBERTa's 2: its rows 0 and 1
-            are unused, as its padding id is 1); texts may hold `max_length - position_offset` tokens.
+            are unused, as its padding id is 1); texts may hold `max_length - position_offset` tokens. With
+            an offset and a `padding_mask`, each row counts from its first real token and padding takes the
+            row before the offset, as RoBERTa numbers them (left padding too).
         remat: the blocks recompute their activations in training's backward pass (less memory).
 
     Call arguments (as keyword arguments, or one dict with these keys, as `fit` and `predict` pass them):
@@ -147,7 +149,11 @@ class Bert(ZooModel):
         if isinstance(token_ids, dict):  # `fit` and `predict` pass one structure: keras-hub's input names
             return self.call(**token_ids, training=training)
         x = self.token_embedding(token_ids)
-        x = x + self.position_embedding(x, start_index=self.position_offset)
+        if self.position_offset and padding_mask is not None:  # RoBERTa's: from each row's first real token
+            real = ops.cast(padding_mask, "int32")
+            x = x + self.position_embedding(x, positions=ops.cumsum(real, axis=1) * real + self.position_offset - 1)
+        else:
+            x = x + self.position_embedding(x, start_index=self.position_offset)
         if self.segment_embedding:
             x = x + self.segment_embedding(ops.zeros_like(token_ids) if segment_ids is None else segment_ids)
         x = self.embedding_dropout(self.embedding_norm(x), training=training)

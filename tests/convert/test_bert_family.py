@@ -52,6 +52,13 @@ def test_outputs_parameter_counts_and_saving_match(rng, tmp_path, name):
         np.testing.assert_allclose(ours.transpose(0, 2, 1)[mask], expected.transpose(0, 2, 1)[mask], atol=1e-4)
     else:
         np.testing.assert_allclose(ours[mask], expected[mask], atol=1e-4, rtol=0)
+    if name.endswith(
+        ("Model", "ForMaskedLM")
+    ):  # left padding (with the padding id): positions from the first real token
+        left = np.roll(mask, 9, axis=1)
+        left_ids = np.where(left, np.roll(ids, 9, axis=1), hf.config.pad_token_id)
+        got, expected = to_numpy(model(left_ids, padding_mask=left)), outputs(hf, left_ids, left)
+        np.testing.assert_allclose(got[left], expected[left], atol=1e-4, rtol=0)
     pooler = hf.config.hidden_size**2 + hf.config.hidden_size if name == "RobertaModel" else 0  # not converted
     assert model.count_params() == sum(p.numel() for p in hf.parameters()) - pooler
     if name.startswith("DistilBert"):
