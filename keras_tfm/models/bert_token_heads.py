@@ -17,6 +17,7 @@ from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models.bert import _BertWithHead
 
 IGNORED_LABEL = -100  # transformers' label for the tokens a loss skips (a word's later pieces, padding)
+AGGREGATIONS = ("first", "average", "max")  # how `label_words` labels a word from its pieces
 
 
 def _head(units: int, name: str, policy) -> keras.layers.Dense:
@@ -27,13 +28,22 @@ def _head(units: int, name: str, policy) -> keras.layers.Dense:
 class LabelsWords:
     """`label_words` for a token classifier with `class_names` and an encoder with `longest_input`."""
 
-    def label_words(self, texts) -> list:
-        """Each text's words with the label of their first piece (transformers' token-classification pipeline
-        with `aggregation_strategy="first"`): per text a list of `{"word", "label", "score", "start", "end"}`,
-        `start` and `end` the word's characters in the text. Needs the checkpoint's tokenizer."""
+    def label_words(self, texts, aggregation: str = "first") -> list:
+        """Each text's words with a label each, as transformers' token-classification pipeline labels words
+        (its `aggregation_strategy`, before it groups them into entities): per text a list of `{"word",
+        "label", "score", "start", "end"}`, `start` and `end` the word's characters in the text. Needs the
+        checkpoint's tokenizer.
+
+        `aggregation`: how a word's pieces give its label: "first" (its first piece's), "average" (the
+        mean of its pieces' probabilities) or "max" (its most confident piece's)."""
+        if aggregation not in AGGREGATIONS:
+            raise InputError(f"expected one of {', '.join(AGGREGATIONS)}; received {aggregation!r}.",
+                             "aggregation", caller="label_words")  # fmt: skip
         single = isinstance(texts, str)
         encodings = _encodings(self, [texts] if single else texts, "label_words")
-        labelled = [_words(self, encoding, text) for encoding, text in zip(encodings, [texts] if single else texts)]
+        labelled = [
+            _words(self, encoding, text, aggregation) for encoding, text in zip(encodings, [texts] if single else texts)
+        ]
         return labelled[0] if single else labelled
 
 
@@ -116,19 +126,25 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return exponentials / exponentials.sum(-1, keepdims=True)
 
 
-def _words(model, encoding, text: str) -> list[dict]:
+def _words(model, encoding, text: str, aggregation: str) -> list[dict]:
     ids = np.asarray(encoding.ids, "int32")[None]
     logits = ops.convert_to_numpy(model.predict_on_batch({"token_ids": ids}))[0]
     probabilities = _softmax(logits)
-    words, seen = [], set()
+    pieces: dict[int, list[int]] = {}  # each word's token positions, in order
     for position, word in enumerate(encoding.word_ids):
-        if word is None or word in seen:
-            continue
-        seen.add(word)
+        if word is not None:
+            pieces.setdefault(word, []).append(position)
+    words = []
+    for word, positions in pieces.items():
+        chosen = probabilities[positions]
+        if aggregation == "average":
+            chosen = chosen.mean(0)
+        else:  # the first piece's, or the most confident piece's
+            chosen = chosen[0 if aggregation == "first" else int(chosen.max(-1).argmax())]
         start, end = encoding.word_to_chars(word)
-        label = int(probabilities[position].argmax())
+        label = int(chosen.argmax())
         words.append({"word": text[start:end], "label": model.class_names[label],
-                      "score": float(probabilities[position, label]), "start": start, "end": end})  # fmt: skip
+                      "score": float(chosen[label]), "start": start, "end": end})  # fmt: skip
     return words
 
 

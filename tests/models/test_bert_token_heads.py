@@ -32,7 +32,7 @@ def checkpoint(directory, name: str) -> str:
     else:
         config = transformers.BertConfig(**sizes)
     if name == "BertForTokenClassification":
-        config.id2label = {0: "PER", 1: "LOC", 2: "DATE"}
+        config.id2label = {0: "B-PER", 1: "B-LOC", 2: "B-DATE"}  # each word its own entity to the pipeline
     torch.manual_seed(0)
     getattr(transformers, name)(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -50,6 +50,21 @@ def test_word_labels_are_the_pipelines_at_each_words_first_piece(tmp_path):
     np.testing.assert_allclose([w["score"] for w in words], [t["score"] for t in first_pieces], atol=1e-5)
     assert all(TEXT[w["start"] : w["end"]] == w["word"] for w in words)
     assert tagger.label_words([TEXT, "Boston"])[1][0]["word"] == "Boston"
+    unknown = "Georgia visited Bostonia then sailed northward"  # words not in the vocabulary: a piece per letter
+    scores = {}
+    for aggregation in ("first", "average", "max"):
+        ours = tagger.label_words(unknown, aggregation=aggregation)
+        theirs = pipeline(unknown, aggregation_strategy=aggregation)
+        assert [(w["label"], w["start"], w["end"]) for w in ours] == [
+            ("B-" + t["entity_group"], t["start"], t["end"]) for t in theirs
+        ]
+        scores[aggregation] = [w["score"] for w in ours]
+        np.testing.assert_allclose(scores[aggregation], [t["score"] for t in theirs], atol=1e-5)
+    assert scores["average"] != scores["first"] and scores["max"] != scores["first"]
+    with pytest.raises(
+        ValueError, match=r"aggregation: label_words: expected one of first, average, max; received 'simple'"
+    ):
+        tagger.label_words(TEXT, aggregation="simple")
 
 
 def reference_answer(directory: str, question: str, context: str, max_length: int, stride: int, longest: int):
