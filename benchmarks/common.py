@@ -305,3 +305,21 @@ def torch_train_throughput(
         optimizer.step()
 
     return _best_window(step, warmup_steps, steps, windows, len(batches[0][1]), per_example)
+
+
+# Hugging Face's Llama tensor names -> llama.cpp's (what its convert_hf_to_gguf.py writes)
+GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}  # fmt: skip
+GGUF_BLOCK_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+
+
+def gguf_name(name: str) -> str:
+    """`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`, as llama.cpp's converter names it."""
+    if name in GGUF_NAMES:
+        return GGUF_NAMES[name]
+    _, _, index, *module, kind = name.split(".")
+    return f"blk.{index}.{GGUF_BLOCK_NAMES['.'.join(module)]}.{kind}"

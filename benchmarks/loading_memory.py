@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 import numpy as np
-from common import REPO, write_results
+from common import REPO, gguf_name, write_results
 
 # (hidden, layers, heads, key/value heads, feed-forward, vocabulary, tied embeddings) of the published configs
 SHAPES = {
@@ -103,15 +103,6 @@ def write_checkpoint(directory: str, shape: tuple, shard_bytes: int = 2 << 30) -
     return size
 
 
-GGUF_BLOCK_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}  # fmt: skip
-GGUF_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-              "lm_head.weight": "output.weight"}  # fmt: skip
-
-
 def write_gguf(directory: str, shape: tuple, dtype: str) -> str:
     """The checkpoint in `directory` written again as a GGUF file there, a tensor at a time (F32 or BF16
     tensors, llama.cpp's names, no vocabulary); returns its name."""
@@ -131,13 +122,8 @@ def write_gguf(directory: str, shape: tuple, dtype: str) -> str:
                           ("add_layer_norm_rms_eps", 1e-5)):  # fmt: skip
         getattr(writer, method)(value)
     kind = gguf.GGMLQuantizationType.F32 if dtype == "float32" else gguf.GGMLQuantizationType.BF16
-    names = {}
+    names = {key: gguf_name(key) for key in weights}
     for key in weights:
-        if key not in GGUF_NAMES:
-            _, _, index, *module, kind_of = key.split(".")
-            names[key] = f"blk.{index}.{GGUF_BLOCK_NAMES['.'.join(module)]}.{kind_of}"
-        else:
-            names[key] = GGUF_NAMES[key]
         shape_of = tuple(weights.shape(key))
         size = int(np.prod(shape_of)) * (4 if dtype == "float32" else 2)
         writer.add_tensor_info(

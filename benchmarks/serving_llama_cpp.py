@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, write_results  # noqa: E402
+from common import REPO, gguf_name, write_results  # noqa: E402
 
 PROMPT_TOKENS, NEW_TOKENS, SLOTS = 32, 64, 16
 FIRST = 0x10000  # the characters of the ids: the supplementary planes, past the surrogates
@@ -72,10 +72,6 @@ def write_gguf(path: str) -> int:
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     total = 0
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    blocks = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight":  # tied: the token table
             continue
@@ -83,10 +79,7 @@ def write_gguf(path: str) -> int:
         if ".q_proj." in name or ".k_proj." in name:  # rows permuted for llama.cpp's RoPE, as its converter does
             heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
             array = array.reshape(heads, 2, -1, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
-        if name not in names:
-            _, _, index, *module, kind = name.split(".")
-            names[name] = f"blk.{index}.{blocks['.'.join(module)]}.{kind}"
-        writer.add_tensor(names[name], array)
+        writer.add_tensor(gguf_name(name), array)
         total += array.nbytes
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
