@@ -6,13 +6,19 @@ arguments (`output_dir`); the command line (`keras_tfm.training.run_main`) shows
 
 - `argument` is the Python argument at fault (or None); the text then begins "argument: ". The command line
   shows it as its flag (`--output-dir: ...`).
-- Other arguments a message mentions are written in backticks (`` `data` ``); the command line turns each
-  into its flag where it has one, and leaves the rest as written.
+- Other arguments a message mentions are written in backticks (`` `data` ``); a front end shows the message
+  in its own words with `InputError.words` (the command line each as its flag where it has one, the server
+  each as its request field), so no front end rewrites another's text.
 - `caller` is the function or class that refused (`from_huggingface`, `ViT`), shown before the message;
   code that passes an error on in its own words reads `message` (and `argument`), never the text.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+MENTIONED = re.compile(r"`([a-z_][a-z0-9_]*)`")  # an argument a message names
 
 
 class InputError(ValueError):
@@ -31,6 +37,16 @@ class InputError(ValueError):
         self.message = message
         self.argument = argument
         self.caller = caller
+
+    def words(self, shown: Callable[[str], str | None], quoted: bool = True) -> str:
+        """The message in a front end's words: each argument it names in backticks as `shown` names it (a
+        flag, a request field; None keeps the argument's name), in backticks where `quoted`."""
+
+        def name(mention: re.Match) -> str:
+            given = shown(mention[1])
+            return mention[0] if given is None else f"`{given}`" if quoted else given
+
+        return MENTIONED.sub(name, self.message)
 
     def __reduce__(self):  # pickles with its fields (the default would pass the joined text only)
         return type(self), (self.message, self.argument, self.caller)

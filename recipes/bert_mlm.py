@@ -101,10 +101,10 @@ def main() -> None:
 
 
 def model_sizes() -> dict:
-    from keras_tfm.models import bert
+    from keras_tfm.models import bert_sizes
 
     names = ("bert_tiny", "bert_mini", "bert_small", "bert_medium", "bert_base", "bert_large")
-    return {name: getattr(bert, name) for name in names}
+    return {name: getattr(bert_sizes, name) for name in names}
 
 
 def flags(sizes: dict):

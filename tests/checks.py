@@ -1,5 +1,6 @@
 """The checks every layer and model must pass, written once: config round trip, `.keras` round
-trip, a compiled fit step, and mixed precision."""
+trip, a compiled fit step, and mixed precision; and the tiny language models the command-line and server
+tests share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import string
 import keras
 import numpy as np
 from keras import ops
+
+import keras_tfm
+from keras_tfm.data import CharacterTokenizer
 
 
 def to_numpy(x):
@@ -141,3 +145,32 @@ def count_of_size(size_function, num_layers: int, vocabulary_size: int, **argume
         for layers, rows in ((1, 1), (2, 1), (1, 2))
     )
     return one + (num_layers - 1) * (two - one) + (vocabulary_size - 1) * (wider - one)
+
+
+def saved_language_model(path, max_length: int) -> keras_tfm.DecoderLM:
+    """A tiny character-level language model with its tokenizer, saved as a `.keras` file at `path`."""
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=28, max_length=max_length, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+    )
+    model.tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
+    model.save(path)
+    return model
+
+
+def chat_model(max_length: int) -> keras_tfm.DecoderLM:
+    """A tiny character-level language model whose tokenizer has a chat template."""
+    import tokenizers
+
+    from keras_tfm.data import HuggingFaceTokenizer
+
+    characters = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({c: i for i, c in enumerate(" <>abcdefghijklmnopqrstuvwxyz")}, unk_token=" ")
+    )
+    characters.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    characters.decoder = tokenizers.decoders.Fuse()
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    model = keras_tfm.DecoderLM(
+        vocabulary_size=29, max_length=max_length, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
+    )
+    model.tokenizer = HuggingFaceTokenizer(characters.to_str(), chat_template=template)
+    return model

@@ -112,3 +112,22 @@ def test_a_bad_argument_is_refused_by_name(cls, valid, name, value, expected):
         cls(**{**valid, name: value})
     message = str(caught.value)
     assert name in message and expected in message and repr(value) in message, message
+
+
+@pytest.mark.backend_independent
+def test_an_error_speaks_each_front_ends_names_without_its_text_rewritten():
+    """The command line shows the arguments a message names as flags, the server as request fields; the
+    error's own message is left as the library wrote it."""
+    from keras_tfm.errors import InputError
+    from keras_tfm.serve.requests import _config
+
+    error = InputError("expected `max_new_tokens` above `min_new_tokens`; `data` is fine.", "max_new_tokens")
+    flags = {"max_new_tokens": "--max-new-tokens", "data": "--data"}.get
+    assert error.words(flags, quoted=False) == "expected --max-new-tokens above `min_new_tokens`; --data is fine."
+    assert error.words({"max_new_tokens": "max_tokens"}.get) == (
+        "expected `max_tokens` above `min_new_tokens`; `data` is fine."
+    )
+    assert error.message.startswith("expected `max_new_tokens`")
+    with pytest.raises(Exception, match=r"`max_tokens` must be an integer >= 1") as refused:
+        _config(max_new_tokens=0)
+    assert refused.value.param == "max_tokens" and "max_new_tokens" not in refused.value.message

@@ -41,8 +41,8 @@ def test_every_python_example_of_a_page_runs_as_written(page, tmp_path, monkeypa
 def test_every_export_example_runs_as_written_on_tensorflow(page, tmp_path, monkeypatch):
     """The server's client examples (Python, and `curl` in bash) talk to a stand-in for the page's SmolLM2
     server: a tiny chat model served under its name, port and key."""
-    from tests.test_cli import chat_model
-    from tests.test_serve import Server
+    from tests.checks import chat_model
+    from tests.serve.helpers import Server
 
     assert _blocks(page)
     monkeypatch.setenv("KERAS_TFM_API_KEY", "stand-in")

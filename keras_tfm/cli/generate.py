@@ -16,7 +16,6 @@ tokenizer), or a `.keras` file saved with a tokenizer (a recipe's, or any model 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from keras_tfm.cli.interrupt import pieces_until_ctrl_c
@@ -126,7 +125,7 @@ def stream_arguments(args: argparse.Namespace) -> dict:
 
 def in_flags(error: InputError) -> str:
     """The error in this command's words: the library's arguments as its flags."""
-    message = re.sub(r"`([a-z_]+)`", lambda match: FLAGS.get(match[1], match[0]), error.message)
+    message = error.words(FLAGS.get, quoted=False)
     where = FLAGS.get(error.argument, error.argument)
     return f"{where}: {message}" if where else message
 

@@ -188,34 +188,6 @@ class GenerationConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    @property
-    def sampler(self):
-        """The warps and draw of `sampling`."""
-        from keras_tfm.generation.sampling import Sampler
-
-        return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
-
-    @property
-    def controls(self):
-        """The logits controls of `sampling`."""
-        from keras_tfm.generation.sampling import LogitsControls
-
-        return LogitsControls(
-            self.repetition_penalty,
-            self.min_new_tokens,
-            self.no_repeat_ngram_size,
-            self.logit_bias or (),
-            self.frequency_penalty,
-            self.presence_penalty,
-        )
-
-    @property
-    def strategy(self):
-        """How each token is chosen and how many continuations a prompt gets (`request.Strategy`)."""
-        from keras_tfm.generation.request import Strategy
-
-        return Strategy(self.sampler, self.num_beams, self.length_penalty, self.num_return_sequences)
-
 
 def check_setting(name: str, value) -> None:
     """Refuses a value outside the range of the `GenerationConfig` field `name`."""

@@ -12,9 +12,10 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation.beam_search import BeamSearch
+from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.decoding import Batch
 from keras_tfm.generation.prompts import prepare_prompts
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, row_seeds
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, row_seeds, sampler_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,11 @@ class Strategy:
         return (
             BeamSearch(self.num_beams, self.length_penalty, self.num_return_sequences) if self.num_beams > 1 else None
         )
+
+
+def strategy_of(config: GenerationConfig) -> Strategy:
+    """How a `GenerationConfig` chooses each token and how many continuations a prompt gets."""
+    return Strategy(sampler_of(config), config.num_beams, config.length_penalty, config.num_return_sequences)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation.config import check_setting
+from keras_tfm.generation.config import GenerationConfig, check_setting
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
@@ -131,7 +131,9 @@ def row_uniforms(seeds, positions, width: int):
     """`(rows, width)` float32 uniforms in (0, 1), a function of each row's seed and position only."""
     row_keys = _mix(ops.bitwise_xor(_mix(seeds), positions * _int32(GOLDEN)))
     bits = _mix(ops.expand_dims(row_keys, 1) + ops.arange(width, dtype="int32")[None, :])
-    return (ops.cast(_shift_right(bits, 8), "float32") + 0.5) / float(1 << 24)
+    # 23 bits: k + 0.5 is exact in float32 for k < 2**23, so u < 1 (with 24, the largest k rounds to u = 1,
+    # whose Gumbel noise is infinite: a masked token drawn, once in 2**24 draws)
+    return (ops.cast(_shift_right(bits, 9), "float32") + 0.5) / float(1 << 23)
 
 
 def draw(warped, seeds, positions):
@@ -304,3 +306,20 @@ def check_pad_id(owner: str, pad_token_id, vocabulary_size: int) -> None:
             "pad_token_id",
             caller=owner,
         )
+
+
+def sampler_of(config: GenerationConfig) -> Sampler:
+    """The warps and draw a `GenerationConfig` asks for."""
+    return Sampler(config.temperature, config.top_k, config.top_p, config.min_p)
+
+
+def controls_of(config: GenerationConfig) -> LogitsControls:
+    """The logits controls a `GenerationConfig` asks for."""
+    return LogitsControls(
+        config.repetition_penalty,
+        config.min_new_tokens,
+        config.no_repeat_ngram_size,
+        config.logit_bias or (),
+        config.frequency_penalty,
+        config.presence_penalty,
+    )

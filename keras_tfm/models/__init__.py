@@ -1,9 +1,7 @@
 """The model zoo: one configurable class per model, and its named sizes as plain functions."""
 
-from keras_tfm.models.bert import (
-    Bert,
-    BertClassifier,
-    BertMLM,
+from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
+from keras_tfm.models.bert_sizes import (
     bert_base,
     bert_large,
     bert_medium,

@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.arguments import check_arguments, is_integer
 from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models.bert import _BertWithHead
 
@@ -28,22 +28,29 @@ def _head(units: int, name: str, policy) -> keras.layers.Dense:
 class LabelsWords:
     """`label_words` for a token classifier with `class_names` and an encoder with `longest_input`."""
 
-    def label_words(self, texts, aggregation: str = "first") -> list:
+    def label_words(self, texts, aggregation: str = "first", stride: int | None = None) -> list:
         """Each text's words with a label each, as transformers' token-classification pipeline labels words
         (its `aggregation_strategy`, before it groups them into entities): per text a list of `{"word",
         "label", "score", "start", "end"}`, `start` and `end` the word's characters in the text. Needs the
         checkpoint's tokenizer.
 
         `aggregation`: how a word's pieces give its label: "first" (its first piece's), "average" (the
-        mean of its pieces' probabilities) or "max" (its most confident piece's)."""
+        mean of its pieces' probabilities) or "max" (its most confident piece's). A text longer than the
+        model reads is read in windows that share `stride` tokens (default: a quarter of the model's length);
+        each word is labelled in the window where it stands farthest from an edge, so every word gets one."""
         if aggregation not in AGGREGATIONS:
             raise InputError(f"expected one of {', '.join(AGGREGATIONS)}; received {aggregation!r}.",
                              "aggregation", caller="label_words")  # fmt: skip
+        length = self.encoder.longest_input
+        stride = length // 4 if stride is None else stride
+        if not is_integer(stride) or not 0 <= stride < length // 2:
+            raise InputError(f"expected an integer in [0, {length // 2}) (half the model's {length} tokens); "
+                             f"received {stride!r}.", "stride", caller="label_words")  # fmt: skip
         single = isinstance(texts, str)
-        encodings = _encodings(self, [texts] if single else texts, "label_words")
-        labelled = [
-            _words(self, encoding, text, aggregation) for encoding, text in zip(encodings, [texts] if single else texts)
-        ]
+        texts = [texts] if single else texts
+        _check_texts(texts, "label_words")
+        tokenizer = _tokenizer_with(self, "encode_windows", "label_words")
+        labelled = [_words(self, tokenizer.encode_windows(text, length, stride), text, aggregation) for text in texts]
         return labelled[0] if single else labelled
 
 
@@ -105,11 +112,9 @@ def checked_class_names(class_names: list | None, num_classes: int, caller: str)
     return names
 
 
-def _encodings(model, texts, caller: str) -> list:
+def _check_texts(texts, caller: str) -> None:
     if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
         raise InputError("expected a text or a non-empty list of texts.", "texts", caller=caller)
-    tokenizer = _tokenizer_with(model, "encode_with_offsets", caller)
-    return [tokenizer.encode_with_offsets(text, model.encoder.longest_input) for text in texts]
 
 
 def _tokenizer_with(model, method: str, caller: str):
@@ -126,25 +131,32 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return exponentials / exponentials.sum(-1, keepdims=True)
 
 
-def _words(model, encoding, text: str, aggregation: str) -> list[dict]:
-    ids = np.asarray(encoding.ids, "int32")[None]
-    logits = ops.convert_to_numpy(model.predict_on_batch({"token_ids": ids}))[0]
-    probabilities = _softmax(logits)
-    pieces: dict[int, list[int]] = {}  # each word's token positions, in order
-    for position, word in enumerate(encoding.word_ids):
-        if word is not None:
-            pieces.setdefault(word, []).append(position)
+def _words(model, windows: list, text: str, aggregation: str) -> list[dict]:
+    """The words of `text`, each labelled from the window (of `windows`) where it stands farthest from an edge."""
+    chosen = {}  # word -> (its distance from the window's edges, its pieces' probabilities, its characters)
+    for window in windows:
+        logits = ops.convert_to_numpy(model.predict_on_batch({"token_ids": np.asarray(window.ids, "int32")[None]}))
+        probabilities = _softmax(logits[0])
+        pieces: dict[int, list[int]] = {}  # each word's token positions, in order
+        for position, word in enumerate(window.word_ids):
+            if word is not None:
+                pieces.setdefault(word, []).append(position)
+        for word, positions in pieces.items():
+            margin = min(positions[0], len(window.ids) - 1 - positions[-1])
+            if word not in chosen or margin > chosen[word][0]:
+                chosen[word] = (margin, probabilities[positions], window.word_to_chars(word))
     words = []
-    for word, positions in pieces.items():
-        chosen = probabilities[positions]
+    for word in sorted(chosen):
+        _, pieces_probabilities, (start, end) = chosen[word]
         if aggregation == "average":
-            chosen = chosen.mean(0)
+            probabilities = pieces_probabilities.mean(0)
         else:  # the first piece's, or the most confident piece's
-            chosen = chosen[0 if aggregation == "first" else int(chosen.max(-1).argmax())]
-        start, end = encoding.word_to_chars(word)
-        label = int(chosen.argmax())
+            probabilities = pieces_probabilities[
+                0 if aggregation == "first" else int(pieces_probabilities.max(-1).argmax())
+            ]
+        label = int(probabilities.argmax())
         words.append({"word": text[start:end], "label": model.class_names[label],
-                      "score": float(chosen[label]), "start": start, "end": end})  # fmt: skip
+                      "score": float(probabilities[label]), "start": start, "end": end})  # fmt: skip
     return words
 
 

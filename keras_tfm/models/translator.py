@@ -22,7 +22,8 @@ from keras_tfm.errors import InputError
 from keras_tfm.export import decoding, formats
 from keras_tfm.generation import compiled, orchestration, prompts
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.request import Request
+from keras_tfm.generation.request import Request, strategy_of
+from keras_tfm.generation.sampling import controls_of
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -356,11 +357,11 @@ class Translator(ZooModel):
             [[self.start_token_id]] * source.shape[0],
             None,
             self.target_vocabulary_size,
-            config.strategy,
+            strategy_of(config),
             max_new_tokens=max_length,
             stop_token_ids=np.array([self.end_token_id], "int32"),
             pad_token_id=self.pad_token_id,
-            controls=config.controls,
+            controls=controls_of(config),
             seed=config.seed,
         )
         output, _ = orchestration.run(self, request, (ops.convert_to_tensor(source),))
@@ -480,7 +481,4 @@ def _translation_config(owner: str, config: GenerationConfig, **settings) -> Gen
     try:
         return GenerationConfig.of(config, owner, **settings)
     except InputError as error:
-        message = error.message
-        for field, argument in names.items():
-            message = message.replace(f"`{field}`", f"`{argument}`")
-        raise InputError(message, names.get(error.argument, error.argument), owner) from None
+        raise InputError(error.words(names.get), names.get(error.argument, error.argument), owner) from None

@@ -65,7 +65,7 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def allowed_hosts(args: argparse.Namespace) -> tuple[str, ...] | None:
-    from keras_tfm.serve.app import LOOPBACK_HOSTS
+    from keras_tfm.serve.http import LOOPBACK_HOSTS
 
     if args.allowed_hosts:
         return tuple(args.allowed_hosts)
@@ -86,6 +86,20 @@ def _log_requests() -> None:
 def _exit_quietly(signum, frame) -> None:
     """After uvicorn's graceful shutdown it raises the signal it caught again: the server ended as asked."""
     sys.exit(0)
+
+
+def _draining_server():
+    import uvicorn
+
+    class Draining(uvicorn.Server):
+        """uvicorn's server whose shutdown first tells the app's worker (the engine, the embedding batcher)
+        to answer the requests waiting with 503 at once; those being answered get the graceful timeout."""
+
+        def handle_exit(self, sig, frame) -> None:
+            self.config.app.state.worker.drain()
+            super().handle_exit(sig, frame)
+
+    return Draining
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,9 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     for caught in (signal.SIGTERM, signal.SIGINT):
         signal.signal(caught, _exit_quietly)
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout
     )
+    _draining_server()(config).run()
 
 
 if __name__ == "__main__":

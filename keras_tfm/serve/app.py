@@ -5,9 +5,6 @@ be OpenAI's schema). Every refusal is a JSON error in OpenAI's schema; the serve
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hmac
-import json
 import re
 import time
 
@@ -17,12 +14,10 @@ from keras_tfm.serve import requests
 from keras_tfm.serve.answers import Echo, completion, stream_response, token_texts
 from keras_tfm.serve.engine import Engine, Ticket, prompt_logprobs
 from keras_tfm.serve.grammar import response_schema, tool_call_grammar
-from keras_tfm.serve.operations import Metrics, Observed
+from keras_tfm.serve.http import LOOPBACK_HOSTS, authorize, check_host, check_key, read_json, starlette_app
+from keras_tfm.serve.operations import Metrics
 from keras_tfm.serve.requests import RequestError
-from keras_tfm.serve.tools import template_messages
-
-# the names a browser on this machine uses for a server bound to loopback; any other `Host` is refused
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+from keras_tfm.serve.tools import template_messages, template_renders
 
 
 def create_app(
@@ -65,12 +60,10 @@ def create_app(
             are). An embedder has none.
         progress: called with a line of text after each shape the warm-up compiles.
     """
-    from keras_tfm.models.sentence_embedder import SentenceEmbedder
-
-    if isinstance(model, SentenceEmbedder):
+    if _embeds(model):
         from keras_tfm.serve.embeddings import create_embedding_app
 
-        _check_key(api_key)
+        check_key(api_key)
         return create_embedding_app(model, model_name, api_key, max_batch_size, max_queue, max_body_bytes,
                                     allowed_hosts, cors_origins)  # fmt: skip
     defaults = _checked_defaults(model, api_key, default_max_tokens)
@@ -82,37 +75,6 @@ def create_app(
              "/v1/embeddings": server.embeddings}  # fmt: skip
     app = starlette_app(server, posts, engine, cors_origins)
     app.state.engine = engine
-    return app
-
-
-def starlette_app(server, posts: dict, worker, cors_origins: tuple[str, ...]):
-    """The app of `server`'s handlers (`health`, `models`, `one_model`, `exposition`, and `posts`: path ->
-    handler): refusals in OpenAI's error schema, every request counted in `server.metrics` and logged,
-    CORS for `cors_origins`, and `worker` (the engine's or batcher's thread) closed with the server."""
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-    from starlette.middleware import Middleware
-    from starlette.middleware.cors import CORSMiddleware
-    from starlette.routing import Route
-
-    routes = [
-        Route("/health", server.health),
-        Route("/v1/models", server.models),
-        Route("/v1/models/{model_id:path}", server.one_model),
-        Route("/metrics", server.exposition),
-        *[Route(path, handler, methods=["POST"]) for path, handler in posts.items()],
-    ]
-    metrics = server.metrics
-
-    cors = Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                      allow_headers=["Authorization", "Content-Type"])  # fmt: skip
-    app = Starlette(
-        routes=routes,
-        exception_handlers={RequestError: _refused, HTTPException: _http_error, Exception: _server_error},
-        lifespan=_closing(worker),
-        middleware=[Middleware(Observed, metrics=metrics), *[cors] * bool(cors_origins)],
-    )
-    app.state.metrics = metrics
     return app
 
 
@@ -140,10 +102,10 @@ class _Routes:
 
     async def _handle(self, request, chat: bool):
         from starlette.concurrency import run_in_threadpool
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response
 
         model, name = self.model, self.model_name
-        body = await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        body = await read_json(request, self.api_key, self.max_body_bytes, self.hosts)
         if body.get("model") not in (None, name):
             raise RequestError(f"the model {body.get('model')!r:.100} does not exist; this server has {name!r}.",
                                "model", 404, "not_found_error")  # fmt: skip
@@ -166,27 +128,30 @@ class _Routes:
                 echo = echo._replace(logprobs=await run_in_threadpool(prompt_logprobs, model, job.prompt, job.logprobs))
         if job.stream:
             return stream_response(ticket, name, chat, body, token_text, self.metrics, echo)
-        answer = completion(await _answer(ticket), job, name, chat, token_text, echo)
+        choices = await _answer(ticket, request)
+        if choices is None:  # the client left: no one reads an answer
+            return Response(status_code=499)
+        answer = completion(choices, job, name, chat, token_text, echo)
         self.metrics.generated_tokens.inc(answer["usage"]["completion_tokens"])
         return JSONResponse(answer)
 
     async def embeddings(self, request):
-        await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        await read_json(request, self.api_key, self.max_body_bytes, self.hosts)
         raise RequestError(f"the model {self.model_name!r} generates text and does not embed it; serve an "
                            "embedding model (a sentence-transformers checkpoint) for /v1/embeddings.", "model")  # fmt: skip
 
     async def models(self, request):
         from starlette.responses import JSONResponse
 
-        _check_host(request, self.hosts)
-        _authorize(request, self.api_key)
+        check_host(request, self.hosts)
+        authorize(request, self.api_key)
         return JSONResponse({"object": "list", "data": [_model_entry(self.model, self.model_name, self.defaults)]})
 
     async def one_model(self, request):
         from starlette.responses import JSONResponse
 
-        _check_host(request, self.hosts)
-        _authorize(request, self.api_key)
+        check_host(request, self.hosts)
+        authorize(request, self.api_key)
         if request.path_params["model_id"] != self.model_name:
             raise RequestError(f"the model {request.path_params['model_id']!r:.100} does not exist; this server "
                                f"has {self.model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
@@ -195,7 +160,7 @@ class _Routes:
     async def exposition(self, request):  # Prometheus scrapes without the API key, as vLLM's and llama.cpp's
         from starlette.responses import Response
 
-        _check_host(request, self.hosts)
+        check_host(request, self.hosts)
         content, kind = self.metrics.exposition()
         return Response(content, media_type=kind)
 
@@ -218,44 +183,28 @@ def _model_entry(model, model_name: str, defaults: requests.Defaults) -> dict:
     }
 
 
-async def _refused(request, error: RequestError):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(error.body(), status_code=error.status)
-
-
-async def _http_error(request, error):
-    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-    return await _refused(request, RequestError(str(error.detail), None, error.status_code, kind))
-
-
-async def _server_error(request, error: Exception):  # a fault of the server's, still in OpenAI's schema
-    message = f"the server failed: {type(error).__name__}: {error}"[:500]
-    return await _refused(request, RequestError(message, None, 500, "server_error"))
-
-
-async def _answer(ticket: Ticket) -> list:
-    """The choices of a ticket decoded whole; its decoding error raised; a client that left (the request
-    cancelled) gives its rows back at the engine's next chunk."""
+async def _answer(ticket: Ticket, request, poll_seconds: float = 0.5) -> list | None:
+    """The choices of a ticket decoded whole; its decoding error raised. A client that leaves (its
+    connection closed, or the request cancelled) gives its rows back at the engine's next chunk: None."""
+    answered = asyncio.ensure_future(ticket.events.get())
     try:
-        kind, value = await ticket.events.get()
-    except asyncio.CancelledError:
-        ticket.cancelled = True
-        raise
+        while not (await asyncio.wait({answered}, timeout=poll_seconds))[0]:
+            if await request.is_disconnected():
+                ticket.cancelled = True
+                return None
+    finally:
+        if not answered.done():
+            ticket.cancelled = True
+            answered.cancel()
+    kind, value = answered.result()
     if kind == "error":
         raise value
     return value
 
 
-def _closing(worker):
-    """The app's lifespan: the worker's thread (the engine's, the embedding batcher's) ends with the server."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        worker.close()
-
-    return lifespan
+def _embeds(model) -> bool:
+    """Whether `model` is served as an embedder: it embeds texts (`embed`) and generates none."""
+    return callable(getattr(model, "embed", None)) and not callable(getattr(model, "generate", None))
 
 
 def _checked_defaults(model, api_key: str | None, default_max_tokens: int) -> requests.Defaults:
@@ -265,74 +214,21 @@ def _checked_defaults(model, api_key: str | None, default_max_tokens: int) -> re
     try:
         return requests.Defaults.of(model.generation_config, default_max_tokens)
     except RequestError as error:
-        raise ValueError(f"model.generation_config: {error.message}") from None
+        raise InputError(f"its generation_config: {error.message}", "model", "create_app") from None
 
 
 def _check_model(model, api_key: str | None) -> None:
     """Refuses, before any request, a model the server cannot serve and an empty key."""
     if not callable(getattr(model, "generate", None)) or not hasattr(model, "empty_cache"):
-        raise ValueError(
-            f"model: the server needs a language model (GPT, DecoderLM) or a SentenceEmbedder; received a "
-            f"{type(model).__name__}."
+        raise InputError(
+            f"the server needs a language model (GPT, DecoderLM) or an embedder (SentenceEmbedder); received a "
+            f"{type(model).__name__}.",
+            "model",
+            "create_app",
         )
     if model.tokenizer is None:
-        raise ValueError("model: the server needs a model with a tokenizer (`model.tokenizer`).")
-    _check_key(api_key)
-
-
-def _check_key(api_key: str | None) -> None:
-    if api_key is not None and not api_key.strip():
-        raise ValueError("api_key: an empty key would let every request in; give a key, or None for no key.")
-
-
-def _check_host(request, hosts: set[str] | None) -> None:
-    """Refuses a `Host` header outside `hosts` (its port aside)."""
-    if hosts is None:
-        return
-    host = request.headers.get("host", "").lower()
-    name = host[: host.find("]") + 1] if host.startswith("[") else host.rsplit(":", 1)[0]  # [::1]:8000, a:8000
-    if name not in hosts and "*" not in hosts:
-        raise RequestError(
-            f"the Host header {host!r:.100} is not one this server answers ({', '.join(sorted(hosts))}); "
-            "the server's `allowed_hosts` must name it.",
-            None,
-            400,
-        )
-
-
-def _authorize(request, api_key: str | None) -> None:
-    if api_key is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-        raise RequestError("a valid API key is needed: `Authorization: Bearer <key>`.", None, 401)
-
-
-async def _read_json(request, api_key: str | None, max_body_bytes: int, hosts: set[str] | None) -> dict:
-    _check_host(request, hosts)
-    _authorize(request, api_key)
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json":  # a web page may send text/plain across origins without asking first
-        raise RequestError(
-            f"the request body must be sent as `Content-Type: application/json`; received {kind or 'none'!r:.100}.",
-            None,
-            415,
-        )
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_body_bytes:
-            raise RequestError(f"the request body is larger than {max_body_bytes:,} bytes.", None, 413)
-    try:
-        parsed = json.loads(body)
-        json.dumps(parsed, ensure_ascii=False).encode()  # a lone surrogate (\ud800) has no UTF-8
-    except RecursionError:
-        raise RequestError("the request body is nested too deeply.") from None
-    except ValueError as error:  # UnicodeError, and an integer of too many digits, are ValueErrors
-        raise RequestError(f"the request body is not valid JSON ({str(error)[:200]}).") from None
-    if not isinstance(parsed, dict):
-        raise RequestError("the request body must be a JSON object.")
-    return parsed
+        raise InputError("the server needs a model with a tokenizer (`model.tokenizer`).", "model", "create_app")
+    check_key(api_key)
 
 
 def _prompt_ids(tokenizer, body: dict, chat: bool, escape: bool) -> list[int]:
@@ -340,7 +236,16 @@ def _prompt_ids(tokenizer, body: dict, chat: bool, escape: bool) -> list[int]:
         return [int(i) for i in tokenizer.encode_prompt(requests.completion_prompt(body))]
     if not tokenizer.chat_template:
         raise RequestError("this model has no chat template; use /v1/completions.", "messages")
-    messages, functions = template_messages(requests.chat_messages(body)), requests.chat_tools(body)
+    messages, functions = requests.chat_messages(body), requests.chat_tools(body)
+    renders_tools, renders_calls = template_renders(tokenizer.chat_template)
+    if functions and not renders_tools:  # the model would answer without knowing them
+        raise RequestError(
+            "this model's chat template does not render tools, so the model cannot know them; send no `tools` "
+            '(or `tool_choice`: "none"), or serve a model whose template renders them (Qwen2.5, Llama 3.1, '
+            "Mistral, Hermes).",
+            "tools",
+        )
+    messages = template_messages(messages, renders_calls)
     specials = tokenizer.special_token_texts() if escape and hasattr(tokenizer, "special_token_texts") else []
     if any(special in (message["content"] or "") for message in messages for special in specials):
         return _escaped_chat_ids(tokenizer, messages, functions)

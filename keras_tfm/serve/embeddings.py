@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
-import queue
 import threading
 import time
 
 import numpy as np
 
 from keras_tfm import compat
+from keras_tfm.serve.http import authorize, check_host, read_json, starlette_app
 from keras_tfm.serve.requests import RequestError
 from keras_tfm.serve.workers import close_at_exit
 
@@ -104,70 +104,128 @@ def model_entry(model, model_name: str) -> dict:
     }
 
 
+def _shut_down() -> RequestError:
+    return RequestError("the server shut down before answering.", None, 503, "server_error")
+
+
+class _Pending:
+    """A request's inputs waiting to be embedded, the vectors of those embedded so far, and its future."""
+
+    def __init__(self, ids: list, future: concurrent.futures.Future):
+        self.ids, self.future, self.vectors = ids, future, []
+
+    @property
+    def left(self) -> int:
+        return len(self.ids) - sum(len(part) for part in self.vectors)
+
+
 class EmbeddingBatcher:
-    """One thread embeds the inputs of every request waiting, up to `max_batch_size` inputs at once (a
-    request with more is embedded whole, alone): requests that come together share the model's batches.
-    More than `max_queue` requests waiting are refused (429)."""
+    """One thread embeds the inputs of the requests waiting, `max_batch_size` inputs at a time: requests
+    that come together share the model's batches, and a large request is embedded a batch at a time, so
+    that a small one is not starved behind it: each batch serves the oldest request first (up to half the
+    batch), then the smallest. More than `max_queue` requests waiting are refused (429); `drain` (the
+    server's shutdown) answers those waiting with a 503 and finishes the batch being embedded."""
 
     def __init__(self, model, max_batch_size: int, max_queue: int):
-        self.model, self.max_batch_size = model, max_batch_size
-        self.pending: queue.Queue = queue.Queue(max_queue)
+        self.model, self.max_batch_size, self.max_queue = model, max_batch_size, max_queue
+        self._pending: list[_Pending] = []
+        self._condition = threading.Condition()
+        self._closed = False
+        self._running: set[_Pending] = set()  # the requests of the batch being embedded
         self.thread = threading.Thread(target=self._run, name="keras_tfm-embeddings", daemon=True)
         self.thread.start()
         close_at_exit(self)
 
     def waiting(self) -> int:
-        return self.pending.qsize()
+        return len(self._pending)
 
     async def embed(self, ids: list) -> np.ndarray:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        try:
-            self.pending.put_nowait((ids, future))
-        except queue.Full:
-            raise RequestError("the server is busy: too many requests are waiting; retry later.", None, 429,
-                               "rate_limit_error") from None  # fmt: skip
-        return await asyncio.wrap_future(future)
+        with self._condition:
+            if self._closed:
+                raise RequestError("the server is shutting down.", None, 503, "server_error")
+            if len(self._pending) >= self.max_queue:
+                raise RequestError("the server is busy: too many requests are waiting; retry later.", None, 429,
+                                   "rate_limit_error")  # fmt: skip
+            self._pending.append(_Pending(ids, future))
+            self._condition.notify()
+        return await asyncio.wrap_future(future)  # a client that leaves cancels it: its inputs are dropped
 
     def _run(self) -> None:
         compat.torch_parallel_here()
-        while (first := self.pending.get()) is not None:
-            batch, count, closing = [first], len(first[0]), False
-            while count < self.max_batch_size and not closing:
-                try:
-                    item = self.pending.get_nowait()
-                except queue.Empty:
-                    break
-                closing = item is None
-                if not closing:
-                    batch.append(item)
-                    count += len(item[0])
-            self._embed(batch)
-            if closing:
-                return
+        while (batch := self._next_batch()) is not None:
+            if batch:
+                self._embed(batch)
+        self._answer(list(self._pending), _shut_down())  # a request the last batch left unfinished
 
-    def _embed(self, batch: list) -> None:
+    def _next_batch(self) -> list[tuple[_Pending, list]] | None:
+        """`(request, its inputs)` pairs of at most `max_batch_size` inputs: the oldest request's first (up
+        to half the batch), then the smallest requests'; None once closed."""
+        with self._condition:
+            while not self._closed and not self._pending:
+                self._condition.wait()
+            self._running = set()
+            if self._closed:
+                return None
+            self._pending = [item for item in self._pending if not item.future.cancelled()]
+            if not self._pending:  # every client waiting left
+                return []
+            oldest, *others = self._pending
+            turns = [(oldest, max(self.max_batch_size // 2, 1))] + [
+                (o, o.left) for o in sorted(others, key=lambda o: o.left)
+            ]
+            taken: dict[_Pending, int] = {}  # inputs of each request in this batch
+            for item, share in turns + [(oldest, self.max_batch_size)]:  # the oldest takes what room is left
+                start = len(item.ids) - item.left + taken.get(item, 0)
+                count = min(share, self.max_batch_size - sum(taken.values()), len(item.ids) - start)
+                taken[item] = taken.get(item, 0) + max(count, 0)
+            batch = [(item, item.ids[len(item.ids) - item.left :][:count]) for item, count in taken.items() if count]
+            self._running = {item for item, _ in batch}
+            return batch
+
+    def _embed(self, batch: list[tuple[_Pending, list]]) -> None:
         try:
-            vectors = self.model.embed_token_ids([row for ids, _ in batch for row in ids], self.max_batch_size)
-        except Exception as error:  # a fault of the model's: each request answered with it
-            for _, future in batch:
-                future.set_exception(error)
+            vectors = self.model.embed_token_ids([row for _, ids in batch for row in ids], self.max_batch_size)
+        except Exception as error:  # a fault of the model's: each request it touched answered with it
+            self._answer([item for item, _ in batch], error=error)
             return
-        start = 0
-        for ids, future in batch:
-            future.set_result(vectors[start : start + len(ids)])
+        start, finished = 0, []
+        for item, ids in batch:
+            item.vectors.append(vectors[start : start + len(ids)])
             start += len(ids)
+            if not item.left:
+                finished.append(item)
+        self._answer(finished)
+
+    def _answer(self, items: list[_Pending], error: Exception | None = None) -> None:
+        """Takes `items` off the queue and answers each, once (a cancelled one: its client left)."""
+        with self._condition:
+            self._pending = [item for item in self._pending if item not in items]
+            for item in items:
+                if not item.future.done() and item.future.set_running_or_notify_cancel():
+                    if error is None:
+                        item.future.set_result(np.concatenate(item.vectors))
+                    else:
+                        item.future.set_exception(error)
+
+    def drain(self) -> None:
+        """Answers every request waiting with a 503 (the server is shutting down); the batch being embedded
+        finishes (a request it leaves unfinished gets the 503 too), and the thread ends."""
+        with self._condition:
+            self._closed = True
+            waiting = [item for item in self._pending if item not in self._running]
+            self._condition.notify()
+        self._answer(waiting, _shut_down())
 
     def close(self) -> None:
-        if self.thread.is_alive():  # closed once already: its lifespan, then at exit
-            self.pending.put(None, timeout=30)
-            self.thread.join(timeout=30)
+        self.drain()
+        self.thread.join(timeout=30)
 
 
 def create_embedding_app(model, model_name, api_key, max_batch_size, max_queue, max_body_bytes, allowed_hosts,
                          cors_origins):  # fmt: skip
     """`create_app` for a `SentenceEmbedder`: `/v1/embeddings`, `/v1/models`, `/health` and `/metrics`; the
     generating routes answer that this model embeds."""
-    from keras_tfm.serve.app import starlette_app
 
     batcher = EmbeddingBatcher(model, max_batch_size, max_queue)
     routes = _EmbeddingRoutes(model, model_name, batcher, api_key, max_body_bytes, allowed_hosts)
@@ -189,9 +247,7 @@ class _EmbeddingRoutes:
         from starlette.concurrency import run_in_threadpool
         from starlette.responses import JSONResponse
 
-        from keras_tfm.serve.app import _read_json
-
-        body = await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        body = await read_json(request, self.api_key, self.max_body_bytes, self.hosts)
         if body.get("model") not in (None, self.model_name):
             raise RequestError(f"the model {body.get('model')!r:.100} does not exist; this server has "
                                f"{self.model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
@@ -201,9 +257,8 @@ class _EmbeddingRoutes:
         return JSONResponse(answer(body, vectors, ids, self.model, self.model_name))
 
     async def generating(self, request):
-        from keras_tfm.serve.app import _read_json
 
-        await _read_json(request, self.api_key, self.max_body_bytes, self.hosts)
+        await read_json(request, self.api_key, self.max_body_bytes, self.hosts)
         raise RequestError(f"the model {self.model_name!r} embeds text and does not generate it; use "
                            "/v1/embeddings.", "model")  # fmt: skip
 
@@ -225,9 +280,7 @@ class _EmbeddingRoutes:
     async def exposition(self, request):
         from starlette.responses import Response
 
-        from keras_tfm.serve.app import _check_host
-
-        _check_host(request, self.hosts)
+        check_host(request, self.hosts)
         content, kind = self.metrics.exposition()
         return Response(content, media_type=kind)
 
@@ -237,7 +290,6 @@ class _EmbeddingRoutes:
         return JSONResponse({"status": "ok", "waiting": self.batcher.waiting()})
 
     def _checked(self, request) -> None:
-        from keras_tfm.serve.app import _authorize, _check_host
 
-        _check_host(request, self.hosts)
-        _authorize(request, self.api_key)
+        check_host(request, self.hosts)
+        authorize(request, self.api_key)

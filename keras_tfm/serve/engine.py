@@ -117,7 +117,7 @@ class Engine:
         self.stop_ids = {int(i) for i in np.asarray(model.stop_ids()).reshape(-1)}
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._condition = threading.Condition()
-        self._closed = False
+        self._closed = self._draining = False
         self._slots: list[Row | None] = []
         self._cache = self._seen = None
         self._fed = continuous.nothing_fed(0, chunk_steps)  # prompt tokens each row feeds in the next chunk
@@ -139,7 +139,7 @@ class Engine:
             )
         ticket = Ticket(job, asyncio.get_running_loop())
         with self._condition:
-            if self._closed:
+            if self._closed or self._draining:
                 raise RequestError("the server is shutting down.", status=503, kind="server_error")
             if len(self._waiting) >= self.max_queue:
                 raise RequestError(
@@ -157,6 +157,15 @@ class Engine:
     def busy_rows(self) -> list[int]:
         """The rows of the cache decoding a request now."""
         return self._busy()
+
+    def drain(self) -> None:
+        """The server's shutdown began: the requests waiting get a 503 error now, new ones are refused, and
+        the rows decoding go on to their end (or to `close`)."""
+        with self._condition:
+            self._draining, waiting = True, list(self._waiting)
+            self._waiting.clear()
+        for ticket in waiting:
+            ticket.send("error", RequestError("the server shut down before answering.", None, 503, "server_error"))
 
     def close(self) -> None:
         """Stops after the chunk being decoded; the requests not yet answered get a 503 error."""
@@ -384,9 +393,11 @@ class Engine:
         return bias
 
     def _decoder(self, job: Job) -> TextDecoder:
-        """A row's text decoder; the text of a row no one reads before its end is decoded once, at the end."""
-        incremental = job.stream or bool(job.stop)
-        return TextDecoder(self.model.decode_text, self.stop_ids, job.stop, job.max_tokens, incremental=incremental)
+        """A row's text decoder; the text of a row no one reads before its end is decoded once, at the end.
+        A constrained row's grammar ends it, not a stop string: a `"stop"` reply is whole JSON or a whole call."""
+        stop = () if job.grammar else job.stop
+        incremental = job.stream or bool(stop)
+        return TextDecoder(self.model.decode_text, self.stop_ids, stop, job.max_tokens, incremental=incremental)
 
     def _take(self, row: Row, generated: np.ndarray, scores: list | None) -> None:
         """The row's share of a chunk's tokens, through its `TextDecoder` (up to its `max_tokens`, a stop

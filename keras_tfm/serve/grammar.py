@@ -14,7 +14,8 @@ def response_schema(body: dict) -> dict | None:
         return None
     if kind == {"type": "json_object"}:
         return {"type": "object"}
-    schema = kind.get("json_schema", {}).get("schema") if isinstance(kind, dict) else None
+    described = kind.get("json_schema") if isinstance(kind, dict) else None
+    schema = described.get("schema") if isinstance(described, dict) else None
     if not isinstance(kind, dict) or kind.get("type") != "json_schema" or not isinstance(schema, dict):
         raise RequestError(
             '`response_format` must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '

@@ -131,7 +131,8 @@ def _logit_bias(body: dict, vocabulary_size: int) -> dict[int, float] | None:
         )
     checked = {}
     for key, value in bias.items():
-        if not key.isdigit() or int(key) >= vocabulary_size:
+        # ASCII digits alone ("²" is a digit to Python, not to int()), and no more than an id can have
+        if not (key.isascii() and key.isdigit() and len(key) <= 10) or int(key) >= vocabulary_size:
             raise RequestError(
                 f"`logit_bias` keys must be token ids in [0, {vocabulary_size}); received {key!r:.40}.", "logit_bias"
             )
@@ -261,8 +262,8 @@ def _config(**settings) -> GenerationConfig:
     try:
         return GenerationConfig(**settings)
     except InputError as error:
-        name = "max_tokens" if error.argument == "max_new_tokens" else error.argument
-        raise RequestError(error.message.replace("`max_new_tokens`", "`max_tokens`"), name) from None
+        field = {"max_new_tokens": "max_tokens"}.get  # the config's names that OpenAI's requests call otherwise
+        raise RequestError(error.words(field), field(error.argument) or error.argument) from None
 
 
 def chat_tools(body: dict) -> list[dict] | None:
@@ -287,7 +288,9 @@ def chat_tools(body: dict) -> list[dict] | None:
             f"{{...}}}}}} objects; received {tools!r:.200}.",
             "tools",
         )
-    if named and choice["function"].get("name") not in {tool["function"]["name"] for tool in tools}:
+    if named and not isinstance(choice["function"].get("name"), str):
+        raise RequestError(f"`tool_choice.function.name` must be a string; received {choice!r:.100}.", "tool_choice")
+    if named and choice["function"]["name"] not in {tool["function"]["name"] for tool in tools}:
         raise RequestError(f"`tool_choice` names a function that is not in `tools`: {choice!r:.100}.", "tool_choice")
     return tools
 
@@ -295,7 +298,8 @@ def chat_tools(body: dict) -> list[dict] | None:
 def _is_function(tool) -> bool:
     function = tool.get("function") if isinstance(tool, dict) else None
     return (
-        tool.get("type") == "function"
+        isinstance(tool, dict)
+        and tool.get("type") == "function"
         and isinstance(function, dict)
         and isinstance(function.get("name"), str)
         and bool(function["name"])

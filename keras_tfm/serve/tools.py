@@ -12,6 +12,7 @@ name stays content. `parse_tool_calls` reads a whole reply, `StreamedCalls` one 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -221,9 +222,11 @@ def _call(value, names: set[str], arguments_key: str) -> dict | None:
     }
 
 
-def template_messages(messages: list[dict]) -> list[dict]:
+def template_messages(messages: list[dict], renders_calls: bool = True) -> list[dict]:
     """A conversation as chat templates read it (transformers' convention): an assistant turn's tool
-    calls with their `arguments` as objects, not OpenAI's JSON strings."""
+    calls with their `arguments` as objects, not OpenAI's JSON strings. Where the template does not
+    render calls (`renders_calls` False), they are written into the turn's text as `<tool_call>` blocks,
+    so that the model still sees what it called."""
     rendered = []
     for message in messages:
         if message.get("tool_calls"):
@@ -232,5 +235,31 @@ def template_messages(messages: list[dict]) -> list[dict]:
                 for call in message["tool_calls"]
             ]
             message = {**message, "tool_calls": calls}
+            if not renders_calls:
+                blocks = [f"{OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n{CLOSE}" for c in calls]  # fmt: skip
+                text = "\n".join(filter(None, [message.get("content"), *blocks]))
+                message = {key: value for key, value in message.items() if key != "tool_calls"} | {"content": text}
         rendered.append(message)
     return rendered
+
+
+PROBE = "keras_tfm_probe_function"  # a name no template writes unless it renders what it is given
+
+
+@functools.lru_cache(maxsize=8)
+def template_renders(template: str) -> tuple[bool, bool]:
+    """Whether a chat template renders a request's tools, and an assistant turn's tool calls: each is
+    rendered with a function named `PROBE`, and looked for in the text."""
+    from keras_tfm.data.chat import render_chat_template
+
+    function = {"type": "function", "function": {"name": PROBE, "parameters": {"type": "object"}}}
+    call = {"id": "call_0", "type": "function", "function": {"name": PROBE, "arguments": {}}}
+    asked = [{"role": "user", "content": "hi"}]
+    answered = [*asked, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    shown = []
+    for messages, tools in ((asked, [function]), (answered, None)):
+        try:
+            shown.append(PROBE in render_chat_template(template, messages, add_generation_prompt=False, tools=tools))
+        except Exception:  # a template that refuses the probe's shape renders none of it
+            shown.append(False)
+    return shown[0], shown[1]

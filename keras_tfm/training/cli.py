@@ -115,7 +115,7 @@ class RecipeParser(argparse.ArgumentParser):
 
     def speak_flags(self, error: InputError) -> str:
         """`error`'s message with the arguments it names written as this command line's flags."""
-        message = re.sub(r"`([a-z_][a-z0-9_]*)`", lambda match: self.flag(match[1]) or match[0], error.message)
+        message = error.words(self.flag, quoted=False)
         prefix = error.argument and (self.flag(error.argument) or error.argument)
         return f"{prefix}: {message}" if prefix else message
 

@@ -9,7 +9,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.generation import GenerationConfig, Sampler
 from keras_tfm.generation.continuous import Features, RowSettings, choose_rows, row_values
-from keras_tfm.generation.sampling import row_seeds, warp
+from keras_tfm.generation.sampling import controls_of, draw, row_seeds, row_uniforms, sampler_of, warp
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 SETTINGS = [
@@ -63,8 +63,19 @@ def test_rows_with_different_settings_choose_as_each_would_alone(rng):
     settings = settings._replace(seed=seeds)
     chosen = ops.convert_to_numpy(choose_rows(logits, None, settings, positions, Features(True, True, True, True)))
     for i, config in enumerate(configs):
-        alone = config.sampler(logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1])
+        alone = sampler_of(config)(logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1])
         assert chosen[i] == ops.convert_to_numpy(alone)[0]
+
+
+def test_a_draw_never_picks_a_masked_token_whatever_its_noise():
+    """Rows whose noise reaches the top of its range (seeds 905 and 3389 at position 7, tokens 1612 and
+    1582 of 8192: each a 2**-24 chance): the draw keeps to the tokens a mask (a grammar, top-k) left."""
+    seeds, positions = np.array([905, 3389], "int32"), np.array([7, 7], "int32")
+    uniforms = ops.convert_to_numpy(row_uniforms(seeds, positions, 8192))
+    assert uniforms.max() < 1 and uniforms.min() > 0 and uniforms.argmax(-1).tolist() == [1612, 1582]
+    warped = np.full((2, 8192), LARGE_NEGATIVE, "float32")
+    warped[:, 20:30] = np.linspace(-1.0, 1.0, 10)  # ten tokens allowed
+    assert set(ops.convert_to_numpy(draw(warped, seeds, positions)).tolist()) <= set(range(20, 30))
 
 
 @pytest.mark.backend_independent
@@ -102,6 +113,6 @@ def test_logit_bias_adds_to_the_scores_as_transformers_sequence_bias_does(rng):
     expected = generation.SequenceBiasLogitsProcessor({(k,): v for k, v in bias.items()})(
         torch.zeros((3, 1), dtype=torch.long), torch.tensor(logits)
     )
-    controls = GenerationConfig(logit_bias=bias).controls
+    controls = controls_of(GenerationConfig(logit_bias=bias))
     ours = controls(logits, None, None, None)
     np.testing.assert_allclose(ops.convert_to_numpy(ours), expected.numpy(), rtol=1e-6)

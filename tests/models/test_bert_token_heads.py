@@ -50,6 +50,13 @@ def test_word_labels_are_the_pipelines_at_each_words_first_piece(tmp_path):
     np.testing.assert_allclose([w["score"] for w in words], [t["score"] for t in first_pieces], atol=1e-5)
     assert all(TEXT[w["start"] : w["end"]] == w["word"] for w in words)
     assert tagger.label_words([TEXT, "Boston"])[1][0]["word"] == "Boston"
+    long = " ".join([TEXT] * 12)  # 216 words, 7x the model's 32 tokens: read in windows, every word labelled
+    pieces = pipeline.tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(long)
+    labelled = tagger.label_words(long, stride=8)
+    assert [(w["word"], (w["start"], w["end"])) for w in labelled] == pieces
+    assert {w["label"] for w in labelled} <= {"B-PER", "B-LOC", "B-DATE"}
+    with pytest.raises(ValueError, match=r"stride: label_words: expected an integer in \[0, 16\)"):
+        tagger.label_words(long, stride=16)
     unknown = "Georgia visited Bostonia then sailed northward"  # words not in the vocabulary: a piece per letter
     scores = {}
     for aggregation in ("first", "average", "max"):

@@ -17,6 +17,8 @@ import numpy as np
 from keras_tfm.data.errors import DataError
 from keras_tfm.errors import InputError
 
+TOKENIZERS: dict[str, type[Tokenizer]] = {}  # kind -> class, filled as each kind is defined
+
 
 class Tokenizer:
     """The base of every tokenizer: the protocol, with the defaults most tokenizers keep."""
@@ -24,6 +26,11 @@ class Tokenizer:
     kind: str = ""
     chat_template: str | None = None
     fitted_on: dict | None = None  # what `load_or_fit_tokenizer` fitted it on (the text's digest, the options)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("kind"):  # a kind of its own: a saved file of this kind loads as this class
+            TOKENIZERS[cls.kind] = cls
 
     @property
     def vocabulary_size(self) -> int:
@@ -98,3 +105,31 @@ def pair_windows(tokenizer, first: str, second: str, max_length: int, stride: in
     tokenizer.enable_truncation(max_length, stride=stride, strategy="only_second")
     encoding = tokenizer.encode(first, second, add_special_tokens=True)
     return [encoding, *encoding.overflowing]
+
+
+def single_windows(tokenizer, text: str, max_length: int, stride: int) -> list:
+    """The windows of one text from a `tokenizers.Tokenizer` (changed: it is a copy): `max_length` tokens
+    each with its special tokens, `stride` tokens shared by two neighbours; one window for a short text."""
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length, stride=stride)
+    encoding = tokenizer.encode(text, add_special_tokens=True)
+    return [encoding, *encoding.overflowing]
+
+
+def tokenizer_state(tokenizer: Tokenizer) -> dict:
+    """What `tokenizer.save` writes, as a dict."""
+    import json
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "tokenizer.json")
+        tokenizer.save(path)
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+
+
+def tokenizer_from_state(state: dict) -> Tokenizer:
+    """The tokenizer `tokenizer_state` describes (its `kind` registered)."""
+    state = dict(state)
+    return TOKENIZERS[state.pop("kind")](**{key: value for key, value in state.items() if key != "fitted_on"})

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from keras_tfm.data.errors import DataError
-from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files, pair_windows
+from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files, pair_windows, single_windows
 from keras_tfm.data.tokenizers.learned import BytePairTokenizer, WordPieceTokenizer
 
 
@@ -88,6 +88,11 @@ class HuggingFaceTokenizer(Tokenizer):
         """`tokenizers`' encoding of `text` as `encode_batch` cuts it, with each token's characters
         (`offsets`) and word (`word_ids`)."""
         return self._cut(max_length).encode(text, add_special_tokens=True)
+
+    def encode_windows(self, text: str, max_length: int, stride: int) -> list:
+        """`tokenizers`' encodings of `text` in windows of `max_length` tokens that share `stride` tokens,
+        with each token's characters (`offsets`) and word (`word_ids`, counted over the whole text)."""
+        return single_windows(_fresh(self.tokenizer_json), text, max_length, stride)
 
     def encode_pair_windows(self, first: str, second: str, max_length: int, stride: int) -> list:
         """`tokenizers`' encodings of the pair (a question, a context) in windows of `max_length` tokens, the

@@ -12,7 +12,14 @@ import os
 import numpy as np
 
 from keras_tfm.data.errors import DataError
-from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files, pair_windows
+from keras_tfm.data.tokenizers.base import (
+    Tokenizer,
+    checkpoint_files,
+    pair_windows,
+    single_windows,
+    tokenizer_from_state,
+    tokenizer_state,
+)
 
 WORDPIECE_RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[START]", "[END]"]
 
@@ -177,6 +184,13 @@ class WordPieceTokenizer(_LineTokenizer):
         """`tokenizers`' encoding of `text` as `encode_batch` makes it, with each token's characters
         (`offsets`) and word (`word_ids`)."""
         return self._sentences(max_length).encode(text)
+
+    def encode_windows(self, text: str, max_length: int, stride: int) -> list:
+        """`tokenizers`' encodings of [CLS] text [SEP] in windows of `max_length` tokens that share `stride`
+        tokens, with each token's characters (`offsets`) and word (`word_ids`, over the whole text)."""
+        from tokenizers import Tokenizer
+
+        return single_windows(Tokenizer.from_str(self._sentences(None).to_str()), text, max_length, stride)
 
     def encode_pair_windows(self, first: str, second: str, max_length: int, stride: int) -> list:
         """`tokenizers`' encodings of [CLS] first [SEP] second [SEP] in windows of `max_length` tokens, the
@@ -396,7 +410,6 @@ class TranslationTokenizer(Tokenizer):
     kind = "translation"
 
     def __init__(self, source, target, pad_token_id: int = 0):
-        from keras_tfm.data.tokenizers.storage import tokenizer_from_state
 
         self.source, self.target = (
             tokenizer_from_state(side) if isinstance(side, dict) else side for side in (source, target)
@@ -421,7 +434,6 @@ class TranslationTokenizer(Tokenizer):
         return self.target.decode(ids) if ids else ""
 
     def save(self, path: str) -> None:
-        from keras_tfm.data.tokenizers.storage import tokenizer_state
 
         with open(path, "w", encoding="utf-8") as file:
             json.dump(

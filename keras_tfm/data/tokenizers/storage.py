@@ -10,40 +10,7 @@ import json
 import os
 
 from keras_tfm.data.errors import DataError
-from keras_tfm.data.tokenizers.checkpoint import HuggingFaceTokenizer, MarianTokenizer
-from keras_tfm.data.tokenizers.learned import (
-    BytePairTokenizer,
-    CharacterTokenizer,
-    SentencePieceTokenizer,
-    TranslationTokenizer,
-    WordPieceTokenizer,
-)
-
-TOKENIZERS = {
-    "char": CharacterTokenizer,
-    "wordpiece": WordPieceTokenizer,
-    "bpe": BytePairTokenizer,
-    "sentencepiece": SentencePieceTokenizer,
-    "huggingface": HuggingFaceTokenizer,
-    "marian": MarianTokenizer,
-    "translation": TranslationTokenizer,
-}
-
-
-def tokenizer_state(tokenizer) -> dict:
-    """What `tokenizer.save` writes, as a dict."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "tokenizer.json")
-        tokenizer.save(path)
-        with open(path, encoding="utf-8") as file:
-            return json.load(file)
-
-
-def tokenizer_from_state(state: dict):
-    state = dict(state)
-    return TOKENIZERS[state.pop("kind")](**{key: value for key, value in state.items() if key != "fitted_on"})
+from keras_tfm.data.tokenizers.base import TOKENIZERS
 
 
 def load_tokenizer(path: str):

@@ -12,20 +12,9 @@ import time
 
 import pytest
 
-import keras_tfm
 from keras_tfm.cli import chat, generate, interrupt
-from keras_tfm.data import CharacterTokenizer
 from keras_tfm.generation import sliding
-
-
-def saved_language_model(path, max_length: int) -> keras_tfm.DecoderLM:
-    """A tiny character-level language model with its tokenizer, saved as a `.keras` file at `path`."""
-    model = keras_tfm.DecoderLM(
-        vocabulary_size=28, max_length=max_length, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
-    )
-    model.tokenizer = CharacterTokenizer.fit("abcdefghijklmnopqrstuvwxyz .")
-    model.save(path)
-    return model
+from tests.checks import chat_model, saved_language_model
 
 
 @pytest.mark.backend_independent
@@ -63,25 +52,6 @@ def test_ctrl_c_ends_the_command_with_one_line_and_status_130(tmp_path):
     out, err = run.communicate(timeout=60)
     assert run.returncode == 130, f"{len(out)} more characters written; standard error: {err[-2000:]!r}"
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted (Ctrl-C)."
-
-
-def chat_model(max_length: int) -> keras_tfm.DecoderLM:
-    """A tiny character-level language model whose tokenizer has a chat template."""
-    import tokenizers
-
-    from keras_tfm.data import HuggingFaceTokenizer
-
-    characters = tokenizers.Tokenizer(
-        tokenizers.models.WordLevel({c: i for i, c in enumerate(" <>abcdefghijklmnopqrstuvwxyz")}, unk_token=" ")
-    )
-    characters.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
-    characters.decoder = tokenizers.decoders.Fuse()
-    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
-    model = keras_tfm.DecoderLM(
-        vocabulary_size=29, max_length=max_length, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16
-    )
-    model.tokenizer = HuggingFaceTokenizer(characters.to_str(), chat_template=template)
-    return model
 
 
 @pytest.mark.backend_independent

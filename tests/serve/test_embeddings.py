@@ -12,7 +12,7 @@ import pytest
 import keras_tfm
 from keras_tfm.data import WordPieceTokenizer
 from tests.checks import bert_vocabulary
-from tests.test_serve import Server
+from tests.serve.helpers import Server
 
 openai = pytest.importorskip("openai")
 
@@ -83,23 +83,30 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(embedder):
         np.testing.assert_allclose(np.frombuffer(base64.b64decode(vector), "<f4"), embedder.embed("Hello"), atol=1e-6)
 
 
+class Recorded:
+    """The batcher's side of a model: vectors that say which input they are, each batch recorded and
+    held until `release` is set (`hold` False: not held)."""
+
+    def __init__(self, hold: bool = True):
+        import threading
+
+        self.batches, self.release, self.hold = [], threading.Event(), hold
+
+    def embed_token_ids(self, ids, batch_size):
+        self.batches.append([row[0] for row in ids])
+        if self.hold:
+            self.release.wait(10)
+        return np.asarray([[row[0]] for row in ids], "float32")
+
+
 @pytest.mark.backend_independent
-def test_requests_that_wait_are_embedded_together():
+def test_requests_that_wait_are_embedded_together_and_a_small_one_is_not_starved():
     """While one batch is embedded, the requests that come wait, then go in one batch (up to max_batch_size
-    inputs), each answered with its own vectors."""
+    inputs), each answered with its own vectors. A large request is embedded a batch at a time: a one-input
+    request that comes behind two of 12 inputs is answered in the next batch, not after 24 inputs."""
     import asyncio
-    import threading
 
     from keras_tfm.serve.embeddings import EmbeddingBatcher
-
-    class Recorded:  # the batcher's side of a model: vectors that say which input they are
-        def __init__(self):
-            self.batches, self.first = [], threading.Event()
-
-        def embed_token_ids(self, ids, batch_size):
-            self.batches.append(len(ids))
-            self.first.wait(10)
-            return np.asarray([[row[0]] for row in ids], "float32")
 
     model = Recorded()
     batcher = EmbeddingBatcher(model, max_batch_size=4, max_queue=8)
@@ -110,10 +117,61 @@ def test_requests_that_wait_are_embedded_together():
             await asyncio.sleep(0.01)
         waiting = [asyncio.ensure_future(batcher.embed([[i], [i + 10]])) for i in (1, 2, 3)]
         await asyncio.sleep(0.05)
-        model.first.set()
-        return await asyncio.gather(first, *waiting)
+        model.release.set()
+        together = await asyncio.gather(first, *waiting)
+        model.release.clear()
+        large = [asyncio.ensure_future(batcher.embed([[100 * k + i] for i in range(12)])) for k in (1, 2)]
+        while not model.batches[3:]:
+            await asyncio.sleep(0.01)
+        small = asyncio.ensure_future(batcher.embed([[7]]))
+        await asyncio.sleep(0.05)
+        model.release.set()
+        return together, await asyncio.gather(*large, small)
 
-    answers = asyncio.run(requests())
+    together, (first_large, second_large, small) = asyncio.run(requests())
     batcher.close()
-    assert model.batches == [1, 4, 2]  # 1; then 2 + 2 inputs (max_batch_size); then the last request
-    assert [answer[:, 0].tolist() for answer in answers] == [[0], [1, 11], [2, 12], [3, 13]]
+    assert model.batches[:3] == [[0], [1, 11, 2, 12], [3, 13]]  # 1; then 2 + 2 inputs; then the last request
+    assert [answer[:, 0].tolist() for answer in together] == [[0], [1, 11], [2, 12], [3, 13]]
+    # the oldest takes half a batch, then the smallest come first: the one input in the batch after it came
+    assert model.batches[3] == [100, 101, 200, 201] and model.batches[4] == [102, 103, 7, 202]
+    assert small[:, 0].tolist() == [7] and first_large[:, 0].tolist() == list(range(100, 112))
+    assert second_large[:, 0].tolist() == list(range(200, 212)) and sum(map(len, model.batches)) == 1 + 6 + 25
+
+
+@pytest.mark.backend_independent
+def test_a_shutdown_answers_the_waiting_with_503_and_the_thread_ends_at_once():
+    """Draining (the server's SIGTERM) while a batch is embedded: the requests waiting get the documented
+    503 at once, the batch finishes, its unfinished request gets the 503 too, and the thread ends; a
+    request whose client left is dropped, never answered twice."""
+    import asyncio
+    import time
+
+    from keras_tfm.serve.embeddings import EmbeddingBatcher
+    from keras_tfm.serve.requests import RequestError
+
+    model = Recorded()
+    batcher = EmbeddingBatcher(model, max_batch_size=2, max_queue=8)
+
+    async def requests():
+        running = asyncio.ensure_future(batcher.embed([[1], [2], [3]]))
+        while not model.batches:
+            await asyncio.sleep(0.01)
+        left = asyncio.ensure_future(batcher.embed([[4]]))
+        waiting = [asyncio.ensure_future(batcher.embed([[5 + i]])) for i in range(4)]
+        await asyncio.sleep(0.05)
+        left.cancel()
+        started = time.monotonic()
+        batcher.drain()
+        answers = await asyncio.gather(*waiting, return_exceptions=True)
+        waited = time.monotonic() - started
+        model.release.set()
+        return answers, waited, (await asyncio.gather(running, return_exceptions=True))[0]
+
+    answers, waited, running = asyncio.run(requests())
+    batcher.thread.join(5)
+    assert not batcher.thread.is_alive() and waited < 1
+    assert all(isinstance(a, RequestError) and a.status == 503 and a.kind == "server_error" for a in answers)
+    assert isinstance(running, RequestError) and running.status == 503  # 2 of its 3 inputs were embedded
+    assert model.batches == [[1, 2]]
+    with pytest.raises(RequestError, match="shutting down"):
+        asyncio.run(batcher.embed([[9]]))
