@@ -81,8 +81,14 @@ class _QuietTensorFlow(importlib.abc.MetaPathFinder):
 
 def quiet_tensorflow() -> None:
     """Hides TensorFlow's start-up notices from here on (see the module's description); call it before
-    anything imports TensorFlow. Does nothing once TensorFlow is imported, or if the user asked for logs."""
-    if showing_everything() or "tensorflow" in sys.modules:
+    anything imports TensorFlow. Where TensorFlow was imported already (`import keras` first, on its
+    backend), its import's lines are written, but the CUDA notice of the first operation is still hidden.
+    Does nothing if the user asked for logs."""
+    if showing_everything():
+        return
+    if "tensorflow" in sys.modules:
+        with native_notices_filtered():  # the device query the first operation would make, now
+            sys.modules["tensorflow"].config.list_physical_devices("GPU")
         return
     # Records after start-up too: TensorFlow's native errors that matter reach Python as exceptions
     # with the same message, the rest are notices at the ERROR level (oneDNN's fallback for int64, ...);

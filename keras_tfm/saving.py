@@ -39,9 +39,10 @@ def load_model(filepath, **kwargs) -> keras.Model:
     return keras.saving.load_model(path, **kwargs)
 
 
-def load(checkpoint: str, dtype: str = "float32") -> keras.Model:
+def load(checkpoint: str, dtype: str | None = None) -> keras.Model:
     """The model of a `.keras` file (in its own dtype), a `.gguf` file or a Hugging Face checkpoint
-    directory or Hub id (both built in `dtype`): what the command line and the server load.
+    directory or Hub id (both built in `dtype`, as `from_huggingface` takes it: None follows the global
+    dtype policy): what the command line and the server load.
 
     Example: `lm = keras_tfm.load("HuggingFaceTB/SmolLM2-135M-Instruct")`.
     """

@@ -113,9 +113,9 @@ def plot_learning_curves(history, path: str, title: str = "") -> str:
         )
     figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3), squeeze=False)
     for axis, name in zip(axes[0], metrics):
-        axis.plot(history[name], label="train")
-        if f"val_{name}" in history:
-            axis.plot(history[f"val_{name}"], label="validation")
+        for label, values in (("train", history[name]), ("validation", history.get(f"val_{name}"))):
+            if values is not None:  # epochs counted from 1, as the console counts them
+                axis.plot(range(1, len(values) + 1), values, label=label)
         axis.set_xlabel("epoch")
         axis.set_title(name)
         axis.legend()

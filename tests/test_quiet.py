@@ -31,6 +31,17 @@ def test_a_first_script_prints_nothing_on_standard_error():
     assert run.stderr.splitlines() == []
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras imports TensorFlow on its backend")
+def test_keras_imported_first_still_hides_the_cuda_notice_of_the_first_operation():
+    """Keras imported before keras_tfm has imported TensorFlow (its lines are out by then), but the CUDA
+    platform's failed initialization, which the first operation would write, is held back."""
+    script = "import keras\nimport keras_tfm\nprint(keras.ops.add(1, 2))"
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    environment.update(KERAS_BACKEND="tensorflow", KERAS_TFM_BACKEND_LOGS="")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=180)
+    assert run.returncode == 0 and "cuInit" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
 @pytest.mark.backend_independent
 def test_only_known_notices_are_held_back(capfd):
     notice = b"I0000 00:00:1795693235.714294   26414 port.cc:153] oneDNN custom operations are on.\n"

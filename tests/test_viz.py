@@ -62,3 +62,17 @@ def test_learning_curves_take_what_fit_returns_and_refuse_an_empty_history(tmp_p
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match=r"holds no training metric to plot; received the keys \['val_loss'\]"):
         viz.plot_learning_curves({"val_loss": [1.0]}, str(tmp_path / "empty.png"))  # was matplotlib's own error
+
+
+def test_learning_curves_count_epochs_from_one_as_the_console_does(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    drawn = []
+
+    def saved(figure, *args, **kwargs):
+        drawn.extend(line.get_xdata().tolist() for axis in figure.axes for line in axis.lines)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", saved)
+    viz.plot_learning_curves({"loss": [3, 2, 1], "val_loss": [3, 2.5, 2]}, str(tmp_path / "curves.png"))
+    assert drawn == [[1, 2, 3], [1, 2, 3]]

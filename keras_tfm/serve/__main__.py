@@ -7,6 +7,9 @@ import os
 import signal
 import sys
 
+from keras_tfm.convert.huggingface import DTYPES
+from keras_tfm.serve.settings import ServerSettings
+
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -19,25 +22,27 @@ def parser() -> argparse.ArgumentParser:
                         help="requests must carry `Authorization: Bearer KEY` (default: $KERAS_TFM_API_KEY, "
                              "which, unlike this flag, other users cannot read in the process list)")  # fmt: skip
     parser.add_argument("--model-name", help="the model's id in the API (default: the checkpoint's name)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--max-batch-size", type=int, default=16, help="rows decoded together at most")
-    parser.add_argument("--max-queue", type=int, default=64, help="requests waiting at most; more get 429")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="the model's dtype for a Hugging Face or GGUF checkpoint (default: the global policy, "
+                             "float32 unless set; auto: the checkpoint's own)")  # fmt: skip
+    for name, field in ServerSettings.fields().items():  # create_app's own defaults and help
+        if isinstance(field.default, bool):
+            parser.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction,
+                                default=field.default, help=f"{field.metadata['help']} (default: %(default)s)")  # fmt: skip
+        else:
+            parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=field.default,
+                                help=f"{field.metadata['help']} (default: %(default)s)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, help="the most tokens a request may ask for (default: the context)")
-    parser.add_argument("--default-max-tokens", type=int, default=512,
-                        help="the length of a request that names none, unless the checkpoint's generation config "
-                             "has `max_new_tokens` (default: %(default)s)")  # fmt: skip
     parser.add_argument("--allowed-hosts", nargs="+",
                         help="the Host names requests may carry, or '*' for any (default: localhost, 127.0.0.1 "
                              "and [::1] when --host is a loopback address, else any)")  # fmt: skip
-    parser.add_argument("--escape-special-tokens", action=argparse.BooleanOptionalAction, default=True,
-                        help="encode a chat message's text that spells a special token as plain text, so that a "
-                             "message cannot forge turns (default: on)")  # fmt: skip
     parser.add_argument("--cors-origin", nargs="+", default=(),
                         help="web origins whose pages may call the API from a browser (https://app.example, or "
                              "'*' for any); default: none")  # fmt: skip
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="one line per request on standard error: client, method, path, status, seconds "
                              "(default: on)")  # fmt: skip
+    # create_app compiles nothing before serving unless asked; a served process warms up by default
     parser.add_argument("--warm-up-length", type=int, default=128,
                         help="a language model: before /health says ready, compile the shapes of requests of "
                              "up to this many positions, prompt and reply (0: none; longer ones compile when "

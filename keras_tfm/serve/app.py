@@ -17,6 +17,7 @@ from keras_tfm.serve.grammar import response_schema, tool_call_grammar
 from keras_tfm.serve.http import LOOPBACK_HOSTS, authorize, check_host, check_key, read_json, starlette_app
 from keras_tfm.serve.operations import Metrics
 from keras_tfm.serve.requests import RequestError
+from keras_tfm.serve.settings import DEFAULTS
 from keras_tfm.serve.tools import template_messages, template_renders
 
 
@@ -24,13 +25,13 @@ def create_app(
     model,
     model_name: str,
     api_key: str | None = None,
-    max_batch_size: int = 16,
-    max_queue: int = 64,
+    max_batch_size: int = DEFAULTS.max_batch_size,
+    max_queue: int = DEFAULTS.max_queue,
     max_tokens: int | None = None,
     max_body_bytes: int = 1_000_000,
-    default_max_tokens: int = requests.Defaults.max_tokens,
+    default_max_tokens: int = DEFAULTS.default_max_tokens,
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
-    escape_special_tokens: bool = True,
+    escape_special_tokens: bool = DEFAULTS.escape_special_tokens,
     cors_origins: tuple[str, ...] = (),
     warm_up_length: int = 0,
     progress=None,

@@ -51,7 +51,8 @@ class Metrics:
 
 class Observed:
     """ASGI middleware: every HTTP request counted in `metrics` by route and status, timed to its last
-    byte, and logged in one line (client, method, path, status, seconds)."""
+    byte, and logged in one line (client, method, path, status, seconds), but the polls of `/health` and
+    `/metrics`."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -73,9 +74,12 @@ class Observed:
             route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
             self.metrics.requests.labels(route, scope["method"], str(status[0])).inc()
             self.metrics.latency.labels(route).observe(seconds)
-            client = scope.get("client") or ("-", 0)
-            LOG.info('%s "%s %s" %d %.3fs', client[0], scope["method"], scope["path"], status[0], seconds)
+            if scope["path"] not in POLLED:  # a monitor's polls (787 during one warm-up) would bury the requests
+                client = scope.get("client") or ("-", 0)
+                LOG.info('%s "%s %s" %d %.3fs', client[0], scope["method"], scope["path"], status[0], seconds)
 
+
+POLLED = ("/health", "/metrics")  # counted in the metrics, not logged
 
 # paths counted under their own name (others are "other", so that a scan cannot grow the label set)
 KNOWN_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics")

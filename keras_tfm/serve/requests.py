@@ -10,6 +10,7 @@ import math
 from keras_tfm.errors import InputError
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.continuous import RowSettings
+from keras_tfm.serve.settings import DEFAULTS
 
 
 class RequestError(Exception):
@@ -163,11 +164,11 @@ class Defaults:
     """What a request that leaves a field out gets: the checkpoint's generation settings where its
     `generation_config` has them, else OpenAI's (temperature 1, top_p 1), and a finite length."""
 
-    max_tokens: int = 512
+    max_tokens: int = DEFAULTS.default_max_tokens
     config: GenerationConfig = GenerationConfig(temperature=1.0)
 
     @classmethod
-    def of(cls, generation_config: dict | None, max_tokens: int = 512) -> Defaults:
+    def of(cls, generation_config: dict | None, max_tokens: int = DEFAULTS.default_max_tokens) -> Defaults:
         """The defaults of a model's `generation_config` (as `from_huggingface` reads it from
         `generation_config.json`): `do_sample` false means greedy, as in transformers."""
         config = generation_config or {}

@@ -7,6 +7,7 @@ the library's errors, which name Python arguments, reach the command line as fla
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -99,6 +100,7 @@ class RecipeParser(argparse.ArgumentParser):
         self.unrecorded: tuple[str, ...] = ()
         self.runs_directory = runs_directory
         self._destinations: set[str] = set()
+        self.new_output_dir: str | None = None  # the run's directory, where this run makes it
 
     def parse_args(self, args=None, namespace=None):
         namespace = super().parse_args(args, namespace)
@@ -106,6 +108,8 @@ class RecipeParser(argparse.ArgumentParser):
         RecipeParser.parsed = self
         if getattr(namespace, "output_dir", "") is None:
             namespace.output_dir = default_output_dir(self.runs_directory, namespace, self.unrecorded)
+        output_dir = getattr(namespace, "output_dir", None)
+        self.new_output_dir = output_dir if output_dir and not os.path.exists(output_dir) else None
         return namespace
 
     def flag(self, argument: str) -> str | None:
@@ -417,4 +421,7 @@ def run_main(main: Callable[[], None]) -> None:
         error = error if isinstance(error, InputError) else InputError(str(error))
         parser = RecipeParser.parsed
         print(f"error: {parser.speak_flags(error) if parser else error}", file=sys.stderr)
+        if status == 2 and parser and parser.new_output_dir:  # a run refused leaves no empty directory behind
+            with contextlib.suppress(OSError):  # removed only while empty
+                os.rmdir(parser.new_output_dir)
         raise SystemExit(status) from None

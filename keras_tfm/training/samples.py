@@ -16,7 +16,8 @@ class PrintSamples(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.every and (epoch + 1) % self.every == 0:
-            print(f"--- sample after epoch {epoch + 1} ---\n{self.sample(self.model)}\n---", flush=True)
+            text = self.sample(self.model).lstrip("\n")  # a prompt of newlines (the default) is no blank line
+            print(f"--- sample after epoch {epoch + 1} ---\n{text}\n---", flush=True)
 
 
 def text_sampler(tokenizer, prompt: str, new_tokens: int, context: int, **generate_arguments) -> Callable:

@@ -133,6 +133,7 @@ def test_operations_see_metrics_one_log_line_per_request_and_cors_where_asked(mo
         streamed = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60)
         assert streamed.status_code == 200 and "[DONE]" in streamed.text
         assert httpx.post(server.url + "/v1/completions", json={"prompt": ""}, timeout=60).status_code == 400
+        assert httpx.get(server.url + "/health").status_code == 200
         families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     requests = {labels: value for (name, labels), value in samples.items() if name == "keras_tfm_requests_total"}
@@ -146,3 +147,33 @@ def test_operations_see_metrics_one_log_line_per_request_and_cors_where_asked(mo
     lines = [r.getMessage() for r in caplog.records if r.name == "keras_tfm.serve"]
     assert sum('"POST /v1/chat/completions" 200' in line for line in lines) == 2, lines
     assert any('"POST /v1/completions" 400' in line for line in lines)
+    assert not any("/health" in line or "/metrics" in line for line in lines)  # polls are counted, not logged
+    assert requests[(("method", "GET"), ("route", "/health"), ("status", "200"))] == 1
+
+
+@pytest.mark.backend_independent
+def test_the_commands_defaults_are_the_librarys(tmp_path):
+    """The server's flags take `create_app`'s defaults, `--dtype` offers `from_huggingface`'s dtypes, and
+    a checkpoint loads for serving in the global dtype policy, as `from_huggingface` loads it."""
+    import inspect
+
+    import keras
+
+    from keras_tfm.convert.huggingface import DTYPES
+    from keras_tfm.saving import load
+    from keras_tfm.serve import create_app
+    from keras_tfm.serve.__main__ import parser
+
+    transformers = pytest.importorskip("transformers")
+    args, taken = parser().parse_args(["checkpoint"]), inspect.signature(create_app).parameters
+    for name in ("max_batch_size", "max_queue", "default_max_tokens", "escape_special_tokens"):
+        assert getattr(args, name) == taken[name].default, name
+    assert next(a for a in parser()._actions if a.dest == "dtype").choices == DTYPES and args.dtype is None
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=20, n_positions=16)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    policy = keras.config.dtype_policy()
+    try:
+        keras.config.set_dtype_policy("bfloat16")
+        assert load(str(tmp_path)).dtype_policy.name == "bfloat16"
+    finally:
+        keras.config.set_dtype_policy(policy)

@@ -160,6 +160,7 @@ def test_recipe_bad_flags_fail_in_one_clear_line(tmp_path, script, flags, messag
     assert re.search(message, done.stderr), done.stderr
     assert "Traceback" not in done.stderr
     assert not list(tmp_path.rglob("*.json"))  # nothing lasting written: no tokenizer, no checkpoint
+    assert not (tmp_path / "run").exists()  # nor the run's directory
 
 
 @pytest.mark.backend_independent

@@ -172,3 +172,11 @@ def test_torch_refuses_distribute_clearly(tmp_path):
         InputError, match="^distribute: 'data': supported on the jax and tensorflow backends, not torch"
     ):
         distribution_scope("data")
+
+
+@pytest.mark.backend_independent
+def test_a_sample_from_the_default_newline_prompt_starts_with_its_text(capsys):
+    from keras_tfm.training.samples import PrintSamples
+
+    PrintSamples(lambda model: "\n\nTo be, or not", every=1).on_epoch_end(0)
+    assert capsys.readouterr().out == "--- sample after epoch 1 ---\nTo be, or not\n---\n"
