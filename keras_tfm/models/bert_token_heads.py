@@ -171,6 +171,10 @@ class AnswersQuestions:
         is read in windows that share `stride` tokens; spans of at most `max_answer_length` tokens."""
         if not all(isinstance(text, str) and text.strip() for text in (question, context)):
             raise InputError("expected a question and a context, each a non-empty string.", "question", caller="answer")
+        for name, value, low in (("max_answer_length", max_answer_length, 1), ("max_length", max_length, 8),
+                                 ("stride", stride, 0)):  # fmt: skip
+            if not is_integer(value) or value < low:
+                raise InputError(f"expected an integer >= {low}; received {value!r:.80}.", name, caller="answer")
         tokenizer = _tokenizer_with(self, "encode_pair_windows", "answer")
         length = min(max_length, self.encoder.longest_input)
         windows = tokenizer.encode_pair_windows(question, context, length, min(stride, length // 2))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import keras_tfm
+from keras_tfm.errors import InputError
 from tests.checks import bert_vocabulary
 
 torch = pytest.importorskip("torch")
@@ -119,5 +120,8 @@ def test_answers_are_the_pipelines_over_windows_of_a_long_context(tmp_path, name
     expected = reference_answer(directory, QUESTION, context, 32, 8, 15)
     assert (ours["answer"], ours["start"], ours["end"]) == (expected["answer"], expected["start"], expected["end"])
     assert ours["score"] == pytest.approx(expected["score"], rel=1e-4) and ours["answer"]
-    with pytest.raises(ValueError, match=r"question: answer: expected a question and a context"):
+    with pytest.raises(InputError, match=r"question: answer: expected a question and a context"):
         reader.answer("", context)
+    for bad in (dict(max_answer_length="15"), dict(max_length=2), dict(stride=-1), dict(stride=2.5)):
+        with pytest.raises(InputError, match=rf"^{next(iter(bad))}: answer: expected an integer >= "):
+            reader.answer(QUESTION, context, **bad)
