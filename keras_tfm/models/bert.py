@@ -62,7 +62,7 @@ class Bert(ZooModel):
             `EncoderBlock`). The masked LM passes its masked positions.
 
     Example:
-    >>> encoder = bert_tiny(head=None)
+    >>> encoder = keras_tfm.bert_tiny(head=None)
     >>> ids = np.random.randint(1, 30522, (2, 16))
     >>> vectors = encoder(ids, padding_mask=ids != 0)  # (2, 16, 128)
     """
@@ -252,7 +252,7 @@ class BertMLM(MaskedLanguageModel, _BertWithHead):
     Returns: logits `(batch, num_masked or length, vocabulary_size)`.
 
     Example:
-    >>> mlm = bert_tiny()  # a BertMLM
+    >>> mlm = keras_tfm.bert_tiny()  # a BertMLM
     >>> ids, positions = np.random.randint(1, 30522, (2, 16)), np.array([[1, 5], [2, 9]])
     >>> logits = mlm(ids, padding_mask=ids != 0, mask_positions=positions)  # (2, 2, 30522)
     """
@@ -306,7 +306,7 @@ class BertClassifier(_BertWithHead):
     `pooler_activation` ("tanh"; DistilBERT's "relu"); plus those of `Bert`.
 
     Example:
-    >>> classifier = bert_tiny(head="classifier", num_classes=2)
+    >>> classifier = keras_tfm.bert_tiny(head="classifier", num_classes=2)
     >>> ids = np.random.randint(1, 30522, (2, 16))
     >>> logits = classifier(ids, padding_mask=ids != 0)  # (2, 2)
     """

@@ -70,12 +70,13 @@ def test_rows_with_different_settings_choose_as_each_would_alone(rng):
 def test_a_draw_never_picks_a_masked_token_whatever_its_noise():
     """Rows whose noise reaches the top of its range (seeds 905 and 3389 at position 7, tokens 1612 and
     1582 of 8192: each a 2**-24 chance): the draw keeps to the tokens a mask (a grammar, top-k) left."""
-    seeds, positions = np.array([905, 3389], "int32"), np.array([7, 7], "int32")
+    seeds, positions = ops.convert_to_tensor([905, 3389], "int32"), ops.convert_to_tensor([7, 7], "int32")
     uniforms = ops.convert_to_numpy(row_uniforms(seeds, positions, 8192))
     assert uniforms.max() < 1 and uniforms.min() > 0 and uniforms.argmax(-1).tolist() == [1612, 1582]
     warped = np.full((2, 8192), LARGE_NEGATIVE, "float32")
     warped[:, 20:30] = np.linspace(-1.0, 1.0, 10)  # ten tokens allowed
-    assert set(ops.convert_to_numpy(draw(warped, seeds, positions)).tolist()) <= set(range(20, 30))
+    chosen = draw(ops.convert_to_tensor(warped), seeds, positions)
+    assert set(ops.convert_to_numpy(chosen).tolist()) <= set(range(20, 30))
 
 
 @pytest.mark.backend_independent
