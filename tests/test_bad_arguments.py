@@ -63,6 +63,7 @@ OTHER = {
     "scaling": ("ntk", "scaling"),
     "normalization": ("batch_norm", "normalization"),
     "sliding_window_layers": ([5], "sliding_window_layers"),
+    "class_names": (["one name"], "class_names"),
 }
 
 

@@ -292,7 +292,8 @@ def _checkpoint_parts(model_or_directory, adapter) -> tuple:
 
 
 def _attach_generation_settings(model, directory, in_memory) -> None:
-    """A checkpoint directory's tokenizer and end ids on `model`; an in-memory model's end ids."""
+    """A checkpoint directory's tokenizer, end ids and image processor on `model`; an in-memory model's end
+    ids."""
     if directory is None:  # an in-memory model stops where its `generate` stops
         model.generation_config = _in_memory_generation_settings(in_memory)
         return
@@ -303,6 +304,9 @@ def _attach_generation_settings(model, directory, in_memory) -> None:
     check_tokenizer_fits(model, tokenizer, directory)
     model.tokenizer = tokenizer
     model.generation_config = generation_settings(directory)
+    from keras_tfm.data.image_processing import ImageProcessor
+
+    model.image_processor = ImageProcessor.from_huggingface(directory)
 
 
 def check_tokenizer_fits(model, tokenizer, directory: str) -> None:
@@ -432,6 +436,9 @@ def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter
             shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
     if source is None and getattr(model, "generation_config", None):  # its end ids, for transformers' generate
         w.files["generation_config.json"] = dict(model.generation_config)
+    processor = getattr(model, "image_processor", None)
+    if source is None and processor is not None and "preprocessor_config.json" not in w.files:
+        w.files["preprocessor_config.json"] = processor.config()
     for name, content in {**w.files, "config.json": config}.items():
         os.makedirs(os.path.dirname(os.path.join(directory, name)), exist_ok=True)  # a module's folder
         with open(os.path.join(directory, name), "w") as f:

@@ -21,6 +21,7 @@ from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
     WeightReader,
     WeightWriter,
+    class_names_of,
     hugging_face_activation,
     keras_activation,
     require_options,
@@ -73,6 +74,7 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
         attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=keras_activation("ViT", config, "hidden_act", "gelu"),
+        class_names=class_names_of(config, num_classes) if checkpoint_head else None,
     )
     model.build()
     model.class_token.assign(w("embeddings.cls_token"))

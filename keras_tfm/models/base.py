@@ -266,13 +266,30 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
             )
         self._tokenizer = tokenizer
 
+    _image_processor = None
+
+    @property
+    def image_processor(self):
+        """How images are prepared for this model (`keras_tfm.data.ImageProcessor`: the checkpoint's own,
+        from its `preprocessor_config.json`), or None. A `.keras` file keeps it."""
+        return self._image_processor
+
+    @image_processor.setter
+    def image_processor(self, processor) -> None:
+        from keras_tfm.data.image_processing import ImageProcessor
+
+        if processor is not None and not isinstance(processor, ImageProcessor):
+            raise InputError(f"expected a keras_tfm.data.ImageProcessor or None; received a "
+                             f"{type(processor).__name__}.", "image_processor", type(self).__name__)  # fmt: skip
+        self._image_processor = processor
+
     # A checkpoint's generation settings (transformers' `generation_config.json`: `eos_token_id`, one id or
     # several, and `pad_token_id`), which `generate` uses where not told otherwise; or None.
     generation_config = None
 
     def save_assets(self, dir_path: str) -> None:
-        """Keras' saving calls this: the tokenizer and the generation settings go into the `.keras` file
-        beside the weights."""
+        """Keras' saving calls this: the tokenizer, the generation settings and the image processor go into
+        the `.keras` file beside the weights."""
         if self.tokenizer is not None:
             from keras_tfm.data.tokenizers import save_tokenizer
 
@@ -280,9 +297,12 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         if self.generation_config:
             with open(os.path.join(dir_path, "generation_config.json"), "w") as file:
                 json.dump(self.generation_config, file)
+        if self.image_processor is not None:
+            self.image_processor.save(dir_path)
 
     def load_assets(self, dir_path: str) -> None:
-        """Keras' loading calls this: a tokenizer saved with the model comes back with it."""
+        """Keras' loading calls this: a tokenizer (and settings, an image processor) saved with the model
+        comes back with it."""
         path = os.path.join(dir_path, "tokenizer.json")
         if os.path.isfile(path):
             from keras_tfm.data.tokenizers import load_tokenizer
@@ -292,6 +312,9 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         if os.path.isfile(path):
             with open(path) as file:
                 self.generation_config = json.load(file)
+        from keras_tfm.data.image_processing import ImageProcessor
+
+        self.image_processor = ImageProcessor.from_huggingface(dir_path)
 
     def count_params(self) -> int:
         self._build_on_demand()

@@ -15,6 +15,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments, is_integer
 from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models.bert import _BertWithHead
+from keras_tfm.models.inputs import checked_class_names
 
 IGNORED_LABEL = -100  # transformers' label for the tokens a loss skips (a word's later pieces, padding)
 AGGREGATIONS = ("first", "average", "max")  # how `label_words` labels a word from its pieces
@@ -101,15 +102,6 @@ class BertTokenClassifier(LabelsWords, _BertWithHead):
             return self.call(**token_ids, training=training)
         x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
         return self.classifier(self.token_dropout(x, training=training))
-
-
-def checked_class_names(class_names: list | None, num_classes: int, caller: str) -> list[str]:
-    """The classes' names as strings (default LABEL_0, ...), one per class."""
-    names = [str(name) for name in class_names] if class_names else [f"LABEL_{i}" for i in range(num_classes)]
-    if len(names) != num_classes:
-        raise InputError(f"expected {num_classes} names (num_classes); received {len(names)}.", "class_names",
-                         caller=caller)  # fmt: skip
-    return names
 
 
 def _check_texts(texts, caller: str) -> None:

@@ -224,3 +224,13 @@ def _numbers(value, kinds: str) -> np.ndarray | None:
     except ValueError:
         return None
     return array if array.size and array.dtype.kind in kinds else None
+
+
+def checked_class_names(class_names: list | None, num_classes: int, caller: str) -> list[str]:
+    """The classes' names as strings (default LABEL_0, ...), one per class."""
+    names = [str(name) for name in class_names] if class_names else [f"LABEL_{i}" for i in range(num_classes)]
+    if len(names) != num_classes:
+        raise InputError(f"expected {num_classes} names (num_classes); received {len(names)}: {class_names!r:.200}.",
+                         "class_names",
+                         caller=caller)  # fmt: skip
+    return names

@@ -18,7 +18,8 @@ from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models.base import ZooModel
 from keras_tfm.models.bert import EncoderWithHead, MaskedLanguageModel
-from keras_tfm.models.bert_token_heads import IGNORED_LABEL, AnswersQuestions, LabelsWords, checked_class_names
+from keras_tfm.models.bert_token_heads import IGNORED_LABEL, AnswersQuestions, LabelsWords
+from keras_tfm.models.inputs import checked_class_names
 
 ENCODER_ARGUMENTS = (
     "vocabulary_size",

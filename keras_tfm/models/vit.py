@@ -15,12 +15,14 @@ from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, PatchEmbedd
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.positions import bicubic_resize_matrix
 from keras_tfm.models.base import ZooModel
+from keras_tfm.models.image_tasks import ImageTasks
+from keras_tfm.models.inputs import checked_class_names
 
 POSITIONS = ("learned", "sinusoidal")
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class ViT(ZooModel):
+class ViT(ImageTasks, ZooModel):
     """Vision transformer (Dosovitskiy et al. 2021) classifier or feature extractor.
 
     Args:
@@ -35,6 +37,8 @@ class ViT(ZooModel):
             "sinusoidal" (fixed 2-D sinusoids for any grid).
         dropout, attention_dropout, layer_norm_epsilon, activation.
         remat: the blocks recompute their activations in training's backward pass (less memory).
+        class_names: the classes' names (default LABEL_0, ...), which `classify` answers with and a saved
+            checkpoint's `id2label` holds.
 
     Call arguments:
         images: `(batch, height, width, num_channels)`; height and width must be multiples of
@@ -69,9 +73,10 @@ class ViT(ZooModel):
         layer_norm_epsilon: float = 1e-6,
         activation: str = "gelu",
         remat: bool = False,
+        class_names: list[str] | None = None,
         **kwargs,
     ):
-        check_arguments("ViT", locals(), optional=("intermediate_dim",))
+        check_arguments("ViT", locals(), optional=("intermediate_dim", "class_names"))
         kwargs.setdefault("name", "vit")
         self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)
@@ -100,6 +105,7 @@ class ViT(ZooModel):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.activation = activation
         self.grid_size = image_size // patch_size
+        self.class_names = checked_class_names(class_names, num_classes, "ViT") if include_top else None
 
         policy = self.dtype_policy
         self.patch_embedding = PatchEmbedding(patch_size, hidden_dim, dtype=policy, name="patch_embedding")
@@ -182,6 +188,20 @@ class ViT(ZooModel):
         return ops.concatenate([table[:1], ops.reshape(grid, (rows * cols, self.hidden_dim))], axis=0)
 
     def call(self, images, return_attention_weights: bool = False, training=None):
+        # the head reads the class token only: the last block computes its output there alone
+        class_token_only = self.include_top and self.pooling == "token" and not return_attention_weights
+        x, attention_weights = self._encoded(images, return_attention_weights, class_token_only, training)
+        if self.include_top:
+            pooled = x[:, 0] if self.pooling == "token" else ops.mean(x[:, 1:], axis=1)
+            x = self.head(pooled)
+        return (x, attention_weights) if return_attention_weights else x
+
+    def features(self, images, training=None):
+        """The normalized token sequence `(batch, 1 + patches, hidden_dim)`, the class token first, whatever
+        `include_top` says: what a head, a probe or `embed_images` reads."""
+        return self._encoded(images, False, False, training)[0]
+
+    def _encoded(self, images, return_attention_weights: bool, class_token_only: bool, training=None):
         self._check_images(images)
         # ints, or tensors where a traced function leaves the image size unknown (TensorFlow's
         # `predict` retraces so once it has seen a second size)
@@ -197,17 +217,12 @@ class ViT(ZooModel):
             if return_attention_weights:
                 x, weights = block(x, return_attention_weights=True, training=training)
                 attention_weights.append(weights)
-            elif index == self.num_layers - 1 and self.include_top and self.pooling == "token":
-                # The head reads the class token only: the last block computes its output there
-                # alone (every token is still a key and value). Same logits, most of its work skipped.
+            elif index == self.num_layers - 1 and class_token_only:
+                # every token is still a key and value: same class token, most of the block's work skipped
                 x = block(x, output_positions=ops.zeros((ops.shape(x)[0], 1), "int32"), training=training)
             else:
                 x = block(x, training=training)
-        x = self.final_norm(x)
-        if self.include_top:
-            pooled = x[:, 0] if self.pooling == "token" else ops.mean(x[:, 1:], axis=1)
-            x = self.head(pooled)
-        return (x, attention_weights) if return_attention_weights else x
+        return self.final_norm(x), attention_weights
 
 
 def _vit(defaults: dict, overrides: dict) -> ViT:

@@ -154,3 +154,44 @@ def test_image_preprocessing_gives_the_image_processors_pixels(rng, tmp_path, pr
     (tmp_path / "preprocessor_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="preprocessor_config.json' is not valid JSON"):
         keras_tfm.convert.image_preprocessing(str(tmp_path))
+
+
+def test_a_loaded_classifier_classifies_files_as_the_pipeline_and_keeps_its_processor(tmp_path):
+    """A checkpoint with its processor (bicubic, resized from photos of odd sizes) and class names: `classify`
+    gives the image-classification pipeline's labels and scores; `embed_images` the class token;
+    `.keras` files and `save_huggingface` keep the processor and the names."""
+    import matplotlib
+    from PIL import Image
+
+    labels = {0: "tabby", 1: "tiger", 2: "lynx", 3: "ocelot", 4: "puma"}
+    hf = hf_vit(id2label=labels, label2id={v: k for k, v in labels.items()})
+    hf.save_pretrained(tmp_path / "checkpoint")
+    processor = transformers.ViTImageProcessor(size={"height": 16, "width": 16}, resample=3, do_convert_rgb=True)
+    processor.save_pretrained(tmp_path / "checkpoint")
+    photo = Image.open(f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg")
+    photos = [photo, photo.crop((10, 30, 210, 90)), str(tmp_path / "drawing.png")]
+    Image.open(f"{matplotlib.get_data_path()}/sample_data/logo2.png").save(photos[2])
+    model = keras_tfm.from_huggingface(str(tmp_path / "checkpoint"))
+    assert model.class_names == list(labels.values()) and model.image_processor.resample == 3
+    pipeline = transformers.pipeline("image-classification", model=str(tmp_path / "checkpoint"), device="cpu")
+    for answer, image in zip(model.classify(photos, top_k=3), photos):
+        expected = pipeline(image, top_k=3)  # a file: read as load_image reads it, orientation and all
+        assert [a["label"] for a in answer] == [e["label"] for e in expected]
+        np.testing.assert_allclose([a["score"] for a in answer], [e["score"] for e in expected], atol=1e-5)
+    assert model.classify(photo, top_k=1)[0]["label"] == model.classify(photos)[0][0]["label"]  # one image
+    pixels = processor(photo, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        class_token = hf.vit(pixels).last_hidden_state[0, 0].numpy()
+    np.testing.assert_allclose(model.embed_images(photo), class_token, atol=1e-4)
+    assert model.embed_images(photos, pooling="patches").shape == (3, 16, 32)
+    model.save(tmp_path / "vit.keras")
+    loaded = keras_tfm.load_model(tmp_path / "vit.keras")
+    assert loaded.image_processor == model.image_processor and loaded.class_names == model.class_names
+    keras_tfm.save_huggingface(loaded, tmp_path / "again")
+    assert transformers.AutoImageProcessor.from_pretrained(tmp_path / "again").resample == 3
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "again").id2label == labels
+    bare = keras_tfm.from_huggingface(hf)  # in memory: no processor to read files with
+    with pytest.raises(ValueError, match="images: ViT: this model has no image processor"):
+        bare.classify(photo)
+    with pytest.raises(ValueError, match=r"top_k: classify: expected an integer in \[1, 5\]"):
+        model.classify(photo, top_k=6)
