@@ -27,6 +27,7 @@ from keras_tfm.compat import sublayers
 from keras_tfm.convert import (  # noqa: F401
     adapters,
     bert,
+    dinov2,
     gpt2,
     llama,
     marian,

@@ -16,6 +16,7 @@ import re
 import keras
 import numpy as np
 
+from keras_tfm.convert.dinov2 import attention_modules, export_dinov2, is_dinov2, read_patch_embedding
 from keras_tfm.convert.files import checkpoint_directory, read_json
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
@@ -47,13 +48,17 @@ def _rename(name: str) -> str:
     return name
 
 
-@converter("vit", prefixes=("vit.",), rename=_rename)
+@converter("vit", "deit", prefixes=("vit.", "deit."), rename=_rename)
 def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
+    """ViT, and DeiT: a ViT with a distillation token, classified from the class token (`classifier`) or by
+    two heads averaged (`cls_classifier` and `distillation_classifier`: `...WithTeacher`)."""
     require_options("ViT", config, qkv_bias=True)
-    checkpoint_head = "classifier.weight" in w.weights and num_classes is None
+    deit, distilled = config["model_type"] == "deit", "cls_classifier.weight" in w.weights
+    head_name = "cls_classifier" if distilled else "classifier"
+    checkpoint_head = f"{head_name}.weight" in w.weights and num_classes is None
     include_top = checkpoint_head or num_classes is not None
     if checkpoint_head:
-        num_classes = w.weights["classifier.weight"].shape[0]
+        num_classes = w.weights[f"{head_name}.weight"].shape[0]
     image_size, patch_size = config["image_size"], config["patch_size"]
     for field, value in (("image_size", image_size), ("patch_size", patch_size)):
         if not isinstance(value, int) and len(set(value)) != 1:
@@ -70,49 +75,54 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
         intermediate_dim=config["intermediate_size"],
         num_channels=config.get("num_channels", 3),
         include_top=include_top,
+        pooling="distilled" if distilled and checkpoint_head else "token",
         dropout=config.get("hidden_dropout_prob", 0.0),
         attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         activation=keras_activation("ViT", config, "hidden_act", "gelu"),
         class_names=class_names_of(config, num_classes) if checkpoint_head else None,
+        distillation_token=deit,
     )
     model.build()
     model.class_token.assign(w("embeddings.cls_token"))
+    if deit:
+        w.set_variable(model.distillation_weight, "embeddings.distillation_token")
     model.position_embedding.set_weights([w("embeddings.position_embeddings")[0]])
-    model.patch_embedding.projection.set_weights(
-        [
-            w("embeddings.patch_embeddings.projection.weight").transpose(2, 3, 1, 0),
-            w("embeddings.patch_embeddings.projection.bias"),
-        ]
-    )
+    read_patch_embedding(model, w)
     for i, block in enumerate(model.blocks):
         p = f"layers.{i}."
-        attention = block.self_attention
         set_layer_norm(block.self_attention_norm, w(p + "layernorm_before.weight"), w(p + "layernorm_before.bias"))
-        for dense, name in (
-            (attention.query_dense, "q_proj"),
-            (attention.key_dense, "k_proj"),
-            (attention.value_dense, "v_proj"),
-            (attention.output_dense, "o_proj"),
-        ):
+        for dense, name in attention_modules(block.self_attention):
             w.linear(p + "attention." + name, dense)
         set_layer_norm(block.feed_forward_norm, w(p + "layernorm_after.weight"), w(p + "layernorm_after.bias"))
         w.linear(p + "mlp.fc1", block.feed_forward.intermediate_dense)
         w.linear(p + "mlp.fc2", block.feed_forward.output_dense)
     set_layer_norm(model.final_norm, w("layernorm.weight"), w("layernorm.bias"))
     if checkpoint_head:
-        w.linear("classifier", model.head)
-    ignored = ("pooler.", "vit.pooler.") + (() if checkpoint_head else ("classifier.",))  # a new head: fresh
+        w.linear(head_name, model.head)
+        if distilled:
+            w.linear("distillation_classifier", model.distillation_head)
+    heads = ("classifier.", "cls_classifier.", "distillation_classifier.")
+    ignored = ("pooler.", "vit.pooler.", "deit.pooler.") + (() if checkpoint_head else heads)  # a new head: fresh
     w.check_all_used("from_huggingface", "ViT", ignore=lambda name: name.startswith(ignored))
     return model
 
 
 @exporter(ViT)
 def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = None) -> dict:
-    if model.positions != "learned" or (model.include_top and model.pooling != "token"):
+    if is_dinov2(model) and image_preprocessing is None:
+        return export_dinov2(model, w)
+    if model.layer_scale_init is not None or model.num_register_tokens or model.gated_feed_forward:
+        raise InputError("a ViT with layer scale, registers or a SwiGLU MLP is written as DINOv2 (without a "
+                         "distillation token, and with `model.image_processor` rather than image_preprocessing).",
+                         caller="save_huggingface")  # fmt: skip
+    deit = model.distillation_token
+    poolings = ("token", "distilled") if deit else ("token",)
+    if model.positions != "learned" or (model.include_top and model.pooling not in poolings):
         raise InputError(
-            f"Hugging Face ViTs have learned positions and classify from the class "
-            f"token; received positions={model.positions!r}, pooling={model.pooling!r}.",
+            f"Hugging Face ViTs have learned positions and classify from the class token (DeiT's also by "
+            f"averaging it with the distillation token's head); received positions={model.positions!r}, "
+            f"pooling={model.pooling!r}.",
             caller="save_huggingface",
         )
     image_size = model.image_size
@@ -126,8 +136,10 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
                 f"which its {model.patch_size}-pixel patches do not divide.",
                 caller="save_huggingface",
             )
-    p = "vit." if model.include_top else ""  # ViTForImageClassification's names, or ViTModel's
+    p = ("deit." if deit else "vit.") if model.include_top else ""  # ...ForImageClassification's names, or ...Model's
     w[p + "embeddings.cls_token"] = model.class_token
+    if deit:
+        w[p + "embeddings.distillation_token"] = model.distillation_weight
     grid = image_size // model.patch_size  # a model fine-tuned at another size: the table it used there
     table = model.position_embedding.embeddings if grid == model.grid_size else model.position_table(grid, grid)
     w[p + "embeddings.position_embeddings"] = table[None]
@@ -152,7 +164,7 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         w.linear(b + "output.dense", block.feed_forward.output_dense)
     w.layer_norm(p + "layernorm", model.final_norm)
     config = dict(
-        model_type="vit",
+        model_type="deit" if deit else "vit",
         image_size=image_size,
         patch_size=model.patch_size,
         num_channels=model.num_channels,
@@ -166,10 +178,15 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         hidden_act=hugging_face_activation("ViT", model.activation),
         qkv_bias=True,
     )
+    family = "DeiT" if deit else "ViT"
     if not model.include_top:
-        return dict(config, architectures=["ViTModel"])
+        return dict(config, architectures=[f"{family}Model"])
+    if model.pooling == "distilled":
+        w.linear("cls_classifier", model.head)
+        w.linear("distillation_classifier", model.distillation_head)
+        return dict(config, architectures=["DeiTForImageClassificationWithTeacher"], num_labels=model.num_classes)
     w.linear("classifier", model.head)
-    return dict(config, architectures=["ViTForImageClassification"], num_labels=model.num_classes)
+    return dict(config, architectures=[f"{family}ForImageClassification"], num_labels=model.num_classes)
 
 
 def image_preprocessing(directory: str) -> tuple[int, list]:

@@ -150,6 +150,12 @@ class WeightReader:
             caller="from_huggingface",
         )
 
+    def set_variable(self, variable, name: str) -> None:
+        """Sets one variable (a learned token, a scale) to the checkpoint's array `name`, of its shape."""
+        array = self(name)
+        self.check_shape(name, np.shape(array), tuple(variable.shape))
+        variable.assign(array)
+
     def set(self, layer, *names: str) -> None:
         """Sets `layer`'s weights to the checkpoint's arrays `names`, in the order of `layer.weights`."""
         self.assign(layer, [self(name) for name in names], names)

@@ -3,8 +3,10 @@ JAX and PyTorch."""
 
 from keras_tfm.layers.attention import MultiHeadAttention
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
+from keras_tfm.layers.drop_path import DropPath
 from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
 from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
+from keras_tfm.layers.layer_scale import LayerScale
 from keras_tfm.layers.positions import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
@@ -15,9 +17,11 @@ from keras_tfm.layers.token_pooling import TokenPooling
 
 __all__ = [
     "DecoderBlock",
+    "DropPath",
     "EncoderBlock",
     "FeedForward",
     "GatedFeedForward",
+    "LayerScale",
     "LearnedPositionEmbedding",
     "MultiHeadAttention",
     "PatchEmbedding",

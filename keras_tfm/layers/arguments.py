@@ -85,8 +85,12 @@ RULES = {
         ),
         _integer(1),
     ),
-    **dict.fromkeys(("pad_token_id", "start_token_id", "end_token_id", "position_offset", "num_segments"), _integer(0)),
-    **dict.fromkeys(("dropout", "attention_dropout", "classifier_dropout"), _RATE),
+    **dict.fromkeys(
+        ("pad_token_id", "start_token_id", "end_token_id", "position_offset", "num_segments", "num_register_tokens"),
+        _integer(0),
+    ),
+    **dict.fromkeys(("dropout", "attention_dropout", "classifier_dropout", "drop_path_rate"), _RATE),
+    **dict.fromkeys(("distillation_token", "mask_token", "position_antialias"), _BOOLEAN),
     **dict.fromkeys(
         (
             "layer_norm_epsilon",
@@ -100,6 +104,7 @@ RULES = {
             "attention_factor",
             "global_rope_theta",
             "local_rope_theta",
+            "layer_scale_init",
         ),
         _POSITIVE,
     ),

@@ -12,7 +12,9 @@ from keras_tfm.compat import get_keras_mask, set_keras_mask
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.attention import MultiHeadAttention, _static_dims_differ
+from keras_tfm.layers.drop_path import DropPath
 from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
+from keras_tfm.layers.layer_scale import LayerScale
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 from keras_tfm.layers.remat import rematerializable
 from keras_tfm.layers.residual import residual
@@ -56,6 +58,8 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         query_key_norm_epsilon: float | None = None,
         norm_use_bias: bool = True,
         normalize_attention_input: bool = True,
+        layer_scale_init: float | None = None,
+        drop_path_rate: float = 0.0,
         **kwargs,
     ):
         check_arguments(
@@ -70,6 +74,7 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
                 "rotary_embedding",
                 "sliding_window",
                 "query_key_norm_epsilon",
+                "layer_scale_init",
             ),
         )
         if normalization not in NORMALIZATIONS:
@@ -102,8 +107,27 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
         self.query_key_norm_epsilon = query_key_norm_epsilon
         self.norm_use_bias = norm_use_bias
         self.normalize_attention_input = normalize_attention_input
+        self.layer_scale_init = layer_scale_init
+        self.drop_path_rate = drop_path_rate
         self.supports_masking = True
         self.residual_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.drop_path = DropPath(drop_path_rate, dtype=self.dtype_policy, name="drop_path") if drop_path_rate else None
+
+    def _branch_output(self, name: str, hidden_dim: int | None = None):
+        """What a residual branch's output goes through before the addition: dropout, then (where the block
+        has them) its layer scale and stochastic depth. Built with `hidden_dim` in `build`."""
+        if hidden_dim is not None and self.layer_scale_init is not None:
+            scale = LayerScale(self.layer_scale_init, dtype=self.dtype_policy, name=f"{name}_scale")
+            scale.build((hidden_dim,))
+            setattr(self, f"{name}_scale", scale)
+
+        def after(out, training=None):
+            out = self.residual_dropout(out, training=training)
+            scale = getattr(self, f"{name}_scale", None)
+            out = out if scale is None else scale(out)
+            return out if self.drop_path is None else self.drop_path(out, training=training)
+
+        return after
 
     def _head_dim(self, hidden_dim: int) -> int:
         if self.key_dim is not None:
@@ -186,6 +210,8 @@ class _Block(QuantizationConfigMixin, keras.layers.Layer):
             query_key_norm_epsilon=self.query_key_norm_epsilon,
             norm_use_bias=self.norm_use_bias,
             normalize_attention_input=self.normalize_attention_input,
+            layer_scale_init=self.layer_scale_init,
+            drop_path_rate=self.drop_path_rate,
         )
         return config
 
@@ -220,6 +246,10 @@ class EncoderBlock(_Block):
         norm_use_bias: the layer norms' offsets (ModernBERT's have none).
         normalize_attention_input: False: the self-attention reads the block's input as it comes (pre-norm
             only: ModernBERT's first block, whose input the embeddings' norm has just normalized).
+        layer_scale_init: each branch's output scaled by a learned per-channel factor started at this
+            (`LayerScale`: DINOv2, CaiT); None: none.
+        drop_path_rate: stochastic depth in training: each example's branch dropped with this
+            probability (`DropPath`).
 
     Call arguments:
         inputs: `(batch, length, hidden_dim)`.
@@ -252,6 +282,8 @@ class EncoderBlock(_Block):
         self.self_attention_norm.build(inputs_shape)
         self.feed_forward.build(inputs_shape)
         self.feed_forward_norm.build(inputs_shape)
+        self.after_attention = self._branch_output("self_attention", hidden_dim)
+        self.after_feed_forward = self._branch_output("feed_forward", hidden_dim)
         self.built = True
 
     @rematerializable
@@ -296,7 +328,7 @@ class EncoderBlock(_Block):
             x,
             attend,
             self.self_attention_norm,
-            self.residual_dropout,
+            self.after_attention,
             self.norm_first,
             training,
             normalized=normalized_queries,
@@ -305,7 +337,7 @@ class EncoderBlock(_Block):
             x,
             lambda h: self.feed_forward(h, training=training),
             self.feed_forward_norm,
-            self.residual_dropout,
+            self.after_feed_forward,
             self.norm_first,
             training,
         )
@@ -383,6 +415,11 @@ class DecoderBlock(_Block):
         self.feed_forward_norm = self._norm("feed_forward_norm")
         self.feed_forward.build(decoder_sequence_shape)
         self.feed_forward_norm.build(decoder_sequence_shape)
+        self.after_attention = self._branch_output("self_attention", hidden_dim)
+        self.after_cross_attention = self._branch_output(
+            "cross_attention", hidden_dim if self.use_cross_attention else None
+        )
+        self.after_feed_forward = self._branch_output("feed_forward", hidden_dim)
         self.built = True
 
     def compute_output_shape(self, decoder_sequence_shape, *args, **kwargs):
@@ -430,7 +467,7 @@ class DecoderBlock(_Block):
             )
 
         x, self_extras = residual(
-            decoder_sequence, self_attend, self.self_attention_norm, self.residual_dropout, self.norm_first, training
+            decoder_sequence, self_attend, self.self_attention_norm, self.after_attention, self.norm_first, training
         )
         cross_extras = ()
         if self.use_cross_attention:
@@ -446,13 +483,13 @@ class DecoderBlock(_Block):
                 )
 
             x, cross_extras = residual(
-                x, cross_attend, self.cross_attention_norm, self.residual_dropout, self.norm_first, training
+                x, cross_attend, self.cross_attention_norm, self.after_cross_attention, self.norm_first, training
             )
         x, _ = residual(
             x,
             lambda h: self.feed_forward(h, training=training),
             self.feed_forward_norm,
-            self.residual_dropout,
+            self.after_feed_forward,
             self.norm_first,
             training,
         )

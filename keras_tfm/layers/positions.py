@@ -235,12 +235,15 @@ class SinusoidalPositionEncoding2D(keras.layers.Layer):
         return config
 
 
-def bicubic_resize_matrix(in_size: int, out_size):
-    """`(out_size, in_size)` matrix of PyTorch's bicubic resize (A = -0.75, align_corners=False).
+def bicubic_resize_matrix(in_size: int, out_size, antialias: bool = False):
+    """`(out_size, in_size)` matrix of PyTorch's bicubic resize (A = -0.75, align_corners=False), or with
+    `antialias` of its antialiased one (PIL's filter, A = -0.5, widened by the scale when it shrinks).
 
     Resizing a grid of position vectors is then `M_rows @ grid @ M_cols^T`, identical on every backend
     and to Hugging Face's `interpolate_pos_encoding`. `out_size` may be a scalar tensor (a size a
     traced function leaves unknown); at `out_size == in_size` the matrix is exactly the identity."""
+    if antialias:
+        return _antialiased_bicubic_matrix(in_size, out_size)
     a = -0.75
     source = (ops.cast(ops.arange(out_size), "float32") + 0.5) * (in_size / ops.cast(out_size, "float32")) - 0.5
     left = ops.floor(source)
@@ -256,3 +259,17 @@ def bicubic_resize_matrix(in_size: int, out_size):
         neighbour = ops.clip(ops.cast(left, "int32") - 1 + k, 0, in_size - 1)
         matrix = matrix + ops.one_hot(neighbour, in_size) * weight[:, None]
     return matrix
+
+
+def _antialiased_bicubic_matrix(in_size: int, out_size):
+    """PyTorch's `interpolate(..., mode="bicubic", antialias=True)` as a matrix: output `i` weighs input
+    `j` by the cubic filter (A = -0.5) at `(j + 0.5 - scale * (i + 0.5)) / max(scale, 1)`, the weights of
+    a row normalized to sum to 1 (the filter's support is what limits each row)."""
+    scale = in_size / ops.cast(out_size, "float32")
+    centers = (ops.cast(ops.arange(out_size), "float32") + 0.5) * scale
+    x = ops.abs((ops.arange(in_size, dtype="float32")[None, :] + 0.5 - centers[:, None]) / ops.maximum(scale, 1.0))
+    a = -0.5
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    weights = ops.where(x < 1, near, ops.where(x < 2, far, 0.0))
+    return weights / ops.sum(weights, axis=1, keepdims=True)

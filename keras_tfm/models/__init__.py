@@ -47,4 +47,19 @@ from keras_tfm.models.modern_bert import (
 )
 from keras_tfm.models.sentence_embedder import SentenceEmbedder
 from keras_tfm.models.translator import Translator, transformer_base, transformer_big, transformer_small
-from keras_tfm.models.vit import ViT, vit_base, vit_huge, vit_large, vit_small, vit_small_images, vit_tiny
+from keras_tfm.models.vit import (
+    ViT,
+    deit_base_distilled,
+    deit_small_distilled,
+    deit_tiny_distilled,
+    dinov2_base,
+    dinov2_giant,
+    dinov2_large,
+    dinov2_small,
+    vit_base,
+    vit_huge,
+    vit_large,
+    vit_small,
+    vit_small_images,
+    vit_tiny,
+)

@@ -31,7 +31,9 @@ class ViT(ImageTasks, ZooModel):
         num_classes: outputs of the head (logits).
         num_layers, num_heads, hidden_dim, intermediate_dim: the encoder.
         num_channels: channels of the input images.
-        pooling: "token" classifies from the class token, "mean" from the mean patch token.
+        pooling: "token" classifies from the class token, "mean" from the mean patch token,
+            "token_and_mean" from both side by side (DINOv2's), "distilled" averages a head on the class token
+            and one on the distillation token (DeiT's, with `distillation_token`).
         include_top: False returns the normalized token sequence `(batch, 1 + patches, hidden_dim)`.
         positions: "learned" (a table, interpolated bicubically for other image sizes) or
             "sinusoidal" (fixed 2-D sinusoids for any grid).
@@ -39,6 +41,14 @@ class ViT(ImageTasks, ZooModel):
         remat: the blocks recompute their activations in training's backward pass (less memory).
         class_names: the classes' names (default LABEL_0, ...), which `classify` answers with and a saved
             checkpoint's `id2label` holds.
+        distillation_token: a second learned token after the class token, with its own position (DeiT).
+        num_register_tokens: learned tokens after the class token without positions (DINOv2 with registers).
+        mask_token: a learned token that replaces the patches `masked_patches` marks (DINOv2).
+        layer_scale_init, drop_path_rate: each block's layer scale and stochastic depth (the rate rises
+            linearly from 0 at the first block to `drop_path_rate` at the last, as timm's).
+        gated_feed_forward: a SwiGLU MLP (DINOv2 giant) instead of a GELU one.
+        position_antialias: the position table resized with antialiasing for other image sizes (DINOv2 with
+            registers), as PyTorch's `interpolate(..., antialias=True)`.
 
     Call arguments:
         images: `(batch, height, width, num_channels)`; height and width must be multiples of
@@ -74,9 +84,16 @@ class ViT(ImageTasks, ZooModel):
         activation: str = "gelu",
         remat: bool = False,
         class_names: list[str] | None = None,
+        distillation_token: bool = False,
+        num_register_tokens: int = 0,
+        mask_token: bool = False,
+        layer_scale_init: float | None = None,
+        drop_path_rate: float = 0.0,
+        gated_feed_forward: bool = False,
+        position_antialias: bool = False,
         **kwargs,
     ):
-        check_arguments("ViT", locals(), optional=("intermediate_dim", "class_names"))
+        check_arguments("ViT", locals(), optional=("intermediate_dim", "class_names", "layer_scale_init"))
         kwargs.setdefault("name", "vit")
         self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)
@@ -86,7 +103,8 @@ class ViT(ImageTasks, ZooModel):
                 f"patch_size={patch_size}.",
                 caller="ViT",
             )
-        for name, value, allowed in (("pooling", pooling, ("token", "mean")), ("positions", positions, POSITIONS)):
+        poolings = ("token", "mean", "token_and_mean") + (("distilled",) if distillation_token else ())
+        for name, value, allowed in (("pooling", pooling, poolings), ("positions", positions, POSITIONS)):
             if value not in allowed:
                 raise InputError(f"{name} must be {' or '.join(map(repr, allowed))}; received {value!r}.", caller="ViT")
         self.image_size = image_size
@@ -105,13 +123,20 @@ class ViT(ImageTasks, ZooModel):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.activation = activation
         self.grid_size = image_size // patch_size
+        self.distillation_token, self.num_register_tokens, self.mask_token = (
+            distillation_token,
+            num_register_tokens,
+            mask_token,
+        )
+        self.layer_scale_init, self.drop_path_rate = layer_scale_init, drop_path_rate
+        self.gated_feed_forward, self.position_antialias = gated_feed_forward, position_antialias
         self.class_names = checked_class_names(class_names, num_classes, "ViT") if include_top else None
 
         policy = self.dtype_policy
         self.patch_embedding = PatchEmbedding(patch_size, hidden_dim, dtype=policy, name="patch_embedding")
         if positions == "learned":
             self.position_embedding = LearnedPositionEmbedding(
-                self.grid_size**2 + 1,
+                self.grid_size**2 + self.num_prefix_positions,
                 initializer=keras.initializers.TruncatedNormal(stddev=0.02),
                 dtype=policy,
                 name="position_embedding",
@@ -125,10 +150,14 @@ class ViT(ImageTasks, ZooModel):
                 self.intermediate_dim,
                 dropout=dropout,
                 attention_dropout=attention_dropout,
-                activation=activation,
+                activation="silu" if gated_feed_forward else activation,
                 norm_first=True,
                 layer_norm_epsilon=layer_norm_epsilon,
                 remat=remat,
+                gated_feed_forward=gated_feed_forward,
+                feed_forward_use_bias=True,
+                layer_scale_init=layer_scale_init,
+                drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),  # deeper blocks dropped more (timm's)
                 dtype=policy,
                 name=f"block_{i}",
             )
@@ -136,6 +165,10 @@ class ViT(ImageTasks, ZooModel):
         ]
         self.final_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="final_norm")
         self.head = keras.layers.Dense(num_classes, dtype=policy, name="head") if include_top else None
+        distilled = include_top and pooling == "distilled"
+        self.distillation_head = (
+            keras.layers.Dense(num_classes, dtype=policy, name="distillation_head") if distilled else None
+        )
         self._compile_defaults()
 
     def default_loss(self) -> keras.losses.Loss | None:
@@ -148,11 +181,16 @@ class ViT(ImageTasks, ZooModel):
         return (self.num_classes, "num_classes") if self.include_top else None
 
     def build(self, images_shape=None):
-        self.class_token = self.add_weight(
-            name="class_token",
-            shape=(1, 1, self.hidden_dim),
-            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-        )
+        tokens = keras.initializers.TruncatedNormal(stddev=0.02)
+        self.class_token = self.add_weight(name="class_token", shape=(1, 1, self.hidden_dim), initializer=tokens)
+        if self.distillation_token:
+            self.distillation_weight = self.add_weight(name="distillation_token", shape=(1, 1, self.hidden_dim),
+                                                       initializer=tokens)  # fmt: skip
+        if self.num_register_tokens:
+            self.register_weight = self.add_weight(name="register_tokens", shape=(1, self.num_register_tokens,
+                                                   self.hidden_dim), initializer=tokens)  # fmt: skip
+        if self.mask_token:
+            self.mask_weight = self.add_weight(name="mask_token", shape=(1, self.hidden_dim), initializer="zeros")
         # a symbolic call builds every sub-layer and computes nothing
         self.call(keras.KerasTensor((1, self.image_size, self.image_size, self.num_channels)))
         self.built = True
@@ -164,65 +202,103 @@ class ViT(ImageTasks, ZooModel):
                 f"ViT expects `images` of shape (batch, height, width, {self.num_channels}); received shape {shape}."
             )
 
+    @property
+    def num_prefix_positions(self) -> int:
+        """The tokens before the patches that have a position: the class token, and DeiT's distillation token."""
+        return 1 + self.distillation_token
+
+    @property
+    def num_extra_tokens(self) -> int:
+        """The tokens between the class token and the patches: the distillation token, the registers."""
+        return int(self.distillation_token) + self.num_register_tokens
+
     def _positions(self, tokens, rows: int, cols: int):
         if self.positions == "sinusoidal":
-            patch_positions = self.position_embedding(tokens[:, 1:], grid_shape=(rows, cols))
-            return ops.concatenate([ops.zeros_like(tokens[:, :1]), patch_positions], axis=1)
+            prefix = self.num_prefix_positions
+            patch_positions = self.position_embedding(tokens[:, prefix:], grid_shape=(rows, cols))
+            return ops.concatenate([ops.zeros_like(tokens[:, :prefix]), patch_positions], axis=1)
         if isinstance(rows, int) and isinstance(cols, int) and rows == cols == self.grid_size:
             return self.position_embedding(tokens)  # else interpolate (the identity at the same size)
         return ops.broadcast_to(self.position_table(rows, cols, self.compute_dtype)[None], ops.shape(tokens))
 
     def position_table(self, rows: int, cols: int, dtype: str = "float32"):
-        """The learned positions for a grid of `rows` x `cols` patches, `(1 + rows * cols, hidden_dim)`
-        with the class token's first: the table resized bicubically, as for images of that size
-        (`save_huggingface` writes it for a model fine-tuned at another size)."""
+        """The learned positions for a grid of `rows` x `cols` patches, `(prefix + rows * cols, hidden_dim)`
+        with the class (and distillation) token's first: the table resized bicubically (antialiased with
+        `position_antialias`), as for images of that size (`save_huggingface` writes it for a model
+        fine-tuned at another size)."""
         if self.positions != "learned":
             raise InputError(
                 f"the model has {self.positions} positions, not a learned table.", caller="ViT.position_table"
             )
+        prefix = self.num_prefix_positions
         table = ops.cast(self.position_embedding.embeddings, dtype)
-        grid = ops.reshape(table[1:], (self.grid_size, self.grid_size, self.hidden_dim))
-        row_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, rows), dtype)
-        col_matrix = ops.cast(bicubic_resize_matrix(self.grid_size, cols), dtype)
+        grid = ops.reshape(table[prefix:], (self.grid_size, self.grid_size, self.hidden_dim))
+        matrices = [bicubic_resize_matrix(self.grid_size, size, self.position_antialias) for size in (rows, cols)]
+        row_matrix, col_matrix = (ops.cast(matrix, dtype) for matrix in matrices)
         grid = ops.einsum("rR,cC,RCd->rcd", row_matrix, col_matrix, grid)
-        return ops.concatenate([table[:1], ops.reshape(grid, (rows * cols, self.hidden_dim))], axis=0)
+        return ops.concatenate([table[:prefix], ops.reshape(grid, (rows * cols, self.hidden_dim))], axis=0)
 
-    def call(self, images, return_attention_weights: bool = False, training=None):
-        # the head reads the class token only: the last block computes its output there alone
-        class_token_only = self.include_top and self.pooling == "token" and not return_attention_weights
-        x, attention_weights = self._encoded(images, return_attention_weights, class_token_only, training)
+    def call(self, images, return_attention_weights: bool = False, masked_patches=None, training=None):
+        # the head reads the class (and distillation) token only: the last block computes its output there alone
+        heads_only = self.include_top and self.pooling in ("token", "distilled") and not return_attention_weights
+        x, attention_weights = self._encoded(images, return_attention_weights, heads_only, masked_patches, training)
         if self.include_top:
-            pooled = x[:, 0] if self.pooling == "token" else ops.mean(x[:, 1:], axis=1)
-            x = self.head(pooled)
+            patches = x[:, 1 + self.num_extra_tokens :]
+            if self.pooling == "mean":
+                x = self.head(ops.mean(patches, axis=1))
+            elif self.pooling == "token_and_mean":  # DINOv2's classifier
+                x = self.head(ops.concatenate([x[:, 0], ops.mean(patches, axis=1)], axis=-1))
+            elif self.pooling == "distilled":  # DeiT's two heads, averaged at inference
+                x = (self.head(x[:, 0]) + self.distillation_head(x[:, 1])) / 2
+            else:
+                x = self.head(x[:, 0])
         return (x, attention_weights) if return_attention_weights else x
 
-    def features(self, images, training=None):
-        """The normalized token sequence `(batch, 1 + patches, hidden_dim)`, the class token first, whatever
-        `include_top` says: what a head, a probe or `embed_images` reads."""
-        return self._encoded(images, False, False, training)[0]
+    def features(self, images, masked_patches=None, training=None):
+        """The normalized token sequence `(batch, 1 + extra + patches, hidden_dim)`: the class token, the
+        distillation token and registers where the model has them, then the patches; whatever
+        `include_top` says. What a head, a probe or `embed_images` reads. `masked_patches` `(batch,
+        patches)` bool: patches replaced by the mask token (a model with `mask_token`)."""
+        return self._encoded(images, False, False, masked_patches, training)[0]
 
-    def _encoded(self, images, return_attention_weights: bool, class_token_only: bool, training=None):
+    def _encoded(self, images, return_attention_weights: bool, heads_only: bool, masked_patches, training=None):
         self._check_images(images)
         # ints, or tensors where a traced function leaves the image size unknown (TensorFlow's
         # `predict` retraces so once it has seen a second size)
         rows, cols = ops.shape(images)[1] // self.patch_size, ops.shape(images)[2] // self.patch_size
-        patches = self.patch_embedding(images)
-        class_token = ops.broadcast_to(
-            ops.cast(self.class_token, patches.dtype), (ops.shape(patches)[0], 1, self.hidden_dim)
-        )
-        x = ops.concatenate([class_token, patches], axis=1)
-        x = self.embedding_dropout(x + self._positions(x, rows, cols), training=training)
+        x = self._embedded(self.patch_embedding(images), masked_patches, rows, cols, training)
         attention_weights = []
         for index, block in enumerate(self.blocks):
             if return_attention_weights:
                 x, weights = block(x, return_attention_weights=True, training=training)
                 attention_weights.append(weights)
-            elif index == self.num_layers - 1 and class_token_only:
-                # every token is still a key and value: same class token, most of the block's work skipped
-                x = block(x, output_positions=ops.zeros((ops.shape(x)[0], 1), "int32"), training=training)
+            elif index == self.num_layers - 1 and heads_only:
+                # every token is still a key and value: the same head tokens, most of the block's work skipped
+                heads = ops.broadcast_to(ops.arange(self.num_prefix_positions, dtype="int32")[None],
+                                         (ops.shape(x)[0], self.num_prefix_positions))  # fmt: skip
+                x = block(x, output_positions=heads, training=training)
             else:
                 x = block(x, training=training)
         return self.final_norm(x), attention_weights
+
+    def _embedded(self, patches, masked_patches, rows, cols, training):
+        """The block's input: class (and distillation) token and the patches with their positions, then the
+        registers after the class token (they have none)."""
+        batch = ops.shape(patches)[0]
+        if masked_patches is not None:
+            if not self.mask_token:
+                raise InputError("the model has no mask token (mask_token=False).", "masked_patches", "ViT")
+            masked = ops.expand_dims(ops.cast(masked_patches, "bool"), -1)
+            patches = ops.where(masked, ops.cast(self.mask_weight, patches.dtype)[None], patches)
+        prefix = [self.class_token] + ([self.distillation_weight] if self.distillation_token else [])
+        prefix = [ops.broadcast_to(ops.cast(token, patches.dtype), (batch, 1, self.hidden_dim)) for token in prefix]
+        x = ops.concatenate([*prefix, patches], axis=1)
+        x = x + self._positions(x, rows, cols)
+        if self.num_register_tokens:
+            registers = ops.broadcast_to(ops.cast(self.register_weight, x.dtype), (batch, self.num_register_tokens,
+                                         self.hidden_dim))  # fmt: skip
+            x = ops.concatenate([x[:, :1], registers, x[:, 1:]], axis=1)
+        return self.embedding_dropout(x, training=training)
 
 
 def _vit(defaults: dict, overrides: dict) -> ViT:
@@ -263,3 +339,49 @@ def vit_small_images(**overrides) -> ViT:
         ),
         overrides,
     )
+
+
+# DINOv2's published configuration: 518-pixel images in 14-pixel patches, layer scale, a mask token; features
+DINOV2 = dict(image_size=518, patch_size=14, layer_scale_init=1.0, mask_token=True, layer_norm_epsilon=1e-6,
+              include_top=False)  # fmt: skip
+
+
+def dinov2_small(**overrides) -> ViT:
+    """DINOv2 ViT-S/14 (`Dinov2Model`): 12 layers, 6 heads, 384 wide. With registers: `num_register_tokens=4,
+    position_antialias=True`."""
+    return _vit(DINOV2 | dict(num_layers=12, num_heads=6, hidden_dim=384, intermediate_dim=1536), overrides)
+
+
+def dinov2_base(**overrides) -> ViT:
+    """DINOv2 ViT-B/14: 12 layers, 12 heads, 768 wide."""
+    return _vit(DINOV2 | dict(num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072), overrides)
+
+
+def dinov2_large(**overrides) -> ViT:
+    """DINOv2 ViT-L/14: 24 layers, 16 heads, 1024 wide."""
+    return _vit(DINOV2 | dict(num_layers=24, num_heads=16, hidden_dim=1024, intermediate_dim=4096), overrides)
+
+
+def dinov2_giant(**overrides) -> ViT:
+    """DINOv2 ViT-g/14: 40 layers, 24 heads, 1536 wide, a SwiGLU MLP 4096 wide."""
+    giant = dict(num_layers=40, num_heads=24, hidden_dim=1536, intermediate_dim=4096, gated_feed_forward=True)
+    return _vit(DINOV2 | giant, overrides)
+
+
+# DeiT's distilled classifiers: a distillation token, the two heads averaged, ImageNet's 1000 classes
+DEIT = dict(distillation_token=True, pooling="distilled", layer_norm_epsilon=1e-12)
+
+
+def deit_tiny_distilled(**overrides) -> ViT:
+    """DeiT-Ti distilled (`DeiTForImageClassificationWithTeacher`): ViT-Ti/16 with a distillation token."""
+    return _vit(DEIT | dict(num_layers=12, num_heads=3, hidden_dim=192, intermediate_dim=768), overrides)
+
+
+def deit_small_distilled(**overrides) -> ViT:
+    """DeiT-S distilled: ViT-S/16 with a distillation token."""
+    return _vit(DEIT | dict(num_layers=12, num_heads=6, hidden_dim=384, intermediate_dim=1536), overrides)
+
+
+def deit_base_distilled(**overrides) -> ViT:
+    """DeiT-B distilled: ViT-B/16 with a distillation token."""
+    return _vit(DEIT | dict(num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072), overrides)

@@ -114,3 +114,41 @@ def test_size_functions_have_hugging_face_parameter_counts():
         assert model.count_params() == sum(p.numel() for p in hf.parameters())
         if size is keras_tfm.vit_base:
             assert model.count_params() == 86_567_656
+
+
+def test_dinov2_and_deit_sizes_have_hugging_face_parameter_counts():
+    """dinov2_small and deit_tiny_distilled whole; dinov2_giant one layer deep (its SwiGLU layer and
+    embeddings; forty such layers would take 4.5 GB to count)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    small = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, image_size=518, patch_size=14)
+    giant = dict(hidden_size=1536, num_hidden_layers=1, num_attention_heads=24, image_size=518, patch_size=14,
+                 use_swiglu_ffn=True)  # fmt: skip
+    deit = dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768, num_labels=1000)
+    cases = [
+        (keras_tfm.dinov2_small(), transformers.Dinov2Model, transformers.Dinov2Config(**small)),
+        (keras_tfm.dinov2_giant(num_layers=1), transformers.Dinov2Model, transformers.Dinov2Config(**giant)),
+        (keras_tfm.dinov2_small(num_register_tokens=4, position_antialias=True),
+         transformers.Dinov2WithRegistersModel, transformers.Dinov2WithRegistersConfig(**small)),
+        (keras_tfm.deit_tiny_distilled(), transformers.DeiTForImageClassificationWithTeacher,
+         transformers.DeiTConfig(**deit)),
+    ]  # fmt: skip
+    for model, kind, config in cases:
+        with torch.device("meta"):
+            hf = kind(config)
+        assert model.count_params() == sum(p.numel() for p in hf.parameters()), kind.__name__
+
+
+def test_layer_scale_registers_and_drop_path_train_and_round_trip(tmp_path, rng):
+    """The ViT's DINOv2 and DeiT options are configuration: they save, load and train as any ViT."""
+    images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
+    options = dict(layer_scale_init=0.1, drop_path_rate=0.2, num_register_tokens=2, mask_token=True, num_layers=2,
+                   gated_feed_forward=True, position_antialias=True, pooling="token_and_mean")  # fmt: skip
+    run_layer_checks(lambda **kw: tiny_vit(**options, **kw), (images,), tmp_path=tmp_path, mixed_precision=False)
+    distilled = tiny_vit(distillation_token=True, pooling="distilled")
+    logits = to_numpy(distilled(images))
+    heads = to_numpy(distilled.features(images))
+    expected = (to_numpy(distilled.head(heads[:, 0])) + to_numpy(distilled.distillation_head(heads[:, 1]))) / 2
+    assert_close(logits, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="pooling must be"):
+        tiny_vit(pooling="distilled")  # no distillation token
