@@ -125,3 +125,42 @@ def plot_learning_curves(history, path: str, title: str = "") -> str:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def plot_patch_features(images, patch_features, path: str) -> str:
+    """Saves a PNG: each image beside its patch features drawn as colours, their first three principal
+    components (over all the images' patches) mapped to red, green and blue, as the DINOv2 paper draws
+    them: patches of one kind of part come out in one colour across images.
+
+    Args:
+        images: `(count, height, width[, channels])`, values in [0, 1] or [0, 255].
+        patch_features: `(count, patches, dim)` (`model.embed_images(images, pooling="patches")`), the patches
+            of a square grid in row order.
+        path: where to write the PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    features = np.asarray(patch_features, "float64")
+    if features.ndim != 3 or int(round(features.shape[1] ** 0.5)) ** 2 != features.shape[1]:
+        raise InputError(f"expected (count, patches, dim) of a square grid; received shape {features.shape}.",
+                         "patch_features", "plot_patch_features")  # fmt: skip
+    count, patches, dim = features.shape
+    flat = features.reshape(-1, dim) - features.reshape(-1, dim).mean(0)
+    _, _, components = np.linalg.svd(flat, full_matrices=False)  # principal directions, largest first
+    projected = flat @ components[:3].T
+    low, high = projected.min(0), projected.max(0)
+    colours = ((projected - low) / np.maximum(high - low, 1e-12)).reshape(count, int(patches**0.5), -1, 3)
+    figure, axes = plt.subplots(2, count, figsize=(2 * count, 4), squeeze=False)
+    for index in range(count):
+        image = np.asarray(images[index], "float64")
+        axes[0, index].imshow(image / 255.0 if image.max() > 1.0 else image, cmap="gray")
+        axes[1, index].imshow(colours[index], interpolation="nearest")
+        for axis in axes[:, index]:
+            axis.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

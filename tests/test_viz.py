@@ -76,3 +76,14 @@ def test_learning_curves_count_epochs_from_one_as_the_console_does(tmp_path, mon
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", saved)
     viz.plot_learning_curves({"loss": [3, 2, 1], "val_loss": [3, 2.5, 2]}, str(tmp_path / "curves.png"))
     assert drawn == [[1, 2, 3], [1, 2, 3]]
+
+
+def test_patch_features_are_drawn_by_their_principal_components(tmp_path):
+    pytest.importorskip("matplotlib")
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(3, 16, 8))
+    path = viz.plot_patch_features(rng.random((3, 28, 28)), features, str(tmp_path / "patches.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match=r"patch_features: plot_patch_features: expected \(count, patches, dim\)"):
+        viz.plot_patch_features(rng.random((3, 28, 28)), features[:, :15], str(tmp_path / "odd.png"))

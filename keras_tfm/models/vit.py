@@ -259,6 +259,7 @@ class ViT(ImageTasks, ZooModel):
         distillation token and registers where the model has them, then the patches; whatever
         `include_top` says. What a head, a probe or `embed_images` reads. `masked_patches` `(batch,
         patches)` bool: patches replaced by the mask token (a model with `mask_token`)."""
+        self._build_on_demand()
         return self._encoded(images, False, False, masked_patches, training)[0]
 
     def _encoded(self, images, return_attention_weights: bool, heads_only: bool, masked_patches, training=None):
