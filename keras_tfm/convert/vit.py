@@ -119,10 +119,10 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
     deit = model.distillation_token
     poolings = ("token", "distilled") if deit else ("token",)
     if model.positions != "learned" or (model.include_top and model.pooling not in poolings):
+        also = " (DeiT's also from both heads, pooling='distilled')" if deit else ""
         raise InputError(
-            f"Hugging Face ViTs have learned positions and classify from the class token (DeiT's also by "
-            f"averaging it with the distillation token's head); received positions={model.positions!r}, "
-            f"pooling={model.pooling!r}.",
+            f"Hugging Face ViTs have learned positions and classify from the class token{also}; received "
+            f"positions={model.positions!r}, pooling={model.pooling!r}.",
             caller="save_huggingface",
         )
     image_size = model.image_size
