@@ -64,6 +64,7 @@ def test_learning_curves_take_what_fit_returns_and_refuse_an_empty_history(tmp_p
         viz.plot_learning_curves({"val_loss": [1.0]}, str(tmp_path / "empty.png"))  # was matplotlib's own error
 
 
+@pytest.mark.backend_independent
 def test_learning_curves_count_epochs_from_one_as_the_console_does(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import matplotlib.figure
@@ -78,6 +79,7 @@ def test_learning_curves_count_epochs_from_one_as_the_console_does(tmp_path, mon
     assert drawn == [[1, 2, 3], [1, 2, 3]]
 
 
+@pytest.mark.backend_independent
 def test_patch_features_are_drawn_by_their_principal_components(tmp_path):
     pytest.importorskip("matplotlib")
     rng = np.random.default_rng(0)

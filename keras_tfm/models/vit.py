@@ -262,6 +262,23 @@ class ViT(ImageTasks, ZooModel):
         self._build_on_demand()
         return self._encoded(images, False, False, masked_patches, training)[0]
 
+    def hidden_states(self, images, layers=None, training=None) -> dict:
+        """The token sequences between the blocks, as transformers' `output_hidden_states` numbers them: 0 the
+        blocks' input (the embeddings), `i` block `i`'s output (1-based, before the final norm), for each of
+        `layers` (default: every one): what a neck or a probe of an inner layer reads."""
+        self._build_on_demand()
+        wanted = range(self.num_layers + 1) if layers is None else layers
+        if not all(isinstance(i, int) and 0 <= i <= self.num_layers for i in wanted):
+            raise InputError(f"expected layer numbers in [0, {self.num_layers}]; received {layers!r}.", "layers",
+                             "ViT.hidden_states")  # fmt: skip
+        self._check_images(images)
+        rows, cols = ops.shape(images)[1] // self.patch_size, ops.shape(images)[2] // self.patch_size
+        x = self._embedded(self.patch_embedding(images), None, rows, cols, training)
+        states = {0: x}
+        for index, block in enumerate(self.blocks[: max(wanted, default=0)], 1):
+            x = states[index] = block(x, training=training)
+        return {i: states[i] for i in wanted}
+
     def _encoded(self, images, return_attention_weights: bool, heads_only: bool, masked_patches, training=None):
         self._check_images(images)
         # ints, or tensors where a traced function leaves the image size unknown (TensorFlow's

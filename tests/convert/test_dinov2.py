@@ -44,7 +44,7 @@ def test_features_and_parameter_count_match_at_any_image_size(rng, kind):
     hf = hf_dinov2(kind)
     model = keras_tfm.from_huggingface(hf)
     assert not model.include_top and model.count_params() == sum(p.numel() for p in hf.parameters())
-    for height, width in ((28, 28), (42, 21), (14, 14)):  # the trained size, larger and smaller (antialiased)
+    for height, width in ((28, 28), (21, 35)):  # the trained size; fewer rows (antialiased) and more columns
         images = rng.normal(size=(2, height, width, 3)).astype("float32")
         np.testing.assert_allclose(to_numpy(model(images)), run_hf(hf, images), atol=1e-4, rtol=0)
     masked = np.zeros((2, 16), bool)  # patches the mask token stands for (masked image modelling)
@@ -97,3 +97,17 @@ def test_published_checkpoints_names_are_read(rng, tmp_path):
     model = keras_tfm.from_huggingface(str(tmp_path))
     images = rng.normal(size=(1, 28, 28, 3)).astype("float32")
     np.testing.assert_allclose(to_numpy(model(images)), run_hf(hf, images), atol=1e-4, rtol=0)
+
+
+def test_hidden_states_of_chosen_layers_are_transformers(rng):
+    hf = hf_dinov2("registers")
+    model = keras_tfm.from_huggingface(hf)
+    images = rng.normal(size=(1, 28, 28, 3)).astype("float32")
+    with torch.no_grad():
+        expected = hf(torch.tensor(images).permute(0, 3, 1, 2), output_hidden_states=True).hidden_states
+    states = model.hidden_states(images, layers=[0, 2])
+    assert sorted(states) == [0, 2]
+    for index, state in states.items():
+        np.testing.assert_allclose(to_numpy(state), expected[index].numpy(), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match=r"layers: ViT.hidden_states: expected layer numbers in \[0, 2\]"):
+        model.hidden_states(images, layers=[3])

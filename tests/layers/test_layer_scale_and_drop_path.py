@@ -1,6 +1,7 @@
 """Layer scale and stochastic depth: the common checks, what each computes, and a block that uses both."""
 
 import numpy as np
+import pytest
 from keras import ops
 
 from keras_tfm.layers import DropPath, EncoderBlock, LayerScale
@@ -25,6 +26,7 @@ def test_drop_path_drops_whole_examples_and_keeps_the_mean(rng):
     np.testing.assert_array_equal(to_numpy(DropPath(0.25)(x)), x)  # inference: the identity
 
 
+@pytest.mark.backend_independent  # the formula; tests/convert/test_dinov2.py holds it against DINOv2 on every backend
 def test_a_block_scales_each_branch_before_its_residual(rng):
     """Pre-norm with layer scale: y = x + g1 * attention(norm(x)); out = y + g2 * mlp(norm(y))."""
     x = rng.normal(size=(2, 5, 8)).astype("float32")
