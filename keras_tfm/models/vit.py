@@ -97,44 +97,26 @@ class ViT(ImageTasks, ZooModel):
         kwargs.setdefault("name", "vit")
         self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)
-        if image_size % patch_size:
-            raise InputError(
-                f"image_size must be a multiple of patch_size; received image_size={image_size}, "
-                f"patch_size={patch_size}.",
-                caller="ViT",
-            )
-        poolings = ("token", "mean", "token_and_mean") + (("distilled",) if distillation_token else ())
-        for name, value, allowed in (("pooling", pooling, poolings), ("positions", positions, POSITIONS)):
-            if value not in allowed:
-                raise InputError(f"{name} must be {' or '.join(map(repr, allowed))}; received {value!r}.", caller="ViT")
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.num_classes = num_classes
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim or 4 * hidden_dim
-        self.num_channels = num_channels
-        self.pooling = pooling
-        self.include_top = include_top
-        self.positions = positions
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.activation = activation
-        self.grid_size = image_size // patch_size
-        self.distillation_token, self.num_register_tokens, self.mask_token = (
-            distillation_token,
-            num_register_tokens,
-            mask_token,
-        )
-        self.layer_scale_init, self.drop_path_rate = layer_scale_init, drop_path_rate
+        _check_layout(image_size, patch_size, pooling, positions, distillation_token)
+        self.image_size, self.patch_size, self.num_classes = image_size, patch_size, num_classes
+        self.num_layers, self.num_heads, self.hidden_dim = num_layers, num_heads, hidden_dim
+        self.intermediate_dim, self.num_channels = intermediate_dim or 4 * hidden_dim, num_channels
+        self.pooling, self.include_top, self.positions = pooling, include_top, positions
+        self.dropout, self.attention_dropout = dropout, attention_dropout
+        self.layer_norm_epsilon, self.activation = layer_norm_epsilon, activation
+        self.distillation_token, self.num_register_tokens = distillation_token, num_register_tokens
+        self.mask_token, self.layer_scale_init, self.drop_path_rate = mask_token, layer_scale_init, drop_path_rate
         self.gated_feed_forward, self.position_antialias = gated_feed_forward, position_antialias
+        self.grid_size = image_size // patch_size
         self.class_names = checked_class_names(class_names, num_classes, "ViT") if include_top else None
+        self._make_layers(remat)
+        self._compile_defaults()
 
+    def _make_layers(self, remat: bool) -> None:
+        """The patch embedding, positions, blocks, final norm and heads of the arguments."""
         policy = self.dtype_policy
-        self.patch_embedding = PatchEmbedding(patch_size, hidden_dim, dtype=policy, name="patch_embedding")
-        if positions == "learned":
+        self.patch_embedding = PatchEmbedding(self.patch_size, self.hidden_dim, dtype=policy, name="patch_embedding")
+        if self.positions == "learned":
             self.position_embedding = LearnedPositionEmbedding(
                 self.grid_size**2 + self.num_prefix_positions,
                 initializer=keras.initializers.TruncatedNormal(stddev=0.02),
@@ -143,33 +125,33 @@ class ViT(ImageTasks, ZooModel):
             )
         else:
             self.position_embedding = SinusoidalPositionEncoding2D(dtype=policy, name="position_embedding")
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy, name="embedding_dropout")
+        self.embedding_dropout = keras.layers.Dropout(self.dropout, dtype=policy, name="embedding_dropout")
         self.blocks = [
             EncoderBlock(
-                num_heads,
+                self.num_heads,
                 self.intermediate_dim,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                activation="silu" if gated_feed_forward else activation,
+                dropout=self.dropout,
+                attention_dropout=self.attention_dropout,
+                activation="silu" if self.gated_feed_forward else self.activation,
                 norm_first=True,
-                layer_norm_epsilon=layer_norm_epsilon,
+                layer_norm_epsilon=self.layer_norm_epsilon,
                 remat=remat,
-                gated_feed_forward=gated_feed_forward,
+                gated_feed_forward=self.gated_feed_forward,
                 feed_forward_use_bias=True,
-                layer_scale_init=layer_scale_init,
-                drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),  # deeper blocks dropped more (timm's)
+                layer_scale_init=self.layer_scale_init,
+                drop_path_rate=self.drop_path_rate * i / max(self.num_layers - 1, 1),  # deeper: more (timm's)
                 dtype=policy,
                 name=f"block_{i}",
             )
-            for i in range(num_layers)
+            for i in range(self.num_layers)
         ]
-        self.final_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="final_norm")
-        self.head = keras.layers.Dense(num_classes, dtype=policy, name="head") if include_top else None
-        distilled = include_top and pooling == "distilled"
+        epsilon = self.layer_norm_epsilon
+        self.final_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="final_norm")
+        self.head = keras.layers.Dense(self.num_classes, dtype=policy, name="head") if self.include_top else None
+        distilled = self.include_top and self.pooling == "distilled"
         self.distillation_head = (
-            keras.layers.Dense(num_classes, dtype=policy, name="distillation_head") if distilled else None
+            keras.layers.Dense(self.num_classes, dtype=policy, name="distillation_head") if distilled else None
         )
-        self._compile_defaults()
 
     def default_loss(self) -> keras.losses.Loss | None:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True) if self.include_top else None
@@ -317,6 +299,19 @@ class ViT(ImageTasks, ZooModel):
                                          self.hidden_dim))  # fmt: skip
             x = ops.concatenate([x[:, :1], registers, x[:, 1:]], axis=1)
         return self.embedding_dropout(x, training=training)
+
+
+def _check_layout(image_size: int, patch_size: int, pooling: str, positions: str, distillation_token: bool) -> None:
+    """Refuses an image size its patches do not divide, and a pooling or positions the model has not."""
+    if image_size % patch_size:
+        raise InputError(
+            f"image_size must be a multiple of patch_size; received image_size={image_size}, patch_size={patch_size}.",
+            caller="ViT",
+        )
+    poolings = ("token", "mean", "token_and_mean") + (("distilled",) if distillation_token else ())
+    for name, value, allowed in (("pooling", pooling, poolings), ("positions", positions, POSITIONS)):
+        if value not in allowed:
+            raise InputError(f"{name} must be {' or '.join(map(repr, allowed))}; received {value!r}.", caller="ViT")
 
 
 def _vit(defaults: dict, overrides: dict) -> ViT:
