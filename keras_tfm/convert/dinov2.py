@@ -8,8 +8,6 @@ names are read too, and written.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from keras_tfm.convert.registry import converter
@@ -19,6 +17,7 @@ from keras_tfm.convert.weights import (
     class_names_of,
     hugging_face_activation,
     keras_activation,
+    renamer,
     require_options,
     set_layer_norm,
 )
@@ -33,11 +32,7 @@ _OLD_NAMES = [
     (r"\.mlp\.weights_out\.", ".mlp.down_proj."),
 ]
 
-
-def _rename(name: str) -> str:
-    for pattern, replacement in _OLD_NAMES:
-        name = re.sub(pattern, replacement, name)
-    return name
+_rename = renamer(_OLD_NAMES)
 
 
 def swiglu_width(hidden_size: int, mlp_ratio: float) -> int:

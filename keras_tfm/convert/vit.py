@@ -11,7 +11,6 @@ from (out, in, kh, kw) to Keras' (kh, kw, in, out).
 from __future__ import annotations
 
 import os
-import re
 
 import keras
 import numpy as np
@@ -25,6 +24,7 @@ from keras_tfm.convert.weights import (
     class_names_of,
     hugging_face_activation,
     keras_activation,
+    renamer,
     require_options,
     set_layer_norm,
 )
@@ -41,11 +41,7 @@ _OLD_NAMES = [
     (r"encoder\.layer\.(\d+)\.", r"layers.\1."),
 ]
 
-
-def _rename(name: str) -> str:
-    for pattern, replacement in _OLD_NAMES:
-        name = re.sub(pattern, replacement, name)
-    return name
+_rename = renamer(_OLD_NAMES)
 
 
 @converter("vit", "deit", prefixes=("vit.", "deit."), rename=_rename)

@@ -3,6 +3,7 @@ makes: options keras_tfm computes differently, activations by name, weights left
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import keras
@@ -31,6 +32,19 @@ def keras_activation(model_type: str, config: dict, field: str, default: str) ->
         raise CheckpointError(f"{model_type} activation {name!r} ({field}) is not supported; supported: {sorted(ACTIVATIONS)}.",
                               caller="from_huggingface")  # fmt: skip
     return ACTIVATIONS[name]
+
+
+def renamer(patterns: list[tuple[str, str]]) -> Callable[[str], str]:
+    """A converter's `rename`: each weight name through the `(pattern, replacement)` regular expressions in
+    order (older checkpoints' names to today's)."""
+    compiled = [(re.compile(pattern), replacement) for pattern, replacement in patterns]
+
+    def rename(name: str) -> str:
+        for pattern, replacement in compiled:
+            name = pattern.sub(replacement, name)
+        return name
+
+    return rename
 
 
 def class_names_of(config: dict, count: int) -> list[str]:
