@@ -13,6 +13,7 @@ import pytest
 import keras_tfm
 from keras_tfm import layers
 from keras_tfm.layers.arguments import RULES
+from keras_tfm.models.text_tasks import FlatArguments
 
 # The smallest valid arguments of each public class.
 CLASSES = {
@@ -27,6 +28,11 @@ CLASSES = {
     layers.SinusoidalPositionEncoding2D: dict(),
     layers.EncoderBlock: dict(num_heads=2, intermediate_dim=8),
     layers.DecoderBlock: dict(num_heads=2, intermediate_dim=8),
+    layers.HeadTransform: dict(),
+    layers.SequenceClassificationHead: dict(num_classes=2),
+    layers.TokenClassificationHead: dict(num_classes=2),
+    layers.SpanHead: dict(),
+    layers.MaskedLMHead: dict(vocabulary_size=10),
     keras_tfm.GPT: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.DecoderLM: dict(
         vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4, intermediate_dim=8
@@ -59,7 +65,8 @@ BAD = {
 # Arguments checked in their own way, each with a bad value and words its message must hold.
 OTHER = {
     "positions": ("rotary", "positions"),
-    "pooling": ("max", "pooling"),
+    "pooling": ("maximum", "pooling"),
+    "transform": ({"units": 3}, "transform"),
     "scaling": ("ntk", "scaling"),
     "normalization": ("batch_norm", "normalization"),
     "sliding_window_layers": ([5], "sliding_window_layers"),
@@ -75,8 +82,8 @@ def _arguments(cls) -> dict:
             for parameter in inspect.signature(klass.__init__).parameters.values():
                 if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
                     found.setdefault(parameter.name, parameter.default)
-    for name in ("self", "default_name"):
-        found.pop(name, None)
+    for name in ("self", "default_name", *(("encoder", "head") if issubclass(cls, FlatArguments) else ())):
+        found.pop(name, None)  # a family's task model makes its encoder and head from flat arguments
     if cls in (keras_tfm.BertMLM, keras_tfm.BertClassifier):  # the encoder's, through **kwargs
         found = {**_arguments(keras_tfm.Bert), **found}
     if cls is keras_tfm.ModernBertClassifier:

@@ -203,7 +203,8 @@ _TASKS = {
     "Bert": ("", None),
 }
 _ROOT_MODULES = ("lm_head", "classifier", "cls.")  # modules of the task class, not of its base model
-_HEADS = {"head": "classifier", "classifier": "classifier"}  # a ViT's or BertClassifier's head
+# a ViT's head, and a BertClassifier's (the Dense of its head layer)
+_HEADS = {"head": "classifier", "classifier": "classifier", "head/classifier": "classifier"}
 
 
 def save_peft_adapter(model, directory: str, base, base_model_name_or_path: str | None = None) -> None:
@@ -352,7 +353,7 @@ def _head_tensors(model, layers: dict, tensors: dict) -> list[str]:
     heads = {
         path: layer
         for path, layer in _named_sublayers(model)
-        if path in _HEADS and any(variable.trainable for variable in layer.weights)
+        if path in _HEADS and isinstance(layer, keras.layers.Dense) and any(v.trainable for v in layer.weights)
     }
     exported = {id(variable) for layer in [*layers.values(), *heads.values()] for variable in layer.weights}
     others = [variable.path for variable in model.trainable_weights if id(variable) not in exported]

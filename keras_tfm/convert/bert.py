@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.registry import check_head, converter, exporter
 from keras_tfm.convert.weights import (
     WeightReader,
     WeightWriter,
@@ -21,8 +21,8 @@ from keras_tfm.convert.weights import (
     set_layer_norm,
 )
 from keras_tfm.errors import InputError
-from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
-from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
+from keras_tfm.models.bert import Bert, BertClassifier, BertMLM, BertQuestionAnswerer, BertTokenClassifier
+from keras_tfm.models.text_tasks import MaskedLM, QuestionAnswerer, SequenceClassifier, TokenClassifier
 
 
 def _blocks(family, encoder: Bert, w: WeightReader | WeightWriter, prefix: str = "") -> None:
@@ -139,22 +139,21 @@ def _convert(family: Family, config: dict, w: WeightReader, num_classes: int | N
 def _read_head(family: Family, model, w: WeightReader, num_classes: int | None) -> tuple:
     """Reads the task model's head; returns the prefixes of the weights it leaves unread."""
     poolers = ("pooler.", family.prefix + "pooler.")
-    if isinstance(model, BertMLM):
-        w.linear(family.transform, model.transform)
-        w.layer_norm(family.transform_norm, model.transform_norm)
-        model.output_bias.assign(w(family.output_bias))
+    if isinstance(model, MaskedLM):
+        w.linear(family.transform, model.head.transform.dense)
+        w.layer_norm(family.transform_norm, model.head.transform.norm)
+        model.head.output_bias.assign(w(family.output_bias))
         return poolers  # a BertMLM has no pooler
-    if isinstance(model, (BertTokenClassifier, BertQuestionAnswerer)):
-        head = model.classifier if isinstance(model, BertTokenClassifier) else model.span_head
-        name = "classifier" if isinstance(model, BertTokenClassifier) else "qa_outputs"
+    if isinstance(model, (TokenClassifier, QuestionAnswerer)):
+        name = "classifier" if isinstance(model, TokenClassifier) else "qa_outputs"
         if num_classes is None:
-            w.linear(name, head)
+            w.linear(name, model.head.classifier)
         return (*poolers, "cls.", *((name + ".",) * (num_classes is not None)))
-    if isinstance(model, BertClassifier):
+    if isinstance(model, SequenceClassifier):
         if num_classes is None or (family is BERT and "pooler.dense.weight" in w):  # a new head keeps BERT's pooler
-            w.linear(family.pooler, model.pooler)
+            w.linear(family.pooler, model.head.transform.dense)
         if num_classes is None:
-            w.linear(family.classifier, model.classifier)
+            w.linear(family.classifier, model.head.classifier)
         # a pretraining checkpoint's masked-LM head; with `num_classes`, its own head (a fresh one replaces it)
         return (
             "cls.",
@@ -190,6 +189,10 @@ def _task_model(family: Family, config: dict, w: WeightReader, num_classes: int 
 @exporter(BertClassifier)
 @exporter(BertTokenClassifier)
 @exporter(BertQuestionAnswerer)
+@exporter((MaskedLM, Bert))
+@exporter((SequenceClassifier, Bert))
+@exporter((TokenClassifier, Bert))
+@exporter((QuestionAnswerer, Bert))
 def export_bert(model, w: WeightWriter) -> dict:
     encoder = model if isinstance(model, Bert) else model.encoder
     # RoBERTa's positions start after its padding id; DistilBERT has no segments
@@ -246,44 +249,27 @@ def _config(family: Family, encoder: Bert, classifier_dropout: float | None) -> 
 
 def _write_head(family: Family, model, w: WeightWriter, p: str) -> tuple[str, dict]:
     """Writes the task model's head; returns its class's ending and what its config adds."""
-    if isinstance(model, BertMLM):
-        _check_head_as_encoders(model)
-        w.linear(family.transform, model.transform)
-        w.layer_norm(family.transform_norm, model.transform_norm)
-        w[family.output_bias] = model.output_bias
+    if isinstance(model, MaskedLM):
+        transform = model.head.transform
+        encoder = model.encoder
+        check_head(model, "BertForMaskedLM", activation=encoder.activation, use_bias=True,
+                   norm_epsilon=encoder.layer_norm_epsilon, norm_center=True)  # fmt: skip
+        w.linear(family.transform, transform.dense)
+        w.layer_norm(family.transform_norm, transform.norm)
+        w[family.output_bias] = model.head.output_bias
         return "ForMaskedLM", {}
-    if isinstance(model, BertTokenClassifier):
-        w.linear("classifier", model.classifier)
-        return "ForTokenClassification", {
-            "classifier_dropout": model.classifier_dropout,
-            "num_labels": model.num_classes,
-        }
-    if isinstance(model, BertQuestionAnswerer):
-        w.linear("qa_outputs", model.span_head)
+    if isinstance(model, TokenClassifier):
+        check_head(model, "BertForTokenClassification", transform=None)
+        w.linear("classifier", model.head.classifier)
+        return "ForTokenClassification", {"classifier_dropout": model.head.dropout, "num_labels": model.num_classes}
+    if isinstance(model, QuestionAnswerer):
+        check_head(model, "BertForQuestionAnswering", transform=None, dropout=0.0)
+        w.linear("qa_outputs", model.head.classifier)
         return "ForQuestionAnswering", {}
-    if isinstance(model, BertClassifier):
-        if model.pooler_activation != family.pooler_activation:
-            raise InputError(f"{family.architecture}'s classifier pools with {family.pooler_activation}; received "
-                             f"pooler_activation={model.pooler_activation!r}.", caller="save_huggingface")  # fmt: skip
-        w.linear((p if family is BERT else "") + family.pooler, model.pooler)
-        w.linear(family.classifier, model.classifier)
-        return "ForSequenceClassification", {
-            "classifier_dropout": model.classifier_dropout,
-            "num_labels": model.num_classes,
-        }
+    if isinstance(model, SequenceClassifier):
+        check_head(model, family.architecture + "ForSequenceClassification", pooling="cls",
+                   activation=family.pooler_activation, use_bias=True, norm_epsilon=None)  # fmt: skip
+        w.linear((p if family is BERT else "") + family.pooler, model.head.transform.dense)
+        w.linear(family.classifier, model.head.classifier)
+        return "ForSequenceClassification", {"classifier_dropout": model.head.dropout, "num_labels": model.num_classes}
     return "Model", {}
-
-
-def _check_head_as_encoders(model: BertMLM) -> None:
-    """transformers' masked-LM head uses the encoder's activation and epsilon."""
-    encoder = model.encoder
-    for field, value, encoders in (
-        ("head_activation", model.head_activation, encoder.activation),
-        ("head_layer_norm_epsilon", model.head_layer_norm_epsilon, encoder.layer_norm_epsilon),
-    ):
-        if value not in (None, encoders):
-            raise InputError(
-                f"BertForMaskedLM's head has the encoder's {field.removeprefix('head_')} "
-                f"({encoders!r}); received {field}={value!r}.",
-                caller="save_huggingface",
-            )

@@ -184,16 +184,16 @@ def _bert(task, backbone, w: WeightReader):
     for i, block in enumerate(encoder.blocks):
         _set_transformer_layer(block, w, f"transformer_layer_{i}", "self_attention_layer")
     if classifier:
-        _set_layers([(model.pooler, "pooled_dense"), (model.classifier, "logits")], w)
+        _set_layers([(model.head.transform.dense, "pooled_dense"), (model.head.classifier, "logits")], w)
     if masked_lm:
         _set_layers(
             [
-                (model.transform, "mlm_head/intermediate_dense"),
-                (model.transform_norm, "mlm_head/intermediate_layer_norm"),
+                (model.head.transform.dense, "mlm_head/intermediate_dense"),
+                (model.head.transform.norm, "mlm_head/intermediate_layer_norm"),
             ],
             w,
         )
-        model.output_bias.assign(w("mlm_head/output_bias"))
+        model.head.output_bias.assign(w("mlm_head/output_bias"))
     _check_all_used("BERT", w, ignore=() if classifier else ("pooled_dense/",))  # no pooler in Bert or BertMLM
     return model
 

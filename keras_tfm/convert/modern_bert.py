@@ -7,7 +7,7 @@ Both configs are read: transformers 5's (`layer_types`, `rope_parameters`) and t
 
 from __future__ import annotations
 
-from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.registry import check_head, converter, exporter
 from keras_tfm.convert.weights import (
     WeightReader,
     WeightWriter,
@@ -24,6 +24,7 @@ from keras_tfm.models.modern_bert import (
     ModernBertQuestionAnswerer,
     ModernBertTokenClassifier,
 )
+from keras_tfm.models.text_tasks import MaskedLM, QuestionAnswerer, SequenceClassifier, TokenClassifier
 
 _TASKS = {
     "MaskedLM": ModernBertMLM,
@@ -104,12 +105,12 @@ def convert_modern_bert(config: dict, w: WeightReader, num_classes: int | None =
     w.set(encoder.final_norm, "final_norm.weight")
     fresh = ("head.", "classifier.") if num_classes is not None else ()  # a new head replaces the checkpoint's
     if task is not None and num_classes is None:
-        w.linear("head.dense", model.head_dense)
-        w.set(model.head_norm, "head.norm.weight")
+        w.linear("head.dense", model.head.transform.dense)
+        w.set(model.head.transform.norm, "head.norm.weight")
         if task == "MaskedLM":
-            model.output_bias.assign(w("decoder.bias"))
+            model.head.output_bias.assign(w("decoder.bias"))
         else:
-            w.linear("classifier", model.classifier)
+            w.linear("classifier", model.head.classifier)
     w.check_all_used("from_huggingface", "ModernBERT", ignore=lambda name: name.startswith(("decoder.weight", *fresh)))
     return model
 
@@ -151,6 +152,10 @@ def _block(block, w: WeightReader | WeightWriter, p: str, index: int) -> None:
 @exporter(ModernBertClassifier)
 @exporter(ModernBertTokenClassifier)
 @exporter(ModernBertQuestionAnswerer)
+@exporter((MaskedLM, ModernBert))
+@exporter((SequenceClassifier, ModernBert))
+@exporter((TokenClassifier, ModernBert))
+@exporter((QuestionAnswerer, ModernBert))
 def export_modern_bert(model, w: WeightWriter) -> dict:
     encoder = model if isinstance(model, ModernBert) else model.encoder
     p = "" if isinstance(model, ModernBert) else "model."
@@ -198,16 +203,20 @@ def _write_head(model, w: WeightWriter) -> tuple[str, dict]:
     """Writes the task model's head; returns its class's ending and what its config adds."""
     if isinstance(model, ModernBert):
         return "Model", {}
-    w.linear("head.dense", model.head_dense)
-    w["head.norm.weight"] = model.head_norm.gamma
-    head = {"classifier_activation": hugging_face_activation("ModernBERT", model.head_activation)}
-    if isinstance(model, ModernBertMLM):
-        w["decoder.bias"] = model.output_bias
+    transform = model.head.transform
+    check_head(model, "ModernBERT", use_bias=False, norm_epsilon=model.encoder.layer_norm_epsilon, norm_center=False)
+    w.linear("head.dense", transform.dense)
+    w["head.norm.weight"] = transform.norm.gamma
+    head = {"classifier_activation": hugging_face_activation("ModernBERT", transform.activation)}
+    if isinstance(model, MaskedLM):
+        w["decoder.bias"] = model.head.output_bias
         return "ForMaskedLM", head
-    w.linear("classifier", model.classifier)
-    head["classifier_dropout"] = model.classifier_dropout
-    if isinstance(model, ModernBertQuestionAnswerer):
+    w.linear("classifier", model.head.classifier)
+    head["classifier_dropout"] = model.head.dropout
+    if isinstance(model, QuestionAnswerer):
         return "ForQuestionAnswering", dict(head, num_labels=2)
-    if isinstance(model, ModernBertTokenClassifier):
+    if isinstance(model, TokenClassifier):
         return "ForTokenClassification", dict(head, num_labels=model.num_classes)
-    return "ForSequenceClassification", dict(head, num_labels=model.num_classes, classifier_pooling=model.pooling)
+    if model.head.pooling not in ("cls", "mean"):
+        check_head(model, "ModernBertForSequenceClassification", pooling="cls or mean")
+    return "ForSequenceClassification", dict(head, num_labels=model.num_classes, classifier_pooling=model.head.pooling)

@@ -9,7 +9,7 @@ from keras_tfm.compat import sublayers
 from keras_tfm.convert.quantized_loading import quantized_build
 from keras_tfm.convert.variables import checkpoint_values
 from keras_tfm.convert.weights import WeightReader
-from keras_tfm.errors import CheckpointError
+from keras_tfm.errors import CheckpointError, InputError
 
 _CONVERTERS: dict[str, tuple] = {}
 _EXPORTERS: dict[type, Callable] = {}
@@ -28,10 +28,11 @@ def converter(*model_types: str, prefixes: tuple[str, ...] = (), rename: Callabl
     return register
 
 
-def exporter(model_class: type):
+def exporter(model_class: type | tuple[type, type]):
     """Registers a function `(model, w: WeightWriter) -> config dict` that writes a `model_class`
     model as a checkpoint: its converter's inverse. A classifier's config gives `num_labels`, which
-    `save_huggingface` turns into transformers' class names."""
+    `save_huggingface` turns into transformers' class names. `model_class` may be a pair (a task model's
+    class, its encoder's class): a task over any encoder (`SequenceClassifier(Bert(...), ...)`)."""
 
     def register(fn):
         _EXPORTERS[model_class] = fn
@@ -41,12 +42,34 @@ def exporter(model_class: type):
 
 
 def exporter_of(model) -> Callable | None:
-    """The exporter registered for `model`'s own class (not a subclass's), or None."""
-    return _EXPORTERS.get(type(model))
+    """The exporter registered for `model`'s own class (not a subclass's), or for its class over its
+    encoder's class, or None."""
+    found = _EXPORTERS.get(type(model))
+    return found or _EXPORTERS.get((type(model), type(getattr(model, "encoder", None))))
 
 
 def exported_classes() -> list[str]:
-    return [model_class.__name__ for model_class in _EXPORTERS]
+    return [
+        f"{key[0].__name__} over {key[1].__name__}" if isinstance(key, tuple) else key.__name__ for key in _EXPORTERS
+    ]
+
+
+def check_head(model, architecture: str, **expected) -> None:
+    """Refuses a task model whose head `architecture` cannot hold: each of `expected` is a value of the head
+    (`pooling`, `dropout`, `transform`) or of its transform (`activation`, `use_bias`, `norm_epsilon`,
+    `norm_center`)."""
+    head = model.head
+    transform = head.transform_arguments
+    for field, want in expected.items():
+        if hasattr(head, field) and field != "transform":
+            got = getattr(head, field)
+        elif field == "transform":
+            got = transform
+        else:
+            got = None if transform is None else head.transform.get_config()[field]
+        if got != want:
+            raise InputError(f"{architecture}'s head has {field}={want!r}; received {field}={got!r} (of the model's "
+                             f"{type(head).__name__}).", "model", caller="save_huggingface")  # fmt: skip
 
 
 def check_model_type(config: dict) -> None:

@@ -13,6 +13,13 @@ from keras_tfm.layers.positions import (
     SinusoidalPositionEncoding2D,
 )
 from keras_tfm.layers.rotary import RotaryEmbedding
+from keras_tfm.layers.task_heads import (
+    HeadTransform,
+    MaskedLMHead,
+    SequenceClassificationHead,
+    SpanHead,
+    TokenClassificationHead,
+)
 from keras_tfm.layers.token_pooling import TokenPooling
 
 __all__ = [
@@ -21,13 +28,18 @@ __all__ = [
     "EncoderBlock",
     "FeedForward",
     "GatedFeedForward",
+    "HeadTransform",
     "LayerScale",
     "LearnedPositionEmbedding",
+    "MaskedLMHead",
     "MultiHeadAttention",
     "PatchEmbedding",
     "RotaryEmbedding",
+    "SequenceClassificationHead",
     "SinusoidalPositionEncoding",
     "SinusoidalPositionEncoding2D",
+    "SpanHead",
+    "TokenClassificationHead",
     "TokenEmbedding",
     "TokenPooling",
 ]

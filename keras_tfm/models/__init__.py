@@ -1,6 +1,6 @@
 """The model zoo: one configurable class per model, and its named sizes as plain functions."""
 
-from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
+from keras_tfm.models.bert import Bert, BertClassifier, BertMLM, BertQuestionAnswerer, BertTokenClassifier
 from keras_tfm.models.bert_sizes import (
     bert_base,
     bert_large,
@@ -13,7 +13,6 @@ from keras_tfm.models.bert_sizes import (
     roberta_large,
     xlm_roberta_base,
 )
-from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
 from keras_tfm.models.causal_lm import CausalLM
 from keras_tfm.models.decoder_lm import (
     DecoderLM,
@@ -46,6 +45,7 @@ from keras_tfm.models.modern_bert import (
     modernbert_large,
 )
 from keras_tfm.models.sentence_embedder import SentenceEmbedder
+from keras_tfm.models.text_tasks import MaskedLM, QuestionAnswerer, SequenceClassifier, TokenClassifier
 from keras_tfm.models.translator import Translator, transformer_base, transformer_big, transformer_small
 from keras_tfm.models.vit import (
     ViT,

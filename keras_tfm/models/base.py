@@ -94,10 +94,28 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
 
     def get_config(self) -> dict:
         """Keras' config and every constructor argument of the model's class, each read from the
-        attribute of its name (every model keeps its arguments as attributes)."""
+        attribute of its name (every model keeps its arguments as attributes). An argument that is a layer
+        or model (an encoder, a tower, a head) is its serialized config, nested: a model of towers is
+        configuration."""
         config = super().get_config()
-        config.update({name: self._config_value(name) for name in self._constructor_arguments()})
+        for name in self._constructor_arguments():
+            value = self._config_value(name)
+            config[name] = (
+                keras.saving.serialize_keras_object(value) if isinstance(value, keras.layers.Layer) else value
+            )
         return config
+
+    @classmethod
+    def from_config(cls, config: dict):
+        """The model of `config`, its nested layers and models (as `get_config` writes them) made first."""
+        made = {name: _unbuilt(config[name]) for name in cls._layer_arguments(config)}
+        return super().from_config({**config, **made})
+
+    @classmethod
+    def _layer_arguments(cls, config: dict) -> list[str]:
+        """The constructor arguments of `config` that hold a serialized layer or model."""
+        names = set(cls._constructor_arguments())
+        return [name for name, value in config.items() if name in names and _is_serialized_layer(value)]
 
     def _config_value(self, name: str):
         return getattr(self, name)
@@ -378,3 +396,18 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         if names[:2] == ["source_ids", "target_ids"]:
             return [{name: keras.InputSpec(shape=(None, None), dtype="int32", name=name) for name in names[:2]}]
         return [keras.InputSpec(shape=(None, None), dtype="int32", name=names[0] if names else "token_ids")]
+
+
+def _unbuilt(serialized: dict) -> keras.layers.Layer:
+    """The layer of `serialized`, left for the model that holds it to build: built inside the model, its sub-layers'
+    paths are those a quantized model's dtype policy map names them by."""
+    return keras.saving.deserialize_keras_object({k: v for k, v in serialized.items() if k != "build_config"})
+
+
+def _is_serialized_layer(value) -> bool:
+    """Whether `value` is a layer or model as `keras.saving.serialize_keras_object` writes one."""
+    if not isinstance(value, dict) or not {"class_name", "config", "module"} <= set(value):
+        return False
+    made = keras.saving.get_registered_object(value.get("registered_name") or value["class_name"])
+    module = value["module"] or ""
+    return (isinstance(made, type) and issubclass(made, keras.layers.Layer)) or module.startswith("keras.layers")

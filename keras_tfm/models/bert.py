@@ -5,6 +5,10 @@ tokens -> token + learned position + segment embeddings -> LayerNorm -> dropout
 BertMLM:        masked positions only (from the last block on) -> Dense + GELU + LayerNorm
                 -> logits tied to the token embedding + bias
 BertClassifier: [CLS] -> pooler (Dense + tanh, or ReLU) -> dropout -> Dense(num_classes)
+BertTokenClassifier: every token -> dropout -> Dense(num_classes)
+BertQuestionAnswerer: every token -> Dense(2): the answer's start and end logits
+
+The task models are `keras_tfm.models.text_tasks`' over `Bert`, with heads of `keras_tfm.layers.task_heads`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
-from keras_tfm.layers.initializers import own_initializer
+from keras_tfm.layers.task_heads import MaskedLMHead, SequenceClassificationHead, SpanHead, TokenClassificationHead
 from keras_tfm.models.base import ZooModel
+from keras_tfm.models.text_tasks import (
+    FlatArguments,
+    MaskedLM,
+    QuestionAnswerer,
+    SequenceClassifier,
+    TokenClassifier,
+)
 
 _ENCODER_ARGUMENTS = (
     "vocabulary_size",
@@ -181,63 +192,16 @@ class Bert(ZooModel):
         }
 
 
-class EncoderWithHead(ZooModel):
-    """A task model over an encoder of `encoder_class`, built from the task model's own arguments of
-    `encoder_arguments` (its config holds them, as the encoder's)."""
-
-    encoder_class: type
-    encoder_arguments: tuple
-
-    def __init__(self, default_name: str, **kwargs):
-        encoder_arguments = {k: kwargs.pop(k) for k in self.encoder_arguments if k in kwargs}
-        kwargs.setdefault("name", default_name)
-        super().__init__(**kwargs)
-        self.encoder = self.encoder_class(**encoder_arguments, dtype=self.dtype_policy, name="encoder")
-
-    def _id_inputs(self) -> dict:
-        return self.encoder._id_inputs()
-
-    def _export_signature(self) -> list:
-        return self.encoder._export_signature()
-
-    def _export_shapes(self) -> dict:
-        return self.encoder._export_shapes()
-
-    @classmethod
-    def _constructor_arguments(cls) -> list[str]:
-        return [*super()._constructor_arguments(), *cls.encoder_arguments]  # passed on through **kwargs
-
-    def _config_value(self, name: str):
-        return getattr(self.encoder if name in self.encoder_arguments else self, name)
-
-
-class _BertWithHead(EncoderWithHead):
-    """Shared by the task models: an encoder built from the same arguments as `Bert`."""
+class _BertTask(FlatArguments):
+    """A task model over `Bert`, made from `Bert`'s arguments beside its own."""
 
     encoder_class = Bert
     encoder_arguments = _ENCODER_ARGUMENTS
 
 
-class MaskedLanguageModel:
-    """What masked LMs share: `mask_positions` (where the head reads the encoder) and a label per token."""
-
-    def _id_inputs(self) -> dict:
-        ids = dict(self.encoder._id_inputs())
-        ids["mask_positions"] = ids.pop("output_positions")
-        return ids
-
-    def _label_range(self) -> tuple[int, str]:
-        return self.encoder.vocabulary_size, "vocabulary_size"
-
-    def default_loss(self) -> keras.losses.Loss:
-        from keras_tfm.losses import TokenCrossEntropy
-
-        return TokenCrossEntropy()
-
-
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class BertMLM(MaskedLanguageModel, _BertWithHead):
-    """BERT with its masked-language-model head (pretraining).
+class BertMLM(_BertTask, MaskedLM):
+    """BERT with its masked-language-model head (pretraining): a `MaskedLM` over `Bert`.
 
     Args: those of `Bert`, plus
         head_activation, head_layer_norm_epsilon: of the head's transform (a Dense layer and a
@@ -259,48 +223,19 @@ class BertMLM(MaskedLanguageModel, _BertWithHead):
 
     def __init__(self, head_activation: str | None = None, head_layer_norm_epsilon: float | None = None, **kwargs):
         check_arguments("BertMLM", locals(), optional=("head_activation", "head_layer_norm_epsilon"))
-        super().__init__("bert_mlm", **kwargs)
+        encoder = self._flat_encoder(kwargs)
+        epsilon = encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
+        transform = {"activation": head_activation or encoder.activation, "norm_epsilon": epsilon}
+        head = MaskedLMHead(encoder.vocabulary_size, transform, dtype=kwargs.get("dtype"), name="head")
+        super().__init__(encoder, head, **{"name": "bert_mlm", **kwargs})
         self.head_activation = head_activation
         self.head_layer_norm_epsilon = head_layer_norm_epsilon
-        policy = self.dtype_policy
-        init = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.transform = keras.layers.Dense(
-            self.encoder.hidden_dim,
-            activation=head_activation or self.encoder.activation,
-            kernel_initializer=own_initializer(init),
-            dtype=policy,
-            name="transform",
-        )
-        epsilon = self.encoder.layer_norm_epsilon if head_layer_norm_epsilon is None else head_layer_norm_epsilon
-        self.transform_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="transform_norm")
-        self._compile_defaults()
-
-    def build(self, token_ids_shape=None):
-        self.encoder.build()
-        self.output_bias = self.add_weight(
-            name="output_bias", shape=(self.encoder.vocabulary_size,), initializer="zeros"
-        )
-        self.transform.build((None, self.encoder.hidden_dim))
-        self.transform_norm.build((None, self.encoder.hidden_dim))
-        self.built = True
-
-    def call(self, token_ids, segment_ids=None, padding_mask=None, mask_positions=None, training=None):
-        if isinstance(token_ids, dict):  # as `Bert`
-            return self.call(**token_ids, training=training)
-        x = self.encoder(
-            token_ids,
-            segment_ids=segment_ids,
-            padding_mask=padding_mask,
-            output_positions=mask_positions,
-            training=training,
-        )
-        x = self.transform_norm(self.transform(x))
-        return self.encoder.token_embedding(x, reverse=True) + ops.cast(self.output_bias, x.dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class BertClassifier(_BertWithHead):
-    """BERT with a sentence-classification head on the [CLS] token (fine-tuning).
+class BertClassifier(_BertTask, SequenceClassifier):
+    """BERT with a sentence-classification head on the [CLS] token (fine-tuning): a `SequenceClassifier` over
+    `Bert`, its head's transform the pooler.
 
     Args: `num_classes`; `classifier_dropout`, on the pooled vector, defaults to `dropout`;
     `pooler_activation` ("tanh"; DistilBERT's "relu"); plus those of `Bert`.
@@ -311,49 +246,54 @@ class BertClassifier(_BertWithHead):
     >>> logits = classifier(ids, padding_mask=ids != 0)  # (2, 2)
     """
 
-    lora_trainable_layer_names = ("classifier",)
-
     def __init__(self, num_classes: int = 2, classifier_dropout: float | None = None, pooler_activation: str = "tanh",
                  **kwargs):  # fmt: skip
         check_arguments("BertClassifier", locals(), optional=("classifier_dropout",))
-        super().__init__("bert_classifier", **kwargs)
+        encoder = self._flat_encoder(kwargs)
+        dropout = encoder.dropout if classifier_dropout is None else classifier_dropout
+        head = SequenceClassificationHead(num_classes, "cls", {"activation": pooler_activation}, dropout,
+                                          dtype=kwargs.get("dtype"), name="head")  # fmt: skip
+        super().__init__(encoder, head, **{"name": "bert_classifier", **kwargs})
+        self.classifier_dropout = dropout
         self.pooler_activation = pooler_activation
-        self.num_classes = num_classes
-        self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout
-        policy = self.dtype_policy
-        init = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.pooler = keras.layers.Dense(
-            self.encoder.hidden_dim,
-            activation=pooler_activation,
-            kernel_initializer=own_initializer(init),
-            dtype=policy,
-            name="pooler",
-        )
-        self.pooled_dropout = keras.layers.Dropout(self.classifier_dropout, dtype=policy, name="pooled_dropout")
-        self.classifier = keras.layers.Dense(
-            num_classes, kernel_initializer=own_initializer(init), dtype=policy, name="classifier"
-        )
-        self._compile_defaults()
 
-    def _label_range(self) -> tuple[int, str]:
-        return self.num_classes, "num_classes"
 
-    def default_loss(self) -> keras.losses.Loss:
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class BertTokenClassifier(_BertTask, TokenClassifier):
+    """BERT with a label per token: `(batch, length, num_classes)` logits (a `TokenClassifier` over `Bert`).
 
-    def build(self, token_ids_shape=None):
-        self.encoder.build()
-        self.pooler.build((None, self.encoder.hidden_dim))
-        self.classifier.build((None, self.encoder.hidden_dim))
-        self.built = True
+    Args: `num_classes`; `class_names` (default LABEL_0, ...), which `label_words` answers with and a saved
+    checkpoint's `id2label` holds; `classifier_dropout`, before the head, defaults to `dropout`; plus those of
+    `Bert`. The default loss skips labels of -100 (transformers' mark for a word's later pieces).
 
-    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
-        if isinstance(token_ids, dict):
-            return self.call(**token_ids, training=training)
-        # The pooler reads [CLS] only: the last block computes its output there alone.
-        first = ops.zeros((ops.shape(token_ids)[0], 1), "int32")
-        x = self.encoder(
-            token_ids, segment_ids=segment_ids, padding_mask=padding_mask, output_positions=first, training=training
-        )
-        pooled = self.pooled_dropout(self.pooler(x[:, 0]), training=training)
-        return self.classifier(pooled)
+    Example:
+    >>> tagger = BertTokenClassifier(num_classes=3, vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2)
+    >>> tuple(tagger(np.array([[2, 7, 9, 3]])).shape)
+    (1, 4, 3)
+    """
+
+    def __init__(self, num_classes: int = 2, class_names: list | None = None, classifier_dropout: float | None = None,
+                 **kwargs):  # fmt: skip
+        check_arguments("BertTokenClassifier", locals(), optional=("class_names", "classifier_dropout"))
+        encoder = self._flat_encoder(kwargs)
+        dropout = encoder.dropout if classifier_dropout is None else classifier_dropout
+        head = TokenClassificationHead(num_classes, None, dropout, dtype=kwargs.get("dtype"), name="head")
+        super().__init__(encoder, head, class_names, **{"name": "bert_token_classifier", **kwargs})
+        self.classifier_dropout = dropout
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class BertQuestionAnswerer(_BertTask, QuestionAnswerer):
+    """BERT for extractive question answering: `(batch, 2, length)` logits (a `QuestionAnswerer` over `Bert`),
+    where in the context (the second sentence, `segment_ids` 1) the answer starts (`[:, 0]`) and ends (`[:, 1]`).
+
+    Example:
+    >>> reader = BertQuestionAnswerer(vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2)
+    >>> tuple(reader(np.array([[2, 7, 3, 9, 11, 3]]), segment_ids=np.array([[0, 0, 0, 1, 1, 1]])).shape)
+    (1, 2, 6)
+    """
+
+    def __init__(self, **kwargs):
+        encoder = self._flat_encoder(kwargs)
+        head = SpanHead(dtype=kwargs.get("dtype"), name="head")
+        super().__init__(encoder, head, **{"name": "bert_question_answerer", **kwargs})

@@ -6,8 +6,7 @@ from __future__ import annotations
 import keras
 
 from keras_tfm.errors import InputError
-from keras_tfm.models.bert import Bert, BertClassifier, BertMLM
-from keras_tfm.models.bert_token_heads import BertQuestionAnswerer, BertTokenClassifier
+from keras_tfm.models.bert import Bert, BertClassifier, BertMLM, BertQuestionAnswerer, BertTokenClassifier
 
 _HEADS = {"mlm": BertMLM, "classifier": BertClassifier, None: Bert}
 

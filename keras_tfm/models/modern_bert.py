@@ -15,11 +15,15 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
-from keras_tfm.layers.initializers import own_initializer
+from keras_tfm.layers.task_heads import MaskedLMHead, SequenceClassificationHead, SpanHead, TokenClassificationHead
 from keras_tfm.models.base import ZooModel
-from keras_tfm.models.bert import EncoderWithHead, MaskedLanguageModel
-from keras_tfm.models.bert_token_heads import IGNORED_LABEL, AnswersQuestions, LabelsWords
-from keras_tfm.models.inputs import checked_class_names
+from keras_tfm.models.text_tasks import (
+    FlatArguments,
+    MaskedLM,
+    QuestionAnswerer,
+    SequenceClassifier,
+    TokenClassifier,
+)
 
 ENCODER_ARGUMENTS = (
     "vocabulary_size",
@@ -168,39 +172,27 @@ def _norm(epsilon: float, policy, name: str) -> keras.layers.LayerNormalization:
     return keras.layers.LayerNormalization(epsilon=epsilon, center=False, dtype=policy, name=name)
 
 
-class _ModernBertWithHead(EncoderWithHead):
-    """Shared by the task models: an encoder built from the same arguments as `ModernBert`, and the prediction
-    head every task reads it through (Dense + activation + LayerNorm, as transformers' `ModernBertPredictionHead`).
-    `head_activation`: the head's activation."""
+class _ModernBertTask(FlatArguments):
+    """A task model over `ModernBert`, made from its arguments beside the task's own; every task reads the encoder
+    through the prediction head (Dense without bias + `head_activation` + LayerNorm without center, as transformers'
+    `ModernBertPredictionHead`): the head layer's transform."""
 
     encoder_class = ModernBert
     encoder_arguments = ENCODER_ARGUMENTS
 
-    def __init__(self, default_name: str, head_activation: str = "gelu", **kwargs):
+    def _made(self, kwargs: dict, head_activation: str, make_head, default_name: str, **task) -> None:
+        """Makes the encoder from `kwargs`, the head by `make_head(encoder, transform, dtype)`, then the task."""
         check_arguments(type(self).__name__, {"head_activation": head_activation})
-        super().__init__(default_name, **kwargs)
+        encoder = self._flat_encoder(kwargs)
+        transform = {"activation": head_activation, "use_bias": False, "norm_epsilon": encoder.layer_norm_epsilon,
+                     "norm_center": False}  # fmt: skip
+        head = make_head(encoder, transform, {"dtype": kwargs.get("dtype"), "name": "head"})
+        super().__init__(encoder, head, **task, **{"name": default_name, **kwargs})
         self.head_activation = head_activation
-        self.head_dense = _dense(self.encoder.hidden_dim, "head_dense", self, activation=head_activation, bias=False)
-        self.head_norm = _norm(self.encoder.layer_norm_epsilon, self.dtype_policy, "head_norm")
-
-    def _head(self, x):
-        return self.head_norm(self.head_dense(x))
-
-    def _build_head(self) -> None:
-        self.encoder.build()
-        self.head_dense.build((None, self.encoder.hidden_dim))
-        self.head_norm.build((None, self.encoder.hidden_dim))
-
-
-def _dense(units: int, name: str, owner, activation=None, bias: bool = True) -> keras.layers.Dense:
-    init = own_initializer(keras.initializers.TruncatedNormal(stddev=0.02))
-    return keras.layers.Dense(
-        units, activation=activation, use_bias=bias, kernel_initializer=init, dtype=owner.dtype_policy, name=name
-    )
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class ModernBertMLM(MaskedLanguageModel, _ModernBertWithHead):
+class ModernBertMLM(_ModernBertTask, MaskedLM):
     """ModernBERT with its masked-language-model head: the prediction head, then logits tied to the token embedding
     plus a bias. Args: those of `ModernBert`, plus `head_activation`. Call arguments: those of `ModernBert`, with
     `mask_positions` (as `BertMLM`'s) for `output_positions`.
@@ -211,46 +203,13 @@ class ModernBertMLM(MaskedLanguageModel, _ModernBertWithHead):
     (1, 1, 100)
     """
 
-    def __init__(self, **kwargs):
-        super().__init__("modern_bert_mlm", **kwargs)
-        self._compile_defaults()
-
-    def build(self, token_ids_shape=None):
-        self._build_head()
-        self.output_bias = self.add_weight(
-            name="output_bias", shape=(self.encoder.vocabulary_size,), initializer="zeros"
-        )
-        self.built = True
-
-    def call(self, token_ids, padding_mask=None, mask_positions=None, training=None):
-        if isinstance(token_ids, dict):
-            return self.call(**token_ids, training=training)
-        x = self._head(self.encoder(token_ids, padding_mask=padding_mask, output_positions=mask_positions,
-                                    training=training))  # fmt: skip
-        return self.encoder.token_embedding(x, reverse=True) + ops.cast(self.output_bias, x.dtype)
-
-
-class _ModernBertWithClasses(_ModernBertWithHead):
-    """A task head after the prediction head: dropout, then `classifier`, the Dense layer each task makes."""
-
-    lora_trainable_layer_names = ("classifier",)
-
-    def __init__(self, default_name: str, classifier_dropout: float = 0.0, **kwargs):
-        super().__init__(default_name, **kwargs)
-        self.classifier_dropout = classifier_dropout
-        self.head_dropout = keras.layers.Dropout(classifier_dropout, dtype=self.dtype_policy, name="head_dropout")
-
-    def build(self, token_ids_shape=None):
-        self._build_head()
-        self.classifier.build((None, self.encoder.hidden_dim))
-        self.built = True
-
-    def _classify(self, x, training):
-        return self.classifier(self.head_dropout(self._head(x), training=training))
+    def __init__(self, head_activation: str = "gelu", **kwargs):
+        self._made(kwargs, head_activation, lambda encoder, transform, layer: MaskedLMHead(
+            encoder.vocabulary_size, transform, **layer), "modern_bert_mlm")  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class ModernBertClassifier(_ModernBertWithClasses):
+class ModernBertClassifier(_ModernBertTask, SequenceClassifier):
     """ModernBERT with a sentence-classification head: the first token's vector (`pooling="cls"`) or the mean of
     the real tokens' ("mean"), the prediction head, dropout, Dense(num_classes).
 
@@ -261,38 +220,20 @@ class ModernBertClassifier(_ModernBertWithClasses):
     (1, 3)
     """
 
-    def __init__(self, num_classes: int = 2, pooling: str = "cls", classifier_dropout: float = 0.0, **kwargs):
-        check_arguments("ModernBertClassifier", locals())
+    def __init__(self, num_classes: int = 2, pooling: str = "cls", classifier_dropout: float = 0.0,
+                 head_activation: str = "gelu", **kwargs):  # fmt: skip
+        check_arguments("ModernBertClassifier", {"num_classes": num_classes, "classifier_dropout": classifier_dropout})
         if pooling not in ("cls", "mean"):
             raise InputError(
                 f"expected 'cls' or 'mean'; received {pooling!r}.", "pooling", caller="ModernBertClassifier"
             )
-        super().__init__("modern_bert_classifier", classifier_dropout, **kwargs)
-        self.classifier = _dense(num_classes, "classifier", self)
-        self.num_classes = num_classes
-        self.pooling = pooling
-        self._compile_defaults()
-
-    def _label_range(self) -> tuple[int, str]:
-        return self.num_classes, "num_classes"
-
-    def default_loss(self) -> keras.losses.Loss:
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def call(self, token_ids, padding_mask=None, training=None):
-        if isinstance(token_ids, dict):
-            return self.call(**token_ids, training=training)
-        x = self.encoder(token_ids, padding_mask=padding_mask, training=training)
-        if self.pooling == "cls":
-            pooled = x[:, 0]
-        else:
-            weights = ops.ones_like(x[..., :1]) if padding_mask is None else ops.cast(padding_mask, x.dtype)[..., None]
-            pooled = ops.sum(x * weights, axis=1) / ops.sum(weights, axis=1)
-        return self._classify(pooled, training)
+        self._made(kwargs, head_activation, lambda encoder, transform, layer: SequenceClassificationHead(
+            num_classes, pooling, transform, classifier_dropout, **layer), "modern_bert_classifier")  # fmt: skip
+        self.pooling, self.classifier_dropout = pooling, classifier_dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class ModernBertTokenClassifier(LabelsWords, _ModernBertWithClasses):
+class ModernBertTokenClassifier(_ModernBertTask, TokenClassifier):
     """ModernBERT with a label per token, `(batch, length, num_classes)` logits; `class_names` and `label_words` as
     `BertTokenClassifier`'s.
 
@@ -304,30 +245,17 @@ class ModernBertTokenClassifier(LabelsWords, _ModernBertWithClasses):
     """
 
     def __init__(self, num_classes: int = 2, class_names: list | None = None, classifier_dropout: float = 0.0,
-                 **kwargs):  # fmt: skip
-        check_arguments("ModernBertTokenClassifier", locals(), optional=("class_names",))
-        super().__init__("modern_bert_token_classifier", classifier_dropout, **kwargs)
-        self.classifier = _dense(num_classes, "classifier", self)
-        self.num_classes = num_classes
-        self.class_names = checked_class_names(class_names, num_classes, "ModernBertTokenClassifier")
-        self._compile_defaults()
-
-    def _label_range(self) -> tuple[int, str]:
-        return self.num_classes, "num_classes"
-
-    def default_loss(self) -> keras.losses.Loss:
-        from keras_tfm.losses import TokenCrossEntropy
-
-        return TokenCrossEntropy(ignore_class=IGNORED_LABEL)
-
-    def call(self, token_ids, padding_mask=None, training=None):
-        if isinstance(token_ids, dict):
-            return self.call(**token_ids, training=training)
-        return self._classify(self.encoder(token_ids, padding_mask=padding_mask, training=training), training)
+                 head_activation: str = "gelu", **kwargs):  # fmt: skip
+        check_arguments("ModernBertTokenClassifier", {"num_classes": num_classes,
+                                                      "classifier_dropout": classifier_dropout})  # fmt: skip
+        self._made(kwargs, head_activation, lambda encoder, transform, layer: TokenClassificationHead(
+            num_classes, transform, classifier_dropout, **layer), "modern_bert_token_classifier",
+            class_names=class_names)  # fmt: skip
+        self.classifier_dropout = classifier_dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class ModernBertQuestionAnswerer(AnswersQuestions, _ModernBertWithClasses):
+class ModernBertQuestionAnswerer(_ModernBertTask, QuestionAnswerer):
     """ModernBERT for extractive question answering: `(batch, 2, length)` start and end logits; its loss and
     `answer` as `BertQuestionAnswerer`'s.
 
@@ -338,25 +266,11 @@ class ModernBertQuestionAnswerer(AnswersQuestions, _ModernBertWithClasses):
     (1, 2, 6)
     """
 
-    def __init__(self, classifier_dropout: float = 0.0, **kwargs):
-        check_arguments("ModernBertQuestionAnswerer", locals())
-        super().__init__("modern_bert_question_answerer", classifier_dropout, **kwargs)
-        self.classifier = _dense(2, "classifier", self)
-        self._compile_defaults()
-
-    def _label_range(self) -> tuple[int, str]:
-        return self.encoder.longest_input, "max_length"
-
-    def default_loss(self) -> keras.losses.Loss:
-        from keras_tfm.losses import TokenCrossEntropy
-
-        return TokenCrossEntropy()
-
-    def call(self, token_ids, padding_mask=None, training=None):
-        if isinstance(token_ids, dict):
-            return self.call(**token_ids, training=training)
-        x = self.encoder(token_ids, padding_mask=padding_mask, training=training)
-        return ops.transpose(self._classify(x, training), (0, 2, 1))
+    def __init__(self, classifier_dropout: float = 0.0, head_activation: str = "gelu", **kwargs):
+        check_arguments("ModernBertQuestionAnswerer", {"classifier_dropout": classifier_dropout})
+        self._made(kwargs, head_activation, lambda encoder, transform, layer: SpanHead(
+            transform, classifier_dropout, **layer), "modern_bert_question_answerer")  # fmt: skip
+        self.classifier_dropout = classifier_dropout
 
 
 HEADS = {

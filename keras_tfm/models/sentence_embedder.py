@@ -212,13 +212,7 @@ class SentenceEmbedder(ZooModel):
         return {name: rule for name, rule in self.encoder._id_inputs().items() if name != "output_positions"}
 
     def _config_value(self, name: str):
-        if name == "encoder":
-            return keras.saving.serialize_keras_object(self.encoder)
         return list(self.pooling) if name == "pooling" else getattr(self, name)
-
-    @classmethod
-    def from_config(cls, config: dict):
-        return cls(**{**config, "encoder": keras.saving.deserialize_keras_object(config["encoder"])})
 
 
 def _checked_projection(projection) -> dict:

@@ -99,7 +99,7 @@ def test_num_classes_gives_a_classifier_on_the_checkpoints_encoder(rng, name):
     model = keras_tfm.from_huggingface(hf, num_classes=4)
     assert isinstance(model, keras_tfm.BertClassifier) and model.num_classes == 4
     ids, segments, mask = inputs(rng)
-    kernel, bias = (to_numpy(w) for w in model.classifier.weights)
+    kernel, bias = (to_numpy(w) for w in model.head.classifier.weights)
     assert kernel.shape == (hf.config.hidden_size, 4) and np.abs(kernel).max() > 0
     with torch.no_grad():
         hf_out = hf.bert(
@@ -132,9 +132,9 @@ def test_dropout_rates_come_from_the_config(num_classes):
     # the attention and classifier rates were taken as hidden_dropout_prob
     assert (model.encoder.dropout, model.encoder.attention_dropout, model.classifier_dropout) == (0.1, 0.2, 0.3)
     assert {block.self_attention.dropout for block in model.encoder.blocks} == {0.2}
-    assert model.pooled_dropout.rate == 0.3
+    assert model.head.dropout_layer.rate == 0.3
     reloaded = keras_tfm.BertClassifier.from_config(model.get_config())
-    assert (reloaded.encoder.attention_dropout, reloaded.pooled_dropout.rate) == (0.2, 0.3)
+    assert (reloaded.encoder.attention_dropout, reloaded.head.dropout_layer.rate) == (0.2, 0.3)
     unset = keras_tfm.from_huggingface(hf_bert(transformers.BertForSequenceClassification, hidden_dropout_prob=0.15))
     assert unset.classifier_dropout == 0.15  # classifier_dropout=None: hidden_dropout_prob, as in transformers
 

@@ -257,7 +257,7 @@ def test_bert_classifier_exports_an_adapter_peft_loads(rng, tmp_path):
     hf_bert(transformers.BertForSequenceClassification).save_pretrained(tmp_path / "base")
     model = keras_tfm.from_huggingface(str(tmp_path / "base"))
     model.enable_lora(RANK, lora_alpha=ALPHA)
-    as_if_trained(model, rng, head=model.classifier)
+    as_if_trained(model, rng, head=model.head.classifier)
     keras_tfm.convert.save_peft_adapter(model, str(tmp_path / "adapter"), base=str(tmp_path / "base"))
     base = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "base").eval()
     tuned = peft.PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "adapter", is_trainable=True).eval()

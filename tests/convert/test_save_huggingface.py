@@ -159,7 +159,7 @@ def test_a_lora_model_is_written_with_its_pairs_merged(tmp_path, rng):
         ),
         (
             lambda: keras_tfm.bert_tiny(vocabulary_size=30, num_layers=1, head_activation="relu"),
-            "BertForMaskedLM's head has the encoder's activation \\('gelu'\\); received head_activation='relu'",
+            "BertForMaskedLM's head has activation='gelu'; received activation='relu'",
         ),
         (
             lambda: keras_tfm.GPT(

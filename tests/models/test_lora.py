@@ -59,8 +59,9 @@ def test_heads_made_for_the_task_stay_trained():
     features.enable_lora(2)  # no head: nothing more to train
     assert all("lora_kernel" in p for p in lora_paths(features))
     classifier = keras_tfm.bert_tiny(head="classifier", num_classes=2, num_layers=1, vocabulary_size=40, **small)
-    classifier.enable_lora(2, trainable_layer_names=["classifier", "pooler"])
-    assert {p.split("/")[0] for p in lora_paths(classifier) if "lora" not in p} == {"classifier", "pooler"}
+    classifier.enable_lora(2, trainable_layer_names=["classifier", "transform"])  # the head's Dense, its pooler
+    trained = {p.rsplit("/", 1)[0] for p in lora_paths(classifier) if "lora" not in p}
+    assert trained == {"head/classifier", "head/transform/dense"}
     translator = keras_tfm.transformer_small(
         source_vocabulary_size=30, target_vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=1, **small
     )

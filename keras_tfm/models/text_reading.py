@@ -1,29 +1,16 @@
-"""BERT's heads that read every token: a label per token (named entities, parts of speech) and extractive
-question answering (where in the context the answer starts and ends).
-
-BertTokenClassifier:   tokens -> Bert -> dropout -> Dense(num_classes)   (transformers' BertForTokenClassification)
-BertQuestionAnswerer:  tokens -> Bert -> Dense(2): start and end logits  (transformers' BertForQuestionAnswering)
-"""
+"""Reading text with a token classifier or a question answerer: each word of a text labelled (named entities,
+parts of speech), and the span of a context that answers a question, as transformers' pipelines find them."""
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.layers.arguments import check_arguments, is_integer
-from keras_tfm.layers.initializers import own_initializer
-from keras_tfm.models.bert import _BertWithHead
-from keras_tfm.models.inputs import checked_class_names
+from keras_tfm.layers.arguments import is_integer
 
 IGNORED_LABEL = -100  # transformers' label for the tokens a loss skips (a word's later pieces, padding)
 AGGREGATIONS = ("first", "average", "max")  # how `label_words` labels a word from its pieces
-
-
-def _head(units: int, name: str, policy) -> keras.layers.Dense:
-    init = keras.initializers.TruncatedNormal(stddev=0.02)
-    return keras.layers.Dense(units, kernel_initializer=own_initializer(init), dtype=policy, name=name)
 
 
 class LabelsWords:
@@ -53,55 +40,6 @@ class LabelsWords:
         tokenizer = _tokenizer_with(self, "encode_windows", "label_words")
         labelled = [_words(self, tokenizer.encode_windows(text, length, stride), text, aggregation) for text in texts]
         return labelled[0] if single else labelled
-
-
-@keras.saving.register_keras_serializable(package="keras_tfm")
-class BertTokenClassifier(LabelsWords, _BertWithHead):
-    """BERT with a label per token: `(batch, length, num_classes)` logits.
-
-    Args: `num_classes`; `class_names` (default LABEL_0, ...), which `label_words` answers with and a saved
-    checkpoint's `id2label` holds; `classifier_dropout`, before the head, defaults to `dropout`; plus those of
-    `Bert`. The default loss skips labels of -100 (transformers' mark for a word's later pieces).
-
-    Example:
-    >>> tagger = BertTokenClassifier(num_classes=3, vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2)
-    >>> tuple(tagger(np.array([[2, 7, 9, 3]])).shape)
-    (1, 4, 3)
-    """
-
-    lora_trainable_layer_names = ("classifier",)
-
-    def __init__(self, num_classes: int = 2, class_names: list | None = None, classifier_dropout: float | None = None,
-                 **kwargs):  # fmt: skip
-        check_arguments("BertTokenClassifier", locals(), optional=("class_names", "classifier_dropout"))
-        super().__init__("bert_token_classifier", **kwargs)
-        self.num_classes = num_classes
-        self.class_names = checked_class_names(class_names, num_classes, "BertTokenClassifier")
-        self.classifier_dropout = self.encoder.dropout if classifier_dropout is None else classifier_dropout
-        self.token_dropout = keras.layers.Dropout(
-            self.classifier_dropout, dtype=self.dtype_policy, name="token_dropout"
-        )
-        self.classifier = _head(num_classes, "classifier", self.dtype_policy)
-        self._compile_defaults()
-
-    def _label_range(self) -> tuple[int, str]:
-        return self.num_classes, "num_classes"
-
-    def default_loss(self) -> keras.losses.Loss:
-        from keras_tfm.losses import TokenCrossEntropy
-
-        return TokenCrossEntropy(ignore_class=IGNORED_LABEL)
-
-    def build(self, token_ids_shape=None):
-        self.encoder.build()
-        self.classifier.build((None, self.encoder.hidden_dim))
-        self.built = True
-
-    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
-        if isinstance(token_ids, dict):
-            return self.call(**token_ids, training=training)
-        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
-        return self.classifier(self.token_dropout(x, training=training))
 
 
 def _check_texts(texts, caller: str) -> None:
@@ -181,46 +119,6 @@ class AnswersQuestions:
                 start, end = window.offsets[found[0]][0], window.offsets[found[1]][1]
                 best = {"answer": context[start:end], "score": found[2], "start": start, "end": end}
         return best
-
-
-@keras.saving.register_keras_serializable(package="keras_tfm")
-class BertQuestionAnswerer(AnswersQuestions, _BertWithHead):
-    """BERT for extractive question answering: `(batch, 2, length)` logits, where in the context (the second
-    sentence, `segment_ids` 1) the answer starts (`[:, 0]`) and ends (`[:, 1]`). The default loss takes
-    labels `(batch, 2)`: the start and end token positions, as transformers' `start_positions` and
-    `end_positions`, and averages the two cross-entropies as transformers does.
-
-    Example:
-    >>> reader = BertQuestionAnswerer(vocabulary_size=100, num_layers=1, hidden_dim=16, num_heads=2)
-    >>> tuple(reader(np.array([[2, 7, 3, 9, 11, 3]]), segment_ids=np.array([[0, 0, 0, 1, 1, 1]])).shape)
-    (1, 2, 6)
-    """
-
-    lora_trainable_layer_names = ("span_head",)
-
-    def __init__(self, **kwargs):
-        super().__init__("bert_question_answerer", **kwargs)
-        self.span_head = _head(2, "span_head", self.dtype_policy)
-        self._compile_defaults()
-
-    def _label_range(self) -> tuple[int, str]:
-        return self.encoder.longest_input, "max_length"
-
-    def default_loss(self) -> keras.losses.Loss:
-        from keras_tfm.losses import TokenCrossEntropy
-
-        return TokenCrossEntropy()
-
-    def build(self, token_ids_shape=None):
-        self.encoder.build()
-        self.span_head.build((None, self.encoder.hidden_dim))
-        self.built = True
-
-    def call(self, token_ids, segment_ids=None, padding_mask=None, training=None):
-        if isinstance(token_ids, dict):
-            return self.call(**token_ids, training=training)
-        x = self.encoder(token_ids, segment_ids=segment_ids, padding_mask=padding_mask, training=training)
-        return ops.transpose(self.span_head(x), (0, 2, 1))
 
 
 def _best_span(logits: np.ndarray, in_context: np.ndarray, max_answer_length: int) -> tuple | None:
