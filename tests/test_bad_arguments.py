@@ -58,7 +58,7 @@ BAD = {
     "a number >= 1": [0.5, math.nan, "2", None],
     "a fraction in (0, 1]": [0.0, 1.5, math.nan, None],
     "a dict of RotaryEmbedding arguments": ["max_wavelength", 3],
-    "a Keras activation (a name or a function) or 'gelu_approximate'": ["no_such_activation", 3],
+    "a Keras activation (a name or a function), 'gelu_approximate' or 'quick_gelu'": ["no_such_activation", 3],
     "a Keras initializer (a name, a config or an instance)": ["no_such_initializer", 3],
 }
 

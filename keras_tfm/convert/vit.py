@@ -15,6 +15,7 @@ import os
 import keras
 import numpy as np
 
+from keras_tfm.convert.clip import export_clip_vision, is_clip_vision
 from keras_tfm.convert.dinov2 import attention_modules, export_dinov2, is_dinov2, read_patch_embedding
 from keras_tfm.convert.files import checkpoint_directory, read_json
 from keras_tfm.convert.registry import converter, exporter
@@ -108,6 +109,12 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
 def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = None) -> dict:
     if is_dinov2(model) and image_preprocessing is None:
         return export_dinov2(model, w)
+    if is_clip_vision(model) and image_preprocessing is None:
+        return export_clip_vision(model, w)
+    if model.norm_before_blocks or not model.patch_bias:
+        raise InputError("a ViT with a norm before its blocks or a patch embedding without bias is written as CLIP's "
+                         "vision tower (both, with `model.image_processor` rather than image_preprocessing).",
+                         caller="save_huggingface")  # fmt: skip
     if model.layer_scale_init is not None or model.num_register_tokens or model.gated_feed_forward:
         raise InputError("a ViT with layer scale, registers or a SwiGLU MLP is written as DINOv2 (without a "
                          "distillation token, and with `model.image_processor` rather than image_preprocessing).",

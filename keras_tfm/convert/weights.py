@@ -19,6 +19,7 @@ ACTIVATIONS = {
     "gelu_new": "gelu_approximate",
     "gelu_pytorch_tanh": "gelu_approximate",
     "relu": "relu",
+    "quick_gelu": "quick_gelu",
     "swish": "silu",
     "silu": "silu",
 }

@@ -51,8 +51,8 @@ def _known_to(get):
 
 
 _ACTIVATION = (
-    "a Keras activation (a name or a function) or 'gelu_approximate'",
-    lambda value: value == "gelu_approximate" or _known_to(keras.activations.get)(value),
+    "a Keras activation (a name or a function), 'gelu_approximate' or 'quick_gelu'",
+    lambda value: value in ("gelu_approximate", "quick_gelu") or _known_to(keras.activations.get)(value),
 )
 _INITIALIZER = ("a Keras initializer (a name, a config or an instance)", _known_to(keras.initializers.get))
 
@@ -125,6 +125,8 @@ RULES = {
             "use_output_bias",
             "use_bias",
             "norm_center",
+            "patch_bias",
+            "norm_before_blocks",
             "mask_zero",
             "interleave",
             "use_cross_attention",

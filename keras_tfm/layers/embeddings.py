@@ -107,6 +107,7 @@ class PatchEmbedding(keras.layers.Layer):
     Args:
         patch_size: side of a square patch, in pixels.
         hidden_dim: size of each patch token.
+        use_bias: the projection's bias (CLIP's has none).
         kernel_initializer, bias_initializer: of the projection.
 
     Input: `(batch, height, width, channels)`; height and width must be multiples of `patch_size`.
@@ -120,6 +121,7 @@ class PatchEmbedding(keras.layers.Layer):
         self,
         patch_size: int,
         hidden_dim: int,
+        use_bias: bool = True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
@@ -128,6 +130,7 @@ class PatchEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         self.patch_size = patch_size
         self.hidden_dim = hidden_dim
+        self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.projection = keras.layers.Conv2D(
@@ -135,6 +138,7 @@ class PatchEmbedding(keras.layers.Layer):
             kernel_size=patch_size,
             strides=patch_size,
             padding="valid",
+            use_bias=use_bias,
             kernel_initializer=own_initializer(self.kernel_initializer),
             bias_initializer=own_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -177,6 +181,7 @@ class PatchEmbedding(keras.layers.Layer):
         config.update(
             patch_size=self.patch_size,
             hidden_dim=self.hidden_dim,
+            use_bias=self.use_bias,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
         )

@@ -14,9 +14,17 @@ def _approximate_gelu(x):
     return keras.activations.gelu(x, approximate=True)
 
 
+def _quick_gelu(x):
+    return x * keras.ops.sigmoid(1.702 * x)
+
+
+OWN_ACTIVATIONS = {"gelu_approximate": _approximate_gelu, "quick_gelu": _quick_gelu}
+
+
 def get_activation(name):
-    """A Keras activation, plus "gelu_approximate" (the tanh form used by GPT-2 and BERT-TF)."""
-    return _approximate_gelu if name == "gelu_approximate" else keras.activations.get(name)
+    """A Keras activation, plus "gelu_approximate" (the tanh form used by GPT-2 and BERT-TF) and "quick_gelu"
+    (`x * sigmoid(1.702 x)`, OpenAI CLIP's), which Keras has not."""
+    return OWN_ACTIVATIONS[name] if isinstance(name, str) and name in OWN_ACTIVATIONS else keras.activations.get(name)
 
 
 def projection(owner: keras.layers.Layer, units: int, name: str, use_bias: bool | None = None) -> keras.layers.Dense:
@@ -38,7 +46,7 @@ class FeedForward(QuantizationConfigMixin, keras.layers.Layer):
 
     Args:
         intermediate_dim: width of the hidden layer (typically 4 x hidden_dim).
-        activation: a Keras activation name, or "gelu_approximate" (tanh GELU).
+        activation: a Keras activation name, "gelu_approximate" (tanh GELU) or "quick_gelu" (CLIP's).
         dropout: dropout after the activation (training only).
         output_dim: output size; defaults to the input's last dimension.
         use_bias, kernel_initializer, bias_initializer: of both projections.

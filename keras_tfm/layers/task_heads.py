@@ -19,6 +19,7 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.feed_forward import get_activation
 from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 from keras_tfm.layers.token_pooling import MODES, TokenPooling
@@ -26,8 +27,8 @@ from keras_tfm.layers.token_pooling import MODES, TokenPooling
 _INIT = keras.initializers.TruncatedNormal(stddev=0.02)
 
 
-def _dense(units: int, name: str, policy, activation=None, use_bias: bool = True) -> keras.layers.Dense:
-    return keras.layers.Dense(units, activation=activation, use_bias=use_bias, kernel_initializer=own_initializer(_INIT),
+def _dense(units: int, name: str, policy, use_bias: bool = True) -> keras.layers.Dense:
+    return keras.layers.Dense(units, use_bias=use_bias, kernel_initializer=own_initializer(_INIT),
                               dtype=policy, name=name)  # fmt: skip
 
 
@@ -73,14 +74,14 @@ class HeadTransform(keras.layers.Layer):
 
     def build(self, input_shape):
         if self.dense is None:  # its width is the input's: made at the first build (a task's build may come again)
-            self.dense = _dense(input_shape[-1], "dense", self.dtype_policy, self.activation, self.use_bias)
+            self.dense = _dense(input_shape[-1], "dense", self.dtype_policy, use_bias=self.use_bias)
         _build(self.dense, input_shape)
         if self.norm is not None:
             _build(self.norm, input_shape)
         self.built = True
 
     def call(self, inputs):
-        x = self.dense(inputs)
+        x = get_activation(self.activation)(self.dense(inputs))
         return x if self.norm is None else self.norm(x)
 
     def compute_output_shape(self, input_shape):

@@ -49,6 +49,9 @@ class ViT(ImageTasks, ZooModel):
         gated_feed_forward: a SwiGLU MLP (DINOv2 giant) instead of a GELU one.
         position_antialias: the position table resized with antialiasing for other image sizes (DINOv2 with
             registers), as PyTorch's `interpolate(..., antialias=True)`.
+        patch_bias: the patch projection's bias (CLIP's has none).
+        norm_before_blocks: a LayerNorm on the embeddings before the blocks (CLIP's `pre_layrnorm`).
+        activation: "gelu", or CLIP's "quick_gelu", or any Keras activation.
 
     Call arguments:
         images: `(batch, height, width, num_channels)`; height and width must be multiples of
@@ -91,6 +94,8 @@ class ViT(ImageTasks, ZooModel):
         drop_path_rate: float = 0.0,
         gated_feed_forward: bool = False,
         position_antialias: bool = False,
+        patch_bias: bool = True,
+        norm_before_blocks: bool = False,
         **kwargs,
     ):
         check_arguments("ViT", locals(), optional=("intermediate_dim", "class_names", "layer_scale_init"))
@@ -107,6 +112,7 @@ class ViT(ImageTasks, ZooModel):
         self.distillation_token, self.num_register_tokens = distillation_token, num_register_tokens
         self.mask_token, self.layer_scale_init, self.drop_path_rate = mask_token, layer_scale_init, drop_path_rate
         self.gated_feed_forward, self.position_antialias = gated_feed_forward, position_antialias
+        self.patch_bias, self.norm_before_blocks = patch_bias, norm_before_blocks
         self.grid_size = image_size // patch_size
         self.class_names = checked_class_names(class_names, num_classes, "ViT") if include_top else None
         self._make_layers(remat)
@@ -115,7 +121,8 @@ class ViT(ImageTasks, ZooModel):
     def _make_layers(self, remat: bool) -> None:
         """The patch embedding, positions, blocks, final norm and heads of the arguments."""
         policy = self.dtype_policy
-        self.patch_embedding = PatchEmbedding(self.patch_size, self.hidden_dim, dtype=policy, name="patch_embedding")
+        self.patch_embedding = PatchEmbedding(self.patch_size, self.hidden_dim, use_bias=self.patch_bias, dtype=policy,
+                                              name="patch_embedding")  # fmt: skip
         if self.positions == "learned":
             self.position_embedding = LearnedPositionEmbedding(
                 self.grid_size**2 + self.num_prefix_positions,
@@ -126,6 +133,12 @@ class ViT(ImageTasks, ZooModel):
         else:
             self.position_embedding = SinusoidalPositionEncoding2D(dtype=policy, name="position_embedding")
         self.embedding_dropout = keras.layers.Dropout(self.dropout, dtype=policy, name="embedding_dropout")
+        epsilon = self.layer_norm_epsilon
+        self.pre_norm = (
+            keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="pre_norm")
+            if self.norm_before_blocks
+            else None
+        )
         self.blocks = [
             EncoderBlock(
                 self.num_heads,
@@ -145,7 +158,6 @@ class ViT(ImageTasks, ZooModel):
             )
             for i in range(self.num_layers)
         ]
-        epsilon = self.layer_norm_epsilon
         self.final_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="final_norm")
         self.head = keras.layers.Dense(self.num_classes, dtype=policy, name="head") if self.include_top else None
         distilled = self.include_top and self.pooling == "distilled"
@@ -298,6 +310,7 @@ class ViT(ImageTasks, ZooModel):
             registers = ops.broadcast_to(ops.cast(self.register_weight, x.dtype), (batch, self.num_register_tokens,
                                          self.hidden_dim))  # fmt: skip
             x = ops.concatenate([x[:, :1], registers, x[:, 1:]], axis=1)
+        x = x if self.pre_norm is None else self.pre_norm(x)
         return self.embedding_dropout(x, training=training)
 
 
