@@ -3,6 +3,7 @@
 from keras_tfm.data.augmentation import augment, augmentation_layers, flip_averaged_probabilities
 from keras_tfm.data.batches import EpochBatches
 from keras_tfm.data.errors import DataError
+from keras_tfm.data.image_folder import ImageFolder
 from keras_tfm.data.image_processing import ImageProcessor
 from keras_tfm.data.images import ImageSplits, load_images, read_idx
 from keras_tfm.data.parallel import ParallelSplits, load_parallel
