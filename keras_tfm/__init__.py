@@ -6,6 +6,7 @@ from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_
 from keras_tfm.generation import GenerationConfig
 from keras_tfm.losses import MultipleNegativesRankingLoss, TokenCrossEntropy
 from keras_tfm.models import (
+    CLIP,
     GPT,
     Bert,
     BertClassifier,
@@ -13,6 +14,7 @@ from keras_tfm.models import (
     BertQuestionAnswerer,
     BertTokenClassifier,
     CausalLM,
+    CLIPTextEncoder,
     DecoderLM,
     MaskedLM,
     ModernBert,

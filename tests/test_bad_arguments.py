@@ -43,6 +43,7 @@ CLASSES = {
     keras_tfm.BertClassifier: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.ModernBert: dict(vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=4, intermediate_dim=8),
     keras_tfm.ModernBertClassifier: dict(vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.CLIPTextEncoder: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.Translator: dict(
         source_vocabulary_size=10, num_encoder_layers=1, num_decoder_layers=1, num_heads=2, hidden_dim=4
     ),

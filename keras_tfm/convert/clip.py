@@ -1,4 +1,4 @@
-"""CLIP's vision tower (`CLIPVisionModel`) <-> `keras_tfm.ViT`.
+"""CLIP (`CLIPModel` -> `keras_tfm.CLIP`) and its vision tower (`CLIPVisionModel` <-> `keras_tfm.ViT`).
 
 CLIP's tower is the one ViT with a patch embedding without bias, a LayerNorm before the blocks (`pre_layrnorm`)
 and `quick_gelu`. Its `last_hidden_state` is the blocks' output before the final norm (`model.hidden_states(images,
@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 from keras_tfm.convert.dinov2 import attention_modules
-from keras_tfm.convert.registry import converter
+from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.weights import (
     WeightReader,
     WeightWriter,
@@ -21,19 +21,45 @@ from keras_tfm.convert.weights import (
     set_layer_norm,
 )
 from keras_tfm.errors import InputError
+from keras_tfm.models.clip import CLIP, CLIPTextEncoder
 from keras_tfm.models.vit import ViT
 
 
 @converter("clip_vision_model")
 def convert_clip_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
     no_classifier("CLIPVisionModel", num_classes)
-    model = ViT(
-        image_size=config["image_size"],
-        patch_size=config["patch_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=config["num_attention_heads"],
-        hidden_dim=config["hidden_size"],
-        intermediate_dim=config["intermediate_size"],
+    model = _vision_tower(config)
+    model.build()
+    _read_vision(model, w, "")
+    w.check_all_used("from_huggingface", "CLIPVisionModel", ignore=lambda name: name.endswith("position_ids"))
+    return model
+
+
+@converter("clip")
+def convert_clip(config: dict, w: WeightReader, num_classes: int | None = None) -> CLIP:
+    no_classifier("CLIPModel", num_classes)
+    text_config = config.get("text_config") or {}
+    model = CLIP(_vision_tower(config.get("vision_config") or {}), _text_tower(text_config),
+                 projection_dim=config.get("projection_dim", 512),
+                 logit_scale_init=config.get("logit_scale_init_value", 2.6592))  # fmt: skip
+    model.build()
+    _read_vision(model.vision_encoder, w, "vision_model.")
+    _read_text(model.text_encoder, w, "text_model.")
+    w.linear("visual_projection", model.visual_projection)
+    w.linear("text_projection", model.text_projection)
+    model.logit_scale.assign(np.asarray(w("logit_scale"), "float32").reshape(()))
+    w.check_all_used("from_huggingface", "CLIPModel", ignore=lambda name: name.endswith("position_ids"))
+    return model
+
+
+def _vision_tower(config: dict) -> ViT:
+    return ViT(
+        image_size=config.get("image_size", 224),
+        patch_size=config.get("patch_size", 32),
+        num_layers=config.get("num_hidden_layers", 12),
+        num_heads=config.get("num_attention_heads", 12),
+        hidden_dim=config.get("hidden_size", 768),
+        intermediate_dim=config.get("intermediate_size", 3072),
         num_channels=config.get("num_channels", 3),
         include_top=False,
         attention_dropout=config.get("attention_dropout", 0.0),
@@ -41,25 +67,55 @@ def convert_clip_vision(config: dict, w: WeightReader, num_classes: int | None =
         activation=keras_activation("CLIP", config, "hidden_act", "quick_gelu"),
         patch_bias=False,
         norm_before_blocks=True,
+        name="vision_encoder",
     )
-    model.build()
-    w.check_shape("embeddings.class_embedding", np.shape(w("embeddings.class_embedding")), (model.hidden_dim,))
-    model.class_token.assign(w("embeddings.class_embedding").reshape(1, 1, -1))
-    w.set(model.position_embedding, "embeddings.position_embedding.weight")
-    kernel = w("embeddings.patch_embedding.weight").transpose(2, 3, 1, 0)  # PyTorch's (out, in, kh, kw)
+
+
+def _text_tower(config: dict) -> CLIPTextEncoder:
+    end = config.get("eos_token_id", 49407)
+    return CLIPTextEncoder(
+        vocabulary_size=config.get("vocab_size", 49408),
+        max_length=config.get("max_position_embeddings", 77),
+        num_layers=config.get("num_hidden_layers", 12),
+        num_heads=config.get("num_attention_heads", 8),
+        hidden_dim=config.get("hidden_size", 512),
+        intermediate_dim=config.get("intermediate_size", 2048),
+        activation=keras_activation("CLIP", config, "hidden_act", "quick_gelu"),
+        layer_norm_epsilon=config.get("layer_norm_eps", 1e-5),
+        attention_dropout=config.get("attention_dropout", 0.0),
+        end_token_id=end,
+        pooling="largest_id" if end == 2 else "end_token",  # 2: the first checkpoints' configs
+        name="text_encoder",
+    )
+
+
+def _read_vision(model: ViT, w: WeightReader, p: str) -> None:
+    w.check_shape(p + "embeddings.class_embedding", np.shape(w(p + "embeddings.class_embedding")), (model.hidden_dim,))
+    model.class_token.assign(w(p + "embeddings.class_embedding").reshape(1, 1, -1))
+    w.set(model.position_embedding, p + "embeddings.position_embedding.weight")
+    kernel = w(p + "embeddings.patch_embedding.weight").transpose(2, 3, 1, 0)  # PyTorch's (out, in, kh, kw)
     model.patch_embedding.projection.set_weights([kernel])
-    set_layer_norm(model.pre_norm, w("pre_layrnorm.weight"), w("pre_layrnorm.bias"))
-    for i, block in enumerate(model.blocks):
-        p = f"encoder.layers.{i}."
-        set_layer_norm(block.self_attention_norm, w(p + "layer_norm1.weight"), w(p + "layer_norm1.bias"))
+    set_layer_norm(model.pre_norm, w(p + "pre_layrnorm.weight"), w(p + "pre_layrnorm.bias"))
+    _read_blocks(model.blocks, w, p)
+    set_layer_norm(model.final_norm, w(p + "post_layernorm.weight"), w(p + "post_layernorm.bias"))
+
+
+def _read_text(model: CLIPTextEncoder, w: WeightReader, p: str) -> None:
+    w.set(model.token_embedding, p + "embeddings.token_embedding.weight")
+    w.set(model.position_embedding, p + "embeddings.position_embedding.weight")
+    _read_blocks(model.blocks, w, p)
+    set_layer_norm(model.final_norm, w(p + "final_layer_norm.weight"), w(p + "final_layer_norm.bias"))
+
+
+def _read_blocks(blocks: list, w: WeightReader, p: str) -> None:
+    for i, block in enumerate(blocks):
+        b = f"{p}encoder.layers.{i}."
+        set_layer_norm(block.self_attention_norm, w(b + "layer_norm1.weight"), w(b + "layer_norm1.bias"))
         for dense, name in attention_modules(block.self_attention):
-            w.linear(p + "self_attn." + name.replace("o_proj", "out_proj"), dense)
-        set_layer_norm(block.feed_forward_norm, w(p + "layer_norm2.weight"), w(p + "layer_norm2.bias"))
-        w.linear(p + "mlp.fc1", block.feed_forward.intermediate_dense)
-        w.linear(p + "mlp.fc2", block.feed_forward.output_dense)
-    set_layer_norm(model.final_norm, w("post_layernorm.weight"), w("post_layernorm.bias"))
-    w.check_all_used("from_huggingface", "CLIPVisionModel", ignore=lambda name: name.endswith("position_ids"))
-    return model
+            w.linear(b + "self_attn." + name.replace("o_proj", "out_proj"), dense)
+        set_layer_norm(block.feed_forward_norm, w(b + "layer_norm2.weight"), w(b + "layer_norm2.bias"))
+        w.linear(b + "mlp.fc1", block.feed_forward.intermediate_dense)
+        w.linear(b + "mlp.fc2", block.feed_forward.output_dense)
 
 
 def is_clip_vision(model: ViT) -> bool:
@@ -67,37 +123,69 @@ def is_clip_vision(model: ViT) -> bool:
     return model.norm_before_blocks
 
 
-def export_clip_vision(model: ViT, w: WeightWriter) -> dict:
-    """`model` as transformers' `CLIPVisionModel`: the converter's inverse."""
+def export_clip_vision(model: ViT, w: WeightWriter, p: str = "") -> dict:
+    """`model` as transformers' `CLIPVisionModel` (under `p`, a `CLIPModel`'s tower): the converter's inverse."""
     _check_clip_layout(model)
-    w["embeddings.class_embedding"] = keras.ops.convert_to_numpy(model.class_token).reshape(-1)
+    w[p + "embeddings.class_embedding"] = keras.ops.convert_to_numpy(model.class_token).reshape(-1)
     kernel = keras.ops.convert_to_numpy(model.patch_embedding.projection.kernel)
-    w["embeddings.patch_embedding.weight"] = kernel.transpose(3, 2, 0, 1)
-    w["embeddings.position_embedding.weight"] = model.position_embedding.embeddings
-    w.layer_norm("pre_layrnorm", model.pre_norm)
-    for i, block in enumerate(model.blocks):
-        p = f"encoder.layers.{i}."
-        w.layer_norm(p + "layer_norm1", block.self_attention_norm)
-        for dense, name in attention_modules(block.self_attention):
-            w.linear(p + "self_attn." + name.replace("o_proj", "out_proj"), dense)
-        w.layer_norm(p + "layer_norm2", block.feed_forward_norm)
-        w.linear(p + "mlp.fc1", block.feed_forward.intermediate_dense)
-        w.linear(p + "mlp.fc2", block.feed_forward.output_dense)
-    w.layer_norm("post_layernorm", model.final_norm)
+    w[p + "embeddings.patch_embedding.weight"] = kernel.transpose(3, 2, 0, 1)
+    w[p + "embeddings.position_embedding.weight"] = model.position_embedding.embeddings
+    w.layer_norm(p + "pre_layrnorm", model.pre_norm)
+    _write_blocks(model.blocks, w, p)
+    w.layer_norm(p + "post_layernorm", model.final_norm)
     return dict(
         model_type="clip_vision_model",
         architectures=["CLIPVisionModel"],
         image_size=model.image_size,
         patch_size=model.patch_size,
         num_channels=model.num_channels,
-        hidden_size=model.hidden_dim,
-        intermediate_size=model.intermediate_dim,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_heads,
-        hidden_act=hugging_face_activation("CLIP", model.activation),
-        layer_norm_eps=model.layer_norm_epsilon,
-        attention_dropout=model.attention_dropout,
+        **_tower_config(model),
     )
+
+
+@exporter(CLIP)
+def export_clip(model: CLIP, w: WeightWriter) -> dict:
+    """`model` as transformers' `CLIPModel`."""
+    text = model.text_encoder
+    if not isinstance(text, CLIPTextEncoder):
+        raise InputError(f"CLIPModel's text tower is a CLIPTextEncoder; received a {type(text).__name__}.",
+                         "model", caller="save_huggingface")  # fmt: skip
+    vision = {k: v for k, v in export_clip_vision(model.vision_encoder, w, "vision_model.").items()
+              if k not in ("model_type", "architectures")}  # fmt: skip
+    w["text_model.embeddings.token_embedding.weight"] = text.token_embedding.embeddings
+    w["text_model.embeddings.position_embedding.weight"] = text.position_embedding.embeddings
+    _write_blocks(text.blocks, w, "text_model.")
+    w.layer_norm("text_model.final_layer_norm", text.final_norm)
+    w.linear("visual_projection", model.visual_projection)
+    w.linear("text_projection", model.text_projection)
+    w["logit_scale"] = model.logit_scale
+    text_config = dict(vocab_size=text.vocabulary_size, max_position_embeddings=text.max_length,
+                       eos_token_id=2 if text.pooling == "largest_id" else text.end_token_id, **_tower_config(text))  # fmt: skip
+    return dict(model_type="clip", architectures=["CLIPModel"], projection_dim=model.projection_dim,
+                logit_scale_init_value=model.logit_scale_init, text_config=text_config, vision_config=vision)  # fmt: skip
+
+
+def _tower_config(tower) -> dict:
+    return dict(
+        hidden_size=tower.hidden_dim,
+        intermediate_size=tower.intermediate_dim,
+        num_hidden_layers=tower.num_layers,
+        num_attention_heads=tower.num_heads,
+        hidden_act=hugging_face_activation("CLIP", tower.activation),
+        layer_norm_eps=tower.layer_norm_epsilon,
+        attention_dropout=tower.attention_dropout,
+    )
+
+
+def _write_blocks(blocks: list, w: WeightWriter, p: str) -> None:
+    for i, block in enumerate(blocks):
+        b = f"{p}encoder.layers.{i}."
+        w.layer_norm(b + "layer_norm1", block.self_attention_norm)
+        for dense, name in attention_modules(block.self_attention):
+            w.linear(b + "self_attn." + name.replace("o_proj", "out_proj"), dense)
+        w.layer_norm(b + "layer_norm2", block.feed_forward_norm)
+        w.linear(b + "mlp.fc1", block.feed_forward.intermediate_dense)
+        w.linear(b + "mlp.fc2", block.feed_forward.output_dense)
 
 
 def _check_clip_layout(model: ViT) -> None:

@@ -136,7 +136,8 @@ def from_huggingface(
     RoBERTa, XLM-RoBERTa and DistilBERT, as a `Bert` with `position_offset` or without segments), GPT-2
     (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and Qwen3 (`*Model`, `*ForCausalLM`, as a `DecoderLM`), Marian (`MarianMTModel`), ViT (`ViTModel` without
     its pooler, as `include_top=False`, and `ViTForImageClassification`), DeiT and DINOv2 (their models and
-    classifiers, as a `ViT`), ModernBERT, and CLIP's vision tower (`CLIPVisionModel`, as a `ViT`). A sentence-transformers
+    classifiers, as a `ViT`), ModernBERT, CLIP (`CLIPModel`, as a `CLIP`) and its
+    vision tower (`CLIPVisionModel`, as a `ViT`). A sentence-transformers
     directory (its `modules.json`: a BERT `Transformer`, `Pooling`, `Normalize`) gives a
     `SentenceEmbedder`, whose `embed(texts)` gives the vectors sentence-transformers' `encode` gives.
 

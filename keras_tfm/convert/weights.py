@@ -91,7 +91,8 @@ class WeightWriter:
         self.module_weights: dict[str, WeightWriter] = {}  # weights in folders of their own (sentence-transformers')
 
     def __setitem__(self, name: str, value) -> None:
-        self.weights[name] = np.ascontiguousarray(keras.ops.convert_to_numpy(value), dtype="float32")
+        array = keras.ops.convert_to_numpy(value)  # a scalar stays one (NumPy's contiguous copy is at least 1-D)
+        self.weights[name] = np.ascontiguousarray(array, dtype="float32").reshape(np.shape(array))
 
     def linear(self, name: str, *dense_layers, transpose: bool = True) -> None:
         """Writes `dense_layers` as the linear module `name`, joined along the outputs where there

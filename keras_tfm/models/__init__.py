@@ -14,6 +14,7 @@ from keras_tfm.models.bert_sizes import (
     xlm_roberta_base,
 )
 from keras_tfm.models.causal_lm import CausalLM
+from keras_tfm.models.clip import CLIP, CLIPTextEncoder
 from keras_tfm.models.decoder_lm import (
     DecoderLM,
     llama3_2_1b,

@@ -1,0 +1,187 @@
+"""CLIP (Radford et al. 2021): an image tower and a text tower whose pooled vectors, projected into one space and
+normalized, score images against texts by cosine similarity times a learned temperature.
+
+images -> ViT (patch embedding without bias, LayerNorm before the blocks, quick_gelu) -> class token, normalized
+texts  -> CLIPTextEncoder (causal pre-norm blocks, final LayerNorm) -> the end token's vector
+each   -> Dense(projection_dim, no bias) -> unit length;  logits_per_image = exp(logit_scale) * images @ texts.T
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_tfm.errors import InputError
+from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
+from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.models.base import ZooModel
+from keras_tfm.models.vit import ViT
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class CLIPTextEncoder(ZooModel):
+    """CLIP's text tower: `model(token_ids)` gives one normalized vector per token; `pooled(...)` the end token's.
+
+    Args:
+        vocabulary_size, max_length: the token and position tables (CLIP's texts hold 77 tokens).
+        num_layers, num_heads, hidden_dim, intermediate_dim: the causal encoder.
+        activation ("quick_gelu": OpenAI's checkpoints), layer_norm_epsilon, attention_dropout.
+        end_token_id: the token whose vector stands for the text (its first occurrence).
+        pooling: "end_token" (at `end_token_id`), or "largest_id" (at the token of the largest id, as the first
+            checkpoints pooled: their configs' `eos_token_id` is 2).
+
+    Example:
+    >>> text = CLIPTextEncoder(vocabulary_size=100, max_length=16, num_layers=1, num_heads=2, hidden_dim=16,
+    ...                        end_token_id=99)
+    >>> tuple(text.pooled(np.array([[5, 7, 99, 0]])).shape)
+    (1, 16)
+    """
+
+    def __init__(self, vocabulary_size: int = 49408, max_length: int = 77, num_layers: int = 12, num_heads: int = 8,
+                 hidden_dim: int = 512, intermediate_dim: int | None = None, activation: str = "quick_gelu",
+                 layer_norm_epsilon: float = 1e-5, attention_dropout: float = 0.0, end_token_id: int = 49407,
+                 pooling: str = "end_token", **kwargs):  # fmt: skip
+        check_arguments("CLIPTextEncoder", locals(), optional=("intermediate_dim",))
+        if pooling not in ("end_token", "largest_id"):
+            raise InputError(f"expected 'end_token' or 'largest_id'; received {pooling!r}.", "pooling",
+                             caller="CLIPTextEncoder")  # fmt: skip
+        kwargs.setdefault("name", "clip_text_encoder")
+        self._check_heads("CLIPTextEncoder", hidden_dim, num_heads)
+        super().__init__(**kwargs)
+        self.vocabulary_size, self.max_length, self.num_layers = vocabulary_size, max_length, num_layers
+        self.num_heads, self.hidden_dim, self.intermediate_dim = (
+            num_heads,
+            hidden_dim,
+            intermediate_dim or 4 * hidden_dim,
+        )
+        self.activation, self.layer_norm_epsilon = activation, layer_norm_epsilon
+        self.attention_dropout, self.end_token_id, self.pooling = attention_dropout, end_token_id, pooling
+        policy = self.dtype_policy
+        self.token_embedding = TokenEmbedding(vocabulary_size, hidden_dim, dtype=policy, name="token_embedding")
+        self.position_embedding = LearnedPositionEmbedding(max_length, dtype=policy, name="position_embedding")
+        self.blocks = [
+            EncoderBlock(num_heads, self.intermediate_dim, attention_dropout=attention_dropout, activation=activation,
+                         norm_first=True, layer_norm_epsilon=layer_norm_epsilon, dtype=policy, name=f"block_{i}")
+            for i in range(num_layers)
+        ]  # fmt: skip
+        self.final_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=policy, name="final_norm")
+
+    @property
+    def longest_input(self) -> int:
+        return self.max_length
+
+    def build(self, token_ids_shape=None):
+        self.call(keras.KerasTensor((1, 2), "int32"))  # builds sub-layers, computes nothing
+        self.built = True
+
+    def call(self, token_ids, padding_mask=None, training=None):
+        if isinstance(token_ids, dict):
+            return self.call(**token_ids, training=training)
+        x = self.token_embedding(token_ids)
+        x = x + self.position_embedding(x)
+        length = ops.shape(token_ids)[1]
+        causal = ops.arange(length)[None, :] <= ops.arange(length)[:, None]
+        causal = ops.broadcast_to(causal[None], (ops.shape(token_ids)[0], length, length))
+        for block in self.blocks:
+            x = block(x, padding_mask=padding_mask, attention_mask=causal, training=training)
+        return self.final_norm(x)
+
+    def pooled(self, token_ids, padding_mask=None, training=None):
+        """`(batch, hidden_dim)`: each text's vector at its end token (`end_token_id`'s first place)."""
+        x = self(token_ids, padding_mask=padding_mask, training=training)
+        ids = ops.convert_to_tensor(token_ids, "int32")
+        if self.pooling == "largest_id":
+            where = ops.argmax(ids, axis=-1)
+        else:
+            where = ops.argmax(ops.cast(ops.equal(ids, self.end_token_id), "int32"), axis=-1)
+        return ops.take_along_axis(x, ops.reshape(ops.cast(where, "int32"), (-1, 1, 1)), axis=1)[:, 0]
+
+    def _export_signature(self) -> list:
+        names = ("token_ids", "padding_mask")
+        return [{name: keras.InputSpec(shape=(None, None), dtype="int32", name=name) for name in names}]
+
+    def _id_inputs(self) -> dict:
+        return {"token_ids": (self.vocabulary_size, "vocabulary_size"), "padding_mask": None}
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class CLIP(ZooModel):
+    """An image tower and a text tower scored against each other: a model of two towers.
+
+    Args:
+        vision_encoder: the image tower, a `ViT` with `include_top=False` (its class token after the final norm).
+        text_encoder: the text tower, a `CLIPTextEncoder` (or any model with `pooled` and `hidden_dim`).
+        projection_dim: the shared space's size.
+        logit_scale_init: the learned temperature's logarithm at the start (ln(1 / 0.07), CLIP's).
+
+    Call arguments (keywords, or one dict): `images` `(batch_images, height, width, 3)`, `token_ids`
+    `(batch_texts, length)`, `padding_mask`. Returns a dict named as transformers' `CLIPOutput`:
+    `logits_per_image` `(batch_images, batch_texts)`, `logits_per_text`, `image_embeds`, `text_embeds` (unit length).
+
+    Example:
+    >>> vision = keras_tfm.ViT(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, include_top=False,
+    ...                        patch_bias=False, norm_before_blocks=True, activation="quick_gelu")
+    >>> text = CLIPTextEncoder(vocabulary_size=100, max_length=16, num_layers=1, num_heads=2, hidden_dim=16,
+    ...                        end_token_id=99)
+    >>> clip = CLIP(vision, text, projection_dim=8)
+    >>> out = clip(images=np.zeros((2, 16, 16, 3), "float32"), token_ids=np.array([[5, 99], [7, 99], [9, 99]]))
+    >>> tuple(out["logits_per_image"].shape)
+    (2, 3)
+    """
+
+    def __init__(self, vision_encoder: keras.Model, text_encoder: keras.Model, projection_dim: int = 512,
+                 logit_scale_init: float = math.log(1 / 0.07), **kwargs):  # fmt: skip
+        check_arguments("CLIP", {"projection_dim": projection_dim})
+        kwargs.setdefault("name", "clip")
+        super().__init__(**kwargs)
+        if not isinstance(vision_encoder, ViT) or vision_encoder.include_top:
+            raise InputError(f"expected a ViT with include_top=False; received {vision_encoder!r:.80}.",
+                             "vision_encoder", caller="CLIP")  # fmt: skip
+        if not hasattr(text_encoder, "pooled") or not hasattr(text_encoder, "hidden_dim"):
+            raise InputError(f"expected a text tower with `pooled` (a CLIPTextEncoder); received "
+                             f"{type(text_encoder).__name__}.", "text_encoder", caller="CLIP")  # fmt: skip
+        self.vision_encoder, self.text_encoder = vision_encoder, text_encoder
+        self.projection_dim, self.logit_scale_init = projection_dim, logit_scale_init
+        policy = self.dtype_policy
+        self.visual_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy,
+                                                    name="visual_projection")  # fmt: skip
+        self.text_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy, name="text_projection")
+
+    def build(self, inputs_shape=None):
+        self.vision_encoder.build()
+        self.text_encoder.build()
+        self.visual_projection.build((None, self.vision_encoder.hidden_dim))
+        self.text_projection.build((None, self.text_encoder.hidden_dim))
+        self.logit_scale = self.add_weight(name="logit_scale", shape=(),
+                                           initializer=keras.initializers.Constant(self.logit_scale_init))  # fmt: skip
+        self.built = True
+
+    def image_embeddings(self, images, training=None):
+        """`(batch, projection_dim)` unit vectors of `images` (prepared pixels)."""
+        pooled = self.vision_encoder.features(images, training=training)[:, 0]
+        return _unit(self.visual_projection(pooled))
+
+    def text_embeddings(self, token_ids, padding_mask=None, training=None):
+        """`(batch, projection_dim)` unit vectors of texts (token ids with their end token)."""
+        return _unit(self.text_projection(self.text_encoder.pooled(token_ids, padding_mask, training=training)))
+
+    def call(self, images=None, token_ids=None, padding_mask=None, training=None):
+        if isinstance(images, dict):
+            return self.call(**images, training=training)
+        image_embeds = self.image_embeddings(images, training)
+        text_embeds = self.text_embeddings(token_ids, padding_mask, training)
+        logits_per_text = ops.exp(ops.cast(self.logit_scale, text_embeds.dtype)) * ops.matmul(
+            text_embeds, ops.transpose(image_embeds)
+        )
+        return {"logits_per_image": ops.transpose(logits_per_text), "logits_per_text": logits_per_text,
+                "image_embeds": image_embeds, "text_embeds": text_embeds}  # fmt: skip
+
+    def _id_inputs(self) -> dict:
+        return {"images": None, "token_ids": (self.text_encoder.vocabulary_size, "vocabulary_size"),
+                "padding_mask": None}  # fmt: skip
+
+
+def _unit(x):
+    return x / ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))

@@ -1,0 +1,93 @@
+"""CLIP's vision tower (`CLIPVisionModel`) from and to transformers, built from a small random configuration
+offline: the ViT with a patch embedding without bias, a LayerNorm before the blocks and `quick_gelu`."""
+
+import numpy as np
+import pytest
+
+import keras_tfm
+from tests.checks import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def hf_clip_vision():
+    torch.manual_seed(0)
+    config = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                           num_attention_heads=4, image_size=24, patch_size=8)  # fmt: skip
+    return transformers.CLIPVisionModel(config).eval()
+
+
+def run_hf(hf, images):
+    with torch.no_grad():
+        out = hf(torch.tensor(images).permute(0, 3, 1, 2), interpolate_pos_encoding=images.shape[1:3] != (24, 24))
+    return out.pooler_output.numpy(), out.last_hidden_state.numpy()
+
+
+def test_the_tower_gives_transformers_outputs_at_any_image_size_and_writes_its_checkpoint(rng, tmp_path):
+    hf = hf_clip_vision()
+    model = keras_tfm.from_huggingface(hf)
+    assert (model.norm_before_blocks, model.patch_bias, model.activation) == (True, False, "quick_gelu")
+    assert model.count_params() == sum(p.numel() for p in hf.parameters())
+    for height, width in ((24, 24), (32, 16)):  # the trained size, and another (positions resized bicubically)
+        images = rng.normal(size=(2, height, width, 3)).astype("float32")
+        pooled, last = run_hf(hf, images)
+        np.testing.assert_allclose(to_numpy(model.features(images))[:, 0], pooled, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(to_numpy(model.hidden_states(images, [2])[2]), last, atol=1e-4, rtol=0)
+    keras_tfm.save_huggingface(model, str(tmp_path))
+    reloaded = transformers.CLIPVisionModel.from_pretrained(tmp_path).eval()
+    images = rng.normal(size=(2, 24, 24, 3)).astype("float32")
+    np.testing.assert_allclose(run_hf(reloaded, images)[0], run_hf(hf, images)[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent  # the options' checks: plain Python
+def test_a_tower_transformers_cannot_hold_is_refused_by_name(tmp_path):
+    model = keras_tfm.ViT(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=8, include_top=False,
+                          norm_before_blocks=True)  # fmt: skip
+    with pytest.raises(keras_tfm.errors.InputError, match="patch_bias=True"):
+        keras_tfm.save_huggingface(model, str(tmp_path))
+
+
+def hf_clip(eos_token_id: int = 59):
+    torch.manual_seed(0)
+    text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=60,
+                max_position_embeddings=12, eos_token_id=eos_token_id, pad_token_id=0, bos_token_id=58)  # fmt: skip
+    vision = dict(hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2, image_size=16,
+                  patch_size=8)  # fmt: skip
+    config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)
+    return transformers.CLIPModel(config).eval()
+
+
+OUTPUTS = ("logits_per_image", "logits_per_text", "image_embeds", "text_embeds")
+# three texts of 2, 4 and 1 words between the start (58) and end (59) tokens, padded with 0
+TEXTS = np.array([[58, 5, 7, 59, 0, 0], [58, 9, 10, 11, 12, 59], [58, 3, 59, 0, 0, 0]])
+PADDING = np.arange(6)[None] <= (TEXTS == 59).argmax(1)[:, None]
+
+
+def run_hf_clip(hf, images):
+    with torch.no_grad():
+        out = hf(pixel_values=torch.tensor(images).permute(0, 3, 1, 2), input_ids=torch.tensor(TEXTS),
+                 attention_mask=torch.tensor(PADDING.astype("int64")))  # fmt: skip
+    return {name: getattr(out, name).numpy() for name in OUTPUTS}
+
+
+@pytest.mark.parametrize("eos_token_id", [59, 2])  # 2: the first checkpoints' configs, pooled at the largest id
+def test_clip_gives_transformers_outputs_and_round_trips(rng, tmp_path, eos_token_id):
+    hf = hf_clip(eos_token_id)
+    model = keras_tfm.from_huggingface(hf)
+    assert isinstance(model, keras_tfm.CLIP) and model.count_params() == sum(p.numel() for p in hf.parameters())
+    images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
+    expected = run_hf_clip(hf, images)
+    ours = model({"images": images, "token_ids": TEXTS, "padding_mask": PADDING})
+    for name in OUTPUTS:
+        np.testing.assert_allclose(to_numpy(ours[name]), expected[name], atol=1e-4, rtol=0, err_msg=name)
+    if eos_token_id != 59:
+        return
+    model.save(tmp_path / "clip.keras")  # two towers nested in one config
+    loaded = keras_tfm.load(str(tmp_path / "clip.keras"))
+    np.testing.assert_allclose(to_numpy(loaded(images=images, token_ids=TEXTS)["logits_per_image"]),
+                               to_numpy(model(images=images, token_ids=TEXTS)["logits_per_image"]), atol=1e-6)  # fmt: skip
+    keras_tfm.save_huggingface(model, str(tmp_path / "hf"))
+    reloaded = transformers.CLIPModel.from_pretrained(tmp_path / "hf").eval()
+    for name, value in run_hf_clip(reloaded, images).items():
+        np.testing.assert_allclose(value, expected[name], atol=1e-5, rtol=0, err_msg=name)
