@@ -17,6 +17,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.base import ZooModel
+from keras_tfm.models.image_text_tasks import ImageTextTasks
 from keras_tfm.models.vit import ViT
 
 
@@ -107,7 +108,7 @@ class CLIPTextEncoder(ZooModel):
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class CLIP(ZooModel):
+class CLIP(ImageTextTasks, ZooModel):
     """An image tower and a text tower scored against each other: a model of two towers.
 
     Args:
@@ -119,6 +120,8 @@ class CLIP(ZooModel):
     Call arguments (keywords, or one dict): `images` `(batch_images, height, width, 3)`, `token_ids`
     `(batch_texts, length)`, `padding_mask`. Returns a dict named as transformers' `CLIPOutput`:
     `logits_per_image` `(batch_images, batch_texts)`, `logits_per_text`, `image_embeds`, `text_embeds` (unit length).
+    With the checkpoint's processor and tokenizer: `embed_images`, `embed_texts`, `similarity`, `zero_shot_classify`
+    (`keras_tfm.models.image_text_tasks`).
 
     Example:
     >>> vision = keras_tfm.ViT(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, include_top=False,
@@ -148,6 +151,11 @@ class CLIP(ZooModel):
         self.visual_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy,
                                                     name="visual_projection")  # fmt: skip
         self.text_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy, name="text_projection")
+
+    @property
+    def vocabulary_size(self) -> int:
+        """The text tower's: a tokenizer that makes more ids is refused."""
+        return self.text_encoder.vocabulary_size
 
     def build(self, inputs_shape=None):
         self.vision_encoder.build()

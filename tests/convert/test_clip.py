@@ -91,3 +91,53 @@ def test_clip_gives_transformers_outputs_and_round_trips(rng, tmp_path, eos_toke
     reloaded = transformers.CLIPModel.from_pretrained(tmp_path / "hf").eval()
     for name, value in run_hf_clip(reloaded, images).items():
         np.testing.assert_allclose(value, expected[name], atol=1e-5, rtol=0, err_msg=name)
+
+
+def write_clip_checkpoint(directory) -> None:
+    """The random CLIP with a word-level tokenizer (start 58, end 59, padding 0) and CLIP's image processor."""
+    tokenizers = pytest.importorskip("tokenizers")
+    words = ["<pad>", "<unk>", "this", "is", "a", "photo", "of", "cat", "dog", "bird", ".", "drawing", "the"]
+    vocabulary = {**{word: i for i, word in enumerate(words)}, "<|startoftext|>": 58, "<|endoftext|>": 59}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="<unk>"))
+    tokenizer.normalizer = tokenizers.normalizers.Lowercase()
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>", special_tokens=[("<|startoftext|>", 58), ("<|endoftext|>", 59)]
+    )
+    hf_clip().save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|startoftext|>",
+                                         eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<unk>",
+                                         model_max_length=12).save_pretrained(directory)  # fmt: skip
+    transformers.CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}).save_pretrained(
+        directory
+    )
+
+
+@pytest.mark.backend_independent  # the pipeline's NumPy around the model; the model's outputs: every backend above
+def test_zero_shot_classification_is_the_pipelines(tmp_path):
+    import matplotlib
+
+    write_clip_checkpoint(tmp_path)
+    model = keras_tfm.from_huggingface(str(tmp_path))
+    photos = [f"{matplotlib.get_data_path()}/sample_data/{name}" for name in ("grace_hopper.jpg", "logo2.png")]
+    labels = ["cat", "dog", "bird"]
+    pipeline = transformers.pipeline("zero-shot-image-classification", model=str(tmp_path), device="cpu")
+    expected = pipeline(photos, candidate_labels=labels, hypothesis_template="This is a photo of {}.")
+    got = model.zero_shot_classify(photos, labels, templates="This is a photo of {}.")
+    for ours, theirs in zip(got, expected):
+        assert [answer["label"] for answer in ours] == [answer["label"] for answer in theirs]
+        np.testing.assert_allclose([a["score"] for a in ours], [a["score"] for a in theirs], atol=1e-4)
+    # two templates: each label's prompts averaged as unit vectors (open_clip's ensembling)
+    templates = ["a photo of a {}.", "a drawing of the {}."]
+    prompts = model.embed_texts([template.format(label) for label in labels for template in templates])
+    classes = prompts.reshape(3, 2, -1).mean(1)
+    classes /= np.linalg.norm(classes, axis=-1, keepdims=True)
+    logits = np.exp(to_numpy(model.logit_scale)) * model.embed_images(photos[0]) @ classes.T
+    expected = np.exp(logits) / np.exp(logits).sum()
+    got = model.zero_shot_classify(photos[0], labels, templates=templates)
+    np.testing.assert_allclose([expected[labels.index(a["label"])] for a in got], [a["score"] for a in got], atol=1e-5)
+    assert model.similarity(photos, ["a photo of a cat."]).shape == (2, 1)
+    with pytest.raises(keras_tfm.errors.InputError, match="labels"):
+        model.zero_shot_classify(photos, [])
+    with pytest.raises(keras_tfm.errors.InputError, match="templates"):
+        model.zero_shot_classify(photos, labels, templates=["a photo"])
