@@ -4,7 +4,7 @@
 from keras_tfm import backend_logs, layers, losses, viz
 from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_huggingface
 from keras_tfm.generation import GenerationConfig
-from keras_tfm.losses import MultipleNegativesRankingLoss, TokenCrossEntropy
+from keras_tfm.losses import ContrastiveLoss, MultipleNegativesRankingLoss, SigmoidLoss, TokenCrossEntropy
 from keras_tfm.models import (
     CLIP,
     GPT,

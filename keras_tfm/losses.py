@@ -1,5 +1,6 @@
-"""Cross-entropy over token logits `(batch, ..., vocabulary)`: the loss of the language models and
-the translator, computed with the positions flattened into one axis."""
+"""The zoo's losses: cross-entropy over token logits `(batch, ..., vocabulary)` (the language models and the
+translator, computed with the positions flattened into one axis), in-batch ranking of sentence embeddings, and the
+image-text losses of CLIP (contrastive) and SigLIP (sigmoid)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,63 @@ class MultipleNegativesRankingLoss(keras.losses.Loss):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "scale": self.scale}
+
+
+class _PairedLogits(keras.losses.Loss):
+    """A loss of `(images, texts)` logits where image i pairs text i: `y_true` is ignored (the pairing is the
+    batch's order), so `fit` takes pairs without labels."""
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # Keras would convert labels that are not there: the pairing reads the layout of `y_pred` only
+        return super().__call__(ops.zeros(ops.shape(y_pred)[:1]), y_pred, sample_weight)
+
+    def _checked(self, logits):
+        logits = ops.convert_to_tensor(logits)
+        rows, columns = logits.shape if len(logits.shape) == 2 else (None, -1)
+        if columns == -1 or (rows is not None and columns is not None and rows != columns):
+            raise InputError(f"`y_pred` must be (batch, batch) logits of images against their texts, as many of "
+                             f"each; received shape {tuple(logits.shape)}.", caller=type(self).__name__)  # fmt: skip
+        return logits
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class ContrastiveLoss(_PairedLogits):
+    """CLIP's loss: the cross-entropy of each image over the batch's texts and of each text over its images,
+    averaged (`y_pred`: `logits_per_image`, already scaled by the model's temperature).
+
+    Example:
+    >>> loss = ContrastiveLoss()
+    >>> float(loss(None, np.array([[10.0, 0.0], [0.0, 10.0]]))) < 0.001
+    True
+    """
+
+    def __init__(self, reduction: str = "sum_over_batch_size", name: str = "contrastive", dtype=None):
+        super().__init__(reduction=reduction, name=name, dtype=dtype)
+
+    def call(self, y_true, y_pred):
+        logits = self._checked(y_pred)
+        labels = ops.arange(ops.shape(logits)[0])
+        per_image = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        per_text = keras.losses.sparse_categorical_crossentropy(labels, ops.transpose(logits), from_logits=True)
+        return (per_image + per_text) / 2
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class SigmoidLoss(_PairedLogits):
+    """SigLIP's loss: every (image, text) pair of the batch a binary question, the pairs of the diagonal
+    positive: `-sum_j log sigmoid(z_ij * logits_ij)` per image (`z` +1 on the diagonal, -1 elsewhere), averaged
+    over the images (`y_pred`: logits with the model's scale and bias).
+
+    Example:
+    >>> loss = SigmoidLoss()
+    >>> float(loss(None, np.array([[10.0, -10.0], [-10.0, 10.0]]))) < 0.001
+    True
+    """
+
+    def __init__(self, reduction: str = "sum_over_batch_size", name: str = "sigmoid", dtype=None):
+        super().__init__(reduction=reduction, name=name, dtype=dtype)
+
+    def call(self, y_true, y_pred):
+        logits = self._checked(y_pred)
+        signs = 2 * ops.eye(ops.shape(logits)[0], dtype=logits.dtype) - 1
+        return -ops.sum(ops.log_sigmoid(signs * logits), axis=-1)

@@ -115,3 +115,19 @@ def test_ignore_class_gradients_equal_keras_and_skip_the_ignored_positions(rng):
 def test_label_smoothing_out_of_range_names_the_argument(value):
     with pytest.raises(ValueError, match=r"label_smoothing.*\[0, 1\).*" + str(value)):
         keras_tfm.TokenCrossEntropy(label_smoothing=value)
+
+
+def test_image_text_losses_are_clips_and_siglips(rng):
+    """Against transformers' CLIP loss and SigLIP's, written as its SiglipModel computes it."""
+    torch = pytest.importorskip("torch")
+    clip = pytest.importorskip("transformers.models.clip.modeling_clip")
+    logits = (5 * rng.normal(size=(6, 6))).astype("float32")
+    expected = clip.image_text_contrastive_loss(torch.tensor(logits).T).item()  # it takes logits_per_text
+    assert_close(float(keras_tfm.ContrastiveLoss()(None, logits)), expected, atol=1e-5)
+    signs = 2 * torch.eye(6) - 1
+    expected = (-torch.nn.functional.logsigmoid(signs * torch.tensor(logits).T).sum(-1)).mean().item()
+    assert_close(float(keras_tfm.SigmoidLoss()(None, logits.T)), expected, atol=1e-5)
+    for loss in (keras_tfm.ContrastiveLoss(), keras_tfm.SigmoidLoss()):
+        assert type(loss).from_config(loss.get_config()).name == loss.name
+        with pytest.raises(ValueError, match=r"\(batch, batch\) logits of images against their texts"):
+            loss(None, logits[:4])

@@ -117,6 +117,10 @@ class CLIP(ImageTextTasks, ZooModel):
         projection_dim: the shared space's size.
         logit_scale_init: the learned temperature's logarithm at the start (ln(1 / 0.07), CLIP's).
 
+    `fit` takes dicts of paired `images` and `token_ids` without labels: the default loss is CLIP's contrastive
+    loss on `logits_per_image` (`keras_tfm.ContrastiveLoss`), and `logit_scale` is kept in [0, ln 100] after each
+    step, as open_clip clamps it.
+
     Call arguments (keywords, or one dict): `images` `(batch_images, height, width, 3)`, `token_ids`
     `(batch_texts, length)`, `padding_mask`. Returns a dict named as transformers' `CLIPOutput`:
     `logits_per_image` `(batch_images, batch_texts)`, `logits_per_text`, `image_embeds`, `text_embeds` (unit length).
@@ -151,6 +155,17 @@ class CLIP(ImageTextTasks, ZooModel):
         self.visual_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy,
                                                     name="visual_projection")  # fmt: skip
         self.text_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy, name="text_projection")
+        self._compile_defaults()
+
+    def default_loss(self) -> dict:
+        """CLIP's contrastive loss on `logits_per_image`: `fit` takes (images, texts) pairs without labels."""
+        from keras_tfm.losses import ContrastiveLoss
+
+        return {"logits_per_image": ContrastiveLoss()}
+
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs) -> None:
+        # no accuracy by default: the pairs have no labels
+        super().compile(optimizer, loss, None if isinstance(metrics, str) and metrics == "auto" else metrics, **kwargs)
 
     @property
     def vocabulary_size(self) -> int:
@@ -162,7 +177,7 @@ class CLIP(ImageTextTasks, ZooModel):
         self.text_encoder.build()
         self.visual_projection.build((None, self.vision_encoder.hidden_dim))
         self.text_projection.build((None, self.text_encoder.hidden_dim))
-        self.logit_scale = self.add_weight(name="logit_scale", shape=(),
+        self.logit_scale = self.add_weight(name="logit_scale", shape=(), constraint=TemperatureClamp(),
                                            initializer=keras.initializers.Constant(self.logit_scale_init))  # fmt: skip
         self.built = True
 
@@ -189,6 +204,21 @@ class CLIP(ImageTextTasks, ZooModel):
     def _id_inputs(self) -> dict:
         return {"images": None, "token_ids": (self.text_encoder.vocabulary_size, "vocabulary_size"),
                 "padding_mask": None}  # fmt: skip
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class TemperatureClamp(keras.constraints.Constraint):
+    """Keeps a learned log-temperature in [0, ln 100] after each step, as open_clip clamps CLIP's `logit_scale`
+    (the similarities are multiplied by at most 100)."""
+
+    def __init__(self, maximum: float = math.log(100.0)):
+        self.maximum = maximum
+
+    def __call__(self, w):
+        return ops.clip(w, 0.0, self.maximum)
+
+    def get_config(self) -> dict:
+        return {"maximum": self.maximum}
 
 
 def _unit(x):

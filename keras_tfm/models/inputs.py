@@ -140,12 +140,24 @@ def check_data(model, method: str, x, args: tuple, kwargs: dict) -> None:
     """The inputs `x`, the labels `y` (the first of `args`, or a keyword) and the
     `validation_data` of a call to `fit`, `evaluate` or `*_on_batch`."""
     check_not_empty(model, x, method)
+    check_rows(model, method, x)
     check_ids(model, (x,), {})
     check_labels(model, args[0] if args else kwargs.get("y"))
     validation_data = kwargs.get("validation_data")
     if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
         check_ids(model, (validation_data[0],), {})
         check_labels(model, validation_data[1])
+
+
+def check_rows(model, method: str, x) -> None:
+    """Refuses a dict of inputs whose arrays hold different numbers of examples (CLIP's images and texts): Keras
+    fails while writing its own message for a dict."""
+    if not isinstance(x, dict):
+        return
+    counts = {name: len(value) for name, value in x.items() if isinstance(value, np.ndarray) and value.ndim}
+    if len(set(counts.values())) > 1:
+        raise InputError(f"every input must hold one row per example, as many as the others; received {counts}.",
+                         "x", caller=f"{type(model).__name__}.{method}")  # fmt: skip
 
 
 def check_weights_file(model, path: str) -> None:
