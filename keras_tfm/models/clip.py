@@ -17,7 +17,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.base import ZooModel
-from keras_tfm.models.image_text_tasks import ImageTextTasks
+from keras_tfm.models.image_text_tasks import ImageTextTasks, ServesImagesAndTexts
 from keras_tfm.models.vit import ViT
 
 
@@ -108,7 +108,7 @@ class CLIPTextEncoder(ZooModel):
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class CLIP(ImageTextTasks, ZooModel):
+class CLIP(ImageTextTasks, ServesImagesAndTexts, ZooModel):
     """An image tower and a text tower scored against each other: a model of two towers.
 
     Args:

@@ -83,6 +83,80 @@ class ImageTextTasks:
         return answers[0] if single else answers
 
 
+class ServesImagesAndTexts:
+    """The embedding server's protocol (`keras_tfm.serve`'s `/v1/embeddings`) for an image-text model: an input is
+    a text, or an image as a data URL (`data:image/png;base64,...`, as multimodal embedding servers take them);
+    each comes back as its unit vector in the shared space."""
+
+    normalize = True
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.projection_dim
+
+    @property
+    def max_sequence_length(self) -> int:
+        return self.text_encoder.longest_input
+
+    def embed(self, texts, batch_size: int = 32) -> np.ndarray:
+        """`embed_texts`: what a text embedder's `embed` is."""
+        return self.embed_texts(texts, batch_size)
+
+    def encode(self, inputs: list[str]) -> list[np.ndarray]:
+        """Each input's token ids (a text, cut as `embed_texts` cuts it), or its prepared pixels `(height, width,
+        3)` (an image data URL); an image that does not decode is refused with its index."""
+        encoded = []
+        for index, item in enumerate(inputs):
+            if item.startswith("data:image/"):
+                encoded.append(self.image_processor.one(_decoded(item, index), index))
+            else:
+                encoded.append(self.tokenizer.encode_batch([item], max_length=self.max_sequence_length)[0])
+        return encoded
+
+    def embed_token_ids(self, rows: list, batch_size: int = 32) -> np.ndarray:
+        """The vectors of `encode`'s rows, texts and images mixed, in their order."""
+        texts = [i for i, row in enumerate(rows) if np.ndim(row) == 1]
+        images = [i for i, row in enumerate(rows) if np.ndim(row) == 3]
+        vectors = np.zeros((len(rows), self.projection_dim), "float32")
+        for chunk in _chunks(texts, batch_size):
+            padded, mask = _padded([rows[i] for i in chunk])
+            vectors[chunk] = ops.convert_to_numpy(self.text_embeddings(padded, mask))
+        for chunk in _chunks(images, batch_size):
+            pixels = ops.convert_to_tensor(np.stack([rows[i] for i in chunk]))
+            vectors[chunk] = ops.convert_to_numpy(self.image_embeddings(pixels))
+        return vectors
+
+    def input_tokens(self, row) -> int:
+        """What an input counts in a response's `usage`: a text's tokens, an image's patches and class token."""
+        if np.ndim(row) == 1:
+            return len(row)
+        patch = self.vision_encoder.patch_size
+        return (row.shape[0] // patch) * (row.shape[1] // patch) + 1
+
+
+def _decoded(data_url: str, index: int):
+    """The PIL image of a base64 data URL."""
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        header, payload = data_url.split(",", 1)
+        if not header.endswith(";base64"):
+            raise ValueError("it is not base64")
+        image = Image.open(io.BytesIO(base64.b64decode(payload, validate=True)))
+        image.load()
+        return image
+    except (ValueError, binascii.Error) as error:
+        why = "it is not base64" if isinstance(error, binascii.Error) or "base64" in str(error) else str(error)[:100]
+    except (UnidentifiedImageError, OSError):
+        why = "its bytes are not an image file, or are cut short"
+    raise InputError(f"input {index} is an image data URL that does not decode ({why}); send "
+                     "data:image/<png|jpeg|...>;base64,<the file's bytes>.", f"input[{index}]", "embed")  # fmt: skip
+
+
 def _chunks(items: list, size: int) -> list:
     return [items[start : start + size] for start in range(0, len(items), size)]
 

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from keras_tfm import compat
+from keras_tfm.errors import InputError
 from keras_tfm.serve.http import authorize, check_host, read_json, starlette_app
 from keras_tfm.serve.requests import RequestError
 from keras_tfm.serve.workers import close_at_exit
@@ -36,7 +37,10 @@ def inputs_of(body: dict, model) -> list[np.ndarray]:
             "input",
         )
     if all(isinstance(item, str) for item in given):
-        ids = model.encode(given)
+        try:
+            ids = model.encode(given)  # an image-text model's: texts, and images as data URLs
+        except InputError as error:
+            raise RequestError(error.message, "input") from None
         if any(len(row) == 0 for row in ids):  # a tokenizer that adds no special tokens, and an empty text
             raise RequestError("an `input` text encodes to no tokens; send text.", "input")
         return ids
@@ -84,13 +88,18 @@ def answer(body: dict, vectors: np.ndarray, ids: list, model, model_name: str) -
         }
         for i, vector in enumerate(vectors)
     ]
-    tokens = sum(len(row) for row in ids)
+    tokens = sum(input_tokens(model, row) for row in ids)
     return {
         "object": "list",
         "data": data,
         "model": model_name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def input_tokens(model, row) -> int:
+    """What an input counts in `usage`: its tokens, or an image-text model's count of an image."""
+    return model.input_tokens(row) if hasattr(model, "input_tokens") else len(row)
 
 
 def model_entry(model, model_name: str) -> dict:
@@ -253,7 +262,7 @@ class _EmbeddingRoutes:
                                f"{self.model_name!r}.", "model", 404, "not_found_error")  # fmt: skip
         ids = await run_in_threadpool(inputs_of, body, self.model)  # tokenizing off the event loop
         vectors = await self.batcher.embed(ids)
-        self.metrics.prompt_tokens.inc(sum(len(row) for row in ids))
+        self.metrics.prompt_tokens.inc(sum(input_tokens(self.model, row) for row in ids))
         return JSONResponse(answer(body, vectors, ids, self.model, self.model_name))
 
     async def generating(self, request):

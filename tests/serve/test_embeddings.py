@@ -175,3 +175,36 @@ def test_a_shutdown_answers_the_waiting_with_503_and_the_thread_ends_at_once():
     assert model.batches == [[1, 2]]
     with pytest.raises(RequestError, match="shutting down"):
         asyncio.run(batcher.embed([[9]]))
+
+
+@pytest.mark.backend_independent  # the server's reading of inputs; the towers' outputs on every backend: test_clip.py
+def test_an_image_text_model_embeds_texts_and_image_data_urls(tmp_path):
+    """A CLIP checkpoint served: texts and images (base64 data URLs) in one request, each the vector that
+    `embed_texts` or `embed_images` gives; an image that does not decode is a 400 naming the input."""
+    import io
+
+    import matplotlib
+    from PIL import Image
+
+    from tests.convert.test_clip import write_clip_checkpoint
+
+    write_clip_checkpoint(tmp_path)
+    clip = keras_tfm.from_huggingface(str(tmp_path))
+    photo = Image.open(f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg")
+    buffer = io.BytesIO()
+    photo.save(buffer, format="PNG")
+    data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    texts = ["a photo of a cat.", "a dog"]
+    with Server(clip, name="clip") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        reply = client.embeddings.create(model="clip", input=[texts[0], data_url, texts[1]])
+        vectors = np.array([item.embedding for item in reply.data])
+        np.testing.assert_allclose(vectors[[0, 2]], clip.embed_texts(texts), atol=1e-5)
+        np.testing.assert_allclose(vectors[1], clip.embed_images(np.asarray(photo.convert("RGB"))), atol=1e-5)
+        tokens = sum(len(row) for row in clip.tokenizer.encode_batch(texts))
+        assert reply.usage.prompt_tokens == tokens + (16 // 8) ** 2 + 1  # the texts' tokens, the image's patches
+        with pytest.raises(openai.BadRequestError, match="input 1 is an image data URL that does not decode") as bad:
+            client.embeddings.create(model="clip", input=[texts[0], "data:image/png;base64,aGVsbG8="])
+        assert bad.value.body["param"] == "input"
+        again = client.embeddings.create(model="clip", input=texts[1])  # still serving
+        np.testing.assert_allclose(again.data[0].embedding, clip.embed_texts(texts[1]), atol=1e-5)
