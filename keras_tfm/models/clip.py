@@ -123,7 +123,8 @@ class CLIP(ImageTextTasks, ServesImagesAndTexts, ZooModel):
 
     Call arguments (keywords, or one dict): `images` `(batch_images, height, width, 3)`, `token_ids`
     `(batch_texts, length)`, `padding_mask`. Returns a dict named as transformers' `CLIPOutput`:
-    `logits_per_image` `(batch_images, batch_texts)`, `logits_per_text`, `image_embeds`, `text_embeds` (unit length).
+    `logits_per_image` `(batch_images, batch_texts)`, `logits_per_text`, `image_embeds`, `text_embeds` (unit length);
+    given one kind of input, its embeddings alone (what `predict_on_batch` compiles for each tower).
     With the checkpoint's processor and tokenizer: `embed_images`, `embed_texts`, `similarity`, `zero_shot_classify`
     (`keras_tfm.models.image_text_tasks`).
 
@@ -193,13 +194,18 @@ class CLIP(ImageTextTasks, ServesImagesAndTexts, ZooModel):
     def call(self, images=None, token_ids=None, padding_mask=None, training=None):
         if isinstance(images, dict):
             return self.call(**images, training=training)
-        image_embeds = self.image_embeddings(images, training)
-        text_embeds = self.text_embeddings(token_ids, padding_mask, training)
-        logits_per_text = ops.exp(ops.cast(self.logit_scale, text_embeds.dtype)) * ops.matmul(
-            text_embeds, ops.transpose(image_embeds)
-        )
-        return {"logits_per_image": ops.transpose(logits_per_text), "logits_per_text": logits_per_text,
-                "image_embeds": image_embeds, "text_embeds": text_embeds}  # fmt: skip
+        if images is None and token_ids is None:
+            raise InputError("expected images, token_ids or both; received neither.", "images", caller="CLIP")
+        out = {}
+        if images is not None:
+            out["image_embeds"] = self.image_embeddings(images, training)
+        if token_ids is not None:
+            out["text_embeds"] = self.text_embeddings(token_ids, padding_mask, training)
+        if len(out) == 2:
+            scale = ops.exp(ops.cast(self.logit_scale, out["text_embeds"].dtype))
+            out["logits_per_text"] = scale * ops.matmul(out["text_embeds"], ops.transpose(out["image_embeds"]))
+            out["logits_per_image"] = ops.transpose(out["logits_per_text"])
+        return out
 
     def _id_inputs(self) -> dict:
         return {"images": None, "token_ids": (self.text_encoder.vocabulary_size, "vocabulary_size"),

@@ -24,7 +24,7 @@ class ImageTextTasks:
                              "`model.image_processor`.", "images", "embed_images")  # fmt: skip
         listed = [images] if single else list(images)
         _check_batch_size(batch_size, "embed_images")
-        parts = [ops.convert_to_numpy(self.image_embeddings(ops.convert_to_tensor(self.image_processor(chunk))))
+        parts = [_predicted(self, {"images": self.image_processor(chunk)}, "image_embeds")
                  for chunk in _chunks(listed, batch_size)]  # fmt: skip
         vectors = np.concatenate(parts).astype("float32")
         return vectors[0] if single else vectors
@@ -44,7 +44,7 @@ class ImageTextTasks:
         for chunk in _chunks(list(listed), batch_size):
             ids = self.tokenizer.encode_batch(chunk, max_length=self.text_encoder.longest_input)
             padded, mask = _padded(ids)
-            parts.append(ops.convert_to_numpy(self.text_embeddings(padded, mask)))
+            parts.append(_predicted(self, {"token_ids": padded, "padding_mask": mask}, "text_embeds"))
         vectors = np.concatenate(parts).astype("float32")
         return vectors[0] if single else vectors
 
@@ -120,10 +120,9 @@ class ServesImagesAndTexts:
         vectors = np.zeros((len(rows), self.projection_dim), "float32")
         for chunk in _chunks(texts, batch_size):
             padded, mask = _padded([rows[i] for i in chunk])
-            vectors[chunk] = ops.convert_to_numpy(self.text_embeddings(padded, mask))
+            vectors[chunk] = _predicted(self, {"token_ids": padded, "padding_mask": mask}, "text_embeds")
         for chunk in _chunks(images, batch_size):
-            pixels = ops.convert_to_tensor(np.stack([rows[i] for i in chunk]))
-            vectors[chunk] = ops.convert_to_numpy(self.image_embeddings(pixels))
+            vectors[chunk] = _predicted(self, {"images": np.stack([rows[i] for i in chunk])}, "image_embeds")
         return vectors
 
     def input_tokens(self, row) -> int:
@@ -155,6 +154,11 @@ def _decoded(data_url: str, index: int):
         why = "its bytes are not an image file, or are cut short"
     raise InputError(f"input {index} is an image data URL that does not decode ({why}); send "
                      "data:image/<png|jpeg|...>;base64,<the file's bytes>.", f"input[{index}]", "embed")  # fmt: skip
+
+
+def _predicted(model, inputs: dict, output: str) -> np.ndarray:
+    """One tower's output for `inputs`, through Keras' compiled prediction step (one program per input shape)."""
+    return ops.convert_to_numpy(model.predict_on_batch(inputs)[output])
 
 
 def _chunks(items: list, size: int) -> list:
