@@ -14,7 +14,14 @@ from keras_tfm.models.bert_sizes import (
     xlm_roberta_base,
 )
 from keras_tfm.models.causal_lm import CausalLM
-from keras_tfm.models.clip import CLIP, CLIPTextEncoder
+from keras_tfm.models.clip import (
+    CLIP,
+    CLIPTextEncoder,
+    clip_vit_base_patch16,
+    clip_vit_base_patch32,
+    clip_vit_large_patch14,
+    clip_vit_large_patch14_336,
+)
 from keras_tfm.models.decoder_lm import (
     DecoderLM,
     llama3_2_1b,

@@ -229,3 +229,39 @@ class TemperatureClamp(keras.constraints.Constraint):
 
 def _unit(x):
     return x / ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
+
+
+def _clip(vision: dict, text: dict, projection_dim: int, overrides: dict) -> CLIP:
+    """A CLIP of OpenAI's published shapes; `overrides` go to the towers (`vision_*`, `text_*`) or the model."""
+    vision = {**vision, **{k[7:]: v for k, v in overrides.items() if k.startswith("vision_")}}
+    text = {**text, **{k[5:]: v for k, v in overrides.items() if k.startswith("text_")}}
+    rest = {k: v for k, v in overrides.items() if not k.startswith(("vision_", "text_"))}
+    image_tower = ViT(**vision, include_top=False, patch_bias=False, norm_before_blocks=True, activation="quick_gelu",
+                      layer_norm_epsilon=1e-5, name="vision_encoder")  # fmt: skip
+    return CLIP(image_tower, CLIPTextEncoder(**text, name="text_encoder"), **{"projection_dim": projection_dim, **rest})
+
+
+_BASE_TEXT = dict(num_layers=12, num_heads=8, hidden_dim=512)
+_LARGE_VISION = dict(num_layers=24, num_heads=16, hidden_dim=1024, patch_size=14)
+_LARGE_TEXT = dict(num_layers=12, num_heads=12, hidden_dim=768)
+
+
+def clip_vit_base_patch32(**overrides) -> CLIP:
+    """CLIP ViT-B/32 (151M, = `CLIPModel` of openai/clip-vit-base-patch32): `vision_*` and `text_*` arguments go
+    to the towers (`vision_image_size=...`)."""
+    return _clip(dict(num_layers=12, num_heads=12, hidden_dim=768, patch_size=32), _BASE_TEXT, 512, overrides)
+
+
+def clip_vit_base_patch16(**overrides) -> CLIP:
+    """CLIP ViT-B/16 (150M)."""
+    return _clip(dict(num_layers=12, num_heads=12, hidden_dim=768, patch_size=16), _BASE_TEXT, 512, overrides)
+
+
+def clip_vit_large_patch14(**overrides) -> CLIP:
+    """CLIP ViT-L/14 (428M)."""
+    return _clip(_LARGE_VISION, _LARGE_TEXT, 768, overrides)
+
+
+def clip_vit_large_patch14_336(**overrides) -> CLIP:
+    """CLIP ViT-L/14 at 336 pixels (428M)."""
+    return _clip({**_LARGE_VISION, "image_size": 336}, _LARGE_TEXT, 768, overrides)

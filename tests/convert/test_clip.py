@@ -137,6 +137,15 @@ def test_zero_shot_classification_is_the_pipelines(tmp_path):
     got = model.zero_shot_classify(photos[0], labels, templates=templates)
     np.testing.assert_allclose([expected[labels.index(a["label"])] for a in got], [a["score"] for a in got], atol=1e-5)
     assert model.similarity(photos, ["a photo of a cat."]).shape == (2, 1)
+    # a text longer than the text tower's 12 positions: cut as CLIP's tokenizer cuts it, the end token kept
+    long = " ".join(["a photo of a cat ."] * 4)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ids = tokenizer([long], truncation=True, max_length=12, return_tensors="pt")["input_ids"]
+    assert ids.shape == (1, 12) and int(ids[0, -1]) == 59
+    with torch.no_grad():
+        expected = transformers.CLIPModel.from_pretrained(tmp_path).get_text_features(input_ids=ids)
+    expected = getattr(expected, "pooler_output", expected).numpy()[0]
+    np.testing.assert_allclose(model.embed_texts(long), expected / np.linalg.norm(expected), atol=1e-5)
     with pytest.raises(keras_tfm.errors.InputError, match="labels"):
         model.zero_shot_classify(photos, [])
     with pytest.raises(keras_tfm.errors.InputError, match="templates"):

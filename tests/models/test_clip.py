@@ -52,3 +52,16 @@ def test_mismatched_images_and_texts_are_refused(rng):
     data = paired(rng, 16)
     with pytest.raises(ValueError, match=r"x: CLIP.evaluate: every input must hold one row per example.*'images': 8"):
         model.evaluate({"images": data["images"][:8], "token_ids": data["token_ids"][:6]}, batch_size=8, verbose=0)
+
+
+@pytest.mark.backend_independent  # the same weights on every backend
+def test_a_named_size_has_the_checkpoints_parameter_count():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, patch_size=32)
+    text = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8)
+    with torch.device("meta"):  # openai/clip-vit-base-patch32's configuration, no weights made
+        hf = transformers.CLIPModel(transformers.CLIPConfig(vision_config=vision, text_config=text, projection_dim=512))
+    model = keras_tfm.clip_vit_base_patch32()
+    assert model.count_params() == sum(p.numel() for p in hf.parameters()) == 151_277_313
+    assert keras_tfm.clip_vit_base_patch32(vision_image_size=256).vision_encoder.image_size == 256
