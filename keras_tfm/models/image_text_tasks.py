@@ -139,7 +139,10 @@ def _decoded(data_url: str, index: int):
     import binascii
     import io
 
-    from PIL import Image, UnidentifiedImageError
+    from keras_tfm.data.image_processing import _pillow
+
+    Image = _pillow()  # a clear error where Pillow is not installed
+    from PIL import UnidentifiedImageError
 
     try:
         header, payload = data_url.split(",", 1)
