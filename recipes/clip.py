@@ -13,7 +13,14 @@ training captions, ensembled as open_clip does, and retrieves images by text (fo
 of its nearest k test images of that class: precision@1/5/10). Leaves checkpoints, log.csv, metrics.json and
 learning_curves.png in --output-dir; rerunning resumes.
 
+--from-huggingface DIR fine-tunes a CLIP checkpoint instead (a local directory saved by `save_pretrained` with its
+tokenizer and image processor, or a Hub model id such as openai/clip-vit-base-patch32, read from the local Hugging
+Face cache or downloaded into it): its tokenizer reads the captions, its image processor prepares the images (as
+they are drawn, a batch at a time), and the trained model is written back as a checkpoint.
+
     python recipes/clip.py --data ../shared/data/fashion-mnist --epochs 5
+    python recipes/clip.py --data ../shared/data/fashion-mnist --from-huggingface openai/clip-vit-base-patch32 \
+        --epochs 1 --learning-rate 1e-5
 """
 
 from __future__ import annotations
@@ -32,30 +39,39 @@ def main() -> None:
 
     sizes = model_sizes()
     args = flags(sizes).parse_args()
-    config = training.training_config(args)
+    checkpoint = checkpoint_settings(args) if args.from_huggingface else None
+    config = training.training_config(args, checkpoint)
     training.setup(config)
     data = load_images(args.data, args.dataset, args.data_dir, log=training.log)
     names = class_names(data)
     (train_x, train_y), (test_x, test_y) = data.train, data.test
     captions = [CAPTIONS[i] for i in np.random.default_rng(args.seed).integers(0, len(CAPTIONS), len(train_y))]
-    tokenizer = caption_tokenizer(names)
-    train_ids = tokenize(tokenizer, [c.format(names[y]) for c, y in zip(captions, train_y)])
-    test_ids = tokenize(tokenizer, [CAPTIONS[0].format(names[y]) for y in test_y[: args.validation_examples]])
+    tokenizer, prepare, length = inputs_of(checkpoint, names)
+    train_ids = tokenize(tokenizer, [c.format(names[y]) for c, y in zip(captions, train_y)], length)
+    test_ids = tokenize(tokenizer, [CAPTIONS[0].format(names[y]) for y in test_y[: args.validation_examples]], length)
     rows = EpochBatches(len(train_x), args.batch_size, args.seed)
 
     def train_batch(epoch: int, step: int):
         chosen = rows(epoch, step)
-        return {"images": pixels(train_x[chosen]), "token_ids": train_ids[chosen]}, np.zeros(len(chosen), "float32")
+        return {"images": prepare(train_x[chosen]), "token_ids": train_ids[chosen]}, np.zeros(len(chosen), "float32")
+
+    def build_model():
+        if checkpoint:
+            from keras_tfm import convert
+
+            return convert.from_huggingface(checkpoint.directory)
+        return sizes[args.model](args, train_x.shape[1], tokenizer)
 
     held_out = test_x[: args.validation_examples]
     result = training.train(
         config,
-        build_model=lambda: sizes[args.model](args, train_x.shape[1], tokenizer),
+        build_model=build_model,
         train_batch=train_batch,
         steps_per_pass=len(train_x) // args.batch_size,
-        validation_data=({"images": pixels(held_out), "token_ids": test_ids}, np.zeros(len(held_out), "float32")),
+        validation_data=({"images": prepare(held_out), "token_ids": test_ids}, np.zeros(len(held_out), "float32")),
         loss={"logits_per_image": ContrastiveLoss()},
         evaluate=lambda model: zero_shot(model, test_x[: args.test_examples], test_y[: args.test_examples], names),
+        huggingface=checkpoint,
         tokenizer=tokenizer,
         settings=training.recipe_settings(args),
     )
@@ -77,12 +93,46 @@ def flags(sizes: dict):
     parser = training.recipe_parser(__doc__, sizes, "clip_small_images", "runs/clip")
     parser.set_defaults(batch_size=64, learning_rate=1e-3, weight_decay=0.05, epochs=5)
     recipe = parser.add_argument_group("image-text model")
+    recipe.add_argument("--from-huggingface", metavar="DIR",
+                        help="fine-tune this CLIP checkpoint directory or Hub model id (its tokenizer and image "
+                        "processor prepare the captions and images)")  # fmt: skip
     recipe.add_argument("--embedding-dim", type=training.POSITIVE, default=64, help="the shared space (default: 64)")
     recipe.add_argument("--validation-examples", type=training.POSITIVE, default=512,
                         help="test images (with captions) the loss is validated on (default: %(default)s)")  # fmt: skip
     recipe.add_argument("--test-examples", type=training.POSITIVE, default=2000,
                         help="test images classified zero-shot at the end (default: %(default)s)")  # fmt: skip
     return parser
+
+
+def checkpoint_settings(args):
+    """The --from-huggingface checkpoint: a CLIP, whose size the flags may not change."""
+    from keras_tfm import training
+
+    return training.checkpoint_config(args, "clip", {"model": "clip_small_images", "embedding_dim": 64},
+                                      "takes the model from the checkpoint")  # fmt: skip
+
+
+def inputs_of(checkpoint, names: list[str]) -> tuple:
+    """(tokenizer, images -> the model's pixels, the captions' length): the checkpoint's tokenizer, processor and
+    text length, or a word-level tokenizer of the captions, pixels in [0, 1] and 12 tokens."""
+    if checkpoint is None:
+        return caption_tokenizer(names), pixels, 12
+    from keras_tfm.data import DataError, ImageProcessor, checkpoint_tokenizer
+
+    tokenizer, processor = (
+        checkpoint_tokenizer(checkpoint.directory),
+        ImageProcessor.from_huggingface(checkpoint.directory),
+    )
+    if tokenizer is None or processor is None:
+        raise DataError(
+            "the checkpoint needs its tokenizer.json and preprocessor_config.json.", argument="from_huggingface"
+        )
+    length = (checkpoint.config.get("text_config") or {}).get("max_position_embeddings", 77)
+    return (
+        tokenizer,
+        lambda images: processor([image[..., 0] if image.shape[-1] == 1 else image for image in images]),
+        length,
+    )
 
 
 def class_names(data) -> list[str]:
@@ -111,7 +161,7 @@ def caption_tokenizer(names: list[str]):
     return HuggingFaceTokenizer(tokenizer.to_str())
 
 
-def tokenize(tokenizer, texts: list[str], length: int = 12) -> np.ndarray:
+def tokenize(tokenizer, texts: list[str], length: int) -> np.ndarray:
     """The texts' ids, cut at `length` (the end token kept) and padded with 0."""
     ids = tokenizer.encode_batch(texts, max_length=length)
     padded = np.zeros((len(ids), length), "int32")
