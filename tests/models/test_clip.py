@@ -54,14 +54,17 @@ def test_mismatched_images_and_texts_are_refused(rng):
         model.evaluate({"images": data["images"][:8], "token_ids": data["token_ids"][:6]}, batch_size=8, verbose=0)
 
 
-@pytest.mark.backend_independent  # the same weights on every backend
-def test_a_named_size_has_the_checkpoints_parameter_count():
-    torch = pytest.importorskip("torch")
+@pytest.mark.backend_independent  # configuration only: nothing is built
+def test_a_named_size_is_the_checkpoints_configuration():
+    """clip_vit_base_patch32() has the towers `from_huggingface` makes of transformers' default CLIPConfig (that of
+    openai/clip-vit-base-patch32), whose parameter counts equal CLIPModel's (tests/convert/test_clip.py)."""
     transformers = pytest.importorskip("transformers")
-    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, patch_size=32)
-    text = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8)
-    with torch.device("meta"):  # openai/clip-vit-base-patch32's configuration, no weights made
-        hf = transformers.CLIPModel(transformers.CLIPConfig(vision_config=vision, text_config=text, projection_dim=512))
+    from keras_tfm.convert.clip import _text_tower, _vision_tower
+
+    config = transformers.CLIPConfig().to_dict()
     model = keras_tfm.clip_vit_base_patch32()
-    assert model.count_params() == sum(p.numel() for p in hf.parameters()) == 151_277_313
+    for tower, made in ((model.vision_encoder, _vision_tower(config["vision_config"])),
+                        (model.text_encoder, _text_tower(config["text_config"]))):  # fmt: skip
+        assert tower.get_config() == made.get_config()
+    assert model.projection_dim == config["projection_dim"] == 512
     assert keras_tfm.clip_vit_base_patch32(vision_image_size=256).vision_encoder.image_size == 256

@@ -15,15 +15,15 @@ from tests.recipes.helpers import recipe
 def test_clip_recipe_learns_captions_and_classifies_zero_shot(tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "run"
-    done = recipe("clip.py", "--epochs", "12", "--test-examples", "360", "--output-dir", str(out))
+    done = recipe("clip.py", "--epochs", "6", "--test-examples", "360", "--output-dir", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["zero_shot_accuracy"] > 0.4, metrics  # chance: 0.1 (ten digits)
+    assert metrics["zero_shot_accuracy"] > 0.5, metrics  # chance: 0.1 (ten digits)
     assert (
         metrics["retrieval_precision_at_5"] > 0.4
         and f"zero-shot accuracy {metrics['zero_shot_accuracy']:.4f}" in done.stdout
     )
-    assert json.loads((out / "checkpoint" / "state.json").read_text())["epoch"] == 12
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["epoch"] == 6
     assert (out / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
     hf = transformers.CLIPModel.from_pretrained(out / "huggingface")  # written with its tokenizer for transformers
     assert sum(p.numel() for p in hf.parameters()) == metrics["parameters"]
