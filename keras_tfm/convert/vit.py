@@ -111,23 +111,8 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         return export_dinov2(model, w)
     if is_clip_vision(model) and image_preprocessing is None:
         return export_clip_vision(model, w)
-    if model.norm_before_blocks or not model.patch_bias:
-        raise InputError("a ViT with a norm before its blocks or a patch embedding without bias is written as CLIP's "
-                         "vision tower (both, with `model.image_processor` rather than image_preprocessing).",
-                         caller="save_huggingface")  # fmt: skip
-    if model.layer_scale_init is not None or model.num_register_tokens or model.gated_feed_forward:
-        raise InputError("a ViT with layer scale, registers or a SwiGLU MLP is written as DINOv2 (without a "
-                         "distillation token, and with `model.image_processor` rather than image_preprocessing).",
-                         caller="save_huggingface")  # fmt: skip
+    _check_plain_vit(model)
     deit = model.distillation_token
-    poolings = ("token", "distilled") if deit else ("token",)
-    if model.positions != "learned" or (model.include_top and model.pooling not in poolings):
-        also = " (DeiT's also from both heads, pooling='distilled')" if deit else ""
-        raise InputError(
-            f"Hugging Face ViTs have learned positions and classify from the class token{also}; received "
-            f"positions={model.positions!r}, pooling={model.pooling!r}.",
-            caller="save_huggingface",
-        )
     image_size = model.image_size
     if image_preprocessing is not None:
         w.files["preprocessor_config.json"], image_size = image_processor_config(
@@ -190,6 +175,27 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         return dict(config, architectures=["DeiTForImageClassificationWithTeacher"], num_labels=model.num_classes)
     w.linear("classifier", model.head)
     return dict(config, architectures=[f"{family}ForImageClassification"], num_labels=model.num_classes)
+
+
+def _check_plain_vit(model: ViT) -> None:
+    """Refuses a ViT that transformers' `ViT*` and `DeiT*` classes cannot hold, naming the family that can."""
+    if model.norm_before_blocks or not model.patch_bias:
+        raise InputError("a ViT with a norm before its blocks or a patch embedding without bias is written as CLIP's "
+                         "vision tower (both, with `model.image_processor` rather than image_preprocessing).",
+                         caller="save_huggingface")  # fmt: skip
+    if model.layer_scale_init is not None or model.num_register_tokens or model.gated_feed_forward:
+        raise InputError("a ViT with layer scale, registers or a SwiGLU MLP is written as DINOv2 (without a "
+                         "distillation token, and with `model.image_processor` rather than image_preprocessing).",
+                         caller="save_huggingface")  # fmt: skip
+    deit = model.distillation_token
+    poolings = ("token", "distilled") if deit else ("token",)
+    if model.positions != "learned" or (model.include_top and model.pooling not in poolings):
+        also = " (DeiT's also from both heads, pooling='distilled')" if deit else ""
+        raise InputError(
+            f"Hugging Face ViTs have learned positions and classify from the class token{also}; received "
+            f"positions={model.positions!r}, pooling={model.pooling!r}.",
+            caller="save_huggingface",
+        )
 
 
 def image_preprocessing(directory: str) -> tuple[int, list]:
