@@ -45,7 +45,7 @@ class ImageTasks:
         if not is_integer(top_k) or not 1 <= top_k <= len(self.class_names):
             raise InputError(f"expected an integer in [1, {len(self.class_names)}] (the classes); received "
                              f"{top_k!r}.", "top_k", "classify")  # fmt: skip
-        single = _single(images)
+        single = one_image(images)
         pixels = self.preprocess_images([images] if single else images)
         logits = np.concatenate(
             [ops.convert_to_numpy(self.predict_on_batch(part)) for part in _batches(pixels, batch_size)]
@@ -66,7 +66,7 @@ class ImageTasks:
         if pooling not in POOLINGS:
             raise InputError(f"expected one of {', '.join(POOLINGS)}; received {pooling!r}.", "pooling",
                              "embed_images")  # fmt: skip
-        single = _single(images)
+        single = one_image(images)
         pixels = self.preprocess_images([images] if single else images)
         parts = []
         for part in _batches(pixels, batch_size):
@@ -77,7 +77,8 @@ class ImageTasks:
         return vectors[0] if single else vectors
 
 
-def _single(images) -> bool:
+def one_image(images) -> bool:
+    """Whether `images` is one image (a path, a PIL image, an array of one), not a batch of them."""
     return not (isinstance(images, (list, tuple)) or (isinstance(images, np.ndarray) and images.ndim == 4))
 
 

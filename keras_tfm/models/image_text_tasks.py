@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import is_integer
+from keras_tfm.models.image_tasks import one_image
 
 
 class ImageTextTasks:
@@ -18,7 +19,7 @@ class ImageTextTasks:
     def embed_images(self, images, batch_size: int = 32) -> np.ndarray:
         """`(batch, projection_dim)` unit vectors of `images` (files, PIL images or uint8 arrays of any sizes,
         prepared by the checkpoint's processor); one image: its vector alone."""
-        single = not (isinstance(images, (list, tuple)) or (isinstance(images, np.ndarray) and images.ndim == 4))
+        single = one_image(images)
         if self.image_processor is None:
             raise InputError("this model has no image processor (a checkpoint's preprocessor_config.json): set "
                              "`model.image_processor`.", "images", "embed_images")  # fmt: skip
@@ -72,7 +73,7 @@ class ImageTextTasks:
         prompts = self.embed_texts([template.format(label) for label in labels for template in templates])
         classes = prompts.reshape(len(labels), len(templates), -1).mean(1)
         classes /= np.linalg.norm(classes, axis=-1, keepdims=True)
-        single = not (isinstance(images, (list, tuple)) or (isinstance(images, np.ndarray) and images.ndim == 4))
+        single = one_image(images)
         logits = (
             np.exp(float(ops.convert_to_numpy(self.logit_scale))) * np.atleast_2d(self.embed_images(images)) @ classes.T
         )
