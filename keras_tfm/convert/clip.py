@@ -52,40 +52,60 @@ def convert_clip(config: dict, w: WeightReader, num_classes: int | None = None) 
     return model
 
 
+CLIP_VISION = dict(image_size=224, patch_size=32, num_hidden_layers=12, num_attention_heads=12, hidden_size=768,
+                   intermediate_size=3072, hidden_act="quick_gelu", layer_norm_eps=1e-5)  # fmt: skip
+
+
 def _vision_tower(config: dict) -> ViT:
+    return vision_tower("CLIP", config, CLIP_VISION, patch_bias=False, norm_before_blocks=True)
+
+
+def vision_tower(family: str, config: dict, defaults: dict, **fixed) -> ViT:
+    """The image tower (a `ViT` without its head) of a vision config (`defaults` where it says nothing), with the
+    `fixed` arguments."""
+    get = {**defaults, **config}.get
     return ViT(
-        image_size=config.get("image_size", 224),
-        patch_size=config.get("patch_size", 32),
-        num_layers=config.get("num_hidden_layers", 12),
-        num_heads=config.get("num_attention_heads", 12),
-        hidden_dim=config.get("hidden_size", 768),
-        intermediate_dim=config.get("intermediate_size", 3072),
-        num_channels=config.get("num_channels", 3),
+        image_size=get("image_size"),
+        patch_size=get("patch_size"),
+        num_layers=get("num_hidden_layers"),
+        num_heads=get("num_attention_heads"),
+        hidden_dim=get("hidden_size"),
+        intermediate_dim=get("intermediate_size"),
+        num_channels=get("num_channels", 3),
         include_top=False,
-        attention_dropout=config.get("attention_dropout", 0.0),
-        layer_norm_epsilon=config.get("layer_norm_eps", 1e-5),
-        activation=keras_activation("CLIP", config, "hidden_act", "quick_gelu"),
-        patch_bias=False,
-        norm_before_blocks=True,
+        attention_dropout=get("attention_dropout", 0.0),
+        layer_norm_epsilon=get("layer_norm_eps"),
+        activation=keras_activation(family, {**defaults, **config}, "hidden_act", defaults["hidden_act"]),
         name="vision_encoder",
+        **fixed,
     )
+
+
+CLIP_TEXT = dict(vocab_size=49408, max_position_embeddings=77, num_hidden_layers=12, num_attention_heads=8,
+                 hidden_size=512, intermediate_size=2048, hidden_act="quick_gelu", layer_norm_eps=1e-5)  # fmt: skip
 
 
 def _text_tower(config: dict) -> CLIPTextEncoder:
     end = config.get("eos_token_id", 49407)
+    pooling = "largest_id" if end == 2 else "end_token"  # 2: the first checkpoints' configs
+    return text_tower("CLIP", config, CLIP_TEXT, end_token_id=end, pooling=pooling)
+
+
+def text_tower(family: str, config: dict, defaults: dict, **fixed) -> CLIPTextEncoder:
+    """The `CLIPTextEncoder` of a text config (`defaults` where it says nothing), with the `fixed` arguments."""
+    get = {**defaults, **config}.get
     return CLIPTextEncoder(
-        vocabulary_size=config.get("vocab_size", 49408),
-        max_length=config.get("max_position_embeddings", 77),
-        num_layers=config.get("num_hidden_layers", 12),
-        num_heads=config.get("num_attention_heads", 8),
-        hidden_dim=config.get("hidden_size", 512),
-        intermediate_dim=config.get("intermediate_size", 2048),
-        activation=keras_activation("CLIP", config, "hidden_act", "quick_gelu"),
-        layer_norm_epsilon=config.get("layer_norm_eps", 1e-5),
-        attention_dropout=config.get("attention_dropout", 0.0),
-        end_token_id=end,
-        pooling="largest_id" if end == 2 else "end_token",  # 2: the first checkpoints' configs
+        vocabulary_size=get("vocab_size"),
+        max_length=get("max_position_embeddings"),
+        num_layers=get("num_hidden_layers"),
+        num_heads=get("num_attention_heads"),
+        hidden_dim=get("hidden_size"),
+        intermediate_dim=get("intermediate_size"),
+        activation=keras_activation(family, {**defaults, **config}, "hidden_act", defaults["hidden_act"]),
+        layer_norm_epsilon=get("layer_norm_eps"),
+        attention_dropout=get("attention_dropout", 0.0),
         name="text_encoder",
+        **fixed,
     )
 
 

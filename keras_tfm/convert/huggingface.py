@@ -36,6 +36,7 @@ from keras_tfm.convert import (  # noqa: F401
     quantized_loading,
     safetensors_files,
     sentence_transformers,
+    siglip,
     vit,
 )
 from keras_tfm.convert.config import checkpoint_config
@@ -137,7 +138,8 @@ def from_huggingface(
     (`GPT2Model`, `GPT2LMHeadModel`), Llama, Mistral, Qwen2 and Qwen3 (`*Model`, `*ForCausalLM`, as a `DecoderLM`), Marian (`MarianMTModel`), ViT (`ViTModel` without
     its pooler, as `include_top=False`, and `ViTForImageClassification`), DeiT and DINOv2 (their models and
     classifiers, as a `ViT`), ModernBERT, CLIP (`CLIPModel`, as a `CLIP`) and its
-    vision tower (`CLIPVisionModel`, as a `ViT`). A sentence-transformers
+    vision tower (`CLIPVisionModel`, as a `ViT`), SigLIP and SigLIP 2 at fixed resolution (`SiglipModel`, as a
+    `SigLIP`) and its vision tower (`SiglipVisionModel`, as a `ViT`). A sentence-transformers
     directory (its `modules.json`: a BERT `Transformer`, `Pooling`, `Normalize`) gives a
     `SentenceEmbedder`, whose `embed(texts)` gives the vectors sentence-transformers' `encode` gives.
 

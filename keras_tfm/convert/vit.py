@@ -19,6 +19,7 @@ from keras_tfm.convert.clip import export_clip_vision, is_clip_vision
 from keras_tfm.convert.dinov2 import attention_modules, export_dinov2, is_dinov2, read_patch_embedding
 from keras_tfm.convert.files import checkpoint_directory, read_json
 from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.siglip import export_siglip_vision, is_siglip_vision
 from keras_tfm.convert.weights import (
     WeightReader,
     WeightWriter,
@@ -107,6 +108,8 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
 
 @exporter(ViT)
 def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = None) -> dict:
+    if is_siglip_vision(model) and image_preprocessing is None:
+        return export_siglip_vision(model, w)
     if is_dinov2(model) and image_preprocessing is None:
         return export_dinov2(model, w)
     if is_clip_vision(model) and image_preprocessing is None:

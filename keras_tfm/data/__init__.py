@@ -15,6 +15,7 @@ from keras_tfm.data.tokenizers import (
     HuggingFaceTokenizer,
     MarianTokenizer,
     SentencePieceTokenizer,
+    SiglipTokenizer,
     TranslationTokenizer,
     WordPieceTokenizer,
     checkpoint_tokenizer,

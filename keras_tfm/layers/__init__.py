@@ -2,6 +2,7 @@
 JAX and PyTorch."""
 
 from keras_tfm.layers.attention import MultiHeadAttention
+from keras_tfm.layers.attention_pooling import AttentionPooling
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.drop_path import DropPath
 from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
@@ -23,6 +24,7 @@ from keras_tfm.layers.task_heads import (
 from keras_tfm.layers.token_pooling import TokenPooling
 
 __all__ = [
+    "AttentionPooling",
     "DecoderBlock",
     "DropPath",
     "EncoderBlock",

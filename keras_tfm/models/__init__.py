@@ -53,6 +53,7 @@ from keras_tfm.models.modern_bert import (
     modernbert_large,
 )
 from keras_tfm.models.sentence_embedder import SentenceEmbedder
+from keras_tfm.models.siglip import SigLIP, siglip_base_patch16_224, siglip_large_patch16_256, siglip_so400m_patch14_224
 from keras_tfm.models.text_tasks import MaskedLM, QuestionAnswerer, SequenceClassifier, TokenClassifier
 from keras_tfm.models.translator import Translator, transformer_base, transformer_big, transformer_small
 from keras_tfm.models.vit import (

@@ -11,19 +11,23 @@ from __future__ import annotations
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, TokenEmbedding
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.base import ZooModel
-from keras_tfm.models.image_text_tasks import ImageTextTasks, ServesImagesAndTexts
+from keras_tfm.models.image_text_tasks import ImageTextModel, check_towers, unit
 from keras_tfm.models.vit import ViT
+
+TEXT_POOLINGS = ("end_token", "largest_id", "last_token")
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
 class CLIPTextEncoder(ZooModel):
     """CLIP's text tower: `model(token_ids)` gives one normalized vector per token; `pooled(...)` the end token's.
+    With `causal=False, pooling="last_token"` it is SigLIP's.
 
     Args:
         vocabulary_size, max_length: the token and position tables (CLIP's texts hold 77 tokens).
@@ -31,7 +35,10 @@ class CLIPTextEncoder(ZooModel):
         activation ("quick_gelu": OpenAI's checkpoints), layer_norm_epsilon, attention_dropout.
         end_token_id: the token whose vector stands for the text (its first occurrence).
         pooling: "end_token" (at `end_token_id`), or "largest_id" (at the token of the largest id, as the first
-            checkpoints pooled: their configs' `eos_token_id` is 2).
+            checkpoints pooled: their configs' `eos_token_id` is 2), or "last_token" (at the last place: texts
+            padded to `max_length` with `pad_token_id`, every place attended, as SigLIP was trained).
+        causal: each token attends to those before it only (CLIP's); False: to every token (SigLIP's).
+        pad_token_id: the id that fills texts to `max_length` for "last_token" pooling.
 
     Example:
     >>> text = CLIPTextEncoder(vocabulary_size=100, max_length=16, num_layers=1, num_heads=2, hidden_dim=16,
@@ -43,10 +50,10 @@ class CLIPTextEncoder(ZooModel):
     def __init__(self, vocabulary_size: int = 49408, max_length: int = 77, num_layers: int = 12, num_heads: int = 8,
                  hidden_dim: int = 512, intermediate_dim: int | None = None, activation: str = "quick_gelu",
                  layer_norm_epsilon: float = 1e-5, attention_dropout: float = 0.0, end_token_id: int = 49407,
-                 pooling: str = "end_token", **kwargs):  # fmt: skip
+                 pooling: str = "end_token", causal: bool = True, pad_token_id: int = 0, **kwargs):  # fmt: skip
         check_arguments("CLIPTextEncoder", locals(), optional=("intermediate_dim",))
-        if pooling not in ("end_token", "largest_id"):
-            raise InputError(f"expected 'end_token' or 'largest_id'; received {pooling!r}.", "pooling",
+        if pooling not in TEXT_POOLINGS:
+            raise InputError(f"expected one of {TEXT_POOLINGS}; received {pooling!r}.", "pooling",
                              caller="CLIPTextEncoder")  # fmt: skip
         kwargs.setdefault("name", "clip_text_encoder")
         self._check_heads("CLIPTextEncoder", hidden_dim, num_heads)
@@ -59,6 +66,7 @@ class CLIPTextEncoder(ZooModel):
         )
         self.activation, self.layer_norm_epsilon = activation, layer_norm_epsilon
         self.attention_dropout, self.end_token_id, self.pooling = attention_dropout, end_token_id, pooling
+        self.causal, self.pad_token_id = causal, pad_token_id
         policy = self.dtype_policy
         self.token_embedding = TokenEmbedding(vocabulary_size, hidden_dim, dtype=policy, name="token_embedding")
         self.position_embedding = LearnedPositionEmbedding(max_length, dtype=policy, name="position_embedding")
@@ -82,22 +90,37 @@ class CLIPTextEncoder(ZooModel):
             return self.call(**token_ids, training=training)
         x = self.token_embedding(token_ids)
         x = x + self.position_embedding(x)
-        length = ops.shape(token_ids)[1]
-        causal = ops.arange(length)[None, :] <= ops.arange(length)[:, None]
-        causal = ops.broadcast_to(causal[None], (ops.shape(token_ids)[0], length, length))
+        causal = None
+        if self.causal:
+            length = ops.shape(token_ids)[1]
+            causal = ops.arange(length)[None, :] <= ops.arange(length)[:, None]
+            causal = ops.broadcast_to(causal[None], (ops.shape(token_ids)[0], length, length))
         for block in self.blocks:
             x = block(x, padding_mask=padding_mask, attention_mask=causal, training=training)
         return self.final_norm(x)
 
     def pooled(self, token_ids, padding_mask=None, training=None):
-        """`(batch, hidden_dim)`: each text's vector at its end token (`end_token_id`'s first place)."""
+        """`(batch, hidden_dim)`: each text's vector at its end token (`end_token_id`'s first place), or at its
+        last place (`pooling="last_token"`)."""
         x = self(token_ids, padding_mask=padding_mask, training=training)
+        if self.pooling == "last_token":
+            return x[:, -1]
         ids = ops.convert_to_tensor(token_ids, "int32")
         if self.pooling == "largest_id":
             where = ops.argmax(ids, axis=-1)
         else:
             where = ops.argmax(ops.cast(ops.equal(ids, self.end_token_id), "int32"), axis=-1)
         return ops.take_along_axis(x, ops.reshape(ops.cast(where, "int32"), (-1, 1, 1)), axis=1)[:, 0]
+
+    def text_batch(self, ids: list) -> dict:
+        """Token ids of texts (each with its special tokens) as this tower reads them, with their padding mask:
+        right-padded with 0 to the longest, or for "last_token" pooling filled to `max_length` with
+        `pad_token_id` (transformers' `padding="max_length"`, which SigLIP's pipeline asks for)."""
+        length = self.max_length if self.pooling == "last_token" else max(len(row) for row in ids)
+        filled = np.full((len(ids), length), self.pad_token_id if self.pooling == "last_token" else 0, "int32")
+        for row, values in enumerate(ids):
+            filled[row, : len(values)] = values[:length]
+        return {"token_ids": filled, "padding_mask": np.arange(length)[None] < np.array([[len(r)] for r in ids])}
 
     def _export_signature(self) -> list:
         names = ("token_ids", "padding_mask")
@@ -108,7 +131,7 @@ class CLIPTextEncoder(ZooModel):
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
-class CLIP(ImageTextTasks, ServesImagesAndTexts, ZooModel):
+class CLIP(ImageTextModel):
     """An image tower and a text tower scored against each other: a model of two towers.
 
     Args:
@@ -144,12 +167,7 @@ class CLIP(ImageTextTasks, ServesImagesAndTexts, ZooModel):
         check_arguments("CLIP", {"projection_dim": projection_dim})
         kwargs.setdefault("name", "clip")
         super().__init__(**kwargs)
-        if not isinstance(vision_encoder, ViT) or vision_encoder.include_top:
-            raise InputError(f"expected a ViT with include_top=False; received {vision_encoder!r:.80}.",
-                             "vision_encoder", caller="CLIP")  # fmt: skip
-        if not hasattr(text_encoder, "pooled") or not hasattr(text_encoder, "hidden_dim"):
-            raise InputError(f"expected a text tower with `pooled` (a CLIPTextEncoder); received "
-                             f"{type(text_encoder).__name__}.", "text_encoder", caller="CLIP")  # fmt: skip
+        check_towers(vision_encoder, text_encoder, "CLIP")
         self.vision_encoder, self.text_encoder = vision_encoder, text_encoder
         self.projection_dim, self.logit_scale_init = projection_dim, logit_scale_init
         policy = self.dtype_policy
@@ -164,14 +182,9 @@ class CLIP(ImageTextTasks, ServesImagesAndTexts, ZooModel):
 
         return {"logits_per_image": ContrastiveLoss()}
 
-    def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs) -> None:
-        # no accuracy by default: the pairs have no labels
-        super().compile(optimizer, loss, None if isinstance(metrics, str) and metrics == "auto" else metrics, **kwargs)
-
     @property
-    def vocabulary_size(self) -> int:
-        """The text tower's: a tokenizer that makes more ids is refused."""
-        return self.text_encoder.vocabulary_size
+    def embedding_dim(self) -> int:
+        return self.projection_dim
 
     def build(self, inputs_shape=None):
         self.vision_encoder.build()
@@ -184,32 +197,21 @@ class CLIP(ImageTextTasks, ServesImagesAndTexts, ZooModel):
 
     def image_embeddings(self, images, training=None):
         """`(batch, projection_dim)` unit vectors of `images` (prepared pixels)."""
-        pooled = self.vision_encoder.features(images, training=training)[:, 0]
-        return _unit(self.visual_projection(pooled))
+        return unit(self.visual_projection(self.vision_encoder.pooled_features(images, training=training)))
 
     def text_embeddings(self, token_ids, padding_mask=None, training=None):
         """`(batch, projection_dim)` unit vectors of texts (token ids with their end token)."""
-        return _unit(self.text_projection(self.text_encoder.pooled(token_ids, padding_mask, training=training)))
+        return unit(self.text_projection(self.text_encoder.pooled(token_ids, padding_mask, training=training)))
 
-    def call(self, images=None, token_ids=None, padding_mask=None, training=None):
-        if isinstance(images, dict):
-            return self.call(**images, training=training)
-        if images is None and token_ids is None:
-            raise InputError("expected images, token_ids or both; received neither.", "images", caller="CLIP")
-        out = {}
-        if images is not None:
-            out["image_embeds"] = self.image_embeddings(images, training)
-        if token_ids is not None:
-            out["text_embeds"] = self.text_embeddings(token_ids, padding_mask, training)
-        if len(out) == 2:
-            scale = ops.exp(ops.cast(self.logit_scale, out["text_embeds"].dtype))
-            out["logits_per_text"] = scale * ops.matmul(out["text_embeds"], ops.transpose(out["image_embeds"]))
-            out["logits_per_image"] = ops.transpose(out["logits_per_text"])
-        return out
+    def pair_logits(self, cosines):
+        """The cosines of (text, image) pairs times the learned temperature."""
+        return ops.exp(ops.cast(self.logit_scale, cosines.dtype)) * cosines
 
-    def _id_inputs(self) -> dict:
-        return {"images": None, "token_ids": (self.text_encoder.vocabulary_size, "vocabulary_size"),
-                "padding_mask": None}  # fmt: skip
+    def zero_shot_scores(self, cosines: np.ndarray) -> np.ndarray:
+        """Each image's softmax over the labels of `(images, labels)` cosines."""
+        logits = np.exp(float(ops.convert_to_numpy(self.logit_scale))) * cosines
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        return scores / scores.sum(-1, keepdims=True)
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -225,10 +227,6 @@ class TemperatureClamp(keras.constraints.Constraint):
 
     def get_config(self) -> dict:
         return {"maximum": self.maximum}
-
-
-def _unit(x):
-    return x / ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
 
 
 def _clip(vision: dict, text: dict, projection_dim: int, overrides: dict) -> CLIP:

@@ -66,12 +66,15 @@ class ImageTasks:
         if pooling not in POOLINGS:
             raise InputError(f"expected one of {', '.join(POOLINGS)}; received {pooling!r}.", "pooling",
                              "embed_images")  # fmt: skip
+        if pooling == "token" and not getattr(self, "use_class_token", True):
+            raise InputError("the model has no class token (use_class_token=False); use 'mean' or 'patches'.",
+                             "pooling", "embed_images")  # fmt: skip
         single = one_image(images)
         pixels = self.preprocess_images([images] if single else images)
         parts = []
         for part in _batches(pixels, batch_size):
             tokens = ops.convert_to_numpy(self.features(ops.convert_to_tensor(part)))
-            patches = tokens[:, 1 + getattr(self, "num_extra_tokens", 0) :]
+            patches = tokens[:, getattr(self, "num_leading_tokens", 1) :]
             parts.append(tokens[:, 0] if pooling == "token" else patches.mean(1) if pooling == "mean" else patches)
         vectors = np.concatenate(parts).astype("float32")
         return vectors[0] if single else vectors

@@ -1,6 +1,7 @@
 """What a person does with an image-text model, images as files, PIL images or arrays and texts as strings: unit
 vectors of each (`embed_images`, `embed_texts`), their cosine similarities (`similarity`), and zero-shot
-classification by prompts (`zero_shot_classify`, with prompt ensembling as open_clip does it)."""
+classification by prompts (`zero_shot_classify`, with prompt ensembling as open_clip does it); and what CLIP and
+SigLIP share as models (`ImageTextModel`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import is_integer
+from keras_tfm.models.base import ZooModel
 from keras_tfm.models.image_tasks import one_image
 
 
 class ImageTextTasks:
     """For a model with `image_processor`, `tokenizer`, `image_embeddings(pixels)`,
-    `text_embeddings(token_ids, padding_mask)`, `logit_scale` and a `text_encoder` with `longest_input`."""
+    `text_embeddings(token_ids, padding_mask)`, `zero_shot_scores(cosines)` and a `text_encoder` with
+    `longest_input` and `text_batch(ids)`."""
 
     def embed_images(self, images, batch_size: int = 32) -> np.ndarray:
         """`(batch, projection_dim)` unit vectors of `images` (files, PIL images or uint8 arrays of any sizes,
@@ -32,7 +35,8 @@ class ImageTextTasks:
 
     def embed_texts(self, texts, batch_size: int = 32) -> np.ndarray:
         """`(batch, projection_dim)` unit vectors of `texts`, each tokenized with the checkpoint's tokenizer and cut
-        to the text tower's length as CLIP's tokenizer cuts it (the end token kept); one text: its vector alone."""
+        to the text tower's length as CLIP's and SigLIP's tokenizers cut it (CLIP's end token kept); one text: its
+        vector alone."""
         single = isinstance(texts, str)
         listed = [texts] if single else texts
         if not isinstance(listed, (list, tuple)) or not listed or not all(isinstance(t, str) for t in listed):
@@ -44,8 +48,7 @@ class ImageTextTasks:
         parts = []
         for chunk in _chunks(list(listed), batch_size):
             ids = self.tokenizer.encode_batch(chunk, max_length=self.text_encoder.longest_input)
-            padded, mask = _padded(ids)
-            parts.append(_predicted(self, {"token_ids": padded, "padding_mask": mask}, "text_embeds"))
+            parts.append(_predicted(self, self.text_encoder.text_batch(ids), "text_embeds"))
         vectors = np.concatenate(parts).astype("float32")
         return vectors[0] if single else vectors
 
@@ -57,8 +60,8 @@ class ImageTextTasks:
         """Each image's labels with their probabilities, likeliest first, as `[{"label", "score"}]` (transformers'
         zero-shot image-classification pipeline's answer): each label is written into every template, the
         prompts' unit vectors averaged and scaled to unit length again (open_clip's prompt ensembling), then
-        scored against the image with the model's temperature and a softmax over the labels. One image: its
-        list alone."""
+        scored against the image with the model's temperature: a softmax over the labels (CLIP), or each label's
+        own sigmoid (SigLIP, whose scores need not sum to 1). One image: its list alone."""
         if not isinstance(labels, (list, tuple)) or not labels or not all(isinstance(x, str) for x in labels):
             raise InputError(f"expected a non-empty list of labels; received {labels!r:.80}.", "labels",
                              caller="zero_shot_classify")  # fmt: skip
@@ -74,11 +77,7 @@ class ImageTextTasks:
         classes = prompts.reshape(len(labels), len(templates), -1).mean(1)
         classes /= np.linalg.norm(classes, axis=-1, keepdims=True)
         single = one_image(images)
-        logits = (
-            np.exp(float(ops.convert_to_numpy(self.logit_scale))) * np.atleast_2d(self.embed_images(images)) @ classes.T
-        )
-        scores = np.exp(logits - logits.max(-1, keepdims=True))
-        scores /= scores.sum(-1, keepdims=True)
+        scores = self.zero_shot_scores(np.atleast_2d(self.embed_images(images)) @ classes.T)
         answers = [[{"label": labels[i], "score": float(row[i])} for i in np.argsort(-row, kind="stable")[:top_k]]
                    for row in scores]  # fmt: skip
         return answers[0] if single else answers
@@ -90,10 +89,6 @@ class ServesImagesAndTexts:
     each comes back as its unit vector in the shared space."""
 
     normalize = True
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.projection_dim
 
     @property
     def max_sequence_length(self) -> int:
@@ -118,20 +113,73 @@ class ServesImagesAndTexts:
         """The vectors of `encode`'s rows, texts and images mixed, in their order."""
         texts = [i for i, row in enumerate(rows) if np.ndim(row) == 1]
         images = [i for i, row in enumerate(rows) if np.ndim(row) == 3]
-        vectors = np.zeros((len(rows), self.projection_dim), "float32")
+        vectors = np.zeros((len(rows), self.embedding_dim), "float32")
         for chunk in _chunks(texts, batch_size):
-            padded, mask = _padded([rows[i] for i in chunk])
-            vectors[chunk] = _predicted(self, {"token_ids": padded, "padding_mask": mask}, "text_embeds")
+            vectors[chunk] = _predicted(self, self.text_encoder.text_batch([rows[i] for i in chunk]), "text_embeds")
         for chunk in _chunks(images, batch_size):
             vectors[chunk] = _predicted(self, {"images": np.stack([rows[i] for i in chunk])}, "image_embeds")
         return vectors
 
     def input_tokens(self, row) -> int:
-        """What an input counts in a response's `usage`: a text's tokens, an image's patches and class token."""
+        """What an input counts in a response's `usage`: a text's tokens, an image's patches and leading tokens."""
         if np.ndim(row) == 1:
             return len(row)
         patch = self.vision_encoder.patch_size
-        return (row.shape[0] // patch) * (row.shape[1] // patch) + 1
+        return (row.shape[0] // patch) * (row.shape[1] // patch) + self.vision_encoder.num_leading_tokens
+
+
+class ImageTextModel(ImageTextTasks, ServesImagesAndTexts, ZooModel):
+    """What CLIP and SigLIP share: a call on images, texts or both, and training on pairs without labels. A
+    subclass has `vision_encoder`, `text_encoder`, `image_embeddings`, `text_embeddings`, `pair_logits(cosines)`
+    (the temperature, and a bias where the model has one) and `embedding_dim`."""
+
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs) -> None:
+        # no accuracy by default: the pairs have no labels
+        super().compile(optimizer, loss, None if isinstance(metrics, str) and metrics == "auto" else metrics, **kwargs)
+
+    @property
+    def vocabulary_size(self) -> int:
+        """The text tower's: a tokenizer that makes more ids is refused."""
+        return self.text_encoder.vocabulary_size
+
+    def call(self, images=None, token_ids=None, padding_mask=None, training=None):
+        if isinstance(images, dict):
+            return self.call(**images, training=training)
+        if images is None and token_ids is None:
+            raise InputError("expected images, token_ids or both; received neither.", "images",
+                             caller=type(self).__name__)  # fmt: skip
+        out = {}
+        if images is not None:
+            out["image_embeds"] = self.image_embeddings(images, training)
+        if token_ids is not None:
+            out["text_embeds"] = self.text_embeddings(token_ids, padding_mask, training)
+        if len(out) == 2:
+            out["logits_per_text"] = self.pair_logits(
+                ops.matmul(out["text_embeds"], ops.transpose(out["image_embeds"]))
+            )
+            out["logits_per_image"] = ops.transpose(out["logits_per_text"])
+        return out
+
+    def _id_inputs(self) -> dict:
+        return {"images": None, "token_ids": (self.text_encoder.vocabulary_size, "vocabulary_size"),
+                "padding_mask": None}  # fmt: skip
+
+
+def check_towers(vision_encoder, text_encoder, caller: str) -> None:
+    """Refuses, by argument, an image tower that is not a ViT without its head, or a text tower without `pooled`."""
+    from keras_tfm.models.vit import ViT
+
+    if not isinstance(vision_encoder, ViT) or vision_encoder.include_top:
+        raise InputError(f"expected a ViT with include_top=False; received {vision_encoder!r:.80}.",
+                         "vision_encoder", caller=caller)  # fmt: skip
+    if not all(hasattr(text_encoder, name) for name in ("pooled", "hidden_dim", "text_batch")):
+        raise InputError(f"expected a text tower with `pooled` (a CLIPTextEncoder); received "
+                         f"{type(text_encoder).__name__}.", "text_encoder", caller=caller)  # fmt: skip
+
+
+def unit(x):
+    """`x` scaled to unit length along its last axis."""
+    return x / ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
 
 
 def _decoded(data_url: str, index: int):
@@ -172,12 +220,3 @@ def _chunks(items: list, size: int) -> list:
 def _check_batch_size(batch_size, caller: str) -> None:
     if not is_integer(batch_size) or batch_size < 1:
         raise InputError(f"expected a positive integer; received {batch_size!r}.", "batch_size", caller=caller)
-
-
-def _padded(ids: list) -> tuple[np.ndarray, np.ndarray]:
-    """The ids right-padded with 0 to the longest, and the padding mask (True at real tokens)."""
-    length = max(len(row) for row in ids)
-    padded = np.zeros((len(ids), length), "int32")
-    for row, values in enumerate(ids):
-        padded[row, : len(values)] = values
-    return padded, np.arange(length)[None] < np.array([len(row) for row in ids])[:, None]

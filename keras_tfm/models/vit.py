@@ -13,6 +13,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, PatchEmbedding, SinusoidalPositionEncoding2D
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.attention_pooling import AttentionPooling
 from keras_tfm.layers.positions import bicubic_resize_matrix
 from keras_tfm.models.base import ZooModel
 from keras_tfm.models.image_tasks import ImageTasks
@@ -33,7 +34,8 @@ class ViT(ImageTasks, ZooModel):
         num_channels: channels of the input images.
         pooling: "token" classifies from the class token, "mean" from the mean patch token,
             "token_and_mean" from both side by side (DINOv2's), "distilled" averages a head on the class token
-            and one on the distillation token (DeiT's, with `distillation_token`).
+            and one on the distillation token (DeiT's, with `distillation_token`), "attention" pools every token
+            with a learned query (SigLIP's MAP head, `AttentionPooling`; also without `include_top`).
         include_top: False returns the normalized token sequence `(batch, 1 + patches, hidden_dim)`.
         positions: "learned" (a table, interpolated bicubically for other image sizes) or
             "sinusoidal" (fixed 2-D sinusoids for any grid).
@@ -51,6 +53,7 @@ class ViT(ImageTasks, ZooModel):
             registers), as PyTorch's `interpolate(..., antialias=True)`.
         patch_bias: the patch projection's bias (CLIP's has none).
         norm_before_blocks: a LayerNorm on the embeddings before the blocks (CLIP's `pre_layrnorm`).
+        use_class_token: False has no class token (SigLIP's), the patches alone; pooling "mean" or "attention".
         activation: "gelu", or CLIP's "quick_gelu", or any Keras activation.
 
     Call arguments:
@@ -96,13 +99,15 @@ class ViT(ImageTasks, ZooModel):
         position_antialias: bool = False,
         patch_bias: bool = True,
         norm_before_blocks: bool = False,
+        use_class_token: bool = True,
         **kwargs,
     ):
         check_arguments("ViT", locals(), optional=("intermediate_dim", "class_names", "layer_scale_init"))
         kwargs.setdefault("name", "vit")
         self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)
-        _check_layout(image_size, patch_size, pooling, positions, distillation_token)
+        _check_layout(image_size, patch_size, pooling, positions, distillation_token, use_class_token,
+                      num_register_tokens)  # fmt: skip
         self.image_size, self.patch_size, self.num_classes = image_size, patch_size, num_classes
         self.num_layers, self.num_heads, self.hidden_dim = num_layers, num_heads, hidden_dim
         self.intermediate_dim, self.num_channels = intermediate_dim or 4 * hidden_dim, num_channels
@@ -113,6 +118,7 @@ class ViT(ImageTasks, ZooModel):
         self.mask_token, self.layer_scale_init, self.drop_path_rate = mask_token, layer_scale_init, drop_path_rate
         self.gated_feed_forward, self.position_antialias = gated_feed_forward, position_antialias
         self.patch_bias, self.norm_before_blocks = patch_bias, norm_before_blocks
+        self.use_class_token = use_class_token
         self.grid_size = image_size // patch_size
         self.class_names = checked_class_names(class_names, num_classes, "ViT") if include_top else None
         self._make_layers(remat)
@@ -160,6 +166,10 @@ class ViT(ImageTasks, ZooModel):
         ]
         self.final_norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name="final_norm")
         self.head = keras.layers.Dense(self.num_classes, dtype=policy, name="head") if self.include_top else None
+        self.attention_pool = (
+            AttentionPooling(self.num_heads, self.intermediate_dim, self.activation, epsilon, dtype=policy,
+                             name="attention_pool") if self.pooling == "attention" else None
+        )  # fmt: skip
         distilled = self.include_top and self.pooling == "distilled"
         self.distillation_head = (
             keras.layers.Dense(self.num_classes, dtype=policy, name="distillation_head") if distilled else None
@@ -176,7 +186,8 @@ class ViT(ImageTasks, ZooModel):
 
     def build(self, images_shape=None):
         tokens = keras.initializers.TruncatedNormal(stddev=0.02)
-        self.class_token = self.add_weight(name="class_token", shape=(1, 1, self.hidden_dim), initializer=tokens)
+        if self.use_class_token:
+            self.class_token = self.add_weight(name="class_token", shape=(1, 1, self.hidden_dim), initializer=tokens)
         if self.distillation_token:
             self.distillation_weight = self.add_weight(name="distillation_token", shape=(1, 1, self.hidden_dim),
                                                        initializer=tokens)  # fmt: skip
@@ -187,6 +198,8 @@ class ViT(ImageTasks, ZooModel):
             self.mask_weight = self.add_weight(name="mask_token", shape=(1, self.hidden_dim), initializer="zeros")
         # a symbolic call builds every sub-layer and computes nothing
         self.call(keras.KerasTensor((1, self.image_size, self.image_size, self.num_channels)))
+        if self.attention_pool is not None and not self.attention_pool.built:  # without a head: not called
+            self.attention_pool.build((None, None, self.hidden_dim))
         self.built = True
 
     def _check_images(self, images) -> None:
@@ -199,12 +212,17 @@ class ViT(ImageTasks, ZooModel):
     @property
     def num_prefix_positions(self) -> int:
         """The tokens before the patches that have a position: the class token, and DeiT's distillation token."""
-        return 1 + self.distillation_token
+        return int(self.use_class_token) + self.distillation_token
 
     @property
     def num_extra_tokens(self) -> int:
         """The tokens between the class token and the patches: the distillation token, the registers."""
         return int(self.distillation_token) + self.num_register_tokens
+
+    @property
+    def num_leading_tokens(self) -> int:
+        """The tokens before the patches: the class token where the model has one, and the extra tokens."""
+        return int(self.use_class_token) + self.num_extra_tokens
 
     def _positions(self, tokens, rows: int, cols: int):
         if self.positions == "sinusoidal":
@@ -236,17 +254,26 @@ class ViT(ImageTasks, ZooModel):
         # the head reads the class (and distillation) token only: the last block computes its output there alone
         heads_only = self.include_top and self.pooling in ("token", "distilled") and not return_attention_weights
         x, attention_weights = self._encoded(images, return_attention_weights, heads_only, masked_patches, training)
-        if self.include_top:
-            patches = x[:, 1 + self.num_extra_tokens :]
-            if self.pooling == "mean":
-                x = self.head(ops.mean(patches, axis=1))
-            elif self.pooling == "token_and_mean":  # DINOv2's classifier
-                x = self.head(ops.concatenate([x[:, 0], ops.mean(patches, axis=1)], axis=-1))
-            elif self.pooling == "distilled":  # DeiT's two heads, averaged at inference
-                x = (self.head(x[:, 0]) + self.distillation_head(x[:, 1])) / 2
-            else:
-                x = self.head(x[:, 0])
+        if self.include_top and self.pooling == "distilled":  # DeiT's two heads, averaged at inference
+            x = (self.head(x[:, 0]) + self.distillation_head(x[:, 1])) / 2
+        elif self.include_top:
+            x = self.head(self._pooled(x))
         return (x, attention_weights) if return_attention_weights else x
+
+    def _pooled(self, x):
+        if self.pooling == "attention":
+            return self.attention_pool(x)
+        patches = x[:, self.num_leading_tokens :]
+        if self.pooling == "mean":
+            return ops.mean(patches, axis=1)
+        if self.pooling == "token_and_mean":  # DINOv2's classifier
+            return ops.concatenate([x[:, 0], ops.mean(patches, axis=1)], axis=-1)
+        return x[:, 0]
+
+    def pooled_features(self, images, training=None):
+        """`(batch, width)`: the one vector per image that the head reads, pooled as `pooling` says (the class
+        token for "distilled"); SigLIP's and CLIP's image vector before their projection."""
+        return self._pooled(self.features(images, training=training))
 
     def features(self, images, masked_patches=None, training=None):
         """The normalized token sequence `(batch, 1 + extra + patches, hidden_dim)`: the class token, the
@@ -302,7 +329,8 @@ class ViT(ImageTasks, ZooModel):
                 raise InputError("the model has no mask token (mask_token=False).", "masked_patches", "ViT")
             masked = ops.expand_dims(ops.cast(masked_patches, "bool"), -1)
             patches = ops.where(masked, ops.cast(self.mask_weight, patches.dtype)[None], patches)
-        prefix = [self.class_token] + ([self.distillation_weight] if self.distillation_token else [])
+        prefix = [self.class_token] if self.use_class_token else []
+        prefix += [self.distillation_weight] if self.distillation_token else []
         prefix = [ops.broadcast_to(ops.cast(token, patches.dtype), (batch, 1, self.hidden_dim)) for token in prefix]
         x = ops.concatenate([*prefix, patches], axis=1)
         x = x + self._positions(x, rows, cols)
@@ -314,17 +342,24 @@ class ViT(ImageTasks, ZooModel):
         return self.embedding_dropout(x, training=training)
 
 
-def _check_layout(image_size: int, patch_size: int, pooling: str, positions: str, distillation_token: bool) -> None:
-    """Refuses an image size its patches do not divide, and a pooling or positions the model has not."""
+def _check_layout(image_size: int, patch_size: int, pooling: str, positions: str, distillation_token: bool,
+                  use_class_token: bool, num_register_tokens: int) -> None:  # fmt: skip
+    """Refuses an image size its patches do not divide, and a pooling, positions or tokens the model has not."""
     if image_size % patch_size:
         raise InputError(
             f"image_size must be a multiple of patch_size; received image_size={image_size}, patch_size={patch_size}.",
             caller="ViT",
         )
-    poolings = ("token", "mean", "token_and_mean") + (("distilled",) if distillation_token else ())
+    poolings = ("mean", "attention") + (("token", "token_and_mean") if use_class_token else ())
+    poolings += ("distilled",) if distillation_token else ()
     for name, value, allowed in (("pooling", pooling, poolings), ("positions", positions, POSITIONS)):
         if value not in allowed:
-            raise InputError(f"{name} must be {' or '.join(map(repr, allowed))}; received {value!r}.", caller="ViT")
+            raise InputError(f"{name} must be {' or '.join(map(repr, allowed))}; received {value!r}"
+                             f"{'' if use_class_token else ' (use_class_token=False)'}.", caller="ViT")  # fmt: skip
+    if not use_class_token and (distillation_token or num_register_tokens):
+        raise InputError("a distillation token or registers follow the class token; received use_class_token=False "
+                         f"with distillation_token={distillation_token}, num_register_tokens={num_register_tokens}.",
+                         "use_class_token", caller="ViT")  # fmt: skip
 
 
 def _vit(defaults: dict, overrides: dict) -> ViT:

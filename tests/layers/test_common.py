@@ -26,6 +26,7 @@ CASES = {
         (SEQUENCE,),
         {},
     ),
+    "attention_pooling": (lambda **kw: layers.AttentionPooling(4, 48, **kw), (SEQUENCE,), {}),
     "token_pooling": (lambda **kw: layers.TokenPooling(("mean", "max", "lasttoken"), **kw), (SEQUENCE,), {}),
     "decoder_block": (lambda **kw: layers.DecoderBlock(4, 64, **kw), (SEQUENCE,), {}),
     "decoder_block_cross": (

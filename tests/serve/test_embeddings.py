@@ -178,8 +178,9 @@ def test_a_shutdown_answers_the_waiting_with_503_and_the_thread_ends_at_once():
 
 
 @pytest.mark.backend_independent  # the server's reading of inputs; the towers' outputs on every backend: test_clip.py
-def test_an_image_text_model_embeds_texts_and_image_data_urls(tmp_path):
-    """A CLIP checkpoint served: texts and images (base64 data URLs) in one request, each the vector that
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_an_image_text_model_embeds_texts_and_image_data_urls(tmp_path, family):
+    """A CLIP or SigLIP checkpoint served: texts and images (base64 data URLs) in one request, each the vector that
     `embed_texts` or `embed_images` gives; an image that does not decode is a 400 naming the input."""
     import io
 
@@ -187,8 +188,9 @@ def test_an_image_text_model_embeds_texts_and_image_data_urls(tmp_path):
     from PIL import Image
 
     from tests.convert.test_clip import write_clip_checkpoint
+    from tests.convert.test_siglip import write_siglip_checkpoint
 
-    write_clip_checkpoint(tmp_path)
+    (write_clip_checkpoint if family == "clip" else write_siglip_checkpoint)(tmp_path)
     clip = keras_tfm.from_huggingface(str(tmp_path))
     photo = Image.open(f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg")
     buffer = io.BytesIO()
@@ -202,7 +204,8 @@ def test_an_image_text_model_embeds_texts_and_image_data_urls(tmp_path):
         np.testing.assert_allclose(vectors[[0, 2]], clip.embed_texts(texts), atol=1e-5)
         np.testing.assert_allclose(vectors[1], clip.embed_images(np.asarray(photo.convert("RGB"))), atol=1e-5)
         tokens = sum(len(row) for row in clip.tokenizer.encode_batch(texts))
-        assert reply.usage.prompt_tokens == tokens + (16 // 8) ** 2 + 1  # the texts' tokens, the image's patches
+        # the texts' tokens, the image's patches (and CLIP's class token)
+        assert reply.usage.prompt_tokens == tokens + (16 // 8) ** 2 + (family == "clip")
         with pytest.raises(openai.BadRequestError, match="input 1 is an image data URL that does not decode") as bad:
             client.embeddings.create(model="clip", input=[texts[0], "data:image/png;base64,aGVsbG8="])
         assert bad.value.body["param"] == "input"

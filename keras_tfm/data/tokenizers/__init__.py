@@ -12,4 +12,5 @@ from keras_tfm.data.tokenizers.learned import (
     TranslationTokenizer,
     WordPieceTokenizer,
 )
+from keras_tfm.data.tokenizers.siglip import SiglipTokenizer
 from keras_tfm.data.tokenizers.storage import load_or_fit_tokenizer, load_tokenizer, save_tokenizer

@@ -13,6 +13,7 @@ import numpy as np
 from keras_tfm.data.errors import DataError
 from keras_tfm.data.tokenizers.base import Tokenizer, checkpoint_files, pair_windows, single_windows
 from keras_tfm.data.tokenizers.learned import BytePairTokenizer, WordPieceTokenizer
+from keras_tfm.data.tokenizers.siglip import SiglipTokenizer, is_siglip_checkpoint
 
 
 class HuggingFaceTokenizer(Tokenizer):
@@ -311,9 +312,11 @@ def _chat_settings(directory: str) -> tuple[str | None, dict]:
 def checkpoint_tokenizer(directory: str):
     """The tokenizer of a Hugging Face checkpoint directory, or None where it has none: its
     `tokenizer.json` (any fast tokenizer), else Marian's `source.spm`, `target.spm` and `vocab.json`,
-    else GPT-2's `vocab.json` and `merges.txt`, else BERT's `vocab.txt`."""
+    else SigLIP's `spiece.model`, else GPT-2's `vocab.json` and `merges.txt`, else BERT's `vocab.txt`."""
     if os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return HuggingFaceTokenizer.from_huggingface(directory)
+    if is_siglip_checkpoint(directory):
+        return SiglipTokenizer.from_huggingface(directory)
     if all(os.path.isfile(os.path.join(directory, name)) for name in ("source.spm", "target.spm", "vocab.json")):
         return MarianTokenizer.from_huggingface(directory)
     if all(os.path.isfile(os.path.join(directory, name)) for name in ("vocab.json", "merges.txt")):

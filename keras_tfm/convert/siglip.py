@@ -1,0 +1,170 @@
+"""SigLIP and SigLIP 2 at fixed resolution (`SiglipModel` <-> `keras_tfm.SigLIP`) and the image tower
+(`SiglipVisionModel` <-> `keras_tfm.ViT`).
+
+SigLIP's tower is the one ViT without a class token (`use_class_token=False`), its tokens pooled by attention
+(`pooling="attention"`: transformers' `head`, a probe with PyTorch's fused `in_proj` of queries, keys and values).
+Its `last_hidden_state` is `model.features(images)`; its `pooler_output` is `model.pooled_features(images)`.
+SigLIP 2's fixed-resolution checkpoints are `SiglipModel`s with Gemma's tokenizer.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_tfm.convert.clip import _read_blocks, _read_text, _tower_config, _write_blocks, text_tower, vision_tower
+from keras_tfm.convert.registry import converter, exporter
+from keras_tfm.convert.weights import WeightReader, WeightWriter, no_classifier, set_layer_norm
+from keras_tfm.errors import InputError
+from keras_tfm.models.clip import CLIPTextEncoder
+from keras_tfm.models.siglip import SigLIP
+from keras_tfm.models.vit import ViT
+
+_POSITION_IDS = lambda name: name.endswith("position_ids")  # noqa: E731  (buffers, not weights)
+
+
+@converter("siglip_vision_model", prefixes=("vision_model.",))  # transformers 4 wrote the tower's names under it
+def convert_siglip_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
+    no_classifier("SiglipVisionModel", num_classes)
+    model = _vision_tower(config)
+    model.build()
+    _read_vision(model, w, "")
+    w.check_all_used("from_huggingface", "SiglipVisionModel", ignore=_POSITION_IDS)
+    return model
+
+
+@converter("siglip")
+def convert_siglip(config: dict, w: WeightReader, num_classes: int | None = None) -> SigLIP:
+    no_classifier("SiglipModel", num_classes)
+    vision_config, text_config = config.get("vision_config") or {}, config.get("text_config") or {}
+    model = SigLIP(_vision_tower(vision_config), _text_tower(text_config))
+    model.build()
+    _read_vision(model.vision_encoder, w, "vision_model.")
+    _read_text(model.text_encoder, w, "text_model.")
+    w.linear("text_model.head", model.text_head)
+    for variable, name in ((model.logit_scale, "logit_scale"), (model.logit_bias, "logit_bias")):
+        w.check_shape(name, np.shape(w(name)), (1,))
+        variable.assign(np.asarray(w(name), "float32").reshape(()))
+    w.check_all_used("from_huggingface", "SiglipModel", ignore=_POSITION_IDS)
+    return model
+
+
+SIGLIP_VISION = dict(image_size=224, patch_size=16, num_hidden_layers=12, num_attention_heads=12, hidden_size=768,
+                     intermediate_size=3072, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)  # fmt: skip
+
+
+def _vision_tower(config: dict) -> ViT:
+    pooling = "attention" if config.get("vision_use_head", True) else "mean"
+    return vision_tower("SigLIP", config, SIGLIP_VISION, pooling=pooling, use_class_token=False)
+
+
+SIGLIP_TEXT = dict(vocab_size=32000, max_position_embeddings=64, num_hidden_layers=12, num_attention_heads=12,
+                   hidden_size=768, intermediate_size=3072, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)  # fmt: skip
+
+
+def _text_tower(config: dict) -> CLIPTextEncoder:
+    return text_tower("SigLIP", config, SIGLIP_TEXT, end_token_id=config.get("eos_token_id", 1),
+                      pad_token_id=config.get("pad_token_id", 1), pooling="last_token", causal=False)  # fmt: skip
+
+
+def _read_vision(model: ViT, w: WeightReader, p: str) -> None:
+    names = (p + "embeddings.patch_embedding.weight", p + "embeddings.patch_embedding.bias")
+    kernel = w(names[0]).transpose(2, 3, 1, 0)  # PyTorch's (out, in, kh, kw)
+    w.assign(model.patch_embedding.projection, [kernel, w(names[1])], names)
+    w.set(model.position_embedding, p + "embeddings.position_embedding.weight")
+    _read_blocks(model.blocks, w, p)
+    set_layer_norm(model.final_norm, w(p + "post_layernorm.weight"), w(p + "post_layernorm.bias"))
+    if model.attention_pool is not None:
+        _read_pooling(model.attention_pool, w, p + "head.")
+
+
+def _read_pooling(pooling, w: WeightReader, p: str) -> None:
+    """The MAP head: its probe, PyTorch's `MultiheadAttention` (queries, keys and values in one `in_proj`), MLP."""
+    w.set_variable(pooling.probe, p + "probe")
+    attention = pooling.attention
+    kernels, biases = np.split(w(p + "attention.in_proj_weight"), 3), np.split(w(p + "attention.in_proj_bias"), 3)
+    names = (p + "attention.in_proj_weight", p + "attention.in_proj_bias")
+    for dense, kernel, bias in zip(
+        (attention.query_dense, attention.key_dense, attention.value_dense), kernels, biases
+    ):
+        w.assign(dense, [kernel.T, bias], names, transposed=True)
+    w.linear(p + "attention.out_proj", attention.output_dense)
+    set_layer_norm(pooling.norm, w(p + "layernorm.weight"), w(p + "layernorm.bias"))
+    w.linear(p + "mlp.fc1", pooling.mlp.intermediate_dense)
+    w.linear(p + "mlp.fc2", pooling.mlp.output_dense)
+
+
+def is_siglip_vision(model: ViT) -> bool:
+    """Whether `save_huggingface` writes `model` as SigLIP's image tower: a ViT without a class token."""
+    return not model.use_class_token
+
+
+def export_siglip_vision(model: ViT, w: WeightWriter, p: str = "") -> dict:
+    """`model` as transformers' `SiglipVisionModel` (under `p`, a `SiglipModel`'s tower): the converter's inverse."""
+    _check_siglip_layout(model)
+    kernel = keras.ops.convert_to_numpy(model.patch_embedding.projection.kernel)
+    w[p + "embeddings.patch_embedding.weight"] = kernel.transpose(3, 2, 0, 1)
+    w[p + "embeddings.patch_embedding.bias"] = model.patch_embedding.projection.bias
+    w[p + "embeddings.position_embedding.weight"] = model.position_embedding.embeddings
+    _write_blocks(model.blocks, w, p)
+    w.layer_norm(p + "post_layernorm", model.final_norm)
+    if model.attention_pool is not None:
+        _write_pooling(model.attention_pool, w, p + "head.")
+    return dict(model_type="siglip_vision_model", architectures=["SiglipVisionModel"], image_size=model.image_size,
+                patch_size=model.patch_size, num_channels=model.num_channels,
+                vision_use_head=model.attention_pool is not None, **_siglip_config(model))  # fmt: skip
+
+
+def _write_pooling(pooling, w: WeightWriter, p: str) -> None:
+    w[p + "probe"] = pooling.probe
+    attention = pooling.attention
+    projections = (attention.query_dense, attention.key_dense, attention.value_dense)
+    w[p + "attention.in_proj_weight"] = np.concatenate([keras.ops.convert_to_numpy(d.kernel).T for d in projections])
+    w[p + "attention.in_proj_bias"] = np.concatenate([keras.ops.convert_to_numpy(d.bias) for d in projections])
+    w.linear(p + "attention.out_proj", attention.output_dense)
+    w.layer_norm(p + "layernorm", pooling.norm)
+    w.linear(p + "mlp.fc1", pooling.mlp.intermediate_dense)
+    w.linear(p + "mlp.fc2", pooling.mlp.output_dense)
+
+
+@exporter(SigLIP)
+def export_siglip(model: SigLIP, w: WeightWriter) -> dict:
+    """`model` as transformers' `SiglipModel`."""
+    text = model.text_encoder
+    if not isinstance(text, CLIPTextEncoder) or text.causal or text.pooling != "last_token":
+        raise InputError("SiglipModel's text tower is a CLIPTextEncoder with causal=False, pooling='last_token'; "
+                         f"received {text!r:.80}.", "model", caller="save_huggingface")  # fmt: skip
+    vision = {k: v for k, v in export_siglip_vision(model.vision_encoder, w, "vision_model.").items()
+              if k not in ("model_type", "architectures")}  # fmt: skip
+    w["text_model.embeddings.token_embedding.weight"] = text.token_embedding.embeddings
+    w["text_model.embeddings.position_embedding.weight"] = text.position_embedding.embeddings
+    _write_blocks(text.blocks, w, "text_model.")
+    w.layer_norm("text_model.final_layer_norm", text.final_norm)
+    w.linear("text_model.head", model.text_head)
+    w["logit_scale"] = np.reshape(keras.ops.convert_to_numpy(model.logit_scale), (1,))
+    w["logit_bias"] = np.reshape(keras.ops.convert_to_numpy(model.logit_bias), (1,))
+    text_config = dict(vocab_size=text.vocabulary_size, max_position_embeddings=text.max_length,
+                       eos_token_id=text.end_token_id, pad_token_id=text.pad_token_id,
+                       projection_size=model.embedding_dim, **_siglip_config(text))  # fmt: skip
+    return dict(model_type="siglip", architectures=["SiglipModel"], text_config=text_config, vision_config=vision)
+
+
+def _siglip_config(tower) -> dict:
+    config = _tower_config(tower)
+    if tower.activation == "gelu_approximate":  # SigLIP's own name for the tanh GELU
+        config["hidden_act"] = "gelu_pytorch_tanh"
+    return config
+
+
+def _check_siglip_layout(model: ViT) -> None:
+    """Refuses, naming the argument, a ViT without a class token that `SiglipVisionModel` cannot hold."""
+    expected = dict(include_top=False, positions="learned", patch_bias=True, norm_before_blocks=False,
+                    distillation_token=False, num_register_tokens=0, mask_token=False, layer_scale_init=None,
+                    gated_feed_forward=False, dropout=0.0)  # fmt: skip
+    for name, value in expected.items():
+        if getattr(model, name) != value:
+            raise InputError(f"SiglipVisionModel (a ViT with use_class_token=False) has {name}={value!r}; received "
+                             f"{name}={getattr(model, name)!r}.", name, caller="save_huggingface")  # fmt: skip
+    if model.pooling not in ("attention", "mean"):
+        raise InputError(f"SiglipVisionModel pools by attention, or not at all ('mean'); received pooling="
+                         f"{model.pooling!r}.", "pooling", caller="save_huggingface")  # fmt: skip
