@@ -25,13 +25,33 @@ from keras_tfm.models.clip import CLIP, CLIPTextEncoder
 from keras_tfm.models.vit import ViT
 
 
-@converter("clip_vision_model")
-def convert_clip_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
+@converter("clip_vision_model", prefixes=("vision_model.",))  # CLIPVisionModelWithProjection's names
+def convert_clip_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT | CLIP:
+    """`CLIPVisionModel` as a `ViT`; `CLIPVisionModelWithProjection` as a `CLIP` of the image tower alone."""
     no_classifier("CLIPVisionModel", num_classes)
-    model = _vision_tower(config)
+    tower = _vision_tower(config)
+    projected = "visual_projection.weight" in w
+    model = CLIP(tower, None, projection_dim=config.get("projection_dim", 512)) if projected else tower
     model.build()
-    _read_vision(model, w, "")
+    _read_vision(tower, w, "")
+    if projected:
+        w.linear("visual_projection", model.visual_projection)
     w.check_all_used("from_huggingface", "CLIPVisionModel", ignore=lambda name: name.endswith("position_ids"))
+    return model
+
+
+@converter("clip_text_model", prefixes=("text_model.",))  # transformers 4's and ...WithProjection's names
+def convert_clip_text(config: dict, w: WeightReader, num_classes: int | None = None) -> CLIPTextEncoder | CLIP:
+    """`CLIPTextModel` as a `CLIPTextEncoder`; `CLIPTextModelWithProjection` as a `CLIP` of the text tower alone."""
+    no_classifier("CLIPTextModel", num_classes)
+    tower = _text_tower(config)
+    projected = "text_projection.weight" in w
+    model = CLIP(None, tower, projection_dim=config.get("projection_dim", 512)) if projected else tower
+    model.build()
+    _read_text(tower, w, "")
+    if projected:
+        w.linear("text_projection", model.text_projection)
+    w.check_all_used("from_huggingface", "CLIPTextModel", ignore=lambda name: name.endswith("position_ids"))
     return model
 
 
@@ -165,24 +185,43 @@ def export_clip_vision(model: ViT, w: WeightWriter, p: str = "") -> dict:
 
 @exporter(CLIP)
 def export_clip(model: CLIP, w: WeightWriter) -> dict:
-    """`model` as transformers' `CLIPModel`."""
-    text = model.text_encoder
-    if not isinstance(text, CLIPTextEncoder):
+    """`model` as transformers' `CLIPModel`, or of one tower `CLIPVisionModelWithProjection` /
+    `CLIPTextModelWithProjection`."""
+    text, vision = model.text_encoder, model.vision_encoder
+    if text is not None and not isinstance(text, CLIPTextEncoder):
         raise InputError(f"CLIPModel's text tower is a CLIPTextEncoder; received a {type(text).__name__}.",
                          "model", caller="save_huggingface")  # fmt: skip
-    vision = {k: v for k, v in export_clip_vision(model.vision_encoder, w, "vision_model.").items()
-              if k not in ("model_type", "architectures")}  # fmt: skip
-    w["text_model.embeddings.token_embedding.weight"] = text.token_embedding.embeddings
-    w["text_model.embeddings.position_embedding.weight"] = text.position_embedding.embeddings
-    _write_blocks(text.blocks, w, "text_model.")
-    w.layer_norm("text_model.final_layer_norm", text.final_norm)
-    w.linear("visual_projection", model.visual_projection)
+    config = {"projection_dim": model.projection_dim}
+    if vision is not None:
+        vision_config = export_clip_vision(vision, w, "vision_model.")
+        w.linear("visual_projection", model.visual_projection)
+        if text is None:
+            return dict(vision_config, architectures=["CLIPVisionModelWithProjection"], **config)
+        config["vision_config"] = {k: v for k, v in vision_config.items() if k not in ("model_type", "architectures")}
+    text_config = export_clip_text(text, w, "text_model.")
     w.linear("text_projection", model.text_projection)
+    if vision is None:
+        return dict(text_config, architectures=["CLIPTextModelWithProjection"], **config)
     w["logit_scale"] = model.logit_scale
-    text_config = dict(vocab_size=text.vocabulary_size, max_position_embeddings=text.max_length,
-                       eos_token_id=2 if text.pooling == "largest_id" else text.end_token_id, **_tower_config(text))  # fmt: skip
-    return dict(model_type="clip", architectures=["CLIPModel"], projection_dim=model.projection_dim,
-                logit_scale_init_value=model.logit_scale_init, text_config=text_config, vision_config=vision)  # fmt: skip
+    config["text_config"] = {k: v for k, v in text_config.items() if k not in ("model_type", "architectures")}
+    return dict(model_type="clip", architectures=["CLIPModel"], logit_scale_init_value=model.logit_scale_init,
+                **config)  # fmt: skip
+
+
+@exporter(CLIPTextEncoder)
+def export_clip_text(text: CLIPTextEncoder, w: WeightWriter, p: str = "") -> dict:
+    """`text` as transformers' `CLIPTextModel` (under `p`, a `CLIPModel`'s tower): the converter's inverse."""
+    if not text.causal or text.pooling == "last_token":
+        raise InputError("CLIPTextModel is causal and pooled at its end token; received causal="
+                         f"{text.causal}, pooling={text.pooling!r} (SigLIP's: save the SigLIP).", "model",
+                         caller="save_huggingface")  # fmt: skip
+    w[p + "embeddings.token_embedding.weight"] = text.token_embedding.embeddings
+    w[p + "embeddings.position_embedding.weight"] = text.position_embedding.embeddings
+    _write_blocks(text.blocks, w, p)
+    w.layer_norm(p + "final_layer_norm", text.final_norm)
+    end = 2 if text.pooling == "largest_id" else text.end_token_id
+    return dict(model_type="clip_text_model", architectures=["CLIPTextModel"], vocab_size=text.vocabulary_size,
+                max_position_embeddings=text.max_length, eos_token_id=end, **_tower_config(text))  # fmt: skip
 
 
 def _tower_config(tower) -> dict:

@@ -53,6 +53,18 @@ SIGLIP_VISION = dict(image_size=224, patch_size=16, num_hidden_layers=12, num_at
                      intermediate_size=3072, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)  # fmt: skip
 
 
+@converter("siglip_text_model", prefixes=("text_model.",))  # transformers 4's names
+def convert_siglip_text(config: dict, w: WeightReader, num_classes: int | None = None) -> SigLIP:
+    """`SiglipTextModel` (the text tower and its head) as a `SigLIP` of the text tower alone."""
+    no_classifier("SiglipTextModel", num_classes)
+    model = SigLIP(None, _text_tower(config), embedding_dim=config.get("projection_size") or config.get("hidden_size"))
+    model.build()
+    _read_text(model.text_encoder, w, "")
+    w.linear("head", model.text_head)
+    w.check_all_used("from_huggingface", "SiglipTextModel", ignore=_POSITION_IDS)
+    return model
+
+
 def _vision_tower(config: dict) -> ViT:
     pooling = "attention" if config.get("vision_use_head", True) else "mean"
     return vision_tower("SigLIP", config, SIGLIP_VISION, pooling=pooling, use_class_token=False)
@@ -129,24 +141,30 @@ def _write_pooling(pooling, w: WeightWriter, p: str) -> None:
 
 @exporter(SigLIP)
 def export_siglip(model: SigLIP, w: WeightWriter) -> dict:
-    """`model` as transformers' `SiglipModel`."""
-    text = model.text_encoder
-    if not isinstance(text, CLIPTextEncoder) or text.causal or text.pooling != "last_token":
+    """`model` as transformers' `SiglipModel`; of one tower, `SiglipVisionModel` or `SiglipTextModel`."""
+    text, vision = model.text_encoder, model.vision_encoder
+    if text is not None and (not isinstance(text, CLIPTextEncoder) or text.causal or text.pooling != "last_token"):
         raise InputError("SiglipModel's text tower is a CLIPTextEncoder with causal=False, pooling='last_token'; "
                          f"received {text!r:.80}.", "model", caller="save_huggingface")  # fmt: skip
-    vision = {k: v for k, v in export_siglip_vision(model.vision_encoder, w, "vision_model.").items()
-              if k not in ("model_type", "architectures")}  # fmt: skip
-    w["text_model.embeddings.token_embedding.weight"] = text.token_embedding.embeddings
-    w["text_model.embeddings.position_embedding.weight"] = text.position_embedding.embeddings
-    _write_blocks(text.blocks, w, "text_model.")
-    w.layer_norm("text_model.final_layer_norm", text.final_norm)
-    w.linear("text_model.head", model.text_head)
-    w["logit_scale"] = np.reshape(keras.ops.convert_to_numpy(model.logit_scale), (1,))
-    w["logit_bias"] = np.reshape(keras.ops.convert_to_numpy(model.logit_bias), (1,))
+    if text is None:
+        return export_siglip_vision(vision, w)
+    p = "" if vision is None else "text_model."
+    w[p + "embeddings.token_embedding.weight"] = text.token_embedding.embeddings
+    w[p + "embeddings.position_embedding.weight"] = text.position_embedding.embeddings
+    _write_blocks(text.blocks, w, p)
+    w.layer_norm(p + "final_layer_norm", text.final_norm)
+    w.linear(p + "head", model.text_head)
     text_config = dict(vocab_size=text.vocabulary_size, max_position_embeddings=text.max_length,
                        eos_token_id=text.end_token_id, pad_token_id=text.pad_token_id,
                        projection_size=model.embedding_dim, **_siglip_config(text))  # fmt: skip
-    return dict(model_type="siglip", architectures=["SiglipModel"], text_config=text_config, vision_config=vision)
+    if vision is None:
+        return dict(text_config, model_type="siglip_text_model", architectures=["SiglipTextModel"])
+    vision_config = {k: v for k, v in export_siglip_vision(vision, w, "vision_model.").items()
+                     if k not in ("model_type", "architectures")}  # fmt: skip
+    w["logit_scale"] = np.reshape(keras.ops.convert_to_numpy(model.logit_scale), (1,))
+    w["logit_bias"] = np.reshape(keras.ops.convert_to_numpy(model.logit_bias), (1,))
+    return dict(model_type="siglip", architectures=["SiglipModel"], text_config=text_config,
+                vision_config=vision_config)  # fmt: skip
 
 
 def _siglip_config(tower) -> dict:

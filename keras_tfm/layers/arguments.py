@@ -72,6 +72,8 @@ RULES = {
             "output_dim",
             "hidden_dim",
             "intermediate_dim",
+            "projection_dim",
+            "embedding_dim",
             "num_classes",
             "image_size",
             "patch_size",
@@ -90,7 +92,7 @@ RULES = {
         _integer(0),
     ),
     **dict.fromkeys(("dropout", "attention_dropout", "classifier_dropout", "drop_path_rate"), _RATE),
-    **dict.fromkeys(("distillation_token", "mask_token", "position_antialias"), _BOOLEAN),
+    **dict.fromkeys(("distillation_token", "mask_token", "position_antialias", "use_class_token", "causal"), _BOOLEAN),
     **dict.fromkeys(
         (
             "layer_norm_epsilon",

@@ -137,6 +137,8 @@ class CLIP(ImageTextModel):
     Args:
         vision_encoder: the image tower, a `ViT` with `include_top=False` (its class token after the final norm).
         text_encoder: the text tower, a `CLIPTextEncoder` (or any model with `pooled` and `hidden_dim`).
+            One tower may be None: a model that embeds one kind (transformers' `CLIPVisionModelWithProjection`,
+            `CLIPTextModelWithProjection`), without the temperature.
         projection_dim: the shared space's size.
         logit_scale_init: the learned temperature's logarithm at the start (ln(1 / 0.07), CLIP's).
 
@@ -162,7 +164,7 @@ class CLIP(ImageTextModel):
     (2, 3)
     """
 
-    def __init__(self, vision_encoder: keras.Model, text_encoder: keras.Model, projection_dim: int = 512,
+    def __init__(self, vision_encoder: keras.Model | None, text_encoder: keras.Model | None, projection_dim: int = 512,
                  logit_scale_init: float = math.log(1 / 0.07), **kwargs):  # fmt: skip
         check_arguments("CLIP", {"projection_dim": projection_dim})
         kwargs.setdefault("name", "clip")
@@ -171,28 +173,31 @@ class CLIP(ImageTextModel):
         self.vision_encoder, self.text_encoder = vision_encoder, text_encoder
         self.projection_dim, self.logit_scale_init = projection_dim, logit_scale_init
         policy = self.dtype_policy
-        self.visual_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy,
-                                                    name="visual_projection")  # fmt: skip
-        self.text_projection = keras.layers.Dense(projection_dim, use_bias=False, dtype=policy, name="text_projection")
+        self.visual_projection, self.text_projection = (
+            None if tower is None else keras.layers.Dense(projection_dim, use_bias=False, dtype=policy, name=name)
+            for tower, name in ((vision_encoder, "visual_projection"), (text_encoder, "text_projection"))
+        )
         self._compile_defaults()
 
-    def default_loss(self) -> dict:
+    def default_loss(self) -> dict | None:
         """CLIP's contrastive loss on `logits_per_image`: `fit` takes (images, texts) pairs without labels."""
         from keras_tfm.losses import ContrastiveLoss
 
-        return {"logits_per_image": ContrastiveLoss()}
+        return {"logits_per_image": ContrastiveLoss()} if self.has_both_towers else None
 
     @property
     def embedding_dim(self) -> int:
         return self.projection_dim
 
     def build(self, inputs_shape=None):
-        self.vision_encoder.build()
-        self.text_encoder.build()
-        self.visual_projection.build((None, self.vision_encoder.hidden_dim))
-        self.text_projection.build((None, self.text_encoder.hidden_dim))
-        self.logit_scale = self.add_weight(name="logit_scale", shape=(), constraint=TemperatureClamp(),
-                                           initializer=keras.initializers.Constant(self.logit_scale_init))  # fmt: skip
+        self.build_towers()
+        for projection, tower in ((self.visual_projection, self.vision_encoder),
+                                  (self.text_projection, self.text_encoder)):  # fmt: skip
+            if tower is not None:
+                projection.build((None, tower.hidden_dim))
+        if self.has_both_towers:
+            self.logit_scale = self.add_weight(name="logit_scale", shape=(), constraint=TemperatureClamp(),
+                                               initializer=keras.initializers.Constant(self.logit_scale_init))  # fmt: skip
         self.built = True
 
     def image_embeddings(self, images, training=None):

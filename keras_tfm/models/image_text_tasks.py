@@ -22,6 +22,7 @@ class ImageTextTasks:
     def embed_images(self, images, batch_size: int = 32) -> np.ndarray:
         """`(batch, projection_dim)` unit vectors of `images` (files, PIL images or uint8 arrays of any sizes,
         prepared by the checkpoint's processor); one image: its vector alone."""
+        self.check_tower("vision_encoder", "embed_images")
         single = one_image(images)
         if self.image_processor is None:
             raise InputError("this model has no image processor (a checkpoint's preprocessor_config.json): set "
@@ -41,6 +42,7 @@ class ImageTextTasks:
         listed = [texts] if single else texts
         if not isinstance(listed, (list, tuple)) or not listed or not all(isinstance(t, str) for t in listed):
             raise InputError("expected a text or a non-empty list of texts.", "texts", caller="embed_texts")
+        self.check_tower("text_encoder", "embed_texts")
         if self.tokenizer is None:
             raise InputError("this model has no tokenizer (a checkpoint's tokenizer.json): set `model.tokenizer`.",
                              "tokenizer", caller="embed_texts")  # fmt: skip
@@ -92,7 +94,7 @@ class ServesImagesAndTexts:
 
     @property
     def max_sequence_length(self) -> int:
-        return self.text_encoder.longest_input
+        return self.text_encoder.longest_input if self.text_encoder is not None else 0
 
     def embed(self, texts, batch_size: int = 32) -> np.ndarray:
         """`embed_texts`: what a text embedder's `embed` is."""
@@ -103,6 +105,7 @@ class ServesImagesAndTexts:
         3)` (an image data URL); an image that does not decode is refused with its index."""
         encoded = []
         for index, item in enumerate(inputs):
+            self.check_tower("vision_encoder" if item.startswith("data:image/") else "text_encoder", f"input[{index}]")
             if item.startswith("data:image/"):
                 encoded.append(self.image_processor.one(_decoded(item, index), index))
             else:
@@ -138,9 +141,21 @@ class ImageTextModel(ImageTextTasks, ServesImagesAndTexts, ZooModel):
         super().compile(optimizer, loss, None if isinstance(metrics, str) and metrics == "auto" else metrics, **kwargs)
 
     @property
-    def vocabulary_size(self) -> int:
+    def vocabulary_size(self) -> int | None:
         """The text tower's: a tokenizer that makes more ids is refused."""
-        return self.text_encoder.vocabulary_size
+        return None if self.text_encoder is None else self.text_encoder.vocabulary_size
+
+    @property
+    def has_both_towers(self) -> bool:
+        """Whether the model scores images against texts (a model of one tower embeds one kind only)."""
+        return self.vision_encoder is not None and self.text_encoder is not None
+
+    def check_tower(self, tower: str, argument: str) -> None:
+        """Refuses, naming `argument`, what needs a tower (`vision_encoder`, `text_encoder`) the model lacks."""
+        if getattr(self, tower) is None:
+            kind = "image" if tower == "vision_encoder" else "text"
+            raise InputError(f"this {type(self).__name__} has no {kind} tower ({tower}=None): it embeds "
+                             f"{'texts' if kind == 'image' else 'images'} only.", argument, type(self).__name__)  # fmt: skip
 
     def call(self, images=None, token_ids=None, padding_mask=None, training=None):
         if isinstance(images, dict):
@@ -150,8 +165,10 @@ class ImageTextModel(ImageTextTasks, ServesImagesAndTexts, ZooModel):
                              caller=type(self).__name__)  # fmt: skip
         out = {}
         if images is not None:
+            self.check_tower("vision_encoder", "images")
             out["image_embeds"] = self.image_embeddings(images, training)
         if token_ids is not None:
+            self.check_tower("text_encoder", "token_ids")
             out["text_embeds"] = self.text_embeddings(token_ids, padding_mask, training)
         if len(out) == 2:
             out["logits_per_text"] = self.pair_logits(
@@ -161,18 +178,30 @@ class ImageTextModel(ImageTextTasks, ServesImagesAndTexts, ZooModel):
         return out
 
     def _id_inputs(self) -> dict:
+        if self.text_encoder is None:
+            return {"images": None}
         return {"images": None, "token_ids": (self.text_encoder.vocabulary_size, "vocabulary_size"),
                 "padding_mask": None}  # fmt: skip
 
+    def build_towers(self) -> None:
+        """Builds the towers the model has."""
+        for tower in (self.vision_encoder, self.text_encoder):
+            if tower is not None:
+                tower.build()
+
 
 def check_towers(vision_encoder, text_encoder, caller: str) -> None:
-    """Refuses, by argument, an image tower that is not a ViT without its head, or a text tower without `pooled`."""
+    """Refuses, by argument, an image tower that is not a ViT without its head, a text tower without `pooled`, or
+    neither tower (one may be None: a model that embeds one kind)."""
     from keras_tfm.models.vit import ViT
 
-    if not isinstance(vision_encoder, ViT) or vision_encoder.include_top:
+    if vision_encoder is None and text_encoder is None:
+        raise InputError("expected an image tower, a text tower or both; received neither.", "vision_encoder",
+                         caller=caller)  # fmt: skip
+    if vision_encoder is not None and (not isinstance(vision_encoder, ViT) or vision_encoder.include_top):
         raise InputError(f"expected a ViT with include_top=False; received {vision_encoder!r:.80}.",
                          "vision_encoder", caller=caller)  # fmt: skip
-    if not all(hasattr(text_encoder, name) for name in ("pooled", "hidden_dim", "text_batch")):
+    if text_encoder is not None and not all(hasattr(text_encoder, n) for n in ("pooled", "hidden_dim", "text_batch")):
         raise InputError(f"expected a text tower with `pooled` (a CLIPTextEncoder); received "
                          f"{type(text_encoder).__name__}.", "text_encoder", caller=caller)  # fmt: skip
 

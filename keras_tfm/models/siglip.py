@@ -14,6 +14,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_tfm.errors import InputError
+from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.clip import CLIPTextEncoder
 from keras_tfm.models.image_text_tasks import ImageTextModel, check_towers, unit
 from keras_tfm.models.vit import ViT
@@ -30,6 +32,8 @@ class SigLIP(ImageTextModel):
             goes through a Dense (`text_head`, with bias) to the image tower's width.
         logit_scale_init, logit_bias_init: the learned temperature's logarithm and bias at the start
             (ln 10 and -10, the paper's).
+        embedding_dim: the shared space's size: the image tower's width (the default), or for a model of the text
+            tower alone (`vision_encoder=None`, transformers' `SiglipTextModel`), its head's.
 
     `fit` takes dicts of paired `images` and `token_ids` without labels: the default loss is SigLIP's sigmoid loss
     on `logits_per_text` (`keras_tfm.SigmoidLoss`). Call arguments and outputs as `CLIP`'s (transformers'
@@ -46,34 +50,40 @@ class SigLIP(ImageTextModel):
     (3, 2)
     """
 
-    def __init__(self, vision_encoder: keras.Model, text_encoder: keras.Model, logit_scale_init: float = math.log(10),
-                 logit_bias_init: float = -10.0, **kwargs):  # fmt: skip
+    def __init__(self, vision_encoder: keras.Model | None, text_encoder: keras.Model | None,
+                 logit_scale_init: float = math.log(10), logit_bias_init: float = -10.0,
+                 embedding_dim: int | None = None, **kwargs):  # fmt: skip
         kwargs.setdefault("name", "siglip")
         super().__init__(**kwargs)
         check_towers(vision_encoder, text_encoder, "SigLIP")
+        if vision_encoder is not None and embedding_dim not in (None, vision_encoder.hidden_dim):
+            raise InputError(f"the shared space is the image tower's width, {vision_encoder.hidden_dim}; received "
+                             f"{embedding_dim}.", "embedding_dim", caller="SigLIP")  # fmt: skip
+        check_arguments("SigLIP", {"embedding_dim": embedding_dim}, optional=("embedding_dim",))
         self.vision_encoder, self.text_encoder = vision_encoder, text_encoder
         self.logit_scale_init, self.logit_bias_init = logit_scale_init, logit_bias_init
-        self.text_head = keras.layers.Dense(vision_encoder.hidden_dim, dtype=self.dtype_policy, name="text_head")
+        self.embedding_dim = embedding_dim or (vision_encoder or text_encoder).hidden_dim
+        self.text_head = (
+            None if text_encoder is None else keras.layers.Dense(self.embedding_dim, dtype=self.dtype_policy,
+                                                                 name="text_head")
+        )  # fmt: skip
         self._compile_defaults()
 
-    def default_loss(self) -> dict:
+    def default_loss(self) -> dict | None:
         """SigLIP's sigmoid loss on `logits_per_text`: `fit` takes (images, texts) pairs without labels."""
         from keras_tfm.losses import SigmoidLoss
 
-        return {"logits_per_text": SigmoidLoss()}
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.vision_encoder.hidden_dim
+        return {"logits_per_text": SigmoidLoss()} if self.has_both_towers else None
 
     def build(self, inputs_shape=None):
-        self.vision_encoder.build()
-        self.text_encoder.build()
-        self.text_head.build((None, self.text_encoder.hidden_dim))
-        self.logit_scale = self.add_weight(name="logit_scale", shape=(),
-                                           initializer=keras.initializers.Constant(self.logit_scale_init))  # fmt: skip
-        self.logit_bias = self.add_weight(name="logit_bias", shape=(),
-                                          initializer=keras.initializers.Constant(self.logit_bias_init))  # fmt: skip
+        self.build_towers()
+        if self.text_encoder is not None:
+            self.text_head.build((None, self.text_encoder.hidden_dim))
+        if self.has_both_towers:
+            self.logit_scale = self.add_weight(name="logit_scale", shape=(),
+                                               initializer=keras.initializers.Constant(self.logit_scale_init))  # fmt: skip
+            self.logit_bias = self.add_weight(name="logit_bias", shape=(),
+                                              initializer=keras.initializers.Constant(self.logit_bias_init))  # fmt: skip
         self.built = True
 
     def image_embeddings(self, images, training=None):

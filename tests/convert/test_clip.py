@@ -150,3 +150,42 @@ def test_zero_shot_classification_is_the_pipelines(tmp_path):
         model.zero_shot_classify(photos, [])
     with pytest.raises(keras_tfm.errors.InputError, match="templates"):
         model.zero_shot_classify(photos, labels, templates=["a photo"])
+
+
+def test_one_tower_checkpoints_give_transformers_outputs_and_round_trip(rng, tmp_path):
+    """`CLIPVisionModelWithProjection` and `CLIPTextModelWithProjection` as a CLIP of one tower (unit vectors of
+    transformers' `image_embeds`, `text_embeds`), `CLIPTextModel` as a `CLIPTextEncoder`; each written back."""
+    full = hf_clip()
+    full.config.vision_config.projection_dim = full.config.text_config.projection_dim = 8
+    vision = transformers.CLIPVisionModelWithProjection(full.config.vision_config).eval()
+    text = transformers.CLIPTextModelWithProjection(full.config.text_config).eval()
+    vision.load_state_dict(full.state_dict(), strict=False)
+    text.load_state_dict(full.state_dict(), strict=False)
+    images = rng.normal(size=(2, 16, 16, 3)).astype("float32")
+    pixels, ids, mask = torch.tensor(images).permute(0, 3, 1, 2), torch.tensor(TEXTS), torch.tensor(PADDING * 1)
+    for hf, name, inputs, feed in ((vision, "image_embeds", {"pixel_values": pixels}, {"images": images}),
+                                   (text, "text_embeds", {"input_ids": ids, "attention_mask": mask},
+                                    {"token_ids": TEXTS, "padding_mask": PADDING})):  # fmt: skip
+        model = keras_tfm.from_huggingface(hf)
+        assert model.count_params() == sum(p.numel() for p in hf.parameters())
+        with torch.no_grad():
+            expected = getattr(hf(**inputs), name).numpy()
+        expected /= np.linalg.norm(expected, axis=-1, keepdims=True)
+        np.testing.assert_allclose(to_numpy(model(**feed)[name]), expected, atol=1e-4, rtol=0, err_msg=name)
+        keras_tfm.save_huggingface(model, str(tmp_path / name))
+        with torch.no_grad():
+            again = getattr(type(hf).from_pretrained(tmp_path / name).eval()(**inputs), name).numpy()
+        np.testing.assert_allclose(again / np.linalg.norm(again, axis=-1, keepdims=True), expected, atol=1e-5)
+    with pytest.raises(keras_tfm.errors.InputError, match="no image tower"):
+        model(images=images)
+    encoder = transformers.CLIPTextModel(full.config.text_config).eval()
+    encoder.load_state_dict(full.state_dict(), strict=False)
+    tower = keras_tfm.from_huggingface(encoder)
+    assert isinstance(tower, keras_tfm.CLIPTextEncoder)
+    with torch.no_grad():
+        pooled = encoder(input_ids=ids, attention_mask=mask).pooler_output.numpy()
+    np.testing.assert_allclose(to_numpy(tower.pooled(TEXTS, PADDING)), pooled, atol=1e-4, rtol=0)
+    keras_tfm.save_huggingface(tower, str(tmp_path / "text"))
+    with torch.no_grad():
+        again = transformers.CLIPTextModel.from_pretrained(tmp_path / "text").eval()(input_ids=ids).pooler_output
+    np.testing.assert_allclose(again.numpy(), to_numpy(tower.pooled(TEXTS)), atol=1e-5)

@@ -152,3 +152,23 @@ def test_the_tokenizer_and_zero_shot_classification_are_transformers(tmp_path):
     keras_tfm.save_huggingface(model, str(tmp_path / "again"))  # the tokenizer writes itself for transformers
     again = transformers.AutoTokenizer.from_pretrained(tmp_path / "again")
     assert again(texts)["input_ids"] == transformers.AutoTokenizer.from_pretrained(tmp_path)(texts)["input_ids"]
+
+
+def test_the_text_tower_alone_gives_transformers_outputs_and_round_trips(tmp_path):
+    """`SiglipTextModel` (the tower and its head) as a SigLIP of the text tower alone: unit vectors of its
+    `pooler_output`; written back; images refused by name."""
+    torch.manual_seed(0)
+    hf = randomized(transformers.SiglipTextModel(transformers.SiglipTextConfig(**TEXT, projection_size=24)))
+    model = keras_tfm.from_huggingface(hf)
+    assert model.vision_encoder is None and model.count_params() == sum(p.numel() for p in hf.parameters())
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor(TEXTS)).pooler_output.numpy()
+    expected /= np.linalg.norm(expected, axis=-1, keepdims=True)
+    np.testing.assert_allclose(to_numpy(model(token_ids=TEXTS)["text_embeds"]), expected, atol=1e-4, rtol=0)
+    keras_tfm.save_huggingface(model, str(tmp_path))
+    with torch.no_grad():
+        again = transformers.SiglipTextModel.from_pretrained(tmp_path).eval()(input_ids=torch.tensor(TEXTS))
+        before = hf(input_ids=torch.tensor(TEXTS)).pooler_output.numpy()
+    np.testing.assert_allclose(again.pooler_output.numpy(), before, atol=1e-5)
+    with pytest.raises(keras_tfm.errors.InputError, match="images: SigLIP.*no image tower"):
+        model(images=np.zeros((1, 16, 16, 3), "float32"))
