@@ -69,6 +69,21 @@ def write(model, filepath, format: str, verbose, input_signature, endpoints: tup
     _say_written(format, filepath, ["serve", *(endpoint.name for endpoint in endpoints)], verbose)
 
 
+def write_endpoints(model, filepath, endpoints: list[Endpoint], verbose) -> None:
+    """Writes a SavedModel of `endpoints` alone, without the forward pass (an image-text model's towers)."""
+    from keras.export import ExportArchive
+
+    check_format("tf_saved_model", f"{type(model).__name__}.export")
+    archive = ExportArchive()
+    archive.track(model)
+    for endpoint in endpoints:
+        _add_endpoint(archive, endpoint)
+    if keras.backend.backend() == "tensorflow":
+        compat.saved_model_weights_once(archive)
+    archive.write_out(filepath, verbose=bool(verbose))
+    _say_written("tf_saved_model", filepath, [endpoint.name for endpoint in endpoints], verbose)
+
+
 def _say_written(format: str, filepath, endpoints: list[str], verbose) -> None:
     """One line per artifact written, unless `verbose=False`."""
     if verbose is not False:

@@ -183,6 +183,32 @@ class ImageTextModel(ImageTextTasks, ServesImagesAndTexts, ZooModel):
         return {"images": None, "token_ids": (self.text_encoder.vocabulary_size, "vocabulary_size"),
                 "padding_mask": None}  # fmt: skip
 
+    def export(self, filepath, format: str = "tf_saved_model", verbose=None, tower: str | None = None) -> None:
+        """Each tower as a function a runtime serves without Keras (`keras_tfm.export.towers`): `embed_images(images)`
+        takes the pixels the image processor makes, float32 `(batch, image_size, image_size, 3)`;
+        `embed_texts(token_ids, padding_mask)` the tokenizer's ids and their mask, int32 `(batch, length)` (SigLIP's
+        filled to the tower's length); each returns unit vectors in the shared space. A SavedModel holds both
+        (of the towers the model has); a LiteRT or ONNX file one, `tower="image"` or `"text"` (default: the
+        model's one tower)."""
+        from keras_tfm.export import formats, towers
+
+        owner = f"{type(self).__name__}.export"
+        makers = {
+            "image": (towers.image_endpoint, self.vision_encoder),
+            "text": (towers.text_endpoint, self.text_encoder),
+        }
+        kinds = [kind for kind, (_, present) in makers.items() if present is not None]
+        if tower is not None and (tower not in kinds or format == "tf_saved_model"):
+            expected = "None (a SavedModel holds every tower)" if format == "tf_saved_model" else kinds
+            raise InputError(f"expected {expected}; received tower={tower!r}.", "tower", owner)
+        if format != "tf_saved_model" and tower is None and len(kinds) > 1:
+            raise InputError(f"a {format} file holds one tower: give tower='image' or tower='text'.", "tower", owner)
+        formats.check_format(format, owner)
+        self._build_on_demand()
+        if format == "tf_saved_model":
+            return formats.write_endpoints(self, filepath, [makers[kind][0](self) for kind in kinds], verbose)
+        formats.write_function(self, filepath, format, makers[tower or kinds[0]][0](self), verbose)
+
     def build_towers(self) -> None:
         """Builds the towers the model has."""
         for tower in (self.vision_encoder, self.text_encoder):
