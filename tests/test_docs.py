@@ -68,8 +68,26 @@ def _embedder_stand_in(directory: str) -> None:
     keras_tfm.save_huggingface(embedder, directory)
 
 
+def _clip_stand_in(directory: str) -> None:
+    from tests.convert.test_clip import write_clip_checkpoint
+
+    write_clip_checkpoint(directory)
+
+
+def _siglip_stand_in(directory: str) -> None:
+    import pathlib
+
+    from tests.convert.test_siglip import write_siglip_checkpoint
+
+    write_siglip_checkpoint(pathlib.Path(directory))
+
+
 # Hub checkpoints a page loads, as small stand-ins written under the id's name (a local directory comes first)
-STAND_INS = {"sentence-transformers/all-MiniLM-L6-v2": _embedder_stand_in}
+STAND_INS = {
+    "sentence-transformers/all-MiniLM-L6-v2": _embedder_stand_in,
+    "openai/clip-vit-base-patch32": _clip_stand_in,
+    "google/siglip-base-patch16-224": _siglip_stand_in,
+}
 
 
 def _run_page(page, tmp_path, monkeypatch):

@@ -146,6 +146,14 @@ def test_zero_shot_classification_is_the_pipelines(tmp_path):
         expected = transformers.CLIPModel.from_pretrained(tmp_path).get_text_features(input_ids=ids)
     expected = getattr(expected, "pooler_output", expected).numpy()[0]
     np.testing.assert_allclose(model.embed_texts(long), expected / np.linalg.norm(expected), atol=1e-5)
+    one = pipeline(photos[0], candidate_labels=["cat"], hypothesis_template="This is a photo of {}.")
+    assert (
+        model.zero_shot_classify(photos[0], ["cat"])
+        == [{"label": "cat", "score": one[0]["score"]}]
+        == [
+            {"label": "cat", "score": 1.0}  # one label: a softmax over it alone, as the pipeline's
+        ]
+    )
     with pytest.raises(keras_tfm.errors.InputError, match="labels"):
         model.zero_shot_classify(photos, [])
     with pytest.raises(keras_tfm.errors.InputError, match="templates"):

@@ -117,6 +117,7 @@ def write_siglip_checkpoint(directory) -> None:
 
     import sentencepiece
 
+    directory.mkdir(parents=True, exist_ok=True)
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(CAPTIONS), model_writer=model, vocab_size=40,
                                              pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False)  # fmt: skip
@@ -149,6 +150,9 @@ def test_the_tokenizer_and_zero_shot_classification_are_transformers(tmp_path):
     for ours, theirs in zip(got, expected):  # each label's own sigmoid, not a softmax over them
         assert [answer["label"] for answer in ours] == [answer["label"] for answer in theirs]
         np.testing.assert_allclose([a["score"] for a in ours], [a["score"] for a in theirs], atol=1e-4)
+    one = pipeline(photos[0], candidate_labels=["cat"], hypothesis_template="This is a photo of {}.")
+    got = model.zero_shot_classify(photos[0], ["cat"], templates="This is a photo of {}.")  # one label: its sigmoid
+    assert got[0]["label"] == "cat" and abs(got[0]["score"] - one[0]["score"]) < 1e-4 and got[0]["score"] < 0.999
     keras_tfm.save_huggingface(model, str(tmp_path / "again"))  # the tokenizer writes itself for transformers
     again = transformers.AutoTokenizer.from_pretrained(tmp_path / "again")
     assert again(texts)["input_ids"] == transformers.AutoTokenizer.from_pretrained(tmp_path)(texts)["input_ids"]
