@@ -1,5 +1,7 @@
 """SigLIP and SigLIP 2 at fixed resolution (`SiglipModel` <-> `keras_tfm.SigLIP`) and the image tower
-(`SiglipVisionModel` <-> `keras_tfm.ViT`).
+(`SiglipVisionModel` <-> `keras_tfm.ViT`); SigLIP 2's own classes (`Siglip2Model`, `Siglip2VisionModel`) read at
+one resolution per batch: a linear projection of flattened patches (the ViT's patch convolution, reshaped) and a
+position table resized bilinearly with antialiasing (`position_interpolation="bilinear"`) to each image's grid.
 
 SigLIP's tower is the one ViT without a class token (`use_class_token=False`), its tokens pooled by attention
 (`pooling="attention"`: transformers' `head`, a probe with PyTorch's fused `in_proj` of queries, keys and values).
@@ -8,6 +10,8 @@ SigLIP 2's fixed-resolution checkpoints are `SiglipModel`s with Gemma's tokenize
 """
 
 from __future__ import annotations
+
+import math
 
 import keras
 import numpy as np
@@ -41,10 +45,7 @@ def convert_siglip(config: dict, w: WeightReader, num_classes: int | None = None
     model.build()
     _read_vision(model.vision_encoder, w, "vision_model.")
     _read_text(model.text_encoder, w, "text_model.")
-    w.linear("text_model.head", model.text_head)
-    for variable, name in ((model.logit_scale, "logit_scale"), (model.logit_bias, "logit_bias")):
-        w.check_shape(name, np.shape(w(name)), (1,))
-        variable.assign(np.asarray(w(name), "float32").reshape(()))
+    _read_scores(model, w)
     w.check_all_used("from_huggingface", "SiglipModel", ignore=_POSITION_IDS)
     return model
 
@@ -53,7 +54,43 @@ SIGLIP_VISION = dict(image_size=224, patch_size=16, num_hidden_layers=12, num_at
                      intermediate_size=3072, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)  # fmt: skip
 
 
-@converter("siglip_text_model", prefixes=("text_model.",))  # transformers 4's names
+@converter("siglip2_vision_model", prefixes=("vision_model.",))
+def convert_siglip2_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
+    no_classifier("Siglip2VisionModel", num_classes)
+    model = _vision_tower(_fixed_resolution(config), siglip2=True)
+    model.build()
+    _read_vision(model, w, "", siglip2=True)
+    w.check_all_used("from_huggingface", "Siglip2VisionModel", ignore=_POSITION_IDS)
+    return model
+
+
+@converter("siglip2")
+def convert_siglip2(config: dict, w: WeightReader, num_classes: int | None = None) -> SigLIP:
+    no_classifier("Siglip2Model", num_classes)
+    vision_config, text_config = config.get("vision_config") or {}, config.get("text_config") or {}
+    model = SigLIP(_vision_tower(_fixed_resolution(vision_config), siglip2=True), _text_tower(text_config))
+    model.build()
+    _read_vision(model.vision_encoder, w, "vision_model.", siglip2=True)
+    _read_text(model.text_encoder, w, "text_model.")
+    _read_scores(model, w)
+    w.check_all_used("from_huggingface", "Siglip2Model", ignore=_POSITION_IDS)
+    return model
+
+
+def _fixed_resolution(config: dict) -> dict:
+    """SigLIP 2's vision config with the square image size its position table was learned at."""
+    side = math.isqrt(config.get("num_patches", 256))
+    return {**config, "image_size": side * config.get("patch_size", 16)}
+
+
+def _read_scores(model: SigLIP, w: WeightReader) -> None:
+    w.linear("text_model.head", model.text_head)
+    for variable, name in ((model.logit_scale, "logit_scale"), (model.logit_bias, "logit_bias")):
+        w.check_shape(name, np.shape(w(name)), (1,))
+        variable.assign(np.asarray(w(name), "float32").reshape(()))
+
+
+@converter("siglip_text_model", "siglip2_text_model", prefixes=("text_model.",))  # transformers 4's names
 def convert_siglip_text(config: dict, w: WeightReader, num_classes: int | None = None) -> SigLIP:
     """`SiglipTextModel` (the text tower and its head) as a `SigLIP` of the text tower alone."""
     no_classifier("SiglipTextModel", num_classes)
@@ -65,9 +102,11 @@ def convert_siglip_text(config: dict, w: WeightReader, num_classes: int | None =
     return model
 
 
-def _vision_tower(config: dict) -> ViT:
+def _vision_tower(config: dict, siglip2: bool = False) -> ViT:
     pooling = "attention" if config.get("vision_use_head", True) else "mean"
-    return vision_tower("SigLIP", config, SIGLIP_VISION, pooling=pooling, use_class_token=False)
+    interpolation = "bilinear" if siglip2 else "bicubic"
+    return vision_tower("SigLIP", config, SIGLIP_VISION, pooling=pooling, use_class_token=False,
+                        position_interpolation=interpolation)  # fmt: skip
 
 
 SIGLIP_TEXT = dict(vocab_size=32000, max_position_embeddings=64, num_hidden_layers=12, num_attention_heads=12,
@@ -79,9 +118,14 @@ def _text_tower(config: dict) -> CLIPTextEncoder:
                       pad_token_id=config.get("pad_token_id", 1), pooling="last_token", causal=False)  # fmt: skip
 
 
-def _read_vision(model: ViT, w: WeightReader, p: str) -> None:
+def _read_vision(model: ViT, w: WeightReader, p: str, siglip2: bool = False) -> None:
     names = (p + "embeddings.patch_embedding.weight", p + "embeddings.patch_embedding.bias")
-    kernel = w(names[0]).transpose(2, 3, 1, 0)  # PyTorch's (out, in, kh, kw)
+    if siglip2:  # a Linear over each patch's pixels flattened as (row, column, channel)
+        size, channels = model.patch_size, model.num_channels
+        w.check_shape(names[0], np.shape(w(names[0])), (model.hidden_dim, size * size * channels))
+        kernel = w(names[0]).reshape(model.hidden_dim, size, size, channels).transpose(1, 2, 3, 0)
+    else:
+        kernel = w(names[0]).transpose(2, 3, 1, 0)  # PyTorch's (out, in, kh, kw)
     w.assign(model.patch_embedding.projection, [kernel, w(names[1])], names)
     w.set(model.position_embedding, p + "embeddings.position_embedding.weight")
     _read_blocks(model.blocks, w, p)
@@ -115,16 +159,23 @@ def export_siglip_vision(model: ViT, w: WeightWriter, p: str = "") -> dict:
     """`model` as transformers' `SiglipVisionModel` (under `p`, a `SiglipModel`'s tower): the converter's inverse."""
     _check_siglip_layout(model)
     kernel = keras.ops.convert_to_numpy(model.patch_embedding.projection.kernel)
-    w[p + "embeddings.patch_embedding.weight"] = kernel.transpose(3, 2, 0, 1)
+    siglip2 = model.position_interpolation == "bilinear"
+    kernel = kernel.transpose(3, 0, 1, 2).reshape(model.hidden_dim, -1) if siglip2 else kernel.transpose(3, 2, 0, 1)
+    w[p + "embeddings.patch_embedding.weight"] = kernel
     w[p + "embeddings.patch_embedding.bias"] = model.patch_embedding.projection.bias
     w[p + "embeddings.position_embedding.weight"] = model.position_embedding.embeddings
     _write_blocks(model.blocks, w, p)
     w.layer_norm(p + "post_layernorm", model.final_norm)
     if model.attention_pool is not None:
         _write_pooling(model.attention_pool, w, p + "head.")
-    return dict(model_type="siglip_vision_model", architectures=["SiglipVisionModel"], image_size=model.image_size,
-                patch_size=model.patch_size, num_channels=model.num_channels,
-                vision_use_head=model.attention_pool is not None, **_siglip_config(model))  # fmt: skip
+    config = dict(patch_size=model.patch_size, num_channels=model.num_channels,
+                  vision_use_head=model.attention_pool is not None, **_siglip_config(model))  # fmt: skip
+    if siglip2:
+        return dict(config, model_type="siglip2_vision_model", architectures=["Siglip2VisionModel"],
+                    num_patches=model.grid_size**2)  # fmt: skip
+    return dict(
+        config, model_type="siglip_vision_model", architectures=["SiglipVisionModel"], image_size=model.image_size
+    )
 
 
 def _write_pooling(pooling, w: WeightWriter, p: str) -> None:
@@ -163,6 +214,9 @@ def export_siglip(model: SigLIP, w: WeightWriter) -> dict:
                      if k not in ("model_type", "architectures")}  # fmt: skip
     w["logit_scale"] = np.reshape(keras.ops.convert_to_numpy(model.logit_scale), (1,))
     w["logit_bias"] = np.reshape(keras.ops.convert_to_numpy(model.logit_bias), (1,))
+    if model.vision_encoder.position_interpolation == "bilinear":
+        return dict(model_type="siglip2", architectures=["Siglip2Model"], text_config=text_config,
+                    vision_config=vision_config)  # fmt: skip
     return dict(model_type="siglip", architectures=["SiglipModel"], text_config=text_config,
                 vision_config=vision_config)  # fmt: skip
 
@@ -176,7 +230,7 @@ def _siglip_config(tower) -> dict:
 
 def _check_siglip_layout(model: ViT) -> None:
     """Refuses, naming the argument, a ViT without a class token that `SiglipVisionModel` cannot hold."""
-    expected = dict(include_top=False, positions="learned", patch_bias=True, norm_before_blocks=False,
+    expected = dict(include_top=False, positions="learned", patch_bias=True, norm_before_blocks=False, position_antialias=False,
                     distillation_token=False, num_register_tokens=0, mask_token=False, layer_scale_init=None,
                     gated_feed_forward=False, dropout=0.0)  # fmt: skip
     for name, value in expected.items():

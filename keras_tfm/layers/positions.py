@@ -261,6 +261,18 @@ def bicubic_resize_matrix(in_size: int, out_size, antialias: bool = False):
     return matrix
 
 
+def bilinear_resize_matrix(in_size: int, out_size):
+    """`(out_size, in_size)` matrix of PyTorch's `interpolate(..., mode="bilinear", align_corners=False,
+    antialias=True)`, as SigLIP 2 resizes its position table: output `i` weighs input `j` by the triangle filter
+    at `(j - (scale * (i + 0.5) - 0.5)) / max(scale, 1)`, each row normalized to sum to 1; the identity at
+    `out_size == in_size`."""
+    scale = in_size / ops.cast(out_size, "float32")
+    centers = (ops.cast(ops.arange(out_size), "float32") + 0.5) * scale - 0.5
+    distance = ops.abs(ops.arange(in_size, dtype="float32")[None, :] - centers[:, None]) / ops.maximum(scale, 1.0)
+    weights = ops.maximum(1.0 - distance, 0.0)
+    return weights / ops.sum(weights, axis=1, keepdims=True)
+
+
 def _antialiased_bicubic_matrix(in_size: int, out_size):
     """PyTorch's `interpolate(..., mode="bicubic", antialias=True)` as a matrix: output `i` weighs input
     `j` by the cubic filter (A = -0.5) at `(j + 0.5 - scale * (i + 0.5)) / max(scale, 1)`, the weights of

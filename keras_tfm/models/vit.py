@@ -14,7 +14,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.layers import EncoderBlock, LearnedPositionEmbedding, PatchEmbedding, SinusoidalPositionEncoding2D
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.attention_pooling import AttentionPooling
-from keras_tfm.layers.positions import bicubic_resize_matrix
+from keras_tfm.layers.positions import bicubic_resize_matrix, bilinear_resize_matrix
 from keras_tfm.models.base import ZooModel
 from keras_tfm.models.image_tasks import ImageTasks
 from keras_tfm.models.inputs import checked_class_names
@@ -54,6 +54,8 @@ class ViT(ImageTasks, ZooModel):
         patch_bias: the patch projection's bias (CLIP's has none).
         norm_before_blocks: a LayerNorm on the embeddings before the blocks (CLIP's `pre_layrnorm`).
         use_class_token: False has no class token (SigLIP's), the patches alone; pooling "mean" or "attention".
+        position_interpolation: how the learned table is resized for other image sizes: "bicubic", or
+            "bilinear" (antialiased, as SigLIP 2 resizes it for each image).
         activation: "gelu", or CLIP's "quick_gelu", or any Keras activation.
 
     Call arguments:
@@ -100,6 +102,7 @@ class ViT(ImageTasks, ZooModel):
         patch_bias: bool = True,
         norm_before_blocks: bool = False,
         use_class_token: bool = True,
+        position_interpolation: str = "bicubic",
         **kwargs,
     ):
         check_arguments("ViT", locals(), optional=("intermediate_dim", "class_names", "layer_scale_init"))
@@ -107,7 +110,7 @@ class ViT(ImageTasks, ZooModel):
         self._check_heads("ViT", hidden_dim, num_heads)
         super().__init__(**kwargs)
         _check_layout(image_size, patch_size, pooling, positions, distillation_token, use_class_token,
-                      num_register_tokens)  # fmt: skip
+                      num_register_tokens, position_interpolation)  # fmt: skip
         self.image_size, self.patch_size, self.num_classes = image_size, patch_size, num_classes
         self.num_layers, self.num_heads, self.hidden_dim = num_layers, num_heads, hidden_dim
         self.intermediate_dim, self.num_channels = intermediate_dim or 4 * hidden_dim, num_channels
@@ -118,7 +121,7 @@ class ViT(ImageTasks, ZooModel):
         self.mask_token, self.layer_scale_init, self.drop_path_rate = mask_token, layer_scale_init, drop_path_rate
         self.gated_feed_forward, self.position_antialias = gated_feed_forward, position_antialias
         self.patch_bias, self.norm_before_blocks = patch_bias, norm_before_blocks
-        self.use_class_token = use_class_token
+        self.use_class_token, self.position_interpolation = use_class_token, position_interpolation
         self.grid_size = image_size // patch_size
         self.class_names = checked_class_names(class_names, num_classes, "ViT") if include_top else None
         self._make_layers(remat)
@@ -235,8 +238,8 @@ class ViT(ImageTasks, ZooModel):
 
     def position_table(self, rows: int, cols: int, dtype: str = "float32"):
         """The learned positions for a grid of `rows` x `cols` patches, `(prefix + rows * cols, hidden_dim)`
-        with the class (and distillation) token's first: the table resized bicubically (antialiased with
-        `position_antialias`), as for images of that size (`save_huggingface` writes it for a model
+        with the class (and distillation) token's first: the table resized as `position_interpolation` says
+        (bicubic antialiased with `position_antialias`), as for images of that size (`save_huggingface` writes it for a model
         fine-tuned at another size)."""
         if self.positions != "learned":
             raise InputError(
@@ -245,7 +248,12 @@ class ViT(ImageTasks, ZooModel):
         prefix = self.num_prefix_positions
         table = ops.cast(self.position_embedding.embeddings, dtype)
         grid = ops.reshape(table[prefix:], (self.grid_size, self.grid_size, self.hidden_dim))
-        matrices = [bicubic_resize_matrix(self.grid_size, size, self.position_antialias) for size in (rows, cols)]
+        matrices = [
+            bilinear_resize_matrix(self.grid_size, size)
+            if self.position_interpolation == "bilinear"
+            else bicubic_resize_matrix(self.grid_size, size, self.position_antialias)
+            for size in (rows, cols)
+        ]
         row_matrix, col_matrix = (ops.cast(matrix, dtype) for matrix in matrices)
         grid = ops.einsum("rR,cC,RCd->rcd", row_matrix, col_matrix, grid)
         return ops.concatenate([table[:prefix], ops.reshape(grid, (rows * cols, self.hidden_dim))], axis=0)
@@ -343,7 +351,7 @@ class ViT(ImageTasks, ZooModel):
 
 
 def _check_layout(image_size: int, patch_size: int, pooling: str, positions: str, distillation_token: bool,
-                  use_class_token: bool, num_register_tokens: int) -> None:  # fmt: skip
+                  use_class_token: bool, num_register_tokens: int, position_interpolation: str) -> None:  # fmt: skip
     """Refuses an image size its patches do not divide, and a pooling, positions or tokens the model has not."""
     if image_size % patch_size:
         raise InputError(
@@ -352,7 +360,9 @@ def _check_layout(image_size: int, patch_size: int, pooling: str, positions: str
         )
     poolings = ("mean", "attention") + (("token", "token_and_mean") if use_class_token else ())
     poolings += ("distilled",) if distillation_token else ()
-    for name, value, allowed in (("pooling", pooling, poolings), ("positions", positions, POSITIONS)):
+    checks = (("pooling", pooling, poolings), ("positions", positions, POSITIONS),
+              ("position_interpolation", position_interpolation, ("bicubic", "bilinear")))  # fmt: skip
+    for name, value, allowed in checks:
         if value not in allowed:
             raise InputError(f"{name} must be {' or '.join(map(repr, allowed))}; received {value!r}"
                              f"{'' if use_class_token else ' (use_class_token=False)'}.", caller="ViT")  # fmt: skip

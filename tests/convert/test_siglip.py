@@ -176,3 +176,40 @@ def test_the_text_tower_alone_gives_transformers_outputs_and_round_trips(tmp_pat
     np.testing.assert_allclose(again.pooler_output.numpy(), before, atol=1e-5)
     with pytest.raises(keras_tfm.errors.InputError, match="images: SigLIP.*no image tower"):
         model(images=np.zeros((1, 16, 16, 3), "float32"))
+
+
+def patchified(images: np.ndarray, patch: int):
+    """SigLIP 2's inputs for images of one size: each patch's pixels flattened (row, column, channel), every patch
+    real, and the grid."""
+    batch, height, width, channels = images.shape
+    rows, cols = height // patch, width // patch
+    patches = images.reshape(batch, rows, patch, cols, patch, channels).transpose(0, 1, 3, 2, 4, 5)
+    return dict(pixel_values=torch.tensor(patches.reshape(batch, rows * cols, -1)),
+                pixel_attention_mask=torch.ones(batch, rows * cols, dtype=torch.long),
+                spatial_shapes=torch.tensor([[rows, cols]] * batch))  # fmt: skip
+
+
+def test_siglip2_gives_transformers_outputs_at_its_grid_and_others_and_round_trips(rng, tmp_path):
+    """`Siglip2Model` read at one resolution per batch: the linear patch projection as the ViT's convolution, the
+    position table resized bilinearly with antialiasing (`position_interpolation="bilinear"`) to each grid."""
+    torch.manual_seed(0)
+    vision = {k: v for k, v in VISION.items() if k != "image_size"} | {"num_patches": 4}  # a 2 x 2 table
+    config = transformers.Siglip2Config(text_config={**TEXT, "projection_size": 24}, vision_config=vision)
+    hf = randomized(transformers.Siglip2Model(config))
+    model = keras_tfm.from_huggingface(hf)
+    assert model.vision_encoder.position_interpolation == "bilinear" and model.vision_encoder.image_size == 16
+    assert model.count_params() == sum(p.numel() for p in hf.parameters())
+    for height, width in ((16, 16), (24, 16), (8, 8)):  # the table's grid, a larger one, a smaller one
+        images = rng.normal(size=(2, height, width, 3)).astype("float32")
+        with torch.no_grad():
+            out = hf(input_ids=torch.tensor(TEXTS), **patchified(images, 8))
+        ours = model({"images": images, "token_ids": TEXTS})
+        for name in OUTPUTS:
+            np.testing.assert_allclose(to_numpy(ours[name]), getattr(out, name).numpy(), atol=1e-4, err_msg=name)
+    keras_tfm.save_huggingface(model, str(tmp_path))
+    reloaded = transformers.Siglip2Model.from_pretrained(tmp_path).eval()
+    images = rng.normal(size=(1, 16, 16, 3)).astype("float32")
+    with torch.no_grad():
+        inputs = dict(input_ids=torch.tensor(TEXTS), **patchified(images, 8))
+        np.testing.assert_allclose(reloaded(**inputs).logits_per_text.numpy(), hf(**inputs).logits_per_text.numpy(),
+                                   atol=1e-5)  # fmt: skip
