@@ -19,6 +19,7 @@ from keras_tfm.models.text_tasks import FlatArguments
 CLASSES = {
     layers.MultiHeadAttention: dict(num_heads=2, key_dim=4),
     layers.FeedForward: dict(intermediate_dim=8),
+    layers.AttentionPooling: dict(num_heads=2, intermediate_dim=8),
     layers.GatedFeedForward: dict(intermediate_dim=8),
     layers.RotaryEmbedding: dict(),
     layers.TokenEmbedding: dict(vocabulary_size=10, hidden_dim=4),
@@ -72,6 +73,7 @@ OTHER = {
     "normalization": ("batch_norm", "normalization"),
     "sliding_window_layers": ([5], "sliding_window_layers"),
     "class_names": (["one name"], "class_names"),
+    "position_interpolation": ("nearest", "position_interpolation"),
 }
 
 
