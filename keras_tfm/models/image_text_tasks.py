@@ -202,7 +202,8 @@ class ImageTextModel(ImageTextTasks, ServesImagesAndTexts, ZooModel):
             expected = "None (a SavedModel holds every tower)" if format == "tf_saved_model" else kinds
             raise InputError(f"expected {expected}; received tower={tower!r}.", "tower", owner)
         if format != "tf_saved_model" and tower is None and len(kinds) > 1:
-            raise InputError(f"a {format} file holds one tower: give tower='image' or tower='text'.", "tower", owner)
+            raise InputError(f"a LiteRT or ONNX file holds one tower ({format=}): give tower='image' or 'text'.",
+                             "tower", owner)  # fmt: skip
         formats.check_format(format, owner)
         self._build_on_demand()
         if format == "tf_saved_model":
