@@ -10,7 +10,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import is_integer
 
-POOLINGS = ("token", "mean", "patches")
+POOLINGS = ("token", "mean", "patches", "pooled")
 
 
 class ImageTasks:
@@ -60,9 +60,9 @@ class ImageTasks:
 
     def embed_images(self, images, pooling: str = "token", batch_size: int = 32) -> np.ndarray:
         """Feature vectors of `images` from the normalized last layer: the class token (`"token"`,
-        `(batch, hidden_dim)`), the mean of the patch tokens (`"mean"`), or every patch token (`"patches"`,
-        `(batch, patches, hidden_dim)`, for dense probes and pictures of the features). One image: its
-        vector alone."""
+        `(batch, hidden_dim)`), the mean of the patch tokens (`"mean"`), every patch token (`"patches"`,
+        `(batch, patches, hidden_dim)`, for dense probes and pictures of the features), or the model's own
+        pooling (`"pooled"`: `pooled_features`, e.g. SigLIP's attention pooling). One image: its vector alone."""
         if pooling not in POOLINGS:
             raise InputError(f"expected one of {', '.join(POOLINGS)}; received {pooling!r}.", "pooling",
                              "embed_images")  # fmt: skip
@@ -73,7 +73,13 @@ class ImageTasks:
         pixels = self.preprocess_images([images] if single else images)
         parts = []
         for part in _batches(pixels, batch_size):
-            tokens = ops.convert_to_numpy(self.features(ops.convert_to_tensor(part)))
+            # without its head the model's output is the token sequence: Keras' compiled step, one program per shape
+            if pooling == "pooled":
+                parts.append(ops.convert_to_numpy(self.pooled_features(ops.convert_to_tensor(part))))
+                continue
+            compiled = not getattr(self, "include_top", True)
+            tokens = self.predict_on_batch(part) if compiled else self.features(ops.convert_to_tensor(part))
+            tokens = ops.convert_to_numpy(tokens)
             patches = tokens[:, getattr(self, "num_leading_tokens", 1) :]
             parts.append(tokens[:, 0] if pooling == "token" else patches.mean(1) if pooling == "mean" else patches)
         vectors = np.concatenate(parts).astype("float32")

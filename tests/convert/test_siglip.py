@@ -57,10 +57,6 @@ def test_siglip_gives_transformers_outputs_and_round_trips(rng, tmp_path):
     masked = to_numpy(model({"images": images, "token_ids": TEXTS, "padding_mask": REAL})["logits_per_text"])
     np.testing.assert_allclose(masked, run_hf(hf, images, REAL)["logits_per_text"], atol=1e-4, rtol=0)
     assert np.abs(masked - expected["logits_per_text"]).max() > 1e-3  # the padding is read, or not
-    model.save(tmp_path / "siglip.keras")  # two towers and the pooling head nested in one config
-    loaded = keras_tfm.load(str(tmp_path / "siglip.keras"))
-    np.testing.assert_allclose(to_numpy(loaded(images=images, token_ids=TEXTS)["logits_per_text"]),
-                               to_numpy(ours["logits_per_text"]), atol=1e-6)  # fmt: skip
     keras_tfm.save_huggingface(model, str(tmp_path / "hf"))
     reloaded = transformers.SiglipModel.from_pretrained(tmp_path / "hf").eval()
     for name, value in run_hf(reloaded, images).items():
@@ -83,6 +79,8 @@ def test_the_image_tower_gives_transformers_outputs_at_any_image_size_with_or_wi
             np.testing.assert_allclose(to_numpy(model.features(images)), out.last_hidden_state.numpy(), atol=1e-4)
             if use_head:
                 np.testing.assert_allclose(to_numpy(model.pooled_features(images)), out.pooler_output.numpy(),
+                                           atol=1e-4)  # fmt: skip
+                np.testing.assert_allclose(model.embed_images(images, pooling="pooled"), out.pooler_output.numpy(),
                                            atol=1e-4)  # fmt: skip
     keras_tfm.save_huggingface(model, str(tmp_path))
     reloaded = transformers.SiglipVisionModel.from_pretrained(tmp_path).eval()

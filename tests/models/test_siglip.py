@@ -2,6 +2,7 @@
 without labels; a named size is the checkpoint's configuration."""
 
 import keras
+import numpy as np
 import pytest
 
 import keras_tfm
@@ -16,6 +17,9 @@ def small_siglip():
     return keras_tfm.SigLIP(vision, text)
 
 
+# Keras' fit on one backend: SigLIP's outputs on every backend (tests/convert/test_siglip.py), the sigmoid loss on
+# every backend (tests/test_losses.py), and CLIP, of the same towers' machinery, learns on every backend (test_clip.py)
+@pytest.mark.backend_independent
 def test_siglip_learns_the_pairs_without_labels(rng):
     model = small_siglip()
     data = paired(rng)  # texts: start, the colour's word, end (11, also the padding: pooled at the last place)
@@ -26,6 +30,17 @@ def test_siglip_learns_the_pairs_without_labels(rng):
     # each image's 8 questions: answered at chance they cost 8 ln 2 = 5.5; by the best bias alone, without telling
     # the pairs apart, ln 8 + 7 ln 8/7 = 3.0
     assert before > 3.0 and after < 1.0, (before, after)
+
+
+@pytest.mark.backend_independent  # Keras' saving; the model's outputs on every backend: tests/convert/test_siglip.py
+def test_a_keras_file_holds_both_towers_and_the_pooling_head(rng, tmp_path):
+    model = small_siglip()
+    data = paired(rng, 8)
+    expected = keras.ops.convert_to_numpy(model(data)["logits_per_text"])
+    model.save(tmp_path / "siglip.keras")
+    loaded = keras_tfm.load(str(tmp_path / "siglip.keras"))
+    assert loaded.get_config() == model.get_config() and loaded.vision_encoder.attention_pool is not None
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(data)["logits_per_text"]), expected, atol=1e-6)
 
 
 @pytest.mark.backend_independent  # configuration only: nothing is built

@@ -135,7 +135,8 @@ def test_two_processes_lose_one_then_resume_to_the_run_of_one(tmp_path):
         output,
     ), output[-3000:]
 
-    assert_different_settings_refused(out, flags)
+    if BACKEND == "jax":  # the comparison after the gather is the backends'; TensorFlow's gather runs at every start
+        assert_different_settings_refused(out, flags)
     outputs = run_together(out, flags)
     assert f"Resuming from {state_path}: {epoch} epochs done" in outputs[0]
     assert "of 2 processes (this is process 0)" in outputs[0] and outputs[1].count("Epoch") == 0  # one writer
