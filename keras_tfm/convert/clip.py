@@ -29,29 +29,26 @@ from keras_tfm.models.vit import ViT
 def convert_clip_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT | CLIP:
     """`CLIPVisionModel` as a `ViT`; `CLIPVisionModelWithProjection` as a `CLIP` of the image tower alone."""
     no_classifier("CLIPVisionModel", num_classes)
-    tower = _vision_tower(config)
-    projected = "visual_projection.weight" in w
-    model = CLIP(tower, None, projection_dim=config.get("projection_dim", 512)) if projected else tower
-    model.build()
-    _read_vision(tower, w, "")
-    if projected:
-        w.linear("visual_projection", model.visual_projection)
-    w.check_all_used("from_huggingface", "CLIPVisionModel", ignore=lambda name: name.endswith("position_ids"))
-    return model
+    return _one_tower(config, w, _vision_tower(config), "visual_projection", "CLIPVisionModel")
 
 
 @converter("clip_text_model", prefixes=("text_model.",))  # transformers 4's and ...WithProjection's names
 def convert_clip_text(config: dict, w: WeightReader, num_classes: int | None = None) -> CLIPTextEncoder | CLIP:
     """`CLIPTextModel` as a `CLIPTextEncoder`; `CLIPTextModelWithProjection` as a `CLIP` of the text tower alone."""
     no_classifier("CLIPTextModel", num_classes)
-    tower = _text_tower(config)
-    projected = "text_projection.weight" in w
-    model = CLIP(None, tower, projection_dim=config.get("projection_dim", 512)) if projected else tower
+    return _one_tower(config, w, _text_tower(config), "text_projection", "CLIPTextModel")
+
+
+def _one_tower(config: dict, w: WeightReader, tower, projection: str, architecture: str):
+    """The tower alone, or with its projection (a `...WithProjection` checkpoint) as a CLIP of that tower."""
+    projected = projection + ".weight" in w
+    towers = (tower, None) if projection == "visual_projection" else (None, tower)
+    model = CLIP(*towers, projection_dim=config.get("projection_dim", 512)) if projected else tower
     model.build()
-    _read_text(tower, w, "")
+    (_read_vision if projection == "visual_projection" else _read_text)(tower, w, "")
     if projected:
-        w.linear("text_projection", model.text_projection)
-    w.check_all_used("from_huggingface", "CLIPTextModel", ignore=lambda name: name.endswith("position_ids"))
+        w.linear(projection, getattr(model, projection))
+    w.check_all_used("from_huggingface", architecture, ignore=lambda name: name.endswith("position_ids"))
     return model
 
 

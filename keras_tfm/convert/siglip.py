@@ -30,50 +30,44 @@ _POSITION_IDS = lambda name: name.endswith("position_ids")  # noqa: E731  (buffe
 @converter("siglip_vision_model", prefixes=("vision_model.",))  # transformers 4 wrote the tower's names under it
 def convert_siglip_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
     no_classifier("SiglipVisionModel", num_classes)
-    model = _vision_tower(config)
-    model.build()
-    _read_vision(model, w, "")
-    w.check_all_used("from_huggingface", "SiglipVisionModel", ignore=_POSITION_IDS)
-    return model
-
-
-@converter("siglip")
-def convert_siglip(config: dict, w: WeightReader, num_classes: int | None = None) -> SigLIP:
-    no_classifier("SiglipModel", num_classes)
-    vision_config, text_config = config.get("vision_config") or {}, config.get("text_config") or {}
-    model = SigLIP(_vision_tower(vision_config), _text_tower(text_config))
-    model.build()
-    _read_vision(model.vision_encoder, w, "vision_model.")
-    _read_text(model.text_encoder, w, "text_model.")
-    _read_scores(model, w)
-    w.check_all_used("from_huggingface", "SiglipModel", ignore=_POSITION_IDS)
-    return model
-
-
-SIGLIP_VISION = dict(image_size=224, patch_size=16, num_hidden_layers=12, num_attention_heads=12, hidden_size=768,
-                     intermediate_size=3072, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)  # fmt: skip
+    return _image_tower(config, w, "SiglipVisionModel", siglip2=False)
 
 
 @converter("siglip2_vision_model", prefixes=("vision_model.",))
 def convert_siglip2_vision(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
     no_classifier("Siglip2VisionModel", num_classes)
-    model = _vision_tower(_fixed_resolution(config), siglip2=True)
-    model.build()
-    _read_vision(model, w, "", siglip2=True)
-    w.check_all_used("from_huggingface", "Siglip2VisionModel", ignore=_POSITION_IDS)
-    return model
+    return _image_tower(config, w, "Siglip2VisionModel", siglip2=True)
+
+
+@converter("siglip")
+def convert_siglip(config: dict, w: WeightReader, num_classes: int | None = None) -> SigLIP:
+    no_classifier("SiglipModel", num_classes)
+    return _both_towers(config, w, "SiglipModel", siglip2=False)
 
 
 @converter("siglip2")
 def convert_siglip2(config: dict, w: WeightReader, num_classes: int | None = None) -> SigLIP:
     no_classifier("Siglip2Model", num_classes)
-    vision_config, text_config = config.get("vision_config") or {}, config.get("text_config") or {}
-    model = SigLIP(_vision_tower(_fixed_resolution(vision_config), siglip2=True), _text_tower(text_config))
+    return _both_towers(config, w, "Siglip2Model", siglip2=True)
+
+
+def _image_tower(config: dict, w: WeightReader, architecture: str, siglip2: bool) -> ViT:
+    model = _vision_tower(_fixed_resolution(config) if siglip2 else config, siglip2)
     model.build()
-    _read_vision(model.vision_encoder, w, "vision_model.", siglip2=True)
+    _read_vision(model, w, "", siglip2)
+    w.check_all_used("from_huggingface", architecture, ignore=_POSITION_IDS)
+    return model
+
+
+def _both_towers(config: dict, w: WeightReader, architecture: str, siglip2: bool) -> SigLIP:
+    vision_config, text_config = config.get("vision_config") or {}, config.get("text_config") or {}
+    vision_config = _fixed_resolution(vision_config) if siglip2 else vision_config
+    model = SigLIP(_vision_tower(vision_config, siglip2), _text_tower(text_config))
+    model.build()
+    _read_vision(model.vision_encoder, w, "vision_model.", siglip2)
     _read_text(model.text_encoder, w, "text_model.")
     _read_scores(model, w)
-    w.check_all_used("from_huggingface", "Siglip2Model", ignore=_POSITION_IDS)
+    w.check_all_used("from_huggingface", architecture, ignore=_POSITION_IDS)
     return model
 
 
@@ -100,6 +94,10 @@ def convert_siglip_text(config: dict, w: WeightReader, num_classes: int | None =
     w.linear("head", model.text_head)
     w.check_all_used("from_huggingface", "SiglipTextModel", ignore=_POSITION_IDS)
     return model
+
+
+SIGLIP_VISION = dict(image_size=224, patch_size=16, num_hidden_layers=12, num_attention_heads=12, hidden_size=768,
+                     intermediate_size=3072, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)  # fmt: skip
 
 
 def _vision_tower(config: dict, siglip2: bool = False) -> ViT:
