@@ -4,7 +4,13 @@
 from keras_tfm import backend_logs, layers, losses, viz
 from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_huggingface
 from keras_tfm.generation import GenerationConfig
-from keras_tfm.losses import ContrastiveLoss, MultipleNegativesRankingLoss, SigmoidLoss, TokenCrossEntropy
+from keras_tfm.losses import (
+    ContrastiveLoss,
+    MultipleNegativesRankingLoss,
+    SegmentationCrossEntropy,
+    SigmoidLoss,
+    TokenCrossEntropy,
+)
 from keras_tfm.models import (
     CLIP,
     GPT,
@@ -23,6 +29,7 @@ from keras_tfm.models import (
     ModernBertQuestionAnswerer,
     ModernBertTokenClassifier,
     QuestionAnswerer,
+    SegFormer,
     SentenceEmbedder,
     SequenceClassifier,
     SigLIP,
@@ -64,6 +71,12 @@ from keras_tfm.models import (
     qwen3_0_6b,
     roberta_base,
     roberta_large,
+    segformer_b0,
+    segformer_b1,
+    segformer_b2,
+    segformer_b3,
+    segformer_b4,
+    segformer_b5,
     siglip_base_patch16_224,
     siglip_large_patch16_256,
     siglip_so400m_patch14_224,

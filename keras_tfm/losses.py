@@ -1,6 +1,6 @@
 """The zoo's losses: cross-entropy over token logits `(batch, ..., vocabulary)` (the language models and the
-translator, computed with the positions flattened into one axis), in-batch ranking of sentence embeddings, and the
-image-text losses of CLIP (contrastive) and SigLIP (sigmoid)."""
+translator, computed with the positions flattened into one axis), in-batch ranking of sentence embeddings, the
+image-text losses of CLIP (contrastive) and SigLIP (sigmoid), and the per-pixel cross-entropy of segmentation."""
 
 from __future__ import annotations
 
@@ -219,3 +219,44 @@ class SigmoidLoss(_PairedLogits):
         logits = self._checked(y_pred)
         signs = 2 * ops.eye(ops.shape(logits)[0], dtype=logits.dtype) - 1
         return -ops.sum(ops.log_sigmoid(signs * logits), axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class SegmentationCrossEntropy(TokenCrossEntropy):
+    """Per-pixel cross-entropy of segmentation logits against label maps of any size, as transformers'
+    `SegformerForSemanticSegmentation` computes it: the logits `(batch, h, w, classes)` resized bilinearly to the
+    labels' `(batch, height, width)` first, pixels labelled `ignore_class` left out of the mean.
+
+    Args:
+        ignore_class: the label of pixels with no class (255 in ADE20k's and SegFormer's maps); None: none.
+        label_smoothing, reduction, name, dtype: as `TokenCrossEntropy`'s.
+
+    Example:
+    >>> loss = SegmentationCrossEntropy()
+    >>> float(loss(np.zeros((1, 8, 8), "int32"), np.zeros((1, 2, 2, 3), "float32")))  # log 3
+    1.0986...
+    """
+
+    def __init__(self, ignore_class: int | None = 255, label_smoothing: float = 0.0,
+                 reduction: str = "sum_over_batch_size", name: str = "segmentation_cross_entropy", dtype=None):  # fmt: skip
+        super().__init__(True, ignore_class, label_smoothing, reduction, name, dtype)
+
+    def call(self, y_true, y_pred):
+        return super().call(y_true, upsampled_logits(y_true, y_pred, "SegmentationCrossEntropy"))
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.pop("from_logits", None)
+        return config
+
+
+def upsampled_logits(label_maps, logits, caller: str):
+    """`logits` `(batch, h, w, classes)` resized bilinearly (PyTorch's `align_corners=False`) to the height and
+    width of `label_maps` `(batch, height, width)`."""
+    if len(label_maps.shape) != 3 or len(logits.shape) != 4:
+        raise InputError(f"expected label maps (batch, height, width) and logits (batch, h, w, classes); received "
+                         f"shapes {tuple(label_maps.shape)} and {tuple(logits.shape)}.", "y_true", caller)  # fmt: skip
+    size = tuple(ops.shape(label_maps)[1:3])
+    if tuple(logits.shape[1:3]) == size:
+        return logits
+    return ops.image.resize(logits, size, interpolation="bilinear", antialias=False)

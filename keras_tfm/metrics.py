@@ -1,4 +1,5 @@
-"""BLEU for translations, two ways (sacreBLEU computes both):
+"""The zoo's metrics: the mean intersection over union of segmentation maps (`MeanIoU`), and BLEU for
+translations, two ways (sacreBLEU computes both):
 
 - sacreBLEU's standard score: detokenized, cased output against the raw references (signature printed).
 - the score most Multi30k papers report: lowercased, Moses-tokenized output against references made by
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import re
 
+import keras
+
 from keras_tfm.errors import InputError
+from keras_tfm.losses import upsampled_logits
 
 # WordPiece splits at every punctuation mark: "man's" comes back as "man ' s"; Moses writes "man 's".
 _SPLIT_CLITIC = re.compile(r"(?<=\w) ' (s|re|ve|ll|d|m|t)\b", re.IGNORECASE)
@@ -61,3 +65,33 @@ def bleu_scores(
             )
         )
     return scores
+
+
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class MeanIoU(keras.metrics.MeanIoU):
+    """Keras' `MeanIoU` (mIoU) of segmentation logits `(batch, h, w, classes)` against label maps `(batch,
+    height, width)` of any size: the logits resized bilinearly to the labels' size, the likeliest class per pixel,
+    pixels labelled `ignore_class` left out; what a segmentation benchmark reports (ADE20k's mIoU).
+
+    Args:
+        num_classes: the classes.
+        ignore_class: the label of pixels with no class (255); None: none.
+        name, dtype: as for any Keras metric.
+
+    Example:
+    >>> miou = MeanIoU(num_classes=2)
+    >>> _ = miou.update_state(np.array([[[0, 1], [1, 1]]]), np.array([[[[1.0, 0.0]]]]))  # all class 0
+    >>> round(float(miou.result()), 3)  # class 0: 1 of 4 pixels; class 1: none
+    0.125
+    """
+
+    def __init__(self, num_classes: int, ignore_class: int | None = 255, name: str = "mean_iou", dtype=None):
+        super().__init__(num_classes, name=name, dtype=dtype, ignore_class=ignore_class, sparse_y_pred=False)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true, y_pred = keras.ops.convert_to_tensor(y_true), keras.ops.convert_to_tensor(y_pred)
+        return super().update_state(y_true, upsampled_logits(y_true, y_pred, "MeanIoU"), sample_weight)
+
+    def get_config(self) -> dict:
+        return {"num_classes": self.num_classes, "ignore_class": self.ignore_class, "name": self.name,
+                "dtype": self.dtype}  # fmt: skip

@@ -33,6 +33,9 @@ CLASSES = {
     layers.SequenceClassificationHead: dict(num_classes=2),
     layers.TokenClassificationHead: dict(num_classes=2),
     layers.SpanHead: dict(),
+    layers.OverlappingPatchEmbedding: dict(patch_size=3, stride=2, hidden_dim=4),
+    layers.MixTransformerBlock: dict(num_heads=2, intermediate_dim=8),
+    layers.AllMLPDecoder: dict(hidden_dim=4, num_classes=2),
     layers.MaskedLMHead: dict(vocabulary_size=10),
     keras_tfm.GPT: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.DecoderLM: dict(
@@ -45,6 +48,15 @@ CLASSES = {
     keras_tfm.ModernBert: dict(vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=4, intermediate_dim=8),
     keras_tfm.ModernBertClassifier: dict(vocabulary_size=10, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.CLIPTextEncoder: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
+    keras_tfm.SegFormer: dict(
+        stage_widths=(4,),
+        stage_depths=(1,),
+        stage_heads=(1,),
+        stage_reduction_ratios=(1,),
+        stage_patch_sizes=(3,),
+        stage_strides=(2,),
+        stage_mlp_ratios=(2,),
+    ),  # fmt: skip
     keras_tfm.Translator: dict(
         source_vocabulary_size=10, num_encoder_layers=1, num_decoder_layers=1, num_heads=2, hidden_dim=4
     ),
@@ -74,6 +86,18 @@ OTHER = {
     "sliding_window_layers": ([5], "sliding_window_layers"),
     "class_names": (["one name"], "class_names"),
     "position_interpolation": ("nearest", "position_interpolation"),
+    **{
+        name: ([4, 4], name)
+        for name in (
+            "stage_widths",
+            "stage_depths",
+            "stage_heads",
+            "stage_reduction_ratios",
+            "stage_patch_sizes",
+            "stage_strides",
+            "stage_mlp_ratios",
+        )
+    },  # fmt: skip
 }
 
 

@@ -29,7 +29,6 @@ _EXPECTED = {
         (
             "vocab_size",
             "hidden_size",
-            "num_attention_heads",
             "num_hidden_layers",
             "intermediate_size",
             "max_position_embeddings",
@@ -54,6 +53,14 @@ _EXPECTED = {
             "max_new_tokens",
         ),
         (_positive_integer, "an integer > 0"),
+    ),
+    # a hierarchical encoder's (SegFormer's) heads are a list, one number per stage
+    **dict.fromkeys(
+        ("num_attention_heads", "hidden_sizes", "depths", "sr_ratios", "patch_sizes", "strides"),
+        (
+            lambda value: _positive_integer(value) or (isinstance(value, list) and all(map(_positive_integer, value))),
+            "an integer > 0 or a list of them",
+        ),
     ),
     **dict.fromkeys(
         ("eos_token_id", "bos_token_id", "pad_token_id", "decoder_start_token_id"),

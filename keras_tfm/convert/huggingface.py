@@ -35,6 +35,7 @@ from keras_tfm.convert import (  # noqa: F401
     modern_bert,
     quantized_loading,
     safetensors_files,
+    segformer,
     sentence_transformers,
     siglip,
     vit,

@@ -1,6 +1,7 @@
 """The transformer building blocks. Every layer speaks `keras.ops` only and runs on TensorFlow,
 JAX and PyTorch."""
 
+from keras_tfm.layers.all_mlp_decoder import AllMLPDecoder
 from keras_tfm.layers.attention import MultiHeadAttention
 from keras_tfm.layers.attention_pooling import AttentionPooling
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
@@ -8,6 +9,8 @@ from keras_tfm.layers.drop_path import DropPath
 from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
 from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
 from keras_tfm.layers.layer_scale import LayerScale
+from keras_tfm.layers.mix_transformer_block import MixTransformerBlock
+from keras_tfm.layers.overlapping_patch_embedding import OverlappingPatchEmbedding
 from keras_tfm.layers.positions import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
@@ -24,6 +27,7 @@ from keras_tfm.layers.task_heads import (
 from keras_tfm.layers.token_pooling import TokenPooling
 
 __all__ = [
+    "AllMLPDecoder",
     "AttentionPooling",
     "DecoderBlock",
     "DropPath",
@@ -34,7 +38,9 @@ __all__ = [
     "LayerScale",
     "LearnedPositionEmbedding",
     "MaskedLMHead",
+    "MixTransformerBlock",
     "MultiHeadAttention",
+    "OverlappingPatchEmbedding",
     "PatchEmbedding",
     "RotaryEmbedding",
     "SequenceClassificationHead",

@@ -52,6 +52,15 @@ from keras_tfm.models.modern_bert import (
     modernbert_base,
     modernbert_large,
 )
+from keras_tfm.models.segformer import (
+    SegFormer,
+    segformer_b0,
+    segformer_b1,
+    segformer_b2,
+    segformer_b3,
+    segformer_b4,
+    segformer_b5,
+)
 from keras_tfm.models.sentence_embedder import SentenceEmbedder
 from keras_tfm.models.siglip import SigLIP, siglip_base_patch16_224, siglip_large_patch16_256, siglip_so400m_patch14_224
 from keras_tfm.models.text_tasks import MaskedLM, QuestionAnswerer, SequenceClassifier, TokenClassifier

@@ -43,6 +43,10 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         """The loss `compile()` gives by default: the model's natural loss (None: no default)."""
         return None
 
+    def default_metrics(self) -> list:
+        """The metrics `compile()` gives with the default loss: accuracy, unless the model says otherwise."""
+        return [keras.metrics.SparseCategoricalAccuracy("accuracy")]
+
     def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs) -> None:
         """Keras' `compile`, with this model's defaults for each argument left `"auto"`: AdamW at
         `default_learning_rate`, `default_loss()` and, with that loss, accuracy. Every model with a task
@@ -59,7 +63,7 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
         if default_loss:
             loss = self.default_loss()
         if isinstance(metrics, str) and metrics == "auto":  # accuracy goes with the default loss only
-            metrics = [keras.metrics.SparseCategoricalAccuracy("accuracy")] if default_loss and loss else None
+            metrics = self.default_metrics() if default_loss and loss else None
         # Keras keeps the metrics of an earlier compile when given None: [] replaces them with none.
         super().compile(optimizer=optimizer, loss=loss, metrics=[] if metrics is None else metrics, **kwargs)
 

@@ -11,6 +11,7 @@ TOKENS = RNG.integers(1, 50, size=(2, 8)).astype("int32")
 SEQUENCE = RNG.normal(size=(2, 8, 32)).astype("float32")
 SOURCE = RNG.normal(size=(2, 5, 32)).astype("float32")
 IMAGES = RNG.normal(size=(2, 16, 16, 3)).astype("float32")
+FEATURE_MAP = RNG.normal(size=(2, 6, 8, 32)).astype("float32")
 
 CASES = {
     "token_embedding": (lambda **kw: layers.TokenEmbedding(50, 32, **kw), (TOKENS,), {}),
@@ -27,6 +28,12 @@ CASES = {
         {},
     ),
     "attention_pooling": (lambda **kw: layers.AttentionPooling(4, 48, **kw), (SEQUENCE,), {}),
+    "overlapping_patch_embedding": (lambda **kw: layers.OverlappingPatchEmbedding(3, 2, 32, **kw), (IMAGES,), {}),
+    "mix_transformer_block": (
+        lambda **kw: layers.MixTransformerBlock(4, 64, reduction_ratio=2, dropout=0.1, **kw),
+        (FEATURE_MAP,),
+        {},
+    ),
     "token_pooling": (lambda **kw: layers.TokenPooling(("mean", "max", "lasttoken"), **kw), (SEQUENCE,), {}),
     "decoder_block": (lambda **kw: layers.DecoderBlock(4, 64, **kw), (SEQUENCE,), {}),
     "decoder_block_cross": (
@@ -40,6 +47,7 @@ CASES = {
         {},
     ),
 }
+# AllMLPDecoder (a list of maps in) gets them inside SegFormer (tests/models/test_segformer.py).
 # Fixed encodings have no weights to train; they get the config and saving checks in test_positions.
 # The Llama form of DecoderBlock (RMSNorm, GQA, RoPE, window, QK-norm, SwiGLU) gets them inside DecoderLM
 # (tests/models/test_decoder_lm.py) and in the every-layer model (test_all_layers.py).
