@@ -1,6 +1,7 @@
 """The zoo's losses: cross-entropy over token logits `(batch, ..., vocabulary)` (the language models and the
 translator, computed with the positions flattened into one axis), in-batch ranking of sentence embeddings, the
-image-text losses of CLIP (contrastive) and SigLIP (sigmoid), and the per-pixel cross-entropy of segmentation."""
+image-text losses of CLIP (contrastive) and SigLIP (sigmoid), the per-pixel cross-entropy of segmentation, and the
+masked autoencoder's pixel loss."""
 
 from __future__ import annotations
 
@@ -260,3 +261,29 @@ def upsampled_logits(label_maps, logits, caller: str):
     if tuple(logits.shape[1:3]) == size:
         return logits
     return ops.image.resize(logits, size, interpolation="bilinear", antialias=False)
+
+
+def masked_patch_loss(targets, predictions, mask, normalize_targets: bool = False):
+    """A masked autoencoder's loss (MAE, transformers' `ViTMAEForPreTraining`): the mean squared error of each
+    patch's pixels, averaged over the hidden patches only.
+
+    Args:
+        targets, predictions: `(batch, patches, patch_values)` (`ViTMAE.patchify` of the images; its `logits`).
+        mask: `(batch, patches)`, 1 where the patch was hidden from the encoder.
+        normalize_targets: each target patch normalized by its own mean and variance first (`norm_pix_loss`;
+            the variance divides by n - 1, as PyTorch's).
+
+    Example:
+    >>> targets = np.ones((1, 4, 3), "float32")
+    >>> float(masked_patch_loss(targets, targets + 2.0, np.array([[1.0, 0.0, 0.0, 0.0]], "float32")))
+    4.0
+    """
+    targets, predictions = ops.convert_to_tensor(targets), ops.convert_to_tensor(predictions)
+    if normalize_targets:
+        n = targets.shape[-1]
+        mean = ops.mean(targets, axis=-1, keepdims=True)
+        variance = ops.var(targets, axis=-1, keepdims=True) * (n / (n - 1))
+        targets = (targets - mean) / ops.sqrt(variance + 1e-6)
+    mask = ops.cast(mask, predictions.dtype)
+    per_patch = ops.mean(ops.square(predictions - ops.cast(targets, predictions.dtype)), axis=-1)
+    return ops.sum(per_patch * mask) / ops.sum(mask)

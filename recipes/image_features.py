@@ -23,6 +23,7 @@ import numpy as np
 
 def main() -> None:
     from keras_tfm.data import load_images
+    from keras_tfm.training.probes import probe_scores
     from keras_tfm.viz import plot_patch_features
 
     args = flags(model_sizes()).parse_args()
@@ -35,7 +36,8 @@ def main() -> None:
     ]
     pixels = [x.reshape(len(x), -1).astype("float32") / 255.0 for x in (train_x, test_x)]
     metrics = {"data": data.source, "backbone": args.from_huggingface or "a random ViT", "pooling": args.pooling,
-               "features": scores(*features, train_y, test_y, args.k), "pixels": scores(*pixels, train_y, test_y, args.k)}  # fmt: skip
+               "features": probe_scores(*features, train_y, test_y, args.k),
+               "pixels": probe_scores(*pixels, train_y, test_y, args.k)}  # fmt: skip
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as file:
         json.dump(metrics, file, indent=2)
@@ -43,18 +45,6 @@ def main() -> None:
     plot_patch_features(test_x[:6], patches, os.path.join(args.output_dir, "patch_features.png"))
     for name in ("features", "pixels"):
         print(f"{name}: linear probe {metrics[name]['linear_probe']:.3f}, {args.k}-NN {metrics[name]['knn']:.3f}")
-
-
-def scores(train, test, train_y, test_y, k: int) -> dict:
-    """Test accuracy of a logistic-regression probe and of cosine k-NN fitted on `train`."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.neighbors import KNeighborsClassifier
-    from sklearn.preprocessing import StandardScaler
-
-    scaler = StandardScaler().fit(train)
-    probe = LogisticRegression(max_iter=2000).fit(scaler.transform(train), train_y)
-    knn = KNeighborsClassifier(n_neighbors=k, metric="cosine").fit(train, train_y)
-    return {"linear_probe": float(probe.score(scaler.transform(test), test_y)), "knn": float(knn.score(test, test_y))}
 
 
 def backbone(args: argparse.Namespace, side: int):

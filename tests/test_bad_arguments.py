@@ -36,6 +36,9 @@ CLASSES = {
     layers.OverlappingPatchEmbedding: dict(patch_size=3, stride=2, hidden_dim=4),
     layers.MixTransformerBlock: dict(num_heads=2, intermediate_dim=8),
     layers.AllMLPDecoder: dict(hidden_dim=4, num_classes=2),
+    layers.MaskedImageDecoder: dict(
+        grid_size=2, patch_dim=12, hidden_dim=4, num_layers=1, num_heads=2, intermediate_dim=8
+    ),  # fmt: skip
     layers.MaskedLMHead: dict(vocabulary_size=10),
     keras_tfm.GPT: dict(vocabulary_size=10, max_length=8, num_layers=1, num_heads=2, hidden_dim=4),
     keras_tfm.DecoderLM: dict(
@@ -57,6 +60,9 @@ CLASSES = {
         stage_strides=(2,),
         stage_mlp_ratios=(2,),
     ),  # fmt: skip
+    keras_tfm.ViTMAE: dict(
+        encoder=keras_tfm.ViT(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=4, include_top=False)
+    ),  # fmt: skip
     keras_tfm.Translator: dict(
         source_vocabulary_size=10, num_encoder_layers=1, num_decoder_layers=1, num_heads=2, hidden_dim=4
     ),
@@ -71,6 +77,7 @@ BAD = {
     "True or False": [1, "yes", None],
     "a number >= 1": [0.5, math.nan, "2", None],
     "a fraction in (0, 1]": [0.0, 1.5, math.nan, None],
+    "a fraction in (0, 1)": [0.0, 1.0, math.nan, "0.5", None],
     "a dict of RotaryEmbedding arguments": ["max_wavelength", 3],
     "a Keras activation (a name or a function), 'gelu_approximate' or 'quick_gelu'": ["no_such_activation", 3],
     "a Keras initializer (a name, a config or an instance)": ["no_such_initializer", 3],
@@ -86,6 +93,8 @@ OTHER = {
     "sliding_window_layers": ([5], "sliding_window_layers"),
     "class_names": (["one name"], "class_names"),
     "position_interpolation": ("nearest", "position_interpolation"),
+    "encoder": ("a ViT", "encoder"),
+    "seed": ("seven", "seed"),
     **{
         name: ([4, 4], name)
         for name in (

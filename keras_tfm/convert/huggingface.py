@@ -39,6 +39,7 @@ from keras_tfm.convert import (  # noqa: F401
     sentence_transformers,
     siglip,
     vit,
+    vit_mae,
 )
 from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.destination import PROCESSOR_FILES, check_destination, swap_in

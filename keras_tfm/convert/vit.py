@@ -43,10 +43,10 @@ _OLD_NAMES = [
     (r"encoder\.layer\.(\d+)\.", r"layers.\1."),
 ]
 
-_rename = renamer(_OLD_NAMES)
+rename_earlier_names = renamer(_OLD_NAMES)
 
 
-@converter("vit", "deit", prefixes=("vit.", "deit."), rename=_rename)
+@converter("vit", "deit", prefixes=("vit.", "deit."), rename=rename_earlier_names)
 def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
     """ViT, and DeiT: a ViT with a distillation token, classified from the class token (`classifier`) or by
     two heads averaged (`cls_classifier` and `distillation_classifier`: `...WithTeacher`)."""
@@ -87,14 +87,7 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
         w.set_variable(model.distillation_weight, "embeddings.distillation_token")
     model.position_embedding.set_weights([w("embeddings.position_embeddings")[0]])
     read_patch_embedding(model, w)
-    for i, block in enumerate(model.blocks):
-        p = f"layers.{i}."
-        set_layer_norm(block.self_attention_norm, w(p + "layernorm_before.weight"), w(p + "layernorm_before.bias"))
-        for dense, name in attention_modules(block.self_attention):
-            w.linear(p + "attention." + name, dense)
-        set_layer_norm(block.feed_forward_norm, w(p + "layernorm_after.weight"), w(p + "layernorm_after.bias"))
-        w.linear(p + "mlp.fc1", block.feed_forward.intermediate_dense)
-        w.linear(p + "mlp.fc2", block.feed_forward.output_dense)
+    read_blocks(model.blocks, w, "layers.")
     set_layer_norm(model.final_norm, w("layernorm.weight"), w("layernorm.bias"))
     if checkpoint_head:
         w.linear(head_name, model.head)
@@ -139,23 +132,23 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         3, 2, 0, 1
     )
     w[p + "embeddings.patch_embeddings.projection.bias"] = projection.bias
-    for i, block in enumerate(model.blocks):
-        b = f"{p}encoder.layer.{i}."
-        attention = block.self_attention
-        w.layer_norm(b + "layernorm_before", block.self_attention_norm)
-        for dense, name in (
-            (attention.query_dense, "attention.attention.query"),
-            (attention.key_dense, "attention.attention.key"),
-            (attention.value_dense, "attention.attention.value"),
-            (attention.output_dense, "attention.output.dense"),
-        ):
-            w.linear(b + name, dense)
-        w.layer_norm(b + "layernorm_after", block.feed_forward_norm)
-        w.linear(b + "intermediate.dense", block.feed_forward.intermediate_dense)
-        w.linear(b + "output.dense", block.feed_forward.output_dense)
+    write_blocks(model.blocks, w, p + "encoder.layer.")
     w.layer_norm(p + "layernorm", model.final_norm)
-    config = dict(
-        model_type="deit" if deit else "vit",
+    config = dict(model_type="deit" if deit else "vit", **vit_config(model, image_size))
+    family = "DeiT" if deit else "ViT"
+    if not model.include_top:
+        return dict(config, architectures=[f"{family}Model"])
+    if model.pooling == "distilled":
+        w.linear("cls_classifier", model.head)
+        w.linear("distillation_classifier", model.distillation_head)
+        return dict(config, architectures=["DeiTForImageClassificationWithTeacher"], num_labels=model.num_classes)
+    w.linear("classifier", model.head)
+    return dict(config, architectures=[f"{family}ForImageClassification"], num_labels=model.num_classes)
+
+
+def vit_config(model: ViT, image_size: int) -> dict:
+    """The fields of transformers' `ViTConfig` (and of the configs built on it) that `model` sets."""
+    return dict(
         image_size=image_size,
         patch_size=model.patch_size,
         num_channels=model.num_channels,
@@ -169,15 +162,37 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         hidden_act=hugging_face_activation("ViT", model.activation),
         qkv_bias=True,
     )
-    family = "DeiT" if deit else "ViT"
-    if not model.include_top:
-        return dict(config, architectures=[f"{family}Model"])
-    if model.pooling == "distilled":
-        w.linear("cls_classifier", model.head)
-        w.linear("distillation_classifier", model.distillation_head)
-        return dict(config, architectures=["DeiTForImageClassificationWithTeacher"], num_labels=model.num_classes)
-    w.linear("classifier", model.head)
-    return dict(config, architectures=[f"{family}ForImageClassification"], num_labels=model.num_classes)
+
+
+def read_blocks(blocks: list, w: WeightReader, p: str) -> None:
+    """ViT blocks under transformers 5's names, `{p}{i}.attention.q_proj`, ... (earlier names renamed to them)."""
+    for i, block in enumerate(blocks):
+        b = f"{p}{i}."
+        w.layer_norm(b + "layernorm_before", block.self_attention_norm)
+        for dense, name in attention_modules(block.self_attention):
+            w.linear(b + "attention." + name, dense)
+        w.layer_norm(b + "layernorm_after", block.feed_forward_norm)
+        w.linear(b + "mlp.fc1", block.feed_forward.intermediate_dense)
+        w.linear(b + "mlp.fc2", block.feed_forward.output_dense)
+
+
+def write_blocks(blocks: list, w: WeightWriter, p: str) -> None:
+    """ViT blocks under the published names, `{p}{i}.attention.attention.query`, ..., which every transformers
+    version reads."""
+    for i, block in enumerate(blocks):
+        b = f"{p}{i}."
+        attention = block.self_attention
+        w.layer_norm(b + "layernorm_before", block.self_attention_norm)
+        for dense, name in (
+            (attention.query_dense, "attention.attention.query"),
+            (attention.key_dense, "attention.attention.key"),
+            (attention.value_dense, "attention.attention.value"),
+            (attention.output_dense, "attention.output.dense"),
+        ):
+            w.linear(b + name, dense)
+        w.layer_norm(b + "layernorm_after", block.feed_forward_norm)
+        w.linear(b + "intermediate.dense", block.feed_forward.intermediate_dense)
+        w.linear(b + "output.dense", block.feed_forward.output_dense)
 
 
 def _check_plain_vit(model: ViT) -> None:

@@ -9,6 +9,7 @@ from keras_tfm.layers.drop_path import DropPath
 from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
 from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
 from keras_tfm.layers.layer_scale import LayerScale
+from keras_tfm.layers.masked_image_decoder import MaskedImageDecoder
 from keras_tfm.layers.mix_transformer_block import MixTransformerBlock
 from keras_tfm.layers.overlapping_patch_embedding import OverlappingPatchEmbedding
 from keras_tfm.layers.positions import (
@@ -37,6 +38,7 @@ __all__ = [
     "HeadTransform",
     "LayerScale",
     "LearnedPositionEmbedding",
+    "MaskedImageDecoder",
     "MaskedLMHead",
     "MixTransformerBlock",
     "MultiHeadAttention",

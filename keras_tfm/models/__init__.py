@@ -81,3 +81,4 @@ from keras_tfm.models.vit import (
     vit_small_images,
     vit_tiny,
 )
+from keras_tfm.models.vit_mae import ViTMAE, vit_mae_base, vit_mae_huge, vit_mae_large

@@ -283,13 +283,15 @@ class ViT(ImageTasks, ZooModel):
         token for "distilled"); SigLIP's and CLIP's image vector before their projection."""
         return self._pooled(self.features(images, training=training))
 
-    def features(self, images, masked_patches=None, training=None):
+    def features(self, images, masked_patches=None, kept_patches=None, training=None):
         """The normalized token sequence `(batch, 1 + extra + patches, hidden_dim)`: the class token, the
         distillation token and registers where the model has them, then the patches; whatever
         `include_top` says. What a head, a probe or `embed_images` reads. `masked_patches` `(batch,
-        patches)` bool: patches replaced by the mask token (a model with `mask_token`)."""
+        patches)` bool: patches replaced by the mask token (a model with `mask_token`). `kept_patches`
+        `(batch, kept)` int: the blocks see only these patches (raster indices), each with its position, in
+        that order (a masked autoencoder's encoder, `ViTMAE`)."""
         self._build_on_demand()
-        return self._encoded(images, False, False, masked_patches, training)[0]
+        return self._encoded(images, False, False, masked_patches, training, kept_patches)[0]
 
     def hidden_states(self, images, layers=None, training=None) -> dict:
         """The token sequences between the blocks, as transformers' `output_hidden_states` numbers them: 0 the
@@ -308,12 +310,13 @@ class ViT(ImageTasks, ZooModel):
             x = states[index] = block(x, training=training)
         return {i: states[i] for i in wanted}
 
-    def _encoded(self, images, return_attention_weights: bool, heads_only: bool, masked_patches, training=None):
+    def _encoded(self, images, return_attention_weights: bool, heads_only: bool, masked_patches, training=None,
+                 kept_patches=None):  # fmt: skip
         self._check_images(images)
         # ints, or tensors where a traced function leaves the image size unknown (TensorFlow's
         # `predict` retraces so once it has seen a second size)
         rows, cols = ops.shape(images)[1] // self.patch_size, ops.shape(images)[2] // self.patch_size
-        x = self._embedded(self.patch_embedding(images), masked_patches, rows, cols, training)
+        x = self._embedded(self.patch_embedding(images), masked_patches, rows, cols, training, kept_patches)
         attention_weights = []
         for index, block in enumerate(self.blocks):
             if return_attention_weights:
@@ -328,7 +331,7 @@ class ViT(ImageTasks, ZooModel):
                 x = block(x, training=training)
         return self.final_norm(x), attention_weights
 
-    def _embedded(self, patches, masked_patches, rows, cols, training):
+    def _embedded(self, patches, masked_patches, rows, cols, training, kept_patches=None):
         """The block's input: class (and distillation) token and the patches with their positions, then the
         registers after the class token (they have none)."""
         batch = ops.shape(patches)[0]
@@ -342,6 +345,10 @@ class ViT(ImageTasks, ZooModel):
         prefix = [ops.broadcast_to(ops.cast(token, patches.dtype), (batch, 1, self.hidden_dim)) for token in prefix]
         x = ops.concatenate([*prefix, patches], axis=1)
         x = x + self._positions(x, rows, cols)
+        if kept_patches is not None:  # positions first: each kept patch keeps its own
+            prefix = self.num_prefix_positions
+            indices = ops.expand_dims(ops.cast(kept_patches, "int32"), -1)
+            x = ops.concatenate([x[:, :prefix], ops.take_along_axis(x[:, prefix:], indices, axis=1)], axis=1)
         if self.num_register_tokens:
             registers = ops.broadcast_to(ops.cast(self.register_weight, x.dtype), (batch, self.num_register_tokens,
                                          self.hidden_dim))  # fmt: skip

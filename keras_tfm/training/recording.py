@@ -59,8 +59,8 @@ def export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, lab
 
     Written where transformers users can use it (`output_dir/huggingface`): a model fine-tuned from
     `huggingface` (with that checkpoint's tokenizer files), read by a `tokenizer` that writes itself for
-    transformers (characters, byte-pair, WordPiece), or a ViT given its `image_preprocessing`
-    (`save_huggingface`'s), with a classifier's class names `labels`."""
+    transformers (characters, byte-pair, WordPiece), a ViT given its `image_preprocessing`
+    (`save_huggingface`'s), with a classifier's class names `labels`, or a model that carries its image processor."""
     written = {}
     if lora_rank and huggingface:
         from keras_tfm.convert import save_peft_adapter
@@ -74,7 +74,8 @@ def export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, lab
             written["peft_adapter"] = path
         except (OSError, ValueError) as error:
             log(f"No peft adapter written: {error}")
-    if huggingface or (tokenizer is not None and tokenizer.writes_huggingface()) or image_preprocessing:
+    processor = getattr(zoo_model(model), "image_processor", None)
+    if huggingface or (tokenizer is not None and tokenizer.writes_huggingface()) or image_preprocessing or processor:
         from keras_tfm.convert import save_huggingface
 
         path = os.path.join(config.output_dir, "huggingface")

@@ -76,6 +76,8 @@ def test_the_encoder_alone_gives_transformers_last_map_and_round_trips(rng, tmp_
     np.testing.assert_allclose(channels_last(run_hf(reloaded, images).last_hidden_state), expected, atol=1e-6)
 
 
+# the logits and their bilinear resizing (the loss's) on every backend: the first test
+@pytest.mark.backend_independent
 def test_segment_gives_transformers_post_processed_label_maps_at_each_images_size(rng, tmp_path):
     hf = hf_segformer()
     with torch.no_grad():  # logits that differ across the image more than the classes' biases do
