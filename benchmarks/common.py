@@ -245,6 +245,7 @@ def keras_train_throughput(
     windows: int = 3,
     per_example: float = 1.0,
     loss=None,
+    metrics: list | None = None,
 ) -> dict:
     """Training speed of a Keras model with AdamW and `loss` (default: Keras' sparse categorical
     cross-entropy on logits; keras_tfm's token models get `keras_tfm.TokenCrossEntropy`, as in its
@@ -257,7 +258,7 @@ def keras_train_throughput(
       and keras-hub's on every backend, up to a third of a step here, and each call's setup.
     XLA on JAX and TensorFlow; eager on PyTorch, where Keras' torch.compile path recompiles at every
     layer boundary and trains slower than eager on CPU. `inputs`: an array or a dict of arrays, at
-    least `steps` batches."""
+    least `steps` batches; `metrics`: what `compile` takes (default: the model's own default)."""
     import keras
     import numpy as np
 
@@ -265,6 +266,7 @@ def keras_train_throughput(
         optimizer=keras.optimizers.AdamW(1e-3),
         loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=keras.backend.backend() != "torch",
+        **({} if metrics is None else {"metrics": metrics}),
     )
     count = len(targets) // batch_size
 

@@ -79,9 +79,24 @@ class MixTransformerBlock(keras.layers.Layer):
                                   training=training)  # fmt: skip
         attended = ops.reshape(self.dropout_layer(attended, training=training), (batch, height, width, dim))
         x = feature_map + self.drop_path(attended, training=training)
-        mixed = get_activation(self.activation)(self.depthwise(self.intermediate_dense(self.feed_forward_norm(x))))
+        mixed = get_activation(self.activation)(self._depthwise(self.intermediate_dense(self.feed_forward_norm(x))))
         mixed = self.dropout_layer(self.output_dense(self.dropout_layer(mixed, training=training)), training=training)
         return x + self.drop_path(mixed, training=training)
+
+    def _depthwise(self, x):
+        """The Mix-FFN's 3x3 depthwise convolution; on XLA's CPU backend as nine shifted multiply-adds, which
+        ran about 8x faster there than its grouped convolution (15 against 121 ms on a 2 x 128 x 128 x 128
+        map, 2-core AMD EPYC), and slower elsewhere (PyTorch 1.2x, TensorFlow 6x)."""
+        if not _xla_cpu():
+            return self.depthwise(x)
+        kernel = ops.cast(self.depthwise.kernel, x.dtype)
+        padded = ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        out = ops.cast(self.depthwise.bias, x.dtype)
+        for row in range(3):
+            for column in range(3):  # each window ends `2 - offset` before the padded end
+                window = padded[:, row : row - 2 or None, column : column - 2 or None]
+                out = out + window * kernel[row, column, :, 0]
+        return out
 
     def compute_output_shape(self, map_shape):
         return map_shape
@@ -91,3 +106,12 @@ class MixTransformerBlock(keras.layers.Layer):
                 "reduction_ratio": self.reduction_ratio, "activation": self.activation, "dropout": self.dropout,
                 "attention_dropout": self.attention_dropout, "drop_path_rate": self.drop_path_rate,
                 "layer_norm_epsilon": self.layer_norm_epsilon}  # fmt: skip
+
+
+def _xla_cpu() -> bool:
+    """Whether the model runs on JAX's CPU backend."""
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"

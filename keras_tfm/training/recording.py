@@ -95,7 +95,7 @@ def export(config: TrainingConfig, model, lora_rank, huggingface, tokenizer, lab
             return written
         log(
             f"Trained model{' (LoRA pairs merged)' if lora_rank else ''} and its "
-            f"{'image processor' if image_preprocessing else 'tokenizer'} written as a Hugging Face checkpoint: {path}"
+            f"{'image processor' if image_preprocessing or processor else 'tokenizer'} written as a Hugging Face checkpoint: {path}"
         )
         written["huggingface_checkpoint"] = path
     return written
