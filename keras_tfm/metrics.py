@@ -89,8 +89,24 @@ class MeanIoU(keras.metrics.MeanIoU):
         super().__init__(num_classes, name=name, dtype=dtype, ignore_class=ignore_class, sparse_y_pred=False)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        y_true, y_pred = keras.ops.convert_to_tensor(y_true), keras.ops.convert_to_tensor(y_pred)
-        return super().update_state(y_true, upsampled_logits(y_true, y_pred, "MeanIoU"), sample_weight)
+        """Adds the pixels' (label, prediction) counts to the confusion matrix, with one `bincount` (Keras'
+        scatter of every pixel took 0.15 s for 16 maps of 32x32 on PyTorch, against ~1 ms)."""
+        ops = keras.ops
+        y_true, y_pred = ops.convert_to_tensor(y_true), ops.convert_to_tensor(y_pred)
+        predicted = ops.reshape(ops.argmax(upsampled_logits(y_true, y_pred, "MeanIoU"), axis=-1), (-1,))
+        labels = ops.reshape(ops.cast(y_true, "int32"), (-1,))
+        n = self.num_classes
+        valid = ops.logical_and(ops.greater_equal(labels, 0), ops.less(labels, n))
+        if self.ignore_class is not None:
+            valid = ops.logical_and(valid, ops.not_equal(labels, self.ignore_class))
+        weights = ops.cast(valid, self.dtype)
+        if sample_weight is not None:
+            weights = weights * ops.reshape(
+                ops.broadcast_to(ops.cast(sample_weight, self.dtype), ops.shape(y_true)), (-1,)
+            )
+        cells = ops.where(valid, labels * n + ops.cast(predicted, "int32"), 0)
+        counts = ops.bincount(cells, weights=weights, minlength=n * n)
+        self.total_cm.assign_add(ops.cast(ops.reshape(counts, (n, n)), self.total_cm.dtype))
 
     def get_config(self) -> dict:
         return {"num_classes": self.num_classes, "ignore_class": self.ignore_class, "name": self.name,

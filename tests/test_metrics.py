@@ -1,15 +1,17 @@
 import gzip
 import os
 
+import numpy as np
 import pytest
 
 from keras_tfm import metrics as bleu
 
-pytestmark = pytest.mark.backend_independent  # sacreBLEU and sacremoses on strings
+BLEU = pytest.mark.backend_independent  # sacreBLEU and sacremoses on strings
 
 MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k", "task1")
 
 
+@BLEU
 @pytest.mark.parametrize("language", ["en", "de"])
 def test_moses_pipeline_remakes_multi30k_tokenized_references(language):
     """The comparable score is only comparable if hypotheses go through the pipeline that made the
@@ -21,6 +23,7 @@ def test_moses_pipeline_remakes_multi30k_tokenized_references(language):
     assert bleu.moses_lowercase_tokenize(raw, language) == tokenized
 
 
+@BLEU
 def test_detokenize_joins_wordpiece_output():
     assert bleu.detokenize(['A man \' s dog , in " blue " .', "We don ' t ."], "en") == [
         'A man\'s dog, in "blue".',
@@ -28,6 +31,7 @@ def test_detokenize_joins_wordpiece_output():
     ]
 
 
+@BLEU
 def test_scores_cased_lowercased_and_tokenized():
     references = ["A dog runs on the grass.", "Two men's hats are red."]
     perfect = bleu.bleu_scores(references, references, "en", bleu.moses_lowercase_tokenize(references, "en"))
@@ -37,3 +41,24 @@ def test_scores_cased_lowercased_and_tokenized():
     assert lowered["test_bleu_lowercase"] == pytest.approx(100.0) and lowered["test_bleu"] < 90
     with pytest.raises(ValueError, match="tokenized_references: expected 2 lines .* received 1"):
         bleu.bleu_scores(references, references, "en", ["one line"])
+
+
+@pytest.mark.parametrize("ignore_class", [255, 0])
+def test_mean_iou_of_logits_at_a_quarter_of_the_labels_equals_keras_on_upsampled_logits(ignore_class):
+    """keras_tfm's MeanIoU counts pixels with one bincount; Keras' scatters them (slow on PyTorch): the same
+    result, with sample weights, an ignored class inside or outside the classes, over two updates."""
+    import keras
+
+    from keras_tfm.metrics import MeanIoU
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, (3, 16, 16))
+    labels[:, :2] = 255
+    logits, weights = rng.random((3, 4, 4, 4)).astype("float32"), rng.random((3, 16, 16)).astype("float32")
+    upsampled = keras.ops.image.resize(logits, (16, 16), interpolation="bilinear", antialias=False)
+    ours, reference = MeanIoU(4, ignore_class=ignore_class), keras.metrics.MeanIoU(4, ignore_class=ignore_class,
+                                                                                   sparse_y_pred=False)  # fmt: skip
+    for metric, predicted in ((ours, logits), (reference, upsampled)):
+        metric.update_state(labels, predicted, weights)
+        metric.update_state(labels[:1], predicted[:1])
+    assert float(ours.result()) == pytest.approx(float(reference.result()), abs=1e-6) and float(ours.result()) > 0
