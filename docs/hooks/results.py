@@ -25,6 +25,8 @@ HIDDEN = {
     "value",
     "backend_note",
     "curve",
+    "train_on_batch",  # each way of training's own windows: `method` names the faster, whose rate `value` is
+    "fit",
 }
 
 
