@@ -74,6 +74,14 @@ def rng():
     return np.random.default_rng(0)
 
 
+def pytest_collection_finish(session):
+    """The modules imported so far (TensorFlow, PyTorch, JAX, transformers: millions of objects) live as long
+    as the process: frozen out of the collector, so that each file's full collection below looks at what the
+    tests made (0.7 s a collection otherwise, a tenth of the suite's time)."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Frees each test file's models and their compiled programs when it ends: `.ci/test` runs six

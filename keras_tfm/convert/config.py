@@ -29,6 +29,7 @@ _EXPECTED = {
         (
             "vocab_size",
             "hidden_size",
+            "num_attention_heads",
             "num_hidden_layers",
             "intermediate_size",
             "max_position_embeddings",
@@ -54,9 +55,9 @@ _EXPECTED = {
         ),
         (_positive_integer, "an integer > 0"),
     ),
-    # a hierarchical encoder's (SegFormer's) heads are a list, one number per stage
+    # a hierarchical encoder's (SegFormer's) stages, one number each
     **dict.fromkeys(
-        ("num_attention_heads", "hidden_sizes", "depths", "sr_ratios", "patch_sizes", "strides"),
+        ("hidden_sizes", "depths", "sr_ratios", "patch_sizes", "strides"),
         (
             lambda value: _positive_integer(value) or (isinstance(value, list) and all(map(_positive_integer, value))),
             "an integer > 0 or a list of them",
@@ -101,6 +102,11 @@ _EXPECTED = {
 }
 
 
+# model types whose heads are a list, one number per stage
+STAGED_TYPES = ("segformer",)
+_PER_STAGE = {"num_attention_heads": _EXPECTED["hidden_sizes"]}
+
+
 class CheckpointConfig(dict):
     """A checkpoint's config as a dict that knows where it came from (`where`, named in errors): reading
     a field it lacks is a `CheckpointError` naming the file and the field."""
@@ -123,7 +129,8 @@ def checkpoint_config(fields, where: str) -> CheckpointConfig:
     """`fields` (a parsed `config.json`) checked field by field; `where` names it in errors."""
     if not isinstance(fields, dict):
         raise CheckpointError(f"{where} must hold a JSON object; it holds {type(fields).__name__}.")
-    for field, (check, expected) in _EXPECTED.items():
+    expectations = {**_EXPECTED, **_PER_STAGE} if fields.get("model_type") in STAGED_TYPES else _EXPECTED
+    for field, (check, expected) in expectations.items():
         value = fields.get(field)
         if value is not None and not check(value):
             raise CheckpointError(f"{where}: the field {field!r} must be {expected}; it is {value!r}.")

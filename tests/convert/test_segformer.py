@@ -11,8 +11,9 @@ from tests.checks import to_numpy
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-CONFIG = dict(hidden_sizes=[8, 16, 24, 32], depths=[1, 2, 1, 1], num_attention_heads=[1, 2, 2, 4],
-              decoder_hidden_size=16, num_labels=3)  # fmt: skip
+# two stages (B0-B5 have four; every stage is the same code): keys and values reduced in the first, not the second
+CONFIG = dict(num_encoder_blocks=2, hidden_sizes=[8, 16], depths=[1, 2], num_attention_heads=[1, 2], sr_ratios=[2, 1],
+              patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[4, 2], decoder_hidden_size=16, num_labels=3)  # fmt: skip
 
 
 def hf_segformer(cls=None):
@@ -24,7 +25,9 @@ def hf_segformer(cls=None):
         for parameter in hf.parameters():
             parameter.add_(0.1 * torch.randn_like(parameter))
         for name, buffer in hf.named_buffers():
-            if name.endswith(("running_mean", "running_var")):
+            if name.endswith("running_mean"):
+                buffer.normal_(0.0, 0.05)  # near the features: not every pixel below zero after the ReLU
+            elif name.endswith("running_var"):
                 buffer.uniform_(0.5, 1.5)
     return hf.eval()
 
@@ -100,3 +103,16 @@ def test_segment_gives_transformers_post_processed_label_maps_at_each_images_siz
         assert (ours == theirs).mean() > 0.999  # a pixel whose two best logits tie within float error may differ
     assert len(np.unique(np.concatenate([m.ravel() for m in maps]))) > 1  # not one class everywhere
     np.testing.assert_array_equal(model.segment(images[1]), maps[1])  # one image: its map alone
+
+
+@pytest.mark.backend_independent
+def test_a_stage_list_of_the_wrong_type_is_named():
+    from keras_tfm.convert.config import checkpoint_config
+    from keras_tfm.errors import CheckpointError
+
+    checkpoint_config({"model_type": "segformer", "num_attention_heads": [1, 2, 5, 8]}, "config.json")
+    for field, value in (("num_attention_heads", [1, "2"]), ("depths", 2.5), ("hidden_sizes", [32, 0])):
+        with pytest.raises(CheckpointError, match=rf"'{field}' must be an integer > 0 or a list of them"):
+            checkpoint_config({"model_type": "segformer", field: value}, "config.json")
+    with pytest.raises(CheckpointError, match="'num_attention_heads' must be an integer > 0; it is"):
+        checkpoint_config({"model_type": "llama", "num_attention_heads": [1, 2]}, "config.json")
