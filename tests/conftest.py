@@ -74,7 +74,7 @@ def rng():
     return np.random.default_rng(0)
 
 
-def pytest_collection_finish(session):
+def pytest_collection_finish():
     """The modules imported so far (TensorFlow, PyTorch, JAX, transformers: millions of objects) live as long
     as the process: frozen out of the collector, so that each file's full collection below looks at what the
     tests made (0.7 s a collection otherwise, a tenth of the suite's time)."""
