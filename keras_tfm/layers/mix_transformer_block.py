@@ -7,6 +7,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_tfm.compat import on_xla_cpu
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.attention import MultiHeadAttention
 from keras_tfm.layers.drop_path import DropPath
@@ -87,7 +88,7 @@ class MixTransformerBlock(keras.layers.Layer):
         """The Mix-FFN's 3x3 depthwise convolution; on XLA's CPU backend as nine shifted multiply-adds, which
         ran about 8x faster there than its grouped convolution (15 against 121 ms on a 2 x 128 x 128 x 128
         map, 2-core AMD EPYC), and slower elsewhere (PyTorch 1.2x, TensorFlow 6x)."""
-        if not _xla_cpu():
+        if keras.backend.backend() != "jax" or not on_xla_cpu():  # TensorFlow's XLA: not measured
             return self.depthwise(x)
         kernel = ops.cast(self.depthwise.kernel, x.dtype)
         padded = ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
@@ -106,12 +107,3 @@ class MixTransformerBlock(keras.layers.Layer):
                 "reduction_ratio": self.reduction_ratio, "activation": self.activation, "dropout": self.dropout,
                 "attention_dropout": self.attention_dropout, "drop_path_rate": self.drop_path_rate,
                 "layer_norm_epsilon": self.layer_norm_epsilon}  # fmt: skip
-
-
-def _xla_cpu() -> bool:
-    """Whether the model runs on JAX's CPU backend."""
-    if keras.backend.backend() != "jax":
-        return False
-    import jax
-
-    return jax.default_backend() == "cpu"
