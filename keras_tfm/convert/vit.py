@@ -28,7 +28,6 @@ from keras_tfm.convert.weights import (
     keras_activation,
     renamer,
     require_options,
-    set_layer_norm,
 )
 from keras_tfm.errors import CheckpointError, InputError
 from keras_tfm.models.vit import ViT
@@ -67,28 +66,16 @@ def convert_vit(config: dict, w: WeightReader, num_classes: int | None = None) -
         image_size=image_size if isinstance(image_size, int) else image_size[0],
         patch_size=patch_size if isinstance(patch_size, int) else patch_size[0],
         num_classes=num_classes or 1,
-        num_layers=config["num_hidden_layers"],
-        num_heads=config["num_attention_heads"],
-        hidden_dim=config["hidden_size"],
-        intermediate_dim=config["intermediate_size"],
-        num_channels=config.get("num_channels", 3),
         include_top=include_top,
         pooling="distilled" if distilled and checkpoint_head else "token",
-        dropout=config.get("hidden_dropout_prob", 0.0),
-        attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
-        layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
-        activation=keras_activation("ViT", config, "hidden_act", "gelu"),
+        **vit_arguments(config, "ViT"),
         class_names=class_names_of(config, num_classes) if checkpoint_head else None,
         distillation_token=deit,
     )
     model.build()
-    model.class_token.assign(w("embeddings.cls_token"))
     if deit:
         w.set_variable(model.distillation_weight, "embeddings.distillation_token")
-    model.position_embedding.set_weights([w("embeddings.position_embeddings")[0]])
-    read_patch_embedding(model, w)
-    read_blocks(model.blocks, w, "layers.")
-    set_layer_norm(model.final_norm, w("layernorm.weight"), w("layernorm.bias"))
+    read_encoder(model, w)
     if checkpoint_head:
         w.linear(head_name, model.head)
         if distilled:
@@ -144,6 +131,31 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
         return dict(config, architectures=["DeiTForImageClassificationWithTeacher"], num_labels=model.num_classes)
     w.linear("classifier", model.head)
     return dict(config, architectures=[f"{family}ForImageClassification"], num_labels=model.num_classes)
+
+
+def vit_arguments(config: dict, family: str) -> dict:
+    """The `ViT` arguments of the fields of transformers' `ViTConfig` (and of the configs built on it); `vit_config`'s
+    inverse."""
+    return dict(
+        num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"],
+        hidden_dim=config["hidden_size"],
+        intermediate_dim=config["intermediate_size"],
+        num_channels=config.get("num_channels", 3),
+        dropout=config.get("hidden_dropout_prob", 0.0),
+        attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
+        layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
+        activation=keras_activation(family, config, "hidden_act", "gelu"),
+    )
+
+
+def read_encoder(model: ViT, w: WeightReader) -> None:
+    """A ViT's embeddings, blocks and final norm under transformers 5's names (the ViT's and ViTMAE's)."""
+    w.set_variable(model.class_token, "embeddings.cls_token")
+    model.position_embedding.set_weights([w("embeddings.position_embeddings")[0]])
+    read_patch_embedding(model, w)
+    read_blocks(model.blocks, w, "layers.")
+    w.layer_norm("layernorm", model.final_norm)
 
 
 def vit_config(model: ViT, image_size: int) -> dict:

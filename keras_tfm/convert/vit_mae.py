@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import keras
 
-from keras_tfm.convert.dinov2 import read_patch_embedding
 from keras_tfm.convert.registry import converter, exporter
-from keras_tfm.convert.vit import read_blocks, rename_earlier_names, vit_config, write_blocks
+from keras_tfm.convert.vit import (
+    read_blocks,
+    read_encoder,
+    rename_earlier_names,
+    vit_arguments,
+    vit_config,
+    write_blocks,
+)
 from keras_tfm.convert.weights import (
     WeightReader,
     WeightWriter,
-    keras_activation,
     require_options,
 )
 from keras_tfm.models.vit import ViT
@@ -31,20 +36,12 @@ def convert_vit_mae(config: dict, w: WeightReader, num_classes: int | None = Non
         image_size=config["image_size"],
         patch_size=config["patch_size"],
         num_classes=num_classes or 1,
-        num_layers=config["num_hidden_layers"],
-        num_heads=config["num_attention_heads"],
-        hidden_dim=config["hidden_size"],
-        intermediate_dim=config["intermediate_size"],
-        num_channels=config.get("num_channels", 3),
         include_top=num_classes is not None,
-        dropout=config.get("hidden_dropout_prob", 0.0),
-        attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
-        layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
-        activation=keras_activation("ViTMAE", config, "hidden_act", "gelu"),
+        **vit_arguments(config, "ViTMAE"),
     )
     model = _pretraining_model(config, encoder) if with_decoder else encoder
     model.build()
-    _read_encoder(encoder, w)
+    read_encoder(encoder, w)
     if with_decoder:
         _read_decoder(model.decoder, w)
     ignored = () if with_decoder else ("decoder.",)
@@ -62,14 +59,6 @@ def _pretraining_model(config: dict, encoder: ViT) -> ViTMAE:
         mask_ratio=config.get("mask_ratio", 0.75),
         normalize_targets=config.get("norm_pix_loss", False),
     )
-
-
-def _read_encoder(encoder: ViT, w: WeightReader) -> None:
-    w.set_variable(encoder.class_token, "embeddings.cls_token")
-    encoder.position_embedding.set_weights([w("embeddings.position_embeddings")[0]])
-    read_patch_embedding(encoder, w)
-    read_blocks(encoder.blocks, w, "layers.")
-    w.layer_norm("layernorm", encoder.final_norm)
 
 
 def _read_decoder(decoder, w: WeightReader) -> None:
