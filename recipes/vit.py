@@ -20,10 +20,11 @@ pooling, as transformers' ViT). Rerunning resumes.
 
 --from-huggingface DIR fine-tunes a Hugging Face ViT checkpoint (a local directory saved by
 `save_pretrained`, or a Hub model id such as google/vit-base-patch16-224, read from the local Hugging
-Face cache or downloaded into it) instead of training a new model: its weights, a
-new head for this data's classes, and its image processor's resizing and center crop (unless
---image-size; positions are interpolated for other sizes), scaling and normalisation; grayscale images
-become RGB.
+Face cache or downloaded into it) instead of training a new model: its weights, a new head for this
+data's classes, and its own image processor (`keras_tfm.data.ImageProcessor`: Pillow's resampling
+filter, center crop, scaling and normalisation, grayscale made RGB) preparing each batch as it is drawn,
+validation included. --image-size resizes to that square instead, without the crop; the positions are
+interpolated.
 
     python recipes/vit.py --data fashion-mnist --epochs 10
     python recipes/vit.py --data fashion-mnist --from-huggingface google/vit-base-patch16-224 \
@@ -42,29 +43,43 @@ def main() -> None:
     import keras
 
     from keras_tfm import training
-    from keras_tfm.data import EpochBatches, augment, augmentation_layers, flip_averaged_probabilities, load_images
+    from keras_tfm.data import (
+        EpochBatches,
+        ProcessedImages,
+        augment,
+        augmentation_layers,
+        flip_averaged_probabilities,
+        load_images,
+    )
 
     sizes = model_sizes()
     args = flags(sizes).parse_args()
-    checkpoint, processor = checkpoint_settings(args) if args.from_huggingface else (None, None)
+    checkpoint, fixed = checkpoint_settings(args) if args.from_huggingface else (None, None)
     config = training.training_config(args, checkpoint)
     training.setup(config)
     data = load_images(args.data, args.dataset, args.data_dir, log=training.log, image_size=args.image_size)
-    images = image_pipeline(args, data, checkpoint, processor)
-    (train_x, train_y), (test_x, test_y) = images.train, images.test
+    images = image_pipeline(args, data, fixed)
+    (train_x, train_y), (test_x, test_y), processor = images.train, images.test, images.processor
     num_classes = len(data.class_names)
+    one_hot = np.eye(num_classes, dtype="float32")
     augmentations = augmentation_layers(args.shift, args.flip, args.erasing, args.mixup, args.cutmix)
     rows = EpochBatches(len(train_x), args.batch_size, args.seed)
+    prepared = processor or (lambda pixels: pixels.astype("float32"))  # a checkpoint's processor, batch by batch
+    validation = (
+        ProcessedImages(test_x, one_hot[test_y], processor, args.batch_size)
+        if processor
+        else (test_x.astype("float32"), one_hot[test_y])
+    )
 
     def train_batch(epoch: int, step: int):
         chosen = rows(epoch, step)
-        labels = np.eye(num_classes, dtype="float32")[train_y[chosen]]
-        return augment(train_x[chosen].astype("float32"), labels, augmentations, [args.seed, epoch, step])
+        return augment(prepared(train_x[chosen]), one_hot[train_y[chosen]], augmentations, [args.seed, epoch, step])
 
     def evaluate(model) -> dict:
-        results = {"attention_maps": draw_attention(model, test_x[:1], images.preprocess, args.output_dir)}
+        results = {"attention_maps": draw_attention(model, test_x[:1], images, args.output_dir)}
         if args.flip:  # a model trained on mirror images is also scored on each test image averaged with its mirror
-            probabilities = flip_averaged_probabilities(model, test_x.astype("float32"), args.batch_size)
+            test_images = validation if processor else validation[0]
+            probabilities = flip_averaged_probabilities(model, test_images, args.batch_size)
             results["validation_accuracy_flip_averaged"] = float(np.mean(probabilities.argmax(-1) == test_y))
         return {**results, "data": data.source}
 
@@ -73,13 +88,13 @@ def main() -> None:
         build_model=lambda: build_model(args, sizes, checkpoint, images, num_classes),
         train_batch=train_batch,
         steps_per_pass=len(train_x) // args.batch_size,
-        validation_data=(test_x.astype("float32"), np.eye(num_classes, dtype="float32")[test_y]),
+        validation_data=validation,
         loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         evaluate=evaluate,
         huggingface=checkpoint,
         labels=data.class_names,
-        image_preprocessing=(images.image_size, images.scaling),  # as a transformers image processor
+        image_preprocessing=None if processor else (images.image_size, images.scaling),  # a checkpoint's: its own
         settings=training.recipe_settings(args),
     )
     flipped = result.metrics.get("validation_accuracy_flip_averaged")
@@ -146,37 +161,38 @@ def flags(sizes: dict):
     return parser
 
 
-def image_pipeline(args, data, checkpoint, processor) -> types.SimpleNamespace:
-    """The images as the model sees them: grayscale made RGB for an RGB checkpoint, resized to a square
-    side, then the checkpoint's (or a plain rescaling's) preprocessing; and the patch size that fits."""
+def image_pipeline(args, data, fixed: dict | None) -> types.SimpleNamespace:
+    """The images as the model sees them, and the patch size that fits: a checkpoint's processor (`fixed`)
+    prepares each batch as it is drawn; a new model takes raw pixels, resized to a square side and rescaled by
+    Keras layers inside it."""
     import keras
 
     from keras_tfm import training
     from keras_tfm.data import DataError
 
     (train_x, train_y), (test_x, test_y) = data.train, data.test
-    if checkpoint and train_x.shape[-1] == 1 and processor["num_channels"] == 3:
+    if fixed and train_x.shape[-1] == 1 and fixed["num_channels"] == 3:
         train_x, test_x = (np.repeat(x, 3, axis=-1) for x in (train_x, test_x))  # as its processor's RGB conversion
     height, width, channels = train_x.shape[1:]
-    if height != width and not args.image_size and not checkpoint:
-        raise DataError(
-            f"the images are {height}x{width}; give a square size to resize them to.", argument="image_size"
-        )
-    image_size = args.image_size or (processor["image_size"] if checkpoint else height)  # resized to
-    # after resizing, as the checkpoint's processor: center crop (unless --image-size is given), rescale, normalise
-    scaling = processor["scaling"] if checkpoint else [keras.layers.Rescaling(1 / 255)]
-    if args.image_size:
-        scaling = [layer for layer in scaling if not isinstance(layer, keras.layers.CenterCrop)]
-    model_size = next((layer.height for layer in scaling if isinstance(layer, keras.layers.CenterCrop)), image_size)
-    patch_size = processor["patch_size"] if checkpoint else args.patch_size or (4 if image_size >= 16 else 2)
+    if fixed:
+        processor, model_size, patch_size = fixed["processor"], fixed["model_size"], fixed["patch_size"]
+        image_size, scaling, preprocess = model_size, None, []
+        training.log(f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through the "
+                     f"checkpoint's image processor: {processor.describe()}")  # fmt: skip
+    else:
+        if height != width and not args.image_size:
+            raise DataError(
+                f"the images are {height}x{width}; give a square size to resize them to.", argument="image_size"
+            )
+        processor, image_size = None, args.image_size or height
+        model_size, patch_size = image_size, args.patch_size or (4 if image_size >= 16 else 2)
+        scaling = [keras.layers.Rescaling(1 / 255)]
+        resizing = [keras.layers.Resizing(image_size, image_size)] if (height, width) != (image_size,) * 2 else []
+        preprocess = [*resizing, *scaling]
+        training.log(f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through "
+                     + ", ".join(layer.name for layer in preprocess))  # fmt: skip
     if model_size % patch_size:
         raise DataError(f"must divide `image_size` {model_size}; got {patch_size}.", argument="patch_size")
-    resizing = [keras.layers.Resizing(image_size, image_size)] if (height, width) != (image_size, image_size) else []
-    preprocess = [*resizing, *scaling]
-    training.log(
-        f"Images: {height}x{width}x{channels}, to the model at {model_size}x{model_size} through "
-        + ", ".join(layer.name for layer in preprocess)
-    )
     return types.SimpleNamespace(
         train=(train_x, train_y),
         test=(test_x, test_y),
@@ -185,11 +201,13 @@ def image_pipeline(args, data, checkpoint, processor) -> types.SimpleNamespace:
         patch_size=patch_size,
         scaling=scaling,
         preprocess=preprocess,
+        processor=processor,
     )
 
 
 def build_model(args, sizes: dict, checkpoint, images, num_classes: int):
-    """The classifier: the preprocessing layers, then a new ViT size or the checkpoint's, with a new head."""
+    """The classifier: the checkpoint's ViT with a new head and its processor, or a new ViT size after the
+    preprocessing layers."""
     import keras
 
     from keras_tfm import convert, training
@@ -197,22 +215,23 @@ def build_model(args, sizes: dict, checkpoint, images, num_classes: int):
 
     height, width, channels = images.shape
     if checkpoint:
-        backbone = convert.from_huggingface(checkpoint.directory, num_classes=num_classes, adapter=checkpoint.adapter)
-        if backbone.num_channels != channels:
+        model = convert.from_huggingface(checkpoint.directory, num_classes=num_classes, adapter=checkpoint.adapter)
+        if model.num_channels != channels:
             raise DataError(
-                f"the checkpoint takes {backbone.num_channels}-channel images; the data has {channels} channels.",
+                f"the checkpoint takes {model.num_channels}-channel images; the data has {channels} channels.",
                 argument="from_huggingface",
             )
-    else:
-        backbone = training.build_model(
-            sizes,
-            args,
-            image_size=images.image_size,
-            patch_size=images.patch_size,
-            num_classes=num_classes,
-            num_channels=channels,
-            pooling=args.pooling,
-        )
+        model.image_processor = images.processor  # --image-size's, where given: written with the trained model
+        return model
+    backbone = training.build_model(
+        sizes,
+        args,
+        image_size=images.image_size,
+        patch_size=images.patch_size,
+        num_classes=num_classes,
+        num_channels=channels,
+        pooling=args.pooling,
+    )
     inputs = keras.Input((height, width, channels), name="pixels")
     x = inputs
     for layer in images.preprocess:
@@ -220,30 +239,32 @@ def build_model(args, sizes: dict, checkpoint, images, num_classes: int):
     return keras.Model(inputs, backbone(x), name=f"{backbone.name}_classifier")
 
 
-def draw_attention(model, image, preprocess: list, output_dir: str) -> str:
-    """attention_maps.png of one test image, drawn over the part of it the model saw."""
-    import keras
+def draw_attention(model, image, images, output_dir: str) -> str:
+    """attention_maps.png of one test image, drawn over what the model saw of it (resized, cropped)."""
+    import dataclasses
 
     from keras_tfm import viz
 
-    backbone = model.layers[-1]
-    x = seen = image.astype("float32")
-    for layer in preprocess:
-        x = layer(x)
-    geometry = [layer for layer in preprocess if isinstance(layer, (keras.layers.Resizing, keras.layers.CenterCrop))]
-    if any(isinstance(layer, keras.layers.CenterCrop) for layer in geometry):  # draw the part the model saw
-        for layer in geometry:
-            seen = layer(seen)
+    if images.processor:
+        backbone, x = model, images.processor(image)
+        seen = dataclasses.replace(images.processor, do_rescale=False, do_normalize=False)(image)[0]
+    else:
+        backbone, x = model.layers[-1], image.astype("float32")
+        for layer in images.preprocess:
+            x = layer(x)
+        seen = image[0]
     _, weights = backbone(x, return_attention_weights=True)
-    seen = keras.ops.convert_to_numpy(seen)[0]
     return viz.plot_attention_maps(seen, weights, os.path.join(output_dir, "attention_maps.png"))
 
 
 def checkpoint_settings(args) -> tuple:
-    """The --from-huggingface checkpoint and what it fixes: patch size, channels, the image processor's
-    size and pixel scaling."""
-    from keras_tfm import convert, training
-    from keras_tfm.data import DataError
+    """The --from-huggingface checkpoint and what it fixes: patch size, channels, and its image processor
+    (`preprocessor_config.json`, else transformers' ViT defaults), resizing to --image-size without the crop
+    where given."""
+    import dataclasses
+
+    from keras_tfm import training
+    from keras_tfm.data import DataError, ImageProcessor
 
     checkpoint = training.checkpoint_config(
         args,
@@ -252,15 +273,22 @@ def checkpoint_settings(args) -> tuple:
         "takes the architecture from the checkpoint",
     )
     try:
-        image_size, scaling = convert.image_preprocessing(checkpoint.directory)
-    except (OSError, ValueError) as failure:
+        processor = ImageProcessor.from_huggingface(checkpoint.directory) or ImageProcessor()
+    except DataError as failure:
         raise DataError(str(failure), argument="from_huggingface") from None
+    if args.image_size:
+        side = {"height": args.image_size, "width": args.image_size}
+        processor = dataclasses.replace(processor, do_resize=True, size=side, do_center_crop=False)
+    model_size = processor.output_size()
+    if model_size is None or model_size[0] != model_size[1]:
+        raise DataError(f"the checkpoint's processor ({processor.describe()}) does not give square images of one "
+                        "size; give --image-size.", argument="from_huggingface")  # fmt: skip
     patch_size = checkpoint.config.get("patch_size", 16)
     return checkpoint, {
         "patch_size": patch_size if isinstance(patch_size, int) else patch_size[0],
         "num_channels": checkpoint.config.get("num_channels", 3),
-        "image_size": image_size,
-        "scaling": scaling,
+        "model_size": model_size[0],
+        "processor": processor,
     }
 
 

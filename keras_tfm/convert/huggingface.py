@@ -439,14 +439,14 @@ def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter
     tokenizer and generation settings), the JSON files, the weights."""
     import shutil
 
+    processor = getattr(model, "image_processor", None)  # the model's own (a resize changed), not the source's
     for name in sorted(os.listdir(source)) if source else []:
-        if PROCESSOR_FILES.fullmatch(name):
+        if PROCESSOR_FILES.fullmatch(name) and not (processor is not None and name == "preprocessor_config.json"):
             shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
     if source is None and getattr(model, "generation_config", None):  # its end ids, for transformers' generate
         w.files["generation_config.json"] = dict(model.generation_config)
-    processor = getattr(model, "image_processor", None)
-    if source is None and processor is not None and "preprocessor_config.json" not in w.files:
-        w.files["preprocessor_config.json"] = processor.config()
+    if processor is not None and "preprocessor_config.json" not in w.files:
+        w.files["preprocessor_config.json"] = _processor_config(processor, source)
     for name, content in {**w.files, "config.json": config}.items():
         os.makedirs(os.path.dirname(os.path.join(directory, name)), exist_ok=True)  # a module's folder
         with open(os.path.join(directory, name), "w") as f:
@@ -458,6 +458,18 @@ def _write_checkpoint(model, directory: str, source: str | None, w: WeightWriter
         safetensors_files.write(
             module.weights, os.path.join(directory, folder, "model.safetensors"), stored_dtype(model)
         )
+
+
+def _processor_config(processor, source: str | None) -> dict:
+    """The processor's `preprocessor_config.json`: the source checkpoint's, its steps replaced by the model's
+    (what else it holds, such as `processor_class`, kept)."""
+    path = os.path.join(source, "preprocessor_config.json") if source else ""
+    if not os.path.isfile(path):
+        return processor.config()
+    with open(path, encoding="utf-8") as file:
+        written = json.load(file)
+    kind = written.get("image_processor_type")
+    return {**written, **processor.config(), **({"image_processor_type": kind} if kind else {})}
 
 
 def stored_dtype(model) -> str:

@@ -61,7 +61,8 @@ def augment(
 def flip_averaged_probabilities(model: keras.Model, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
     """Test-time augmentation for a classifier trained with horizontal flips: the mean of its class
     probabilities on each image and on its mirror image. `model` maps images `(batch, height, width,
-    channels)` to logits; returns probabilities `(batch, num_classes)`.
+    channels)` to logits; `images` is such an array, or a `keras.utils.PyDataset` of image batches (or of
+    `(images, labels)`); returns probabilities `(batch, num_classes)`.
 
     Example:
         >>> model = keras_tfm.vit_tiny(image_size=28, patch_size=7, num_channels=1, num_classes=10, num_layers=1)
@@ -69,6 +70,10 @@ def flip_averaged_probabilities(model: keras.Model, images: np.ndarray, batch_si
         >>> probabilities = flip_averaged_probabilities(model, test_images)
         >>> accuracy = np.mean(probabilities.argmax(-1) == test_labels)
     """
+    if isinstance(images, keras.utils.PyDataset):  # batches prepared as drawn (`ProcessedImages`)
+        batches = (images[index] for index in range(len(images)))
+        return np.concatenate([flip_averaged_probabilities(model, batch[0] if isinstance(batch, tuple) else batch,
+                                                           batch_size) for batch in batches])  # fmt: skip
     views = (images, images[:, :, ::-1])
     return sum(
         keras.ops.convert_to_numpy(keras.ops.softmax(model.predict(view, batch_size=batch_size, verbose=0)))

@@ -1,27 +1,24 @@
 """A folder of labelled images (`root/<class>/<image files>`) as batches for `fit`, `evaluate` and `predict`: each
 batch's files read and prepared by an `ImageProcessor` when it is drawn, on every backend.
 
-A `keras.utils.PyDataset`, so Keras' own trainers read it on TensorFlow, JAX and PyTorch alike, and its workers
-(`workers=`, `use_multiprocessing=`) prepare batches ahead of the step. Files are read when their batch is drawn:
-a folder of photos larger than memory trains, and every image goes through the checkpoint's own processor, not
-through a resize that differs from it.
+`ProcessedImages` over the folder's files: its workers (`workers=`, `use_multiprocessing=`) prepare batches ahead
+of the step, and files are read when their batch is drawn, so a folder of photos larger than memory trains.
 """
 
 from __future__ import annotations
 
 import os
 
-import keras
 import numpy as np
 
 from keras_tfm.data.errors import DataError
 from keras_tfm.data.image_processing import ImageProcessor
-from keras_tfm.errors import InputError
+from keras_tfm.data.processed_images import ProcessedImages
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
-class ImageFolder(keras.utils.PyDataset):
+class ImageFolder(ProcessedImages):
     """Batches `(pixels, labels)` of the images under `directory/<class>/`, classes in sorted order.
 
     Args:
@@ -48,36 +45,12 @@ class ImageFolder(keras.utils.PyDataset):
     ((2, 16, 16, 3), ['cat', 'dog'])
     """
 
+    argument = "directory"
+
     def __init__(self, directory: str, processor: ImageProcessor, batch_size: int = 32, shuffle: bool = True,
                  seed: int = 0, class_names: list[str] | None = None, **kwargs):  # fmt: skip
-        super().__init__(**kwargs)
-        if not isinstance(processor, ImageProcessor):
-            raise InputError(f"expected a keras_tfm.data.ImageProcessor (a model's image_processor); received "
-                             f"{type(processor).__name__}.", "processor", caller="ImageFolder")  # fmt: skip
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise InputError(f"expected an integer >= 1; received {batch_size!r}.", "batch_size", caller="ImageFolder")
-        self.processor, self.batch_size, self.shuffle, self.seed = processor, batch_size, shuffle, seed
-        self.class_names, self.files, self.labels = _listed(directory, class_names)
-        self._order = np.arange(len(self.files))
-        self.on_epoch_end(epoch=-1)
-
-    def __len__(self) -> int:
-        return -(-len(self.files) // self.batch_size)
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} of {len(self)}")
-        rows = self._order[index * self.batch_size : (index + 1) * self.batch_size]
-        try:
-            pixels = self.processor([self.files[row] for row in rows])
-        except DataError as error:  # names the file, not only its place in the batch
-            raise DataError(f"{error} (batch {index} of {len(self)})", argument="directory") from None
-        return pixels, self.labels[rows]
-
-    def on_epoch_end(self, epoch: int | None = None) -> None:
-        self._epoch = (getattr(self, "_epoch", -1) + 1) if epoch is None else epoch + 1
-        if self.shuffle:
-            self._order = np.random.default_rng([self.seed, self._epoch]).permutation(len(self.files))
+        self.class_names, self.files, labels = _listed(directory, class_names)
+        super().__init__(self.files, labels, processor, batch_size, shuffle, seed, **kwargs)
 
 
 def _listed(directory: str, class_names: list[str] | None) -> tuple[list[str], list[str], np.ndarray]:

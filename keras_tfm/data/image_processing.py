@@ -153,6 +153,26 @@ class ImageProcessor:
             pixels = (pixels - np.asarray(self.image_mean, "float32")) / np.asarray(self.image_std, "float32")
         return pixels
 
+    def output_size(self) -> tuple[int, int] | None:
+        """`(height, width)` of every image this processor gives; None where it keeps each image's aspect or size."""
+        if self.do_center_crop:
+            return self.crop_size["height"], self.crop_size["width"]
+        if self.do_resize and "shortest_edge" not in self.size:
+            return self.size["height"], self.size["width"]
+        return None
+
+    def describe(self) -> str:
+        """Its steps in order, in words: "resize to 20x20 (bilinear), center crop 16x16, rescale, normalize"."""
+        steps = []
+        if self.do_resize:
+            target = "x".join(str(self.size[k]) for k in ("height", "width")) if "height" in self.size else (
+                f"a shortest edge of {self.size['shortest_edge']}")  # fmt: skip
+            steps.append(f"resize to {target} ({FILTERS[self.resample]})")
+        if self.do_center_crop:
+            steps.append(f"center crop {self.crop_size['height']}x{self.crop_size['width']}")
+        steps += ["rescale"] * self.do_rescale + ["normalize"] * self.do_normalize
+        return ", ".join(steps) or "none"
+
     def _resized_size(self, width_height: tuple[int, int]) -> tuple[int, int]:
         """`(height, width)` after the resize (transformers' `get_resize_output_image_size`)."""
         if "shortest_edge" not in self.size:

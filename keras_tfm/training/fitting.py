@@ -299,7 +299,7 @@ def fit(
                 epochs=last,
                 initial_epoch=first,
                 validation_data=validation_data,
-                validation_batch_size=feed_batch(config),
+                validation_batch_size=None if batched(validation_data) else feed_batch(config),
                 shuffle=False,
                 callbacks=run_callbacks,
                 verbose=verbose if is_writer() else 0,
@@ -382,7 +382,9 @@ def _last_checkpoint(manager: CheckpointManager) -> str:
 
 
 def _digest(value) -> str:
-    """A short digest of (nested) arrays."""
+    """A short digest of (nested) arrays, or a dataset's own (`ProcessedImages.digest`)."""
+    if isinstance(value, keras.utils.PyDataset):
+        return value.digest() if hasattr(value, "digest") else type(value).__name__
     digest = hashlib.sha256()
     for part in keras.tree.flatten(value):
         array = np.ascontiguousarray(part)
@@ -412,11 +414,21 @@ def local_validation(validation_data: tuple) -> tuple:
     shards them itself). When they do not divide evenly every process evaluates all of them: the mean
     is the same, and no process waits on a batch another lacks."""
     count = processes().count
+    if isinstance(validation_data, keras.utils.PyDataset):  # batches every process draws alike
+        if processes().engine == "tf_config":
+            raise InputError("TensorFlow's workers evaluate arrays; received a keras.utils.PyDataset.",
+                             "validation_data")  # fmt: skip
+        return validation_data
     rows = len(validation_data[0])
     if count == 1 or rows % count or processes().engine != "jax":
         return validation_data
     share = slice(processes().index * rows // count, (processes().index + 1) * rows // count)
     return tuple(None if part is None else part[share] for part in validation_data)
+
+
+def batched(data) -> bool:
+    """Whether `data` comes in batches of its own (a `keras.utils.PyDataset`) rather than as arrays."""
+    return isinstance(data, keras.utils.PyDataset)
 
 
 def _worker_dataset(stream):

@@ -22,6 +22,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig
 from keras_tfm.training.distribute import is_writer, log
 from keras_tfm.training.fitting import (
+    batched,
     build,
     check_agreement,
     feed_batch,
@@ -68,7 +69,8 @@ def train(
         build_model: makes the model (called inside the distribution's scope).
         train_batch: `(epoch, step) -> (x, y)` or `(x, y, sample_weight)`, a pure function of its arguments.
         steps_per_pass: batches in one pass over the training data (an epoch, unless the config sets one).
-        validation_data: `(x, y)` or `(x, y, sample_weight)`, evaluated after every epoch and at the end.
+        validation_data: `(x, y)` or `(x, y, sample_weight)`, or a `keras.utils.PyDataset` of such batches
+            (images prepared as they are drawn: `data.ProcessedImages`), evaluated after every epoch and at the end.
         loss, metrics, weighted_metrics: as `keras.Model.compile` takes them.
         callbacks: more Keras callbacks for `fit`.
         evaluate: `model -> dict` of further results for `metrics.json`, called at the end.
@@ -134,7 +136,18 @@ def _log_model(config: TrainingConfig, model, lora_rank, epochs: int, steps_per_
 
 def _evaluation(config: TrainingConfig, model, validation_data: tuple, evaluate) -> dict:
     """The validation metrics (`validation_loss`, ...) and what `evaluate(model)` adds."""
-    results = model.evaluate(
+    if batched(validation_data):
+        results = model.evaluate(validation_data, return_dict=True, verbose=0)
+    else:
+        results = _evaluated_arrays(config, model, validation_data)
+    results = {f"validation_{name}": float(value) for name, value in results.items()}
+    if evaluate is not None:
+        results.update(evaluate(model))
+    return results
+
+
+def _evaluated_arrays(config: TrainingConfig, model, validation_data: tuple) -> dict:
+    return model.evaluate(
         validation_data[0],
         validation_data[1],
         batch_size=feed_batch(config),
@@ -142,7 +155,3 @@ def _evaluation(config: TrainingConfig, model, validation_data: tuple, evaluate)
         verbose=0,
         sample_weight=validation_data[2] if len(validation_data) > 2 else None,
     )
-    results = {f"validation_{name}": float(value) for name, value in results.items()}
-    if evaluate is not None:
-        results.update(evaluate(model))
-    return results

@@ -72,3 +72,30 @@ def test_what_cannot_be_read_is_named(tmp_path, rng):
         ImageFolder(root, "bicubic")
     with pytest.raises(InputError, match="batch_size"):
         ImageFolder(root, PROCESSOR, batch_size=0)
+
+
+@pytest.mark.backend_independent  # NumPy and Pillow
+def test_an_array_of_images_is_prepared_batch_by_batch_and_flip_averaged_as_arrays(rng):
+    """`ProcessedImages` over grayscale uint8 digits: each batch is the processor's pixels of its rows, in order;
+    the flip-averaged probabilities over its batches equal those over the whole prepared array."""
+    from keras_tfm.data import ProcessedImages, flip_averaged_probabilities
+
+    digits = rng.integers(0, 256, (7, 9, 9)).astype("uint8")
+    labels = np.eye(3, dtype="float32")[rng.integers(0, 3, 7)]
+    batches = ProcessedImages(digits, labels, PROCESSOR, batch_size=3)
+    assert len(batches) == 3 and batches[2][0].shape == (1, 16, 16, 3)
+    pixels = np.concatenate([batches[index][0] for index in range(3)])
+    np.testing.assert_array_equal(pixels, PROCESSOR(list(digits)))
+    np.testing.assert_array_equal(np.concatenate([batches[index][1] for index in range(3)]), labels)
+    model = keras_tfm.vit_tiny(image_size=16, patch_size=8, num_classes=3, num_layers=1)
+    np.testing.assert_allclose(
+        flip_averaged_probabilities(model, batches), flip_averaged_probabilities(model, pixels), atol=1e-6
+    )
+    assert ProcessedImages(digits, None, PROCESSOR, batch_size=4)[1].shape == (3, 16, 16, 3)
+    assert batches.digest() != ProcessedImages(digits[::-1].copy(), labels, PROCESSOR, batch_size=3).digest()
+    with pytest.raises(InputError, match=r"^labels: ProcessedImages: expected one row per image \(7\); received 6"):
+        ProcessedImages(digits, labels[:6], PROCESSOR)
+    with pytest.raises(
+        InputError, match=r"^images: ProcessedImages: expected an array of images .*; received an empty"
+    ):
+        ProcessedImages([], None, PROCESSOR)

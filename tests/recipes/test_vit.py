@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from keras_tfm.data import load_images
 from keras_tfm.errors import InputError
 from tests.recipes.helpers import (
     _check_vit_written_for_transformers,
@@ -116,7 +117,10 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
             )
         )
     assert f"{sum(p.numel() for p in ten_classes.parameters()):,} parameters" in done.stdout
-    assert "Images: 8x8x3, to the model at 16x16 through resizing, center_crop, rescaling, normalization" in done.stdout
+    assert (
+        "Images: 8x8x3, to the model at 16x16 through the checkpoint's image processor: resize to 20x20 (bicubic), "
+        "center crop 16x16, rescale, normalize" in " ".join(done.stdout.split())  # the log wraps long lines
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model"] == f"from_huggingface {checkpoint}" and 0.0 <= metrics["validation_accuracy"] <= 1.0
     patch_kernel = hf.state_dict()["vit.embeddings.patch_embeddings.projection.weight"].numpy().transpose(2, 3, 1, 0)
@@ -127,6 +131,14 @@ def test_vit_recipe_fine_tunes_a_hugging_face_checkpoint(tmp_path):
     assert processor["size"] == {"height": 20, "width": 20} and processor["crop_size"] == {"height": 16, "width": 16}
     tuned = transformers.AutoModelForImageClassification.from_pretrained(out / "huggingface")
     assert tuned.config.image_size == 16 and tuned.config.id2label == {i: str(i) for i in range(10)}
+    # the recorded accuracy is the trained model's on what transformers' processor makes of the test images
+    test_images, test_labels = load_images(None, None, None, log=lambda line: None).test
+    pixels = transformers.AutoImageProcessor.from_pretrained(out / "huggingface")(
+        list(np.repeat(test_images, 3, axis=-1)), return_tensors="pt"
+    )["pixel_values"]
+    with torch.no_grad():
+        predicted = tuned(pixels).logits.numpy().argmax(-1)
+    assert metrics["validation_accuracy"] == pytest.approx(np.mean(predicted == test_labels), abs=1e-6)
     gray = np.arange(64, dtype="uint8").reshape(8, 8, 1) * 4
     assert transformers.AutoImageProcessor.from_pretrained(out / "huggingface")(gray, return_tensors="np")[
         "pixel_values"
