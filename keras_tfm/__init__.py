@@ -1,7 +1,7 @@
 """keras_tfm: transformers for Keras 3 that run unchanged on TensorFlow, JAX and PyTorch."""
 
 # backend_logs first: importing it quiets TensorFlow's start-up logging, before Keras imports TensorFlow.
-from keras_tfm import backend_logs, layers, losses, viz
+from keras_tfm import backend_logs, detection, layers, losses, viz
 from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_huggingface
 from keras_tfm.generation import GenerationConfig
 from keras_tfm.losses import (
@@ -14,6 +14,7 @@ from keras_tfm.losses import (
 from keras_tfm.models import (
     CLIP,
     GPT,
+    YOLOS,
     Bert,
     BertClassifier,
     BertMLM,
@@ -96,6 +97,9 @@ from keras_tfm.models import (
     vit_small_images,
     vit_tiny,
     xlm_roberta_base,
+    yolos_base,
+    yolos_small,
+    yolos_tiny,
 )
 from keras_tfm.saving import load, load_model
 

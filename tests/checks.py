@@ -20,6 +20,9 @@ def to_numpy(x):
 
 
 def first(outputs):
+    """The first output of a tuple or list, the first value of a dict (a head's named outputs)."""
+    if isinstance(outputs, dict):
+        return next(iter(outputs.values()))
     return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
 
 

@@ -36,6 +36,7 @@ CLASSES = {
     layers.OverlappingPatchEmbedding: dict(patch_size=3, stride=2, hidden_dim=4),
     layers.MixTransformerBlock: dict(num_heads=2, intermediate_dim=8),
     layers.AllMLPDecoder: dict(hidden_dim=4, num_classes=2),
+    layers.DetectionHead: dict(num_classes=2),
     layers.MaskedImageDecoder: dict(
         grid_size=2, patch_dim=12, hidden_dim=4, num_layers=1, num_heads=2, intermediate_dim=8
     ),  # fmt: skip
@@ -63,6 +64,9 @@ CLASSES = {
     keras_tfm.ViTMAE: dict(
         encoder=keras_tfm.ViT(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=4, include_top=False)
     ),  # fmt: skip
+    keras_tfm.YOLOS: dict(
+        image_shape=(8, 8), patch_size=4, num_detection_tokens=2, num_layers=1, num_heads=2, hidden_dim=4
+    ),
     keras_tfm.Translator: dict(
         source_vocabulary_size=10, num_encoder_layers=1, num_decoder_layers=1, num_heads=2, hidden_dim=4
     ),
@@ -95,6 +99,8 @@ OTHER = {
     "position_interpolation": ("nearest", "position_interpolation"),
     "encoder": ("a ViT", "encoder"),
     "seed": ("seven", "seed"),
+    "image_shape": ((8,), "image_shape"),
+    "loss_settings": ({"eos": 0.1}, "loss_settings"),
     **{
         name: ([4, 4], name)
         for name in (

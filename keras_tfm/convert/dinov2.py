@@ -114,6 +114,13 @@ def read_patch_embedding(model: ViT, w: WeightReader) -> None:
     model.patch_embedding.projection.set_weights([kernel, w("embeddings.patch_embeddings.projection.bias")])
 
 
+def write_patch_embedding(model, w: WeightWriter, p: str) -> None:
+    """The patch projection under `{p}embeddings.patch_embeddings.projection`: `read_patch_embedding`'s inverse."""
+    projection = model.patch_embedding.projection
+    w[p + "embeddings.patch_embeddings.projection.weight"] = np.asarray(projection.kernel).transpose(3, 2, 0, 1)
+    w[p + "embeddings.patch_embeddings.projection.bias"] = projection.bias
+
+
 def attention_modules(attention) -> list:
     """`(Dense, transformers 5's module name)` of a self-attention's four projections."""
     return [(attention.query_dense, "q_proj"), (attention.key_dense, "k_proj"), (attention.value_dense, "v_proj"),
@@ -152,9 +159,7 @@ def export_dinov2(model: ViT, w: WeightWriter) -> dict:
     if model.num_register_tokens:
         w[p + "embeddings.register_tokens"] = model.register_weight
     w[p + "embeddings.position_embeddings"] = model.position_embedding.embeddings[None]
-    projection = model.patch_embedding.projection
-    w[p + "embeddings.patch_embeddings.projection.weight"] = np.asarray(projection.kernel).transpose(3, 2, 0, 1)
-    w[p + "embeddings.patch_embeddings.projection.bias"] = projection.bias
+    write_patch_embedding(model, w, p)
     for i, block in enumerate(model.blocks):
         b = f"{p}encoder.layer.{i}."
         w.layer_norm(b + "norm1", block.self_attention_norm)

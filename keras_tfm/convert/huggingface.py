@@ -40,6 +40,7 @@ from keras_tfm.convert import (  # noqa: F401
     siglip,
     vit,
     vit_mae,
+    yolos,
 )
 from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.convert.destination import PROCESSOR_FILES, check_destination, swap_in

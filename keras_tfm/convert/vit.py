@@ -16,7 +16,13 @@ import keras
 import numpy as np
 
 from keras_tfm.convert.clip import export_clip_vision, is_clip_vision
-from keras_tfm.convert.dinov2 import attention_modules, export_dinov2, is_dinov2, read_patch_embedding
+from keras_tfm.convert.dinov2 import (
+    attention_modules,
+    export_dinov2,
+    is_dinov2,
+    read_patch_embedding,
+    write_patch_embedding,
+)
 from keras_tfm.convert.files import checkpoint_directory, read_json
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.siglip import export_siglip_vision, is_siglip_vision
@@ -114,11 +120,7 @@ def export_vit(model: ViT, w: WeightWriter, image_preprocessing: tuple | None = 
     grid = image_size // model.patch_size  # a model fine-tuned at another size: the table it used there
     table = model.position_embedding.embeddings if grid == model.grid_size else model.position_table(grid, grid)
     w[p + "embeddings.position_embeddings"] = table[None]
-    projection = model.patch_embedding.projection
-    w[p + "embeddings.patch_embeddings.projection.weight"] = keras.ops.convert_to_numpy(projection.kernel).transpose(
-        3, 2, 0, 1
-    )
-    w[p + "embeddings.patch_embeddings.projection.bias"] = projection.bias
+    write_patch_embedding(model, w, p)
     write_blocks(model.blocks, w, p + "encoder.layer.")
     w.layer_norm(p + "layernorm", model.final_norm)
     config = dict(model_type="deit" if deit else "vit", **vit_config(model, image_size))

@@ -8,8 +8,7 @@ pretraining one loaded with `num_classes`, becomes a `ViT`: the encoder alone, f
 
 from __future__ import annotations
 
-import keras
-
+from keras_tfm.convert.dinov2 import write_patch_embedding
 from keras_tfm.convert.registry import converter, exporter
 from keras_tfm.convert.vit import (
     read_blocks,
@@ -76,11 +75,7 @@ def export_vit_mae(model: ViTMAE, w: WeightWriter) -> dict:
     encoder, decoder = model.encoder, model.decoder
     w["vit.embeddings.cls_token"] = encoder.class_token
     w["vit.embeddings.position_embeddings"] = encoder.position_embedding.embeddings[None]
-    projection = encoder.patch_embedding.projection
-    w["vit.embeddings.patch_embeddings.projection.weight"] = keras.ops.convert_to_numpy(projection.kernel).transpose(
-        3, 2, 0, 1
-    )
-    w["vit.embeddings.patch_embeddings.projection.bias"] = projection.bias
+    write_patch_embedding(encoder, w, "vit.")
     write_blocks(encoder.blocks, w, "vit.encoder.layer.")
     w.layer_norm("vit.layernorm", encoder.final_norm)
     w.linear("decoder.decoder_embed", decoder.embed)

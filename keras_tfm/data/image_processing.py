@@ -67,7 +67,7 @@ class ImageProcessor:
         object.__setattr__(self, "image_mean", _per_channel(self.image_mean, "image_mean"))
         object.__setattr__(self, "image_std", _per_channel(self.image_std, "image_std"))
         if self.do_resize:
-            _check_size(self.size, "size", ("height", "width"), ("shortest_edge",))
+            _check_size(self.size, "size", ("height", "width"), ("shortest_edge",), ("shortest_edge", "longest_edge"))
         if self.do_center_crop:
             _check_size(self.crop_size, "crop_size", ("height", "width"))
         if self.resample not in FILTERS:
@@ -177,10 +177,35 @@ class ImageProcessor:
         """`(height, width)` after the resize (transformers' `get_resize_output_image_size`)."""
         if "shortest_edge" not in self.size:
             return self.size["height"], self.size["width"]
+        if "longest_edge" in self.size:
+            return _detection_size(width_height, self.size, self.processor_type == "YolosImageProcessor")
         width, height = width_height
         short, long = (width, height) if width <= height else (height, width)
         new_short, new_long = self.size["shortest_edge"], int(self.size["shortest_edge"] * long / short)
         return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def _detection_size(width_height: tuple[int, int], size: dict, yolos: bool) -> tuple[int, int]:
+    """`(height, width)` with the shorter side at `shortest_edge` unless the longer would pass `longest_edge`
+    (DETR's `get_size_with_aspect_ratio`); YOLOS's tests the sides in another order and rounds both down to
+    multiples of 16."""
+    width, height = width_height
+    short, long = float(min(width, height)), float(max(width, height))
+    target, raw = size["shortest_edge"], None
+    if long / short * target > size["longest_edge"]:
+        raw = size["longest_edge"] * short / long
+        target = int(round(raw))
+    scale = target if raw is None else raw
+    unchanged = (height <= width and height == target) or (width <= height and width == target)
+    if unchanged and not (yolos and width < height):
+        new_height, new_width = height, width
+    elif width < height:
+        new_height, new_width = int(scale * height / width), target
+    else:
+        new_height, new_width = target, int(scale * width / height)
+    if yolos:
+        new_height, new_width = new_height - new_height % 16, new_width - new_width % 16
+    return new_height, new_width
 
 
 def _per_channel(values, name: str) -> tuple:

@@ -5,6 +5,7 @@ from keras_tfm.layers.all_mlp_decoder import AllMLPDecoder
 from keras_tfm.layers.attention import MultiHeadAttention
 from keras_tfm.layers.attention_pooling import AttentionPooling
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
+from keras_tfm.layers.detection_head import DetectionHead
 from keras_tfm.layers.drop_path import DropPath
 from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
 from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
@@ -31,6 +32,7 @@ __all__ = [
     "AllMLPDecoder",
     "AttentionPooling",
     "DecoderBlock",
+    "DetectionHead",
     "DropPath",
     "EncoderBlock",
     "FeedForward",

@@ -82,3 +82,4 @@ from keras_tfm.models.vit import (
     vit_tiny,
 )
 from keras_tfm.models.vit_mae import ViTMAE, vit_mae_base, vit_mae_huge, vit_mae_large
+from keras_tfm.models.yolos import YOLOS, yolos_base, yolos_small, yolos_tiny

@@ -34,6 +34,7 @@ CASES = {
         (FEATURE_MAP,),
         {},
     ),
+    "detection_head": (lambda **kw: layers.DetectionHead(3, **kw), (SEQUENCE,), {}),
     "token_pooling": (lambda **kw: layers.TokenPooling(("mean", "max", "lasttoken"), **kw), (SEQUENCE,), {}),
     "decoder_block": (lambda **kw: layers.DecoderBlock(4, 64, **kw), (SEQUENCE,), {}),
     "decoder_block_cross": (
