@@ -164,3 +164,71 @@ def plot_patch_features(images, patch_features, path: str) -> str:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def plot_detections(images, found: list, truth: list, class_names: list, path: str) -> str:
+    """Saves a PNG: each image with its true boxes (dashed) and the detected ones (solid, with class and score).
+
+    Args:
+        images: uint8 `(count, height, width, 3)`.
+        found: per image, `detection.detections`' dict (`scores`, `labels`, corner `boxes` in pixels).
+        truth: per image, `{"labels", "boxes"}` with corner boxes in pixels.
+        class_names: the labels' names.
+        path: where to write the PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(images), figsize=(2.6 * len(images), 2.9), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for axis, image, detected, expected in zip(axes[0], images, found, truth):
+        axis.imshow(image)
+        axis.axis("off")
+        for boxes, labels, scores, style in ((expected["boxes"], expected["labels"], None, "--"),
+                                             (detected["boxes"], detected["labels"], detected["scores"], "-")):  # fmt: skip
+            for index, (box, label) in enumerate(zip(boxes, labels)):
+                x0, y0, x1, y1 = box
+                axis.add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, linestyle=style, linewidth=1.5,
+                                             edgecolor=colors(int(label) % 10)))  # fmt: skip
+                if scores is not None:
+                    axis.text(x0, y0, f"{class_names[int(label)]} {scores[index]:.2f}", fontsize=7, va="bottom",
+                              color="white", backgroundcolor=colors(int(label) % 10))  # fmt: skip
+    figure.suptitle("detections (solid) and the true boxes (dashed)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_segmentation(images, true_maps, predicted_maps, class_names: list, path: str) -> str:
+    """Saves a PNG: each image above its true label map and the predicted one, each class in its color.
+
+    Args:
+        images: uint8 `(count, height, width, 3)`.
+        true_maps, predicted_maps: int `(count, height, width)`, class ids.
+        class_names: the ids' names, for the legend.
+        path: where to write the PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    colors = plt.get_cmap("tab10")
+    palette = np.asarray([colors(i % 10)[:3] for i in range(len(class_names))])
+    figure, axes = plt.subplots(3, len(images), figsize=(1.9 * len(images), 6), squeeze=False)
+    for column, (image, truth, predicted) in enumerate(zip(images, true_maps, predicted_maps)):
+        for row, (picture, title) in enumerate(((image, "picture"), (palette[truth], "true"),
+                                                (palette[predicted], "predicted"))):  # fmt: skip
+            axes[row, column].imshow(picture)
+            axes[row, column].axis("off")
+            axes[row, column].set_title(title, fontsize=8)
+    handles = [Patch(color=palette[i], label=name) for i, name in enumerate(class_names)]
+    figure.legend(handles=handles, loc="lower center", ncol=len(class_names), fontsize=8)
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

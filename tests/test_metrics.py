@@ -4,6 +4,7 @@ import os
 import numpy as np
 import pytest
 
+import keras_tfm
 from keras_tfm import metrics as bleu
 
 BLEU = pytest.mark.backend_independent  # sacreBLEU and sacremoses on strings
@@ -45,8 +46,9 @@ def test_scores_cased_lowercased_and_tokenized():
 
 @pytest.mark.parametrize("ignore_class", [255, 0])
 def test_mean_iou_of_logits_at_a_quarter_of_the_labels_equals_keras_on_upsampled_logits(ignore_class):
-    """keras_tfm's MeanIoU counts pixels with one bincount; Keras' scatters them (slow on PyTorch): the same
-    result, with sample weights, an ignored class inside or outside the classes, over two updates."""
+    """keras_tfm's MeanIoU counts pixels with one segment sum; Keras' scatters them (slow on PyTorch): the same
+    result, with sample weights, an ignored class inside or outside the classes, over two updates; and inside a
+    compiled function (XLA on JAX and TensorFlow), as a compiled `fit` updates it."""
     import keras
 
     from keras_tfm.metrics import MeanIoU
@@ -62,3 +64,10 @@ def test_mean_iou_of_logits_at_a_quarter_of_the_labels_equals_keras_on_upsampled
         metric.update_state(labels, predicted, weights)
         metric.update_state(labels[:1], predicted[:1])
     assert float(ours.result()) == pytest.approx(float(reference.result()), abs=1e-6) and float(ours.result()) > 0
+    model = keras.Sequential([keras.Input((4, 4, 4)), keras.layers.Identity()])
+    model.compile(loss=keras_tfm.SegmentationCrossEntropy(), metrics=[MeanIoU(4, ignore_class=ignore_class)],
+                  jit_compile=keras.backend.backend() != "torch")  # fmt: skip
+    compiled = model.evaluate(logits, labels, batch_size=3, return_dict=True, verbose=0)["mean_iou"]
+    ours.reset_state()
+    ours.update_state(labels, logits)
+    assert compiled == pytest.approx(float(ours.result()), abs=1e-6)
