@@ -265,15 +265,17 @@ def keras_train_throughput(
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-3),
         loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=keras.backend.backend() != "torch",
+        # a model that runs host code in its step (YOLOS's matching) says it cannot be XLA-compiled
+        jit_compile=keras.backend.backend() != "torch" and getattr(model, "supports_jit", True),
         **({} if metrics is None else {"metrics": metrics}),
     )
-    count = len(targets) // batch_size
+    count = len(keras.tree.flatten(targets)[0]) // batch_size
 
     def batch(array, i):
         return keras.ops.convert_to_tensor(np.asarray(array[i * batch_size : (i + 1) * batch_size]))
 
-    batches = [(keras.tree.map_structure(lambda a, i=i: batch(a, i), inputs), batch(targets, i)) for i in range(count)]
+    batches = [tuple(keras.tree.map_structure(lambda a, i=i: batch(a, i), part) for part in (inputs, targets))
+               for i in range(count)]  # fmt: skip
     on_batches = _best_window(
         lambda i: model.train_on_batch(*batches[i % count]), warmup_steps, steps, windows, batch_size, per_example
     )

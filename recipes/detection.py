@@ -4,7 +4,7 @@ Data: generated pictures of circles, squares and triangles on textured backgroun
 --train-images and --test-images of --image-size pixels with 1 to --max-shapes shapes each, from --seed. Made in
 seconds, offline; training images are mirrored at random (boxes mirrored with them).
 
-The model is a small YOLOS (4 layers, 4 heads, 128 wide, 10 detection tokens, patches of 8 pixels; the usual
+The model is a small YOLOS (4 layers, 4 heads, 128 wide, 6 detection tokens, patches of 4 pixels; the usual
 --num-layers, ... override it), or --from-huggingface DIR: a YOLOS checkpoint (`hustvl/yolos-tiny`, or a local
 directory) fine-tuned with a new head for the three shapes, its images prepared by its own processor at
 --image-size. The objects are matched to the tokens by SciPy's assignment solver (the `detection` extra).
@@ -64,10 +64,10 @@ def model_sizes() -> dict:
 
 
 def yolos_small_images(**overrides):
-    """A YOLOS for small pictures: 4 layers, 4 heads, 128 wide, 10 detection tokens, patches of 8 pixels."""
+    """A YOLOS for small pictures: 4 layers, 4 heads, 128 wide, 6 detection tokens, patches of 4 pixels."""
     import keras_tfm
 
-    settings = dict(patch_size=8, num_detection_tokens=10, num_layers=4, num_heads=4, hidden_dim=128,
+    settings = dict(patch_size=4, num_detection_tokens=6, num_layers=4, num_heads=4, hidden_dim=128,
                     mid_position_embeddings=False, name="yolos")  # fmt: skip
     return keras_tfm.YOLOS(**{**settings, **overrides})
 
@@ -76,12 +76,12 @@ def flags(sizes: dict):
     from keras_tfm import training
 
     parser = training.recipe_parser(__doc__, sizes, "yolos_small_images", "runs/detection")
-    parser.set_defaults(batch_size=32, learning_rate=5e-4, weight_decay=1e-4, epochs=30)
+    parser.set_defaults(batch_size=32, learning_rate=1e-3, weight_decay=1e-4, epochs=30)
     recipe = parser.add_argument_group("detection")
     recipe.add_argument("--from-huggingface", metavar="DIR", help="fine-tune this YOLOS checkpoint (see above)")
-    recipe.add_argument("--image-size", type=training.integer(16), default=64,
+    recipe.add_argument("--image-size", type=training.integer(16), default=32,
                         help="side of the generated pictures (default: %(default)s)")  # fmt: skip
-    recipe.add_argument("--max-shapes", type=training.POSITIVE, default=3,
+    recipe.add_argument("--max-shapes", type=training.POSITIVE, default=2,
                         help="most shapes in a picture (default: %(default)s)")  # fmt: skip
     recipe.add_argument("--train-images", type=training.POSITIVE, default=2048,
                         help="generated training pictures (default: %(default)s)")  # fmt: skip
