@@ -232,3 +232,37 @@ def plot_segmentation(images, true_maps, predicted_maps, class_names: list, path
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def plot_query_attention(images, weights, questions: list, path: str) -> str:
+    """Saves a PNG: each image with its question, and one query's attention over the image's patches per head.
+
+    Args:
+        images: uint8 `(count, height, width, 3)`.
+        weights: `(count, heads, patches)`, one query's attention weights over a square grid of patches.
+        questions: each image's question, its title.
+        path: where to write the PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    weights = np.asarray(weights)
+    count, heads, patches = weights.shape
+    grid = int(round(np.sqrt(patches)))
+    figure, axes = plt.subplots(count, heads + 1, figsize=(1.8 * (heads + 1), 1.9 * count), squeeze=False)
+    for row, (image, rows, question) in enumerate(zip(images, weights, questions)):
+        axes[row, 0].imshow(image)
+        axes[row, 0].set_title(question, fontsize=7)
+        for head, values in enumerate(rows, 1):
+            axes[row, head].imshow(image)
+            overlay = _grid_to_pixels(values.reshape(grid, grid), *image.shape[:2])
+            axes[row, head].imshow(overlay, cmap="inferno", alpha=0.6)
+            axes[row, head].set_title(f"head {head}", fontsize=7)
+    for axis in axes.ravel():
+        axis.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
