@@ -151,7 +151,8 @@ class YOLOS(DetectionTasks, ZooModel):
             self.add_weight(name="mid_position_embedding", shape=(self.num_layers - 1, length, self.hidden_dim),
                             initializer=tokens) if self.mid_position_embeddings and self.num_layers > 1 else None
         )  # fmt: skip
-        self.call(keras.KerasTensor((1, *self.image_shape, self.num_channels)))  # builds every layer, computes nothing
+        sides = (side // self.patch_size * self.patch_size for side in self.image_shape)  # the grid's pixels
+        self.call(keras.KerasTensor((1, *sides, self.num_channels)))  # builds every layer, computes nothing
         self.built = True
 
     def positions(self, table, rows, cols):
