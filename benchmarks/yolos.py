@@ -30,7 +30,7 @@ def hugging_face_yolos():
 
     torch.manual_seed(0)
     config = transformers.YolosConfig(hidden_size=192, num_attention_heads=3, intermediate_size=768,
-                                      image_size=[800, 1333], use_mid_position_embeddings=False)  # fmt: skip
+                                      image_size=[800, 1333], use_mid_position_embeddings=False, num_labels=91)  # fmt: skip
     return transformers.YolosForObjectDetection(config)
 
 

@@ -143,10 +143,15 @@ def check_data(model, method: str, x, args: tuple, kwargs: dict) -> None:
     check_rows(model, method, x)
     check_ids(model, (x,), {})
     check_labels(model, args[0] if args else kwargs.get("y"))
+    targets = getattr(model, "check_targets", None)  # a model whose targets are not one label per output
+    if targets is not None and not isinstance(x, keras.utils.PyDataset):
+        targets(args[0] if args else kwargs.get("y"), "y")
     validation_data = kwargs.get("validation_data")
     if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
         check_ids(model, (validation_data[0],), {})
         check_labels(model, validation_data[1])
+        if targets is not None:
+            targets(validation_data[1], "validation_data")
 
 
 def check_rows(model, method: str, x) -> None:

@@ -10,6 +10,7 @@ Images go in channels-last, of any size that is a multiple of the patch; the box
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_tfm.detection import set_prediction_losses
@@ -194,6 +195,22 @@ class YOLOS(DetectionTasks, ZooModel):
             if mid is not None and index < self.num_layers - 1:
                 x = x + mid[index][None]
         return self.final_norm(x)
+
+    def check_targets(self, y, argument: str) -> None:
+        """Refuses, naming `argument`, targets that are not `{"labels": (batch, objects) ints in [-1,
+        num_classes), "boxes": (batch, objects, 4) in [0, 1]}`: compiled code would read a class past the logits
+        silently (clamped on JAX)."""
+        if not isinstance(y, dict) or not {"labels", "boxes"} <= set(y):
+            raise InputError("expected targets {'labels': (batch, objects) int, -1 for padding, 'boxes': (batch, "
+                             f"objects, 4)}}; received {type(y).__name__}.", argument, "YOLOS.fit")  # fmt: skip
+        labels, boxes = (np.asarray(y[key]) if isinstance(y[key], (np.ndarray, list)) else None for key in
+                         ("labels", "boxes"))  # fmt: skip
+        if labels is not None and labels.size and (labels.min() < -1 or labels.max() >= self.num_classes):
+            raise InputError(f"labels must be class ids in [0, num_classes={self.num_classes}), or -1 for padding; "
+                             f"received values in [{labels.min()}, {labels.max()}].", argument, "YOLOS.fit")  # fmt: skip
+        if labels is not None and boxes is not None and boxes.shape != (*labels.shape, 4):
+            raise InputError(f"boxes must be (batch, objects, 4), one per label {labels.shape}; received shape "
+                             f"{boxes.shape}.", argument, "YOLOS.fit")  # fmt: skip
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """The loss of `fit(images, {"labels", "boxes"})`: `detection.set_prediction_losses`' total."""

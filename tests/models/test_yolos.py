@@ -21,6 +21,10 @@ def tiny_yolos(**overrides) -> keras_tfm.YOLOS:
     return keras_tfm.YOLOS(**{**settings, **overrides})
 
 
+def targets_of(count: int) -> dict:
+    return {"labels": np.zeros((count, 1), "int32"), "boxes": np.full((count, 1, 4), 0.5, "float32")}
+
+
 def targets(shapes) -> dict:
     return {"labels": shapes.labels, "boxes": shapes.boxes}
 
@@ -95,6 +99,11 @@ def test_bad_targets_and_settings_are_refused_by_name():
     images = np.zeros((2, 32, 32, 3), "float32")
     with pytest.raises(InputError, match=r"^y: YOLOS.fit: expected targets \{'labels'.*; received \w+"):
         model.fit(images, np.zeros((2, 3)), epochs=1, verbose=0)
+    objects = {"labels": np.asarray([[0, -1], [3, 1]]), "boxes": np.full((2, 2, 4), 0.5, "float32")}
+    with pytest.raises(InputError, match=r"^y: YOLOS.fit: labels must be class ids in \[0, num_classes=3\).*\[-1, 3\]"):
+        model.fit(images, objects, epochs=1, verbose=0)
+    with pytest.raises(InputError, match=r"^validation_data: YOLOS.fit: boxes must be \(batch, objects, 4\)"):
+        model.fit(images, targets_of(2), validation_data=(images, {**targets_of(2), "boxes": np.zeros((2, 4))}))
     with pytest.raises(InputError, match=r"^image_shape: YOLOS: expected \(height, width\), two integers >= 1"):
         keras_tfm.YOLOS(image_shape=32)
     with pytest.raises(InputError, match=r"^loss_settings: YOLOS: expected a dict of class_cost, .*'eos'"):
