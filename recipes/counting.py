@@ -29,7 +29,7 @@ def main() -> None:
     from keras_tfm import training
     from keras_tfm.data import EpochBatches, make_shapes
 
-    args = flags().parse_args()
+    args = flags(model_sizes()).parse_args()
     config = training.training_config(args)
     training.setup(config)
     train, test = (questions(make_shapes(count, args.image_size, args.max_shapes, min_shapes=0, seed=args.seed + i),
@@ -56,10 +56,14 @@ def main() -> None:
           f"seeing only the question: {metrics['question_only_accuracy']:.4f}")  # fmt: skip
 
 
-def flags():
+def model_sizes() -> dict:
+    return {"counter": build_model}
+
+
+def flags(sizes: dict):
     from keras_tfm import training
 
-    parser = training.recipe_parser(__doc__, {"counter": None}, "counter", "runs/counting")
+    parser = training.recipe_parser(__doc__, sizes, "counter", "runs/counting")
     parser.set_defaults(batch_size=64, learning_rate=1e-3, weight_decay=1e-2, epochs=20)
     recipe = parser.add_argument_group("counting")
     recipe.add_argument("--image-size", type=training.integer(16), default=48,

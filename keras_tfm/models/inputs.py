@@ -144,8 +144,9 @@ def check_data(model, method: str, x, args: tuple, kwargs: dict) -> None:
     check_ids(model, (x,), {})
     check_labels(model, args[0] if args else kwargs.get("y"))
     targets = getattr(model, "check_targets", None)  # a model whose targets are not one label per output
-    if targets is not None and not isinstance(x, keras.utils.PyDataset):
-        targets(args[0] if args else kwargs.get("y"), "y")
+    y = args[0] if args else kwargs.get("y")
+    if targets is not None and y is not None:  # None: the targets come inside `x` (a dataset, a generator)
+        targets(y, "y")
     validation_data = kwargs.get("validation_data")
     if isinstance(validation_data, (tuple, list)) and len(validation_data) in (2, 3):
         check_ids(model, (validation_data[0],), {})

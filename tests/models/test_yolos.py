@@ -44,14 +44,14 @@ def map_50(model, shapes) -> float:
 @pytest.mark.skipif(BACKEND != "jax", reason="learning once, on the fastest backend here; each backend's step below")
 def test_yolos_learns_to_find_shapes():
     """One shape per picture, on textured backgrounds: COCO's mAP at IoU 0.5 from about 0 untrained to over 0.4,
-    the set-prediction loss from about 7 to under 2.5."""
+    the set-prediction loss from about 8 to under 2.5 (160 steps)."""
     pytest.importorskip("pycocotools")
-    shapes = make_shapes(64, image_size=32, max_shapes=1, seed=0)
+    shapes = make_shapes(32, image_size=32, max_shapes=1, seed=0)
     keras.utils.set_random_seed(0)
     model = tiny_yolos()
     untrained = map_50(model, shapes)
     model.compile(optimizer=keras.optimizers.Adam(1e-3, clipnorm=1.0))
-    history = model.fit(shapes.images.astype("float32") / 255, targets(shapes), epochs=100, batch_size=16, verbose=0)
+    history = model.fit(shapes.images.astype("float32") / 255, targets(shapes), epochs=80, batch_size=16, verbose=0)
     assert history.history["loss"][0] > 6 and history.history["loss"][-1] < 2.5, history.history["loss"][::10]
     assert untrained < 0.05 and map_50(model, shapes) > 0.4
 

@@ -162,12 +162,12 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
         # rows 1 and 2, cache length 32: a prefill, a greedy chunk and a chunk of the defaults' sampling,
         # and the writes of 1 prompt into 1 row, and of 1 and 2 prompts into 2 rows
         assert len(lines) == 9 and lines[-1].startswith("warm-up 9/9") and len(engine.compiled.ready) == 9
-        slowed(engine, monkeypatch, 0.2)  # 10 chunks of 4 tokens: two seconds of stream
+        slowed(engine, monkeypatch, 0.4)  # 10 chunks of 4 tokens: four seconds of stream, beside a loaded machine
         compile, during = engine.compiled.compile, []
 
-        def slow_compile(key, shape):  # a compile of half a second, at least
+        def slow_compile(key, shape):  # a compile of a second, at least: two chunks or more go on beside it
             chunks = sum(engine.rows_per_chunk.values())
-            time.sleep(0.5)
+            time.sleep(1.0)
             compile(key, shape)
             during.append(sum(engine.rows_per_chunk.values()) - chunks)
 
