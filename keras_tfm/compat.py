@@ -33,7 +33,6 @@ __all__ = [
     "concrete_values",
     "get_keras_mask",
     "get_stateless_scope",
-    "host_call",
     "in_symbolic_scope",
     "int8_kernels_by_column",
     "int8_products_are_fast",
@@ -480,27 +479,3 @@ def saved_model_weights_once(archive) -> None:
     trackable = archive._tf_trackable
     for name in ("variables", "trainable_variables", "non_trainable_variables"):
         setattr(trackable, name, [variable.value for variable in getattr(trackable, name)])
-
-
-def host_call(function, arrays: list, shape: tuple, dtype: str):
-    """`function(*numpy_arrays)` -> an array of `shape` and `dtype`, run on the host inside a step: JAX's
-    `pure_callback` (under `jit` too), TensorFlow's `numpy_function` (a graph, not XLA: the model must not be
-    compiled with XLA), PyTorch's eager values. For what only NumPy or SciPy does, such as an assignment
-    solver; no gradient flows through it. Keras has no backend-neutral callback (3.15)."""
-    import numpy as np
-
-    def run(*values):
-        return np.asarray(function(*(np.asarray(value) for value in values)), dtype)
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.pure_callback(run, jax.ShapeDtypeStruct(shape, dtype), *arrays)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        result = tf.numpy_function(run, list(arrays), dtype, stateful=False)
-        result.set_shape(shape)
-        return result
-    return keras.ops.convert_to_tensor(run(*(keras.ops.convert_to_numpy(keras.ops.stop_gradient(a)) for a in arrays)))

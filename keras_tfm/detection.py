@@ -4,7 +4,7 @@ post-processing and COCO's mean average precision.
 Boxes are `(center_x, center_y, width, height)` fractions of the image, as the models predict them;
 `center_to_corners` gives `(x0, y0, x1, y1)`. Objects come padded to one count per batch: `labels` `(batch,
 objects)` with -1 for padding, `boxes` `(batch, objects, 4)`. The matching is SciPy's assignment solver, run on
-the host inside the step (`compat.host_call`); COCO's mAP is pycocotools'. Both come with the `detection` extra.
+the host inside the step (`host_call`); COCO's mAP is pycocotools'. Both come with the `detection` extra.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import io
 
+import keras
 import numpy as np
 from keras import ops
 
-from keras_tfm.compat import host_call
 from keras_tfm.errors import InputError
 
 
@@ -160,3 +160,26 @@ def coco_average_precision(predictions: list[dict], targets: list[dict]) -> dict
         evaluation = COCOeval(truth, truth.loadRes(found), "bbox")
         evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
     return {name: None if value < 0 else float(value) for name, value in zip(names, evaluation.stats)}
+
+
+def host_call(function, arrays: list, shape: tuple, dtype: str):
+    """`function(*numpy_arrays)` -> an array of `shape` and `dtype`, run on the host inside a step: JAX's
+    `pure_callback` (under `jit` too), TensorFlow's `numpy_function` (a graph, not XLA: the model must not be
+    compiled with XLA), PyTorch's eager values. For what only NumPy or SciPy does, such as an assignment
+    solver; no gradient flows through it. Keras has no backend-neutral callback (3.15)."""
+
+    def run(*values):
+        return np.asarray(function(*(np.asarray(value) for value in values)), dtype)
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.pure_callback(run, jax.ShapeDtypeStruct(shape, dtype), *arrays)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        result = tf.numpy_function(run, list(arrays), dtype, stateful=False)
+        result.set_shape(shape)
+        return result
+    return keras.ops.convert_to_tensor(run(*(keras.ops.convert_to_numpy(keras.ops.stop_gradient(a)) for a in arrays)))

@@ -27,15 +27,13 @@ def main() -> None:
     import keras
 
     from keras_tfm import training
-    from keras_tfm.data import EpochBatches, make_shapes
+    from keras_tfm.data import EpochBatches, shape_splits
 
     args = flags(model_sizes()).parse_args()
     config = training.training_config(args)
     training.setup(config)
-    train, test = (questions(make_shapes(count, args.image_size, args.max_shapes, min_shapes=0, seed=args.seed + i),
-                             args.seed + i) for i, count in enumerate((args.train_images, args.test_images)))  # fmt: skip
-    training.log(f"Data: {args.train_images:,} training and {args.test_images:,} test pictures of "
-                 f"{args.image_size}x{args.image_size} pixels with 0 to {args.max_shapes} shapes, a question each.")  # fmt: skip
+    shapes = shape_splits(args, min_shapes=0, log=training.log)
+    train, test = (questions(split, args.seed + i) for i, split in enumerate(shapes))
     rows = EpochBatches(args.train_images, args.batch_size, args.seed)
     result = training.train(
         config,
@@ -66,16 +64,9 @@ def flags(sizes: dict):
     parser = training.recipe_parser(__doc__, sizes, "counter", "runs/counting")
     parser.set_defaults(batch_size=64, learning_rate=1e-3, weight_decay=1e-2, epochs=20)
     recipe = parser.add_argument_group("counting")
-    recipe.add_argument("--image-size", type=training.integer(16), default=48,
-                        help="side of the generated pictures (default: %(default)s)")  # fmt: skip
-    recipe.add_argument("--max-shapes", type=training.POSITIVE, default=4,
-                        help="most shapes in a picture (default: %(default)s)")  # fmt: skip
     recipe.add_argument("--image-layers", type=training.POSITIVE, default=2,
                         help="encoder blocks over the patches (default: %(default)s)")  # fmt: skip
-    recipe.add_argument("--train-images", type=training.POSITIVE, default=8192,
-                        help="generated training pictures (default: %(default)s)")  # fmt: skip
-    recipe.add_argument("--test-images", type=training.POSITIVE, default=1024,
-                        help="generated test pictures (default: %(default)s)")  # fmt: skip
+    training.shapes_flags(parser, image_size=48, max_shapes=4, train_images=8192, test_images=1024)
     return parser
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 def main() -> None:
     from keras_tfm import training
-    from keras_tfm.data import EpochBatches, make_shapes
+    from keras_tfm.data import EpochBatches, shape_splits
 
     sizes = model_sizes()
     args = flags(sizes).parse_args()
@@ -29,10 +29,7 @@ def main() -> None:
         args.from_huggingface) else None  # fmt: skip
     config = training.training_config(args, checkpoint)
     training.setup(config)
-    train = make_shapes(args.train_images, args.image_size, args.max_shapes, seed=args.seed)
-    test = make_shapes(args.test_images, args.image_size, args.max_shapes, seed=args.seed + 1)
-    training.log(f"Data: {args.train_images:,} training and {args.test_images:,} test pictures of "
-                 f"{args.image_size}x{args.image_size} pixels, 1 to {args.max_shapes} shapes each.")  # fmt: skip
+    train, test = shape_splits(args, log=training.log)
     rows = EpochBatches(args.train_images, args.batch_size, args.seed)
     prepare = image_preparation(args, checkpoint)
 
@@ -79,16 +76,9 @@ def flags(sizes: dict):
     parser.set_defaults(batch_size=16, learning_rate=1e-3, weight_decay=0.0, epochs=40)
     recipe = parser.add_argument_group("detection")
     recipe.add_argument("--from-huggingface", metavar="DIR", help="fine-tune this YOLOS checkpoint (see above)")
-    recipe.add_argument("--image-size", type=training.integer(16), default=32,
-                        help="side of the generated pictures (default: %(default)s)")  # fmt: skip
     recipe.add_argument("--detection-tokens", type=training.POSITIVE, default=3,
                         help="the model's detection tokens: at most this many objects found (default: %(default)s)")  # fmt: skip
-    recipe.add_argument("--max-shapes", type=training.POSITIVE, default=2,
-                        help="most shapes in a picture (default: %(default)s)")  # fmt: skip
-    recipe.add_argument("--train-images", type=training.POSITIVE, default=2048,
-                        help="generated training pictures (default: %(default)s)")  # fmt: skip
-    recipe.add_argument("--test-images", type=training.POSITIVE, default=256,
-                        help="generated test pictures (default: %(default)s)")  # fmt: skip
+    training.shapes_flags(parser, image_size=32, max_shapes=2, train_images=2048, test_images=256)
     return parser
 
 

@@ -8,7 +8,7 @@ from keras_tfm.data.image_processing import ImageProcessor
 from keras_tfm.data.images import ImageSplits, load_images, read_idx
 from keras_tfm.data.parallel import ParallelSplits, load_parallel
 from keras_tfm.data.processed_images import ProcessedImages
-from keras_tfm.data.shapes import Shapes, make_shapes
+from keras_tfm.data.shapes import Shapes, make_shapes, shape_splits
 from keras_tfm.data.shards import TokenShards, prepare_token_shards
 from keras_tfm.data.text import TextSplits, load_labelled_text, load_text, offline_text, read_text
 from keras_tfm.data.tokenizers import (

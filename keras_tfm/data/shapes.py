@@ -105,3 +105,14 @@ def _box(inside: np.ndarray, size: int) -> np.ndarray:
     rows, cols = np.flatnonzero(inside.any(1)), np.flatnonzero(inside.any(0))
     x0, x1, y0, y1 = cols[0], cols[-1] + 1, rows[0], rows[-1] + 1
     return np.asarray([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], "float32") / size
+
+
+def shape_splits(args, min_shapes: int = 1, log=print) -> tuple[Shapes, Shapes]:
+    """A recipe's training and test pictures from its flags (`shapes_flags`): `args.train_images` from `args.seed`,
+    `args.test_images` from the next seed, each of `args.image_size` pixels and up to `args.max_shapes` shapes."""
+    sizes = (args.image_size, args.max_shapes)
+    train = make_shapes(args.train_images, *sizes, min_shapes=min_shapes, seed=args.seed)
+    test = make_shapes(args.test_images, *sizes, min_shapes=min_shapes, seed=args.seed + 1)
+    log(f"Data: {args.train_images:,} training and {args.test_images:,} test pictures of {args.image_size}x"
+        f"{args.image_size} pixels, {min_shapes} to {args.max_shapes} shapes each (keras_tfm.data.make_shapes).")  # fmt: skip
+    return train, test

@@ -14,6 +14,7 @@ from keras_tfm.training.cli import (
     recipe_parser,
     recipe_settings,
     run_main,
+    shapes_flags,
     training_config,
 )
 from keras_tfm.training.config import HuggingFaceCheckpoint, TrainingConfig

@@ -425,3 +425,17 @@ def run_main(main: Callable[[], None]) -> None:
             with contextlib.suppress(OSError):  # removed only while empty
                 os.rmdir(parser.new_output_dir)
         raise SystemExit(status) from None
+
+
+def shapes_flags(parser: RecipeParser, image_size: int, max_shapes: int, train_images: int, test_images: int):
+    """The flags of a recipe on generated shapes (`data.shape_splits`), with its defaults; returns their group."""
+    group = parser.add_argument_group("generated shapes")
+    group.add_argument("--image-size", type=integer(16), default=image_size,
+                       help="side of the generated pictures (default: %(default)s)")  # fmt: skip
+    group.add_argument("--max-shapes", type=POSITIVE, default=max_shapes,
+                       help="most shapes in a picture (default: %(default)s)")  # fmt: skip
+    group.add_argument("--train-images", type=POSITIVE, default=train_images,
+                       help="generated training pictures (default: %(default)s)")  # fmt: skip
+    group.add_argument("--test-images", type=POSITIVE, default=test_images,
+                       help="generated test pictures (default: %(default)s)")  # fmt: skip
+    return group
