@@ -321,6 +321,27 @@ GGUF_BLOCK_NAMES = {
 }  # fmt: skip
 
 
+def hugging_face_image_throughput(model, images, targets, task: str, batch_size: int, warmup: int, steps: int,
+                                  windows: int) -> dict:  # fmt: skip
+    """A transformers vision model's speed: its forward under `no_grad` on channels-last `images` ("inference"),
+    or AdamW steps on `pixel_values=` and `labels=` batches of `batch_size` ("training"); `targets[i]` is image
+    i's labels as the model takes them (a tensor's rows, or a list's items)."""
+    import torch
+
+    pixels = torch.tensor(images).permute(0, 3, 1, 2).contiguous()
+    if task == "inference":
+        model.eval()
+
+        def step(i):
+            with torch.no_grad():
+                model(pixel_values=pixels)
+
+        return _best_window(step, warmup, steps, windows, len(images), 1.0)
+    batches = [(pixels[i : i + batch_size], targets[i : i + batch_size]) for i in range(0, len(pixels), batch_size)]
+    return torch_train_throughput(model, lambda m, x, y: m(pixel_values=x, labels=y).loss, batches, warmup, steps,
+                                  windows)  # fmt: skip
+
+
 def gguf_name(name: str) -> str:
     """`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`, as llama.cpp's converter names it."""
     if name in GGUF_NAMES:

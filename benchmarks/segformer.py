@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import _best_window, keras_train_throughput, main, torch_train_throughput  # noqa: E402
+from common import _best_window, hugging_face_image_throughput, keras_train_throughput, main  # noqa: E402
 
 INFERENCE_BATCH, INFERENCE_SIDE, TRAIN_BATCH, TRAIN_SIDE, CLASSES = 2, 512, 4, 256, 150
 WARMUP, STEPS, WINDOWS = 2, 3, 3
@@ -74,21 +74,8 @@ def worker(contender: str, task: str) -> dict:
 def _hugging_face(task: str, images, labels) -> dict:
     import torch
 
-    model = hugging_face_segformer()
-    pixels = torch.tensor(images).permute(0, 3, 1, 2).contiguous()
-    if task == "inference":
-        model.eval()
-
-        def step(i):
-            with torch.no_grad():
-                model(pixel_values=pixels)
-
-        return _best_window(step, WARMUP, STEPS, WINDOWS, len(images), 1.0)
-    targets = torch.tensor(labels).long()
-    batches = [(pixels[i : i + TRAIN_BATCH], targets[i : i + TRAIN_BATCH]) for i in range(0, len(pixels), TRAIN_BATCH)]
-    return torch_train_throughput(
-        model, lambda m, x, y: m(pixel_values=x, labels=y).loss, batches, WARMUP, STEPS, WINDOWS
-    )
+    return hugging_face_image_throughput(hugging_face_segformer(), images, torch.tensor(labels).long(), task,
+                                         TRAIN_BATCH, WARMUP, STEPS, WINDOWS)  # fmt: skip
 
 
 if __name__ == "__main__":

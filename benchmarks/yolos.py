@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BACKENDS, _best_window, keras_train_throughput, main, torch_train_throughput  # noqa: E402
+from common import BACKENDS, _best_window, hugging_face_image_throughput, keras_train_throughput, main  # noqa: E402
 
 INFERENCE_BATCH, INFERENCE_SIDE, TRAIN_BATCH, TRAIN_SIDE, OBJECTS = 2, 512, 4, 256, 3
 WARMUP, STEPS, WINDOWS = 2, 3, 3
@@ -60,22 +60,10 @@ def worker(contender: str, task: str) -> dict:
 def _hugging_face(task: str, images, objects) -> dict:
     import torch
 
-    model = hugging_face_yolos()
-    pixels = torch.tensor(images).permute(0, 3, 1, 2).contiguous()
-    if task == "inference":
-        model.eval()
-
-        def step(i):
-            with torch.no_grad():
-                model(pixel_values=pixels)
-
-        return _best_window(step, WARMUP, STEPS, WINDOWS, len(images), 1.0)
     targets = [{"class_labels": torch.tensor(labels).long(), "boxes": torch.tensor(boxes)}
                for labels, boxes in zip(objects["labels"], objects["boxes"])]  # fmt: skip
-    batches = [(pixels[i : i + TRAIN_BATCH], targets[i : i + TRAIN_BATCH]) for i in range(0, len(pixels), TRAIN_BATCH)]
-    return torch_train_throughput(
-        model, lambda m, x, y: m(pixel_values=x, labels=y).loss, batches, WARMUP, STEPS, WINDOWS
-    )
+    return hugging_face_image_throughput(hugging_face_yolos(), images, targets, task, TRAIN_BATCH, WARMUP, STEPS,
+                                         WINDOWS)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import os
 import threading
 
 import keras
+import numpy as np
 
 # Keras masks travel as an attribute of a tensor; keras-hub reads and writes them the same way.
 # There is no public accessor yet (Keras 3.15).
@@ -33,6 +34,7 @@ __all__ = [
     "concrete_values",
     "get_keras_mask",
     "get_stateless_scope",
+    "host_call",
     "in_symbolic_scope",
     "int8_kernels_by_column",
     "int8_products_are_fast",
@@ -479,3 +481,19 @@ def saved_model_weights_once(archive) -> None:
     trackable = archive._tf_trackable
     for name in ("variables", "trainable_variables", "non_trainable_variables"):
         setattr(trackable, name, [variable.value for variable in getattr(trackable, name)])
+
+
+def host_call(function, arrays: list, shape: tuple, dtype: str):
+    """`function(*numpy_arrays)` as a tensor, on the host inside a compiled step, without gradient: JAX's
+    `pure_callback`, TensorFlow's `numpy_function` (not under XLA), PyTorch eagerly. Keras has none (3.15)."""
+
+    run = lambda *values: np.asarray(function(*(np.asarray(value) for value in values)), dtype)  # noqa: E731
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.pure_callback(run, jax.ShapeDtypeStruct(shape, dtype), *arrays)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.ensure_shape(tf.numpy_function(run, list(arrays), dtype, stateful=False), shape)
+    return keras.ops.convert_to_tensor(run(*(keras.ops.convert_to_numpy(keras.ops.stop_gradient(a)) for a in arrays)))

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import io
 
-import keras
 import numpy as np
 from keras import ops
 
+from keras_tfm.compat import host_call
 from keras_tfm.errors import InputError
 
 
@@ -160,26 +160,3 @@ def coco_average_precision(predictions: list[dict], targets: list[dict]) -> dict
         evaluation = COCOeval(truth, truth.loadRes(found), "bbox")
         evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
     return {name: None if value < 0 else float(value) for name, value in zip(names, evaluation.stats)}
-
-
-def host_call(function, arrays: list, shape: tuple, dtype: str):
-    """`function(*numpy_arrays)` -> an array of `shape` and `dtype`, run on the host inside a step: JAX's
-    `pure_callback` (under `jit` too), TensorFlow's `numpy_function` (a graph, not XLA: the model must not be
-    compiled with XLA), PyTorch's eager values. For what only NumPy or SciPy does, such as an assignment
-    solver; no gradient flows through it. Keras has no backend-neutral callback (3.15)."""
-
-    def run(*values):
-        return np.asarray(function(*(np.asarray(value) for value in values)), dtype)
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.pure_callback(run, jax.ShapeDtypeStruct(shape, dtype), *arrays)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        result = tf.numpy_function(run, list(arrays), dtype, stateful=False)
-        result.set_shape(shape)
-        return result
-    return keras.ops.convert_to_tensor(run(*(keras.ops.convert_to_numpy(keras.ops.stop_gradient(a)) for a in arrays)))
