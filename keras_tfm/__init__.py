@@ -5,6 +5,7 @@ from keras_tfm import backend_logs, detection, layers, losses, viz
 from keras_tfm.convert import from_gguf, from_huggingface, from_keras_hub, save_huggingface
 from keras_tfm.generation import GenerationConfig
 from keras_tfm.losses import (
+    AffineInvariantDepthLoss,
     ContrastiveLoss,
     MultipleNegativesRankingLoss,
     SegmentationCrossEntropy,
@@ -13,6 +14,7 @@ from keras_tfm.losses import (
 )
 from keras_tfm.models import (
     CLIP,
+    DPT,
     GPT,
     YOLOS,
     Bert,
@@ -51,11 +53,15 @@ from keras_tfm.models import (
     deit_base_distilled,
     deit_small_distilled,
     deit_tiny_distilled,
+    depth_anything_v2_base,
+    depth_anything_v2_large,
+    depth_anything_v2_small,
     dinov2_base,
     dinov2_giant,
     dinov2_large,
     dinov2_small,
     distilbert_base,
+    dpt_large,
     gpt2_large,
     gpt2_medium,
     gpt2_small,

@@ -251,6 +251,43 @@ class SegmentationCrossEntropy(TokenCrossEntropy):
         return config
 
 
+@keras.saving.register_keras_serializable(package="keras_tfm")
+class AffineInvariantDepthLoss(keras.losses.Loss):
+    """MiDaS's scale-and-shift-invariant depth loss (Ranftl et al. 2020), as relative depth models (DPT, Depth
+    Anything) are trained: per image, the scale and shift that best fit the predictions to the targets (least
+    squares over the measured pixels), then the mean absolute error of the fitted predictions. Pixels whose target
+    is not above 0 have no measurement and are left out. Predictions `(batch, h, w)` are resized bilinearly to the
+    targets' `(batch, height, width)` first.
+
+    Example:
+    >>> loss = AffineInvariantDepthLoss()
+    >>> target = np.random.rand(2, 8, 8).astype("float32") + 0.5
+    >>> float(loss(target, 3 * target - 1)) < 1e-4  # any scale and shift of the truth: no loss
+    True
+    """
+
+    def __init__(self, reduction: str = "sum_over_batch_size", name: str = "affine_invariant_depth", dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+
+    def call(self, y_true, y_pred):
+        if len(y_true.shape) != 3 or len(y_pred.shape) != 3:
+            raise InputError(f"expected depth maps (batch, height, width); received shapes {tuple(y_true.shape)} "
+                             f"and {tuple(y_pred.shape)}.", "y_true", "AffineInvariantDepthLoss")  # fmt: skip
+        y_true, y_pred = ops.cast(y_true, "float32"), ops.cast(y_pred, "float32")
+        size = tuple(ops.shape(y_true)[1:3])
+        if tuple(y_pred.shape[1:3]) != size:
+            y_pred = ops.image.resize(y_pred[..., None], size, interpolation="bilinear", antialias=False)[..., 0]
+        mask = ops.cast(y_true > 0, "float32")
+        sums = [ops.sum(mask * value, axis=(1, 2)) for value in (y_pred * y_pred, y_pred, 1.0, y_pred * y_true, y_true)]
+        pp, p, n, pg, g = sums
+        determinant = pp * n - p * p
+        safe = ops.where(determinant > 1e-12, determinant, 1.0)  # a flat prediction: no fit, scale 0
+        scale = ops.where(determinant > 1e-12, (n * pg - p * g) / safe, 0.0)
+        shift = ops.where(determinant > 1e-12, (pp * g - p * pg) / safe, g / ops.maximum(n, 1.0))
+        fitted = scale[:, None, None] * y_pred + shift[:, None, None]
+        return ops.sum(mask * ops.abs(fitted - y_true), axis=(1, 2)) / ops.maximum(ops.sum(mask, axis=(1, 2)), 1.0)
+
+
 def upsampled_logits(label_maps, logits, caller: str):
     """`logits` `(batch, h, w, classes)` resized bilinearly (PyTorch's `align_corners=False`) to the height and
     width of `label_maps` `(batch, height, width)`."""

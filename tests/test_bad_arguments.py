@@ -37,6 +37,9 @@ CLASSES = {
     layers.MixTransformerBlock: dict(num_heads=2, intermediate_dim=8),
     layers.AllMLPDecoder: dict(hidden_dim=4, num_classes=2),
     layers.DetectionHead: dict(num_classes=2),
+    layers.DPTNeck: dict(reassemble_widths=(4, 4), reassemble_factors=(2, 1), fusion_dim=4),
+    layers.DepthHead: dict(),
+    layers.ConvSegmentationHead: dict(num_classes=2),
     layers.MaskedImageDecoder: dict(
         grid_size=2, patch_dim=12, hidden_dim=4, num_layers=1, num_heads=2, intermediate_dim=8
     ),  # fmt: skip
@@ -67,6 +70,12 @@ CLASSES = {
     keras_tfm.YOLOS: dict(
         image_shape=(8, 8), patch_size=4, num_detection_tokens=2, num_layers=1, num_heads=2, hidden_dim=4
     ),
+    keras_tfm.DPT: dict(
+        backbone=keras_tfm.ViT(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=4, include_top=False),
+        neck=layers.DPTNeck(reassemble_widths=(4, 4), reassemble_factors=(2, 1), fusion_dim=4, readout="ignore"),
+        head=layers.DepthHead(),
+        backbone_layers=(0, 1),
+    ),  # fmt: skip
     keras_tfm.Translator: dict(
         source_vocabulary_size=10, num_encoder_layers=1, num_decoder_layers=1, num_heads=2, hidden_dim=4
     ),
@@ -101,6 +110,16 @@ OTHER = {
     "seed": ("seven", "seed"),
     "image_shape": ((8,), "image_shape"),
     "loss_settings": ({"eos": 0.1}, "loss_settings"),
+    "reassemble_widths": ([4, 0], "reassemble_widths"),
+    "reassemble_factors": ([2, 3.5], "reassemble_factors"),
+    "readout": ("mean", "readout"),
+    "fusion_upsampling": ("triple", "fusion_upsampling"),
+    "depth_type": ("absolute", "depth_type"),
+    "backbone": ("a ViT", "backbone"),
+    "neck": ("a neck", "neck"),
+    "head": ("a head", "head"),
+    "backbone_layers": ([0, 9], "backbone_layers"),
+    "head_resolution": ("half", "head_resolution"),
     **{
         name: ([4, 4], name)
         for name in (

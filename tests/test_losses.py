@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 import keras_tfm
-from tests.checks import assert_close
+from keras_tfm.errors import InputError
+from tests.checks import assert_close, to_numpy
 
 
 def _logits_and_labels(rng, shape=(3, 5), vocabulary=7):
@@ -131,3 +132,23 @@ def test_image_text_losses_are_clips_and_siglips(rng):
         assert type(loss).from_config(loss.get_config()).name == loss.name
         with pytest.raises(ValueError, match=r"\(batch, batch\) logits of images against their texts"):
             loss(None, logits[:4])
+
+
+@pytest.mark.backend_independent  # keras.ops only; the loss inside a compiled fit: tests/models/test_dpt.py
+def test_the_affine_invariant_depth_loss_fits_scale_and_shift_per_image_over_measured_pixels(rng):
+    """Against NumPy's least squares on each image's measured pixels (targets above 0), predictions at half the
+    targets' size resized bilinearly first."""
+    targets = rng.uniform(0.5, 3.0, size=(3, 8, 10)).astype("float32")
+    targets[0, :2] = 0.0  # unmeasured rows
+    predictions = rng.normal(size=(3, 4, 5)).astype("float32")
+    loss = keras_tfm.AffineInvariantDepthLoss(reduction=None)
+    got = to_numpy(loss(targets, predictions))
+    resized = to_numpy(keras.ops.image.resize(predictions[..., None], (8, 10), antialias=False))[..., 0]
+    for image, (target, prediction) in enumerate(zip(targets, resized)):
+        measured = target > 0
+        design = np.stack([prediction[measured], np.ones(measured.sum())], axis=1)
+        (scale, shift), *_ = np.linalg.lstsq(design, target[measured], rcond=None)
+        assert got[image] == pytest.approx(np.abs(scale * prediction[measured] + shift - target[measured]).mean(),
+                                           rel=1e-4)  # fmt: skip
+    with pytest.raises(InputError, match=r"y_true: AffineInvariantDepthLoss: expected depth maps"):
+        loss(targets[..., None], predictions)

@@ -32,7 +32,7 @@ _OLD_NAMES = [
     (r"\.mlp\.weights_out\.", ".mlp.down_proj."),
 ]
 
-_rename = renamer(_OLD_NAMES)
+rename_dinov2 = renamer(_OLD_NAMES)
 
 
 def swiglu_width(hidden_size: int, mlp_ratio: float) -> int:
@@ -40,7 +40,7 @@ def swiglu_width(hidden_size: int, mlp_ratio: float) -> int:
     return (int(int(hidden_size * mlp_ratio) * 2 / 3) + 7) // 8 * 8
 
 
-@converter("dinov2", "dinov2_with_registers", prefixes=("dinov2.", "dinov2_with_registers."), rename=_rename)
+@converter("dinov2", "dinov2_with_registers", prefixes=("dinov2.", "dinov2_with_registers."), rename=rename_dinov2)
 def convert_dinov2(config: dict, w: WeightReader, num_classes: int | None = None) -> ViT:
     require_options("DINOv2", config, qkv_bias=True, apply_layernorm=True)
     checkpoint_head = "classifier.weight" in w.weights and num_classes is None

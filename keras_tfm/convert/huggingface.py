@@ -29,6 +29,7 @@ from keras_tfm.convert import (  # noqa: F401
     bert,
     clip,
     dinov2,
+    dpt,
     gpt2,
     llama,
     marian,

@@ -25,7 +25,8 @@ FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5:
 CONFIG_FILE = "preprocessor_config.json"
 SHORTEST_EDGE_KINDS = ("BitImageProcessor", "CLIPImageProcessor", "ConvNextImageProcessor")  # an int size: the edge
 KEYS = ("do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor",
-        "do_normalize", "image_mean", "image_std", "do_convert_rgb")  # fmt: skip
+        "do_normalize", "image_mean", "image_std", "do_convert_rgb", "keep_aspect_ratio", "ensure_multiple_of")  # fmt: skip
+DPT_KEYS = {"keep_aspect_ratio": False, "ensure_multiple_of": 1}  # written where they differ from these
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,8 @@ class ImageProcessor:
         rescale_factor: multiplies the pixels (with `do_rescale`), 1/255 for 0-1.
         image_mean, image_std: per channel, after rescaling (with `do_normalize`).
         do_convert_rgb: grayscale, palette and transparent images become RGB (transparency onto white).
+        keep_aspect_ratio, ensure_multiple_of: DPT's and Depth Anything's resize to a `{"height", "width"}` size:
+            both sides scaled by the factor nearer 1 (the aspect kept), each rounded to a multiple.
         processor_type: the transformers class that `save_huggingface` names (`image_processor_type`).
 
     Example:
@@ -61,6 +64,8 @@ class ImageProcessor:
     image_mean: tuple = (0.5, 0.5, 0.5)
     image_std: tuple = (0.5, 0.5, 0.5)
     do_convert_rgb: bool = True
+    keep_aspect_ratio: bool = False
+    ensure_multiple_of: int = 1
     processor_type: str = "ViTImageProcessor"
 
     def __post_init__(self):
@@ -73,6 +78,9 @@ class ImageProcessor:
         if self.resample not in FILTERS:
             raise InputError(f"expected one of {sorted(FILTERS)} (transformers' filters); received "
                              f"{self.resample!r}.", "resample", "ImageProcessor")  # fmt: skip
+        if not (isinstance(self.ensure_multiple_of, int) and self.ensure_multiple_of >= 1):
+            raise InputError(f"expected an integer >= 1; received {self.ensure_multiple_of!r}.", "ensure_multiple_of",
+                             "ImageProcessor")  # fmt: skip
         if any(s <= 0 for s in self.image_std):
             raise InputError(f"expected positive values; received {self.image_std}.", "image_std", "ImageProcessor")
 
@@ -88,6 +96,9 @@ class ImageProcessor:
             square = config.get("default_to_square", kind not in SHORTEST_EDGE_KINDS)
             side = known["size"]
             known["size"] = {"height": side, "width": side} if square else {"shortest_edge": side}
+        if kind == "DPTImageProcessor" and config.get("do_pad"):
+            raise InputError("DPT's padding to a size_divisor (do_pad) is not supported; give images whose sides "
+                             "the patch size divides, or a config with do_pad false.", "config", "ImageProcessor")  # fmt: skip
         if isinstance(known.get("crop_size"), int):
             known["crop_size"] = {"height": known["crop_size"], "width": known["crop_size"]}
         return cls(**known, processor_type=kind)
@@ -110,7 +121,7 @@ class ImageProcessor:
 
     def config(self) -> dict:
         """The processor as transformers writes `preprocessor_config.json`."""
-        values = {key: getattr(self, key) for key in KEYS}
+        values = {key: getattr(self, key) for key in KEYS if key not in DPT_KEYS or getattr(self, key) != DPT_KEYS[key]}
         values.update(image_mean=list(self.image_mean), image_std=list(self.image_std))
         return {"image_processor_type": self.processor_type, **values}
 
@@ -157,8 +168,8 @@ class ImageProcessor:
         """`(height, width)` of every image this processor gives; None where it keeps each image's aspect or size."""
         if self.do_center_crop:
             return self.crop_size["height"], self.crop_size["width"]
-        if self.do_resize and "shortest_edge" not in self.size:
-            return self.size["height"], self.size["width"]
+        if self.do_resize and "shortest_edge" not in self.size and not self.keep_aspect_ratio:
+            return self._resized_size((self.size["width"], self.size["height"]))
         return None
 
     def describe(self) -> str:
@@ -167,7 +178,9 @@ class ImageProcessor:
         if self.do_resize:
             target = "x".join(str(self.size[k]) for k in ("height", "width")) if "height" in self.size else (
                 f"a shortest edge of {self.size['shortest_edge']}")  # fmt: skip
-            steps.append(f"resize to {target} ({FILTERS[self.resample]})")
+            kept = ", aspect kept" * self.keep_aspect_ratio + f", multiples of {self.ensure_multiple_of}" * (
+                self.ensure_multiple_of > 1)  # fmt: skip
+            steps.append(f"resize to {target} ({FILTERS[self.resample]}{kept})")
         if self.do_center_crop:
             steps.append(f"center crop {self.crop_size['height']}x{self.crop_size['width']}")
         steps += ["rescale"] * self.do_rescale + ["normalize"] * self.do_normalize
@@ -176,6 +189,8 @@ class ImageProcessor:
     def _resized_size(self, width_height: tuple[int, int]) -> tuple[int, int]:
         """`(height, width)` after the resize (transformers' `get_resize_output_image_size`)."""
         if "shortest_edge" not in self.size:
+            if self.keep_aspect_ratio or self.ensure_multiple_of > 1:
+                return _dpt_size(width_height, self.size, self.keep_aspect_ratio, self.ensure_multiple_of)
             return self.size["height"], self.size["width"]
         if "longest_edge" in self.size:
             return _detection_size(width_height, self.size, self.processor_type == "YolosImageProcessor")
@@ -206,6 +221,20 @@ def _detection_size(width_height: tuple[int, int], size: dict, yolos: bool) -> t
     if yolos:
         new_height, new_width = new_height - new_height % 16, new_width - new_width % 16
     return new_height, new_width
+
+
+def _dpt_size(width_height: tuple[int, int], size: dict, keep_aspect_ratio: bool, multiple: int) -> tuple[int, int]:
+    """`(height, width)` as DPT's `get_resize_output_image_size`: with `keep_aspect_ratio` both sides scaled by the
+    factor nearer 1, each side rounded to the nearest multiple (Python's rounding, half to even)."""
+    width, height = width_height
+    scale_height, scale_width = size["height"] / height, size["width"] / width
+    if keep_aspect_ratio:
+        if abs(1 - scale_width) < abs(1 - scale_height):
+            scale_height = scale_width
+        else:
+            scale_width = scale_height
+    return tuple(max(round(value / multiple) * multiple, multiple)
+                 for value in (scale_height * height, scale_width * width))  # fmt: skip
 
 
 def _per_channel(values, name: str) -> tuple:

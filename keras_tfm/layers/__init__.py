@@ -5,7 +5,10 @@ from keras_tfm.layers.all_mlp_decoder import AllMLPDecoder
 from keras_tfm.layers.attention import MultiHeadAttention
 from keras_tfm.layers.attention_pooling import AttentionPooling
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
+from keras_tfm.layers.conv_segmentation_head import ConvSegmentationHead
+from keras_tfm.layers.depth_head import DepthHead
 from keras_tfm.layers.detection_head import DetectionHead
+from keras_tfm.layers.dpt_neck import DPTNeck
 from keras_tfm.layers.drop_path import DropPath
 from keras_tfm.layers.embeddings import PatchEmbedding, TokenEmbedding
 from keras_tfm.layers.feed_forward import FeedForward, GatedFeedForward
@@ -31,8 +34,11 @@ from keras_tfm.layers.token_pooling import TokenPooling
 __all__ = [
     "AllMLPDecoder",
     "AttentionPooling",
+    "ConvSegmentationHead",
     "DecoderBlock",
+    "DepthHead",
     "DetectionHead",
+    "DPTNeck",
     "DropPath",
     "EncoderBlock",
     "FeedForward",

@@ -34,6 +34,13 @@ from keras_tfm.models.decoder_lm import (
     smollm2_135m,
     smollm2_360m,
 )
+from keras_tfm.models.dpt import (
+    DPT,
+    depth_anything_v2_base,
+    depth_anything_v2_large,
+    depth_anything_v2_small,
+    dpt_large,
+)
 from keras_tfm.models.gpt import (
     GPT,
     gpt2_large,

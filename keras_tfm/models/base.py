@@ -325,6 +325,8 @@ class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
     def load_assets(self, dir_path: str) -> None:
         """Keras' loading calls this: a tokenizer (and settings, an image processor) saved with the model
         comes back with it."""
+        if dir_path is None:  # a part of a model (a backbone) that saved nothing of its own
+            return
         path = os.path.join(dir_path, "tokenizer.json")
         if os.path.isfile(path):
             from keras_tfm.data.tokenizers import load_tokenizer

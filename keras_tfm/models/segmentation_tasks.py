@@ -26,16 +26,20 @@ class SegmentationTasks:
             raise InputError("a model without its head (include_top=False) has no classes; load it with its "
                              "decoder.", caller="segment")  # fmt: skip
         single = one_image(images)
-        images = [images] if single else images
-        pixels = self.preprocess_images(images)
-        sizes = [image_height_width(image) for image in images]
         maps = []
-        for start, part in zip(range(0, len(pixels), batch_size), _batches(pixels, batch_size)):
-            logits = ops.convert_to_tensor(self.predict_on_batch(part))
-            for row, size in zip(logits, sizes[start:]):
-                resized = ops.image.resize(row[None], size, interpolation="bilinear", antialias=False)
-                maps.append(np.argmax(ops.convert_to_numpy(resized)[0], axis=-1).astype("int32"))
+        for row, size in predictions_per_image(self, [images] if single else images, batch_size):
+            resized = ops.image.resize(row[None], size, interpolation="bilinear", antialias=False)
+            maps.append(np.argmax(ops.convert_to_numpy(resized)[0], axis=-1).astype("int32"))
         return maps[0] if single else maps
+
+
+def predictions_per_image(model, images: list, batch_size: int):
+    """`(prediction, (height, width))` of each image in turn: the model's output on the prepared batch, and the
+    image's own size to resize it to."""
+    pixels = model.preprocess_images(images)
+    sizes = [image_height_width(image) for image in images]
+    for start, part in zip(range(0, len(pixels), batch_size), _batches(pixels, batch_size)):
+        yield from zip(ops.convert_to_tensor(model.predict_on_batch(part)), sizes[start:])
 
 
 def image_height_width(image) -> tuple[int, int]:
