@@ -20,8 +20,8 @@ class SortingSampler(Sampler):
     """A `Sampler` whose top-k threshold comes from a sort: JAX serializes `top_k` as a StableHLO
     composite that TensorFlow 2.21's SavedModel loader cannot read, and a sort it can."""
 
-    def kth_largest(self, logits, k):
-        return ops.sort(logits, axis=-1)[:, -k:][:, :1]
+    def largest(self, logits, k):
+        return ops.flip(ops.sort(logits, axis=-1)[:, -k:], axis=-1)
 
 
 def decode_tensors(

@@ -33,7 +33,7 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
     num_return_sequences, total)`. The decoder's controls change the log-probabilities, as transformers'
     beam search does; `context` is the same for every beam of a row, so it is never reordered."""
     step, controls, vocabulary_size = decoder.step, decoder.controls, decoder.vocabulary_size
-    buffer, prompt_mask, prompt_lengths, max_new_tokens, stop_token_ids, pad_token_id, _, context = batch
+    buffer, prompt_mask, prompt_lengths, max_new_tokens, stop_token_ids, pad_token_id, _, context, values = batch
     num_beams, length_penalty, num_return_sequences = search
     batch, total = buffer.shape
     beams = batch * num_beams
@@ -50,13 +50,13 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
     def cond(t, *rest):
         return t < total
 
-    def body(t, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context):
+    def body(t, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context, values):
         previous = ops.slice(buffer, (0, t - 1), (beams, 1))
         logits, cache = step(previous, cache, t - 1, *context)
         log_probs = ops.log_softmax(ops.cast(logits[:, -1, :], "float32"), axis=-1)
         if controls != NO_CONTROLS:
             lengths = ops.repeat(ops.sum(ops.cast(prompt_mask, "int32"), axis=1), num_beams, axis=0)
-            log_probs = controls(log_probs, seen, t - lengths, stop_token_ids, buffer, t)
+            log_probs = controls(log_probs, seen, t - lengths, stop_token_ids, buffer, t, values[4:])
         vocabulary = log_probs.shape[-1]
         log_probs = ops.reshape(log_probs, (batch, num_beams, vocabulary))
         pad_only = ops.where(ops.arange(vocabulary) == pad_token_id, 0.0, LARGE_NEGATIVE)
@@ -86,9 +86,11 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
         buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (beams, 1)))
         is_stop = ops.any(ops.equal(token[..., None], stop_token_ids[None, None, :]), axis=-1)
         finished = ops.logical_or(finished, ops.logical_and(is_stop, ops.logical_not(frozen)))
-        return t + 1, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context
+        return (t + 1, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context,
+                values)  # fmt: skip
 
-    loop_vars = (start, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context)
+    loop_vars = (start, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context,
+                 values)  # fmt: skip
     _, buffer, _, scores, *_ = decoder.while_loop(cond, body, loop_vars)
 
     # rank by length-normalized score: log-probability / (new tokens up to the stop token) ** penalty

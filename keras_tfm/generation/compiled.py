@@ -33,6 +33,9 @@ class CompiledFunctions:
     def __contains__(self, key) -> bool:
         return key in self._functions
 
+    def __len__(self) -> int:
+        return len(self._functions)
+
     def __getitem__(self, key):
         return self._functions[key]
 

@@ -40,8 +40,10 @@ class Batch(NamedTuple):
     right-padded, and room for the new tokens), each row's prompt `lengths`, and how rows end:
     `max_new_tokens`, `stop_token_ids` (1-D) and the `pad_token_id` written after a row's end.
     `context`: what the step reads but never changes (a translator's encoder keys/values and source
-    mask). `seeds` `(rows,)` int32: each row's random stream (`sampling.draw`). Every value is a tensor,
-    so that a traced loop body can be replayed on the next call."""
+    mask). `seeds` `(rows,)` int32: each row's random stream (`sampling.draw`). `values`: the sampler's
+    and the controls' numbers (`Sampler.values()` then `LogitsControls.values()`), which the loop reads
+    instead of those it was traced with, so that new numbers replay the same program; empty: the traced
+    ones, fixed. Every value is a tensor, so that a traced loop body can be replayed on the next call."""
 
     buffer: object
     prompt_mask: object
@@ -51,6 +53,7 @@ class Batch(NamedTuple):
     pad_token_id: object
     seeds: object
     context: tuple = ()
+    values: tuple = ()
 
 
 class LoopState(NamedTuple):
@@ -97,7 +100,8 @@ def decode_until(
     log-probability."""
     rows, total = ops.shape(state.buffer)
     end = batch.lengths + batch.max_new_tokens  # (rows,) first position a row no longer writes
-    constants = (batch.prompt_mask, end, batch.stop_token_ids, batch.pad_token_id, until, batch.seeds, batch.context)
+    constants = (batch.prompt_mask, end, batch.stop_token_ids, batch.pad_token_id, until, batch.seeds, batch.context,
+                 batch.values)  # fmt: skip
     size = len(LoopState._fields)
 
     def cond(*loop_vars):
@@ -113,14 +117,15 @@ def decode_until(
 
 def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler, with_scores: bool) -> LoopState:
     """One position `t` of every row: its prompt token while it reads its prompt, else a new one."""
-    prompt_mask, end, stop_token_ids, pad_token_id, _, seeds, context = constants
+    prompt_mask, end, stop_token_ids, pad_token_id, _, seeds, context, values = constants
     t, buffer, cache, done, seen, scores = state
     rows = ops.shape(buffer)[0]
     previous = ops.slice(buffer, (0, t - 1), (rows, 1))
     logits, cache = decoder.step(previous, cache, t - 1, *context)
     vocabulary = logits.shape[-1]
     new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if decoder.controls.min_new_tokens else None
-    warped = sampler.warp(decoder.controls(logits[:, -1, :], seen, new_tokens, stop_token_ids, buffer, t))
+    controlled = decoder.controls(logits[:, -1, :], seen, new_tokens, stop_token_ids, buffer, t, values[4:])
+    warped = sampler.warp(controlled, values[:4])
     sampled = sampler.choose(warped, seeds, ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"))
     from_prompt = ops.take(prompt_mask, t, axis=1)
     current = ops.reshape(ops.slice(buffer, (0, t), (rows, 1)), (rows,))

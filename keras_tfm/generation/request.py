@@ -59,6 +59,7 @@ class Request:
     controls: LogitsControls = NO_CONTROLS
     seed: int | None = None
     return_scores: bool = False
+    vocabulary_size: int = 1
 
     @classmethod
     def of_prompts(cls, token_ids, padding_mask, vocabulary_size: int, strategy: Strategy, **settings) -> Request:
@@ -76,7 +77,7 @@ class Request:
             buffer, prompt_mask, lengths = (
                 np.repeat(a, strategy.num_return_sequences, axis=0) for a in (buffer, prompt_mask, lengths)
             )
-        return cls(buffer, prompt_mask, lengths, strategy=strategy, **settings)
+        return cls(buffer, prompt_mask, lengths, strategy=strategy, vocabulary_size=vocabulary_size, **settings)
 
     @property
     def prompt_width(self) -> int:
@@ -85,8 +86,10 @@ class Request:
 
     @property
     def compiled_key(self) -> tuple:
-        """What the compiled loop is made for (a new value of any of these is another trace)."""
-        return (self.strategy, self.prompt_width, self.controls, self.return_scores)
+        """What the compiled loop is made for (a new value of any of these is another trace): which warps and
+        controls run, not their numbers, which `batch` gives as tensors."""
+        strategy = dataclasses.replace(self.strategy, sampler=self.strategy.sampler.compiled_form())
+        return (strategy, self.prompt_width, self.controls.compiled_form(), self.return_scores)
 
     def batch(self, context: tuple = ()) -> Batch:
         """The request's tensors as the loop takes them."""
@@ -100,7 +103,9 @@ class Request:
             ops.convert_to_tensor(self.pad_token_id, "int32"),
             ops.convert_to_tensor(row_seeds(self.seed, self.buffer.shape[0])),
             context,
-        )
+            tuple(ops.convert_to_tensor(value) for value in (*self.strategy.sampler.values(),
+                                                              *self.controls.values(self.vocabulary_size))),
+        )  # fmt: skip
 
 
 def check_return_scores(owner: str, return_scores, num_beams: int) -> None:

@@ -49,6 +49,23 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def top_k_width(self) -> int:
+        """How many of the largest logits a compiled top-k cut reads: `top_k` rounded up to a power of two, so
+        that every `top_k` up to it runs the same program (0: no cut)."""
+        return 1 << (self.top_k - 1).bit_length() if self.top_k else 0
+
+    def compiled_form(self) -> Sampler:
+        """What a compiled loop is made for: which warps run, not their values (`values` carries those as
+        tensors), so that a new temperature, top-k (up to `top_k_width`), top-p or min-p is the same program."""
+        if self.greedy:
+            return Sampler()
+        return Sampler(1.0, self.top_k_width, 0.5 if self.top_p < 1.0 else 1.0, 0.5 if self.min_p else 0.0)
+
+    def values(self) -> tuple:
+        """`(temperature, top_k, top_p, min_p)` as NumPy scalars, what a compiled loop reads."""
+        return (np.float32(self.temperature), np.int32(self.top_k), np.float32(self.top_p), np.float32(self.min_p))
+
     def __call__(self, logits, seeds, positions):
         """`logits` (rows, vocabulary) -> token ids (rows,), each row's draw keyed by its `seeds` and
         `positions` `(rows,)`."""
@@ -60,12 +77,18 @@ class Sampler:
             return ops.cast(ops.argmax(warped, axis=-1), "int32")
         return draw(warped, seeds, positions)
 
-    def warp(self, logits):
+    def warp(self, logits, values: tuple = ()):
         """The logits a token is drawn from (transformers' warpers, in its order); greedy decoding leaves
-        them as they are."""
+        them as they are. `values`: `(temperature, top_k, top_p, min_p)` tensors that stand for this sampler's
+        numbers (a compiled loop's inputs); which warps run is this sampler's."""
         logits = ops.cast(logits, "float32")
         if self.greedy:
             return logits
+        if values:
+            temperature, top_k, top_p, min_p = values
+            return warp(logits, temperature, top_k=top_k if self.top_k else None,
+                        top_p=top_p if self.top_p < 1.0 else None, min_p=min_p if self.min_p else None,
+                        largest=self.largest, top_k_width=self.top_k_width)  # fmt: skip
         top_k = self.top_k if self.top_k and self.top_k < logits.shape[-1] else None  # larger keeps every token
         return warp(
             logits,
@@ -73,19 +96,21 @@ class Sampler:
             top_k=top_k,
             top_p=self.top_p if self.top_p < 1.0 else None,
             min_p=self.min_p or None,
-            kth_largest=self.kth_largest,
+            largest=self.largest,
         )
 
-    def kth_largest(self, logits, k):
-        """`(rows, 1)`: each row's `k`-th largest logit (`k` a Python int)."""
-        return ops.top_k(logits, k, sorted=True)[0][:, -1:]
+    def largest(self, logits, k: int):
+        """`(rows, k)`: each row's `k` largest logits, largest first (`k` a Python int)."""
+        return ops.top_k(logits, k, sorted=True)[0]
 
 
-def warp(logits, temperature, top_k=None, top_p=None, min_p=None, kth_largest=None):
+def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=None, top_k_width: int = 0):
     """`logits` `(rows, vocabulary)` float32 divided by `temperature`, then every token outside the
     `top_k` likeliest, the nucleus of `top_p` and the tokens at least `min_p` times as likely as the
-    likeliest made very negative. Each setting is a number, or `(rows, 1)`: each row's (a `top_k` of 0
-    keeps every token); None skips its warp."""
+    likeliest made very negative. Each setting is a number, a scalar tensor, or `(rows, 1)`: each row's (a
+    `top_k` of 0 keeps every token); None skips its warp. A Python `top_k`, or a tensor one with
+    `top_k_width` (at most that), reads its threshold from `largest(logits, k)` (the `k` largest, largest
+    first); a per-row one from a sort."""
     temperature, top_k, top_p, min_p = (
         s if s is None or isinstance(s, (int, float)) else ops.convert_to_tensor(s)
         for s in (temperature, top_k, top_p, min_p)
@@ -93,7 +118,11 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, kth_largest=No
     logits = logits / (temperature if isinstance(temperature, (int, float)) else ops.maximum(temperature, 1e-6))
     if top_k is not None:
         if isinstance(top_k, int):
-            threshold = kth_largest(logits, top_k)
+            threshold = largest(logits, top_k)[:, -1:]
+        elif top_k_width:  # one k for every row, at most the width: the width's largest, read at k - 1
+            width = min(top_k_width, logits.shape[-1])
+            index = ops.clip(ops.cast(top_k, "int32"), 1, width) - 1
+            threshold = ops.take(largest(logits, width), ops.reshape(index, (1,)), axis=1)
         else:  # each row's own k: a sort, read at k - 1 (a k of 0 reads the smallest: keeps every token)
             descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
             width = ops.shape(logits)[-1]
@@ -222,6 +251,23 @@ class LogitsControls:
     def penalizes(self) -> bool:
         return self.repetition_penalty != 1.0
 
+    def compiled_form(self) -> LogitsControls:
+        """What a compiled loop is made for: which controls run, not their values (`values` carries those as
+        tensors), so that a new penalty, bias or minimum is the same program. An n-gram ban's size shapes
+        the loop's comparisons: it stays."""
+        return LogitsControls(2.0 if self.penalizes else 1.0, int(bool(self.min_new_tokens)),
+                              self.no_repeat_ngram_size, ((0, 1.0),) if self.logit_bias else (),
+                              float(bool(self.frequency_penalty)), float(bool(self.presence_penalty)))  # fmt: skip
+
+    def values(self, vocabulary_size: int) -> tuple:
+        """`(repetition_penalty, frequency_penalty, presence_penalty, min_new_tokens, bias)` as NumPy values, what
+        a compiled loop reads: `bias` `(vocabulary,)` float32 with `logit_bias`, else `(1,)` zeros."""
+        bias = np.zeros(vocabulary_size if self.logit_bias else 1, "float32")
+        for token, value in self.logit_bias:
+            bias[token] += value
+        return (np.float32(self.repetition_penalty), np.float32(self.frequency_penalty),
+                np.float32(self.presence_penalty), np.int32(self.min_new_tokens), bias)  # fmt: skip
+
     @property
     def counts(self) -> bool:
         """Whether the scores read how often each token was generated (OpenAI's penalties)."""
@@ -269,22 +315,29 @@ class LogitsControls:
         hits = ops.logical_and(ops.one_hot(following, vocabulary_size, dtype="int32") > 0, matches[..., None])
         return ops.any(hits, axis=1)
 
-    def __call__(self, scores, seen, new_tokens, stop_token_ids, buffer=None, t=None):
+    def __call__(self, scores, seen, new_tokens, stop_token_ids, buffer=None, t=None, values: tuple = ()):
         """`scores` `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
-        `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`)."""
+        `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`). `values`: `values()`
+        as tensors, standing for these controls' numbers (a compiled loop's inputs)."""
         scores = ops.cast(scores, "float32")
+        if values:
+            repetition, frequency, presence, minimum, bias = values
+        else:
+            repetition, frequency, presence, minimum = (self.repetition_penalty, self.frequency_penalty,
+                                                        self.presence_penalty, self.min_new_tokens)  # fmt: skip
+            bias = bias_vector(self.logit_bias, scores.shape[-1]) if self.logit_bias else None
         if self.logit_bias:
-            scores = scores + bias_vector(self.logit_bias, scores.shape[-1])[None, :]
+            scores = scores + bias[None, :]
         if self.no_repeat_ngram_size:
             scores = ops.where(self.banned_ngrams(buffer, t, scores.shape[-1]), LARGE_NEGATIVE, scores)
         if self.penalizes:
-            scores = penalized(scores, seen > 0 if self.counts else seen, self.repetition_penalty)
+            scores = penalized(scores, seen > 0 if self.counts else seen, repetition)
         if self.counts:
-            scores = counted_penalties(scores, seen, self.frequency_penalty, self.presence_penalty)
+            scores = counted_penalties(scores, seen, frequency, presence)
         if self.min_new_tokens:
             vocabulary = ops.arange(scores.shape[-1])
             is_stop = ops.any(vocabulary[:, None] == stop_token_ids[None, :], axis=-1)
-            too_early = (new_tokens < self.min_new_tokens)[:, None]
+            too_early = (new_tokens < minimum)[:, None]
             scores = ops.where(ops.logical_and(too_early, is_stop[None, :]), LARGE_NEGATIVE, scores)
         return scores
 

@@ -56,18 +56,21 @@ def parameters(model) -> int:
     return sum(int(np.prod(w.shape)) for w in model.weights if "moving" not in w.path)
 
 
-@pytest.mark.parametrize("head", [{}, {"depth_estimation_type": "metric", "max_depth": 20}], ids=["relative", "metric"])
-def test_depth_anything_gives_transformers_depths_at_other_sizes_and_round_trips(head, rng, tmp_path):
-    hf = depth_anything(**head)
-    model = keras_tfm.from_huggingface(hf)
-    assert isinstance(model, keras_tfm.DPT) and parameters(model) == sum(p.numel() for p in hf.parameters())
-    images = rng.normal(size=(2, 35, 49, 3)).astype("float32")  # 5 x 7 patches, the table resized from 4 x 4
-    expected = run_hf(hf, images, "predicted_depth")
-    assert expected.shape == (2, 35, 49) and (expected > 0).mean() > 0.5
-    np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-4, rtol=1e-5)
-    keras_tfm.save_huggingface(model, str(tmp_path / "ours"))
-    reloaded = transformers.DepthAnythingForDepthEstimation.from_pretrained(tmp_path / "ours").eval()
-    np.testing.assert_allclose(run_hf(reloaded, images, "predicted_depth"), expected, atol=1e-6, rtol=0)
+def test_depth_anything_gives_transformers_depths_at_other_sizes_and_round_trips(rng, tmp_path):
+    """A relative head and a metric one (a sigmoid times max_depth), at 5 x 7 patches (the table resized from
+    4 x 4)."""
+    images = rng.normal(size=(2, 35, 49, 3)).astype("float32")
+    for index, head in enumerate([{}, {"depth_estimation_type": "metric", "max_depth": 20}]):
+        hf = depth_anything(**head)
+        model = keras_tfm.from_huggingface(hf)
+        assert isinstance(model, keras_tfm.DPT) and parameters(model) == sum(p.numel() for p in hf.parameters())
+        expected = run_hf(hf, images, "predicted_depth")
+        assert expected.shape == (2, 35, 49) and (expected > 0).mean() > 0.5
+        np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-4, rtol=1e-5)
+        keras_tfm.save_huggingface(model, str(tmp_path / str(index)))
+        reloaded = transformers.DepthAnythingForDepthEstimation.from_pretrained(tmp_path / str(index)).eval()
+        np.testing.assert_allclose(run_hf(reloaded, images, "predicted_depth"), expected, atol=1e-6, rtol=0)
+    assert model.head.depth_type == "metric" and model.head.max_depth == 20
 
 
 def test_estimate_depth_prepares_as_the_checkpoint_and_answers_at_each_images_size(rng, tmp_path):

@@ -22,7 +22,18 @@ def test_ragged_prompts_share_one_buffer_and_each_sample_gets_its_rows():
     np.testing.assert_array_equal(request.lengths, [3, 3, 3, 1, 1, 1])
     np.testing.assert_array_equal(request.buffer[3], [8, 0, 0, 0, 0, 0, 0])
     assert request.prompt_mask[3].tolist() == [True] + [False] * 6
-    assert request.compiled_key == (strategy, 3, request.controls, False)  # prompts' lengths retrace, not values
+    # prompts' lengths retrace; sampling values do not (they are the loop's inputs), which warps run does
+    assert request.compiled_key == (Strategy(Sampler(temperature=1.0), num_return_sequences=3), 3, request.controls,
+                                    False)  # fmt: skip
+
+    def key(**sampling) -> tuple:
+        strategy = Strategy(Sampler(**sampling), num_return_sequences=3)
+        return Request.of_prompts([[5, 6, 7], [8]], None, 10, strategy, max_new_tokens=4,
+                                  stop_token_ids=np.array([2]), pad_token_id=0).compiled_key  # fmt: skip
+
+    assert key(temperature=1.5, top_k=33, top_p=0.8) == key(temperature=0.2, top_k=64, top_p=0.95)
+    assert key(temperature=1.5, top_k=33) != key(temperature=1.5, top_k=65)  # another top-k width
+    assert key(temperature=1.5) != key(temperature=1.5, min_p=0.1) != key()
     beams = Strategy(num_beams=4, num_return_sequences=2)
     assert beams.search == (4, 1.0, 2) and Strategy().search is None
 

@@ -117,3 +117,30 @@ def test_logit_bias_adds_to_the_scores_as_transformers_sequence_bias_does(rng):
     controls = controls_of(GenerationConfig(logit_bias=bias))
     ours = controls(logits, None, None, None)
     np.testing.assert_allclose(ops.convert_to_numpy(ours), expected.numpy(), rtol=1e-6)
+
+
+def test_new_sampling_and_control_values_replay_one_program_and_choose_as_a_fresh_one():
+    """A notebook that tries temperatures, top-k values up to one power of two, top-p, penalties, biases and
+    minimums compiles once (the numbers are the loop's inputs), and each call chooses what a model compiled for
+    those numbers alone chooses: on every backend's compiled loop (XLA, PyTorch's replayed trace)."""
+    import keras
+
+    import keras_tfm
+
+    keras.utils.set_random_seed(0)
+    model = keras_tfm.GPT(vocabulary_size=64, max_length=32, num_layers=1, num_heads=2, hidden_dim=16)
+    prompts = [[5, 6, 7], [8, 9]]
+    tries = [
+        dict(temperature=0.6, top_k=20, top_p=0.9, repetition_penalty=1.3, logit_bias={5: 2.0}, min_new_tokens=2),
+        dict(temperature=1.7, top_k=30, top_p=0.6, repetition_penalty=0.7, logit_bias={9: -4.0}, min_new_tokens=5),
+        dict(temperature=1.1, top_k=17, top_p=0.99, repetition_penalty=2.0, logit_bias={3: 5.0}, min_new_tokens=1),
+    ]
+    chosen = [model.generate(prompts, max_new_tokens=6, seed=4, stop_token_ids=[2], **each) for each in tries]
+    assert len(model.compiled_decoding()) == 1
+    assert len({tuple(np.asarray(ids).ravel()) for ids in chosen}) == len(tries)  # the numbers change the tokens
+    for each, ids in zip(tries, chosen):
+        fresh = keras_tfm.GPT.from_config(model.get_config())
+        fresh.build()
+        fresh.set_weights(model.get_weights())
+        fresh_ids = fresh.generate(prompts, max_new_tokens=6, seed=4, stop_token_ids=[2], **each)
+        np.testing.assert_array_equal(np.asarray(fresh_ids), np.asarray(ids))
