@@ -3,6 +3,7 @@ from and to transformers, built from small random configurations offline: logits
 backend, at the trained size and others, equal parameter counts, the checkpoint's processor, and transformers'
 post-processing."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -51,6 +52,12 @@ def run_hf(hf, images, field: str) -> np.ndarray:
     return out.transpose(0, 2, 3, 1) if out.ndim == 4 else out
 
 
+def forward(model, images):
+    """The model's outputs: compiled on JAX, whose eager operations each compile for every new shape (twice the
+    time), eager elsewhere (TensorFlow's compile costs more than it saves)."""
+    return model.predict_on_batch(images) if keras.backend.backend() == "jax" else model(images)
+
+
 def parameters(model) -> int:
     """The model's parameters without batch norms' running statistics (PyTorch's buffers)."""
     return sum(int(np.prod(w.shape)) for w in model.weights if "moving" not in w.path)
@@ -66,7 +73,7 @@ def test_depth_anything_gives_transformers_depths_at_other_sizes_and_round_trips
         assert isinstance(model, keras_tfm.DPT) and parameters(model) == sum(p.numel() for p in hf.parameters())
         expected = run_hf(hf, images, "predicted_depth")
         assert expected.shape == (2, 35, 49) and (expected > 0).mean() > 0.5
-        np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-4, rtol=1e-5)
+        np.testing.assert_allclose(to_numpy(forward(model, images)), expected, atol=1e-4, rtol=1e-5)
         keras_tfm.save_huggingface(model, str(tmp_path / str(index)))
         reloaded = transformers.DepthAnythingForDepthEstimation.from_pretrained(tmp_path / str(index)).eval()
         np.testing.assert_allclose(run_hf(reloaded, images, "predicted_depth"), expected, atol=1e-6, rtol=0)
@@ -112,7 +119,7 @@ def test_dpt_segments_and_estimates_depth_as_transformers_and_round_trips(rng, t
         assert parameters(model) == sum(p.numel() for p in hf.parameters())
         expected = run_hf(hf, images, field)
         assert field == "logits" or (expected > 0).mean() > 0.5
-        np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-4, rtol=1e-5)
+        np.testing.assert_allclose(to_numpy(forward(model, images)), expected, atol=1e-4, rtol=1e-5)
         keras_tfm.save_huggingface(model, str(tmp_path / field))
         reloaded = cls.from_pretrained(tmp_path / field).eval()
         np.testing.assert_allclose(run_hf(reloaded, images, field), expected, atol=1e-6, rtol=0)
