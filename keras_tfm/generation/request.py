@@ -15,7 +15,7 @@ from keras_tfm.generation.beam_search import BeamSearch
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.decoding import Batch
 from keras_tfm.generation.prompts import prepare_prompts
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, row_seeds, sampler_of
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, controls_of, row_seeds, sampler_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +78,17 @@ class Request:
                 np.repeat(a, strategy.num_return_sequences, axis=0) for a in (buffer, prompt_mask, lengths)
             )
         return cls(buffer, prompt_mask, lengths, strategy=strategy, vocabulary_size=vocabulary_size, **settings)
+
+    @classmethod
+    def of_config(cls, token_ids, padding_mask, vocabulary_size: int, config: GenerationConfig, stop_token_ids,
+                  pad_token_id: int, return_scores: bool = False) -> Request:  # fmt: skip
+        """The request of prompts decoded as `config` says (its strategy, controls, seed and `max_new_tokens`),
+        ending at `stop_token_ids` and padded with `pad_token_id`: what every model's `generate` asks for, so
+        that a new setting of the config reaches every model through here."""
+        return cls.of_prompts(token_ids, padding_mask, vocabulary_size, strategy_of(config),
+                              max_new_tokens=config.max_new_tokens, stop_token_ids=stop_token_ids,
+                              pad_token_id=pad_token_id, controls=controls_of(config), seed=config.seed,
+                              return_scores=return_scores)  # fmt: skip
 
     @property
     def prompt_width(self) -> int:

@@ -16,8 +16,8 @@ from keras_tfm.export.decoding import EXPORTED_SETTINGS
 from keras_tfm.export.formats import Endpoint
 from keras_tfm.generation import compiled, constrained, orchestration, prompts, sliding
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.request import Request, check_return_scores, strategy_of
-from keras_tfm.generation.sampling import check_pad_id, controls_of, sampler_of
+from keras_tfm.generation.request import Request, check_return_scores
+from keras_tfm.generation.sampling import check_pad_id, sampler_of
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.initializers import own_initializer
@@ -178,18 +178,9 @@ class CausalLM(ZooModel):
         it names none); with `check_fits`, prompts and new tokens longer than `max_length` are refused."""
         pad_token_id = self._pad_id(config.pad_token_id)
         check_pad_id(owner, pad_token_id, self.vocabulary_size)
-        request = Request.of_prompts(
-            token_ids,
-            padding_mask,
-            self.vocabulary_size,
-            strategy_of(config),
-            max_new_tokens=config.max_new_tokens,
-            stop_token_ids=self.stop_ids(config.stop_token_ids),
-            pad_token_id=pad_token_id,
-            controls=controls_of(config),
-            seed=config.seed,
-            return_scores=return_scores,
-        )
+        stops = self.stop_ids(config.stop_token_ids)
+        request = Request.of_config(token_ids, padding_mask, self.vocabulary_size, config, stops, pad_token_id,
+                                    return_scores)  # fmt: skip
         if check_fits:
             self._check_fits(owner, request.buffer.shape[1], config.max_new_tokens)
         return request

@@ -22,8 +22,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.export import decoding, formats
 from keras_tfm.generation import compiled, orchestration, prompts
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.request import Request, strategy_of
-from keras_tfm.generation.sampling import controls_of
+from keras_tfm.generation.request import Request
 from keras_tfm.layers import (
     DecoderBlock,
     EncoderBlock,
@@ -353,17 +352,8 @@ class Translator(ZooModel):
         for name, length in (("source length", source.shape[1]), ("max_length + 1", max_length + 1)):
             if length > self.max_length:
                 raise InputError(f"{name} {length} exceeds the model's max_length={self.max_length}.", caller=owner)
-        request = Request.of_prompts(
-            [[self.start_token_id]] * source.shape[0],
-            None,
-            self.target_vocabulary_size,
-            strategy_of(config),
-            max_new_tokens=max_length,
-            stop_token_ids=np.array([self.end_token_id], "int32"),
-            pad_token_id=self.pad_token_id,
-            controls=controls_of(config),
-            seed=config.seed,
-        )
+        starts, stops = [[self.start_token_id]] * source.shape[0], np.array([self.end_token_id], "int32")
+        request = Request.of_config(starts, None, self.target_vocabulary_size, config, stops, self.pad_token_id)
         output, _ = orchestration.run(self, request, (ops.convert_to_tensor(source),))
         output = output[:, 1:]
         if texts is None:
