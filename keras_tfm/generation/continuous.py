@@ -21,7 +21,7 @@ from keras import ops
 
 from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.sampling import counted_penalties, draw, penalized, seen_counted, warp
+from keras_tfm.generation.sampling import bias_of, counted_penalties, draw, penalized, seen_counted, warp
 
 
 class RowSettings(NamedTuple):
@@ -57,10 +57,7 @@ def settings_of(configs: Sequence[GenerationConfig], seeds: Sequence[int]) -> Ro
 
 def host_bias(config: GenerationConfig, vocabulary_size: int) -> np.ndarray:
     """`(vocabulary,)` float32: what a row's `logit_bias` adds to each token's score, on the host."""
-    bias = np.zeros(vocabulary_size, "float32")
-    for token, value in config.logit_bias or ():
-        bias[token] = value
-    return bias
+    return bias_of(config.logit_bias, vocabulary_size)
 
 
 def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:

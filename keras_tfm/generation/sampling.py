@@ -262,9 +262,7 @@ class LogitsControls:
     def values(self, vocabulary_size: int) -> tuple:
         """`(repetition_penalty, frequency_penalty, presence_penalty, min_new_tokens, bias)` as NumPy values, what
         a compiled loop reads: `bias` `(vocabulary,)` float32 with `logit_bias`, else `(1,)` zeros."""
-        bias = np.zeros(vocabulary_size if self.logit_bias else 1, "float32")
-        for token, value in self.logit_bias:
-            bias[token] += value
+        bias = bias_of(self.logit_bias, vocabulary_size) if self.logit_bias else np.zeros(1, "float32")
         return (np.float32(self.repetition_penalty), np.float32(self.frequency_penalty),
                 np.float32(self.presence_penalty), np.int32(self.min_new_tokens), bias)  # fmt: skip
 
@@ -325,7 +323,7 @@ class LogitsControls:
         else:
             repetition, frequency, presence, minimum = (self.repetition_penalty, self.frequency_penalty,
                                                         self.presence_penalty, self.min_new_tokens)  # fmt: skip
-            bias = bias_vector(self.logit_bias, scores.shape[-1]) if self.logit_bias else None
+            bias = ops.convert_to_tensor(bias_of(self.logit_bias, scores.shape[-1])) if self.logit_bias else None
         if self.logit_bias:
             scores = scores + bias[None, :]
         if self.no_repeat_ngram_size:
@@ -345,10 +343,13 @@ class LogitsControls:
 NO_CONTROLS = LogitsControls()
 
 
-def bias_vector(logit_bias, vocabulary_size: int):
-    """`(vocabulary,)` float32: the bias of each token of `logit_bias` (`(id, bias)` pairs), 0 elsewhere."""
-    ids = ops.convert_to_tensor([[i] for i, _ in logit_bias], "int32")
-    return ops.scatter(ids, ops.convert_to_tensor([b for _, b in logit_bias], "float32"), (vocabulary_size,))
+def bias_of(logit_bias, vocabulary_size: int) -> np.ndarray:
+    """`(vocabulary,)` float32: what `logit_bias` (`(id, bias)` pairs) adds to each token's score, made on the
+    host for every loop (`generate`'s and the server's rows)."""
+    bias = np.zeros(vocabulary_size, "float32")
+    for token, value in logit_bias or ():
+        bias[token] += value
+    return bias
 
 
 def check_pad_id(owner: str, pad_token_id, vocabulary_size: int) -> None:
