@@ -111,9 +111,7 @@ class DPT(DepthTasks, SegmentationTasks, ZooModel):
             size = (rows * patch, cols * patch)
         else:
             size = (2 * ops.shape(fused)[1], 2 * ops.shape(fused)[2])
-        if self.include_top:
-            return self.head(fused, output_size=size, training=training)
-        return self.head(fused, output_size=size)
+        return self.head(fused, output_size=size, training=training)
 
     def backbone_maps(self, images, training=None) -> tuple[list, list]:
         """The neck's inputs: the patch tokens of each of `backbone_layers` as a grid `(batch, rows, cols, dim)`, and
