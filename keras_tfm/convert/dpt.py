@@ -56,7 +56,11 @@ def convert_dpt(config: dict, w: WeightReader, num_classes: int | None = None) -
                 head_resolution="image" if depth_anything else "double", class_names=names)  # fmt: skip
     model.build()
     _read_neck(model.neck, w)
-    (_read_segmentation_head if segmenting else _read_depth_head)(model.head, w, depth_anything)
+    if segmenting:
+        _read_segmentation_head(model.head, w)
+    else:
+        for layer, name in zip(model.head.convolutions, _depth_head_names(depth_anything)):
+            _read_convolution(layer, w, name)
     w.check_all_used("from_huggingface", config["model_type"], ignore=lambda name: name.startswith(
         ("auxiliary_head.", "dpt.pooler.")))  # fmt: skip
     return model
@@ -146,14 +150,13 @@ def _read_neck(neck: DPTNeck, w: WeightReader) -> None:
         readers[kind](layer, name)
 
 
-def _read_depth_head(head: DepthHead, w: WeightReader, depth_anything: bool) -> None:
-    names = ("head.conv1", "head.conv2", "head.conv3") if depth_anything else ("head.head.0", "head.head.2",
-                                                                                 "head.head.4")  # fmt: skip
-    for layer, name in zip(head.convolutions, names):
-        _read_convolution(layer, w, name)
+def _depth_head_names(depth_anything: bool) -> tuple:
+    """The checkpoint's names of a `DepthHead`'s three convolutions (DPT's are a `Sequential`'s)."""
+    return ("head.conv1", "head.conv2", "head.conv3") if depth_anything else ("head.head.0", "head.head.2",
+                                                                                "head.head.4")  # fmt: skip
 
 
-def _read_segmentation_head(head: ConvSegmentationHead, w: WeightReader, depth_anything: bool = False) -> None:
+def _read_segmentation_head(head: ConvSegmentationHead, w: WeightReader) -> None:
     _read_convolution(head.convolution, w, "head.head.0")
     names = [f"head.head.1.{name}" for name in ("weight", "bias", "running_mean", "running_var")]
     w.assign(head.batch_norm, [w(name) for name in names], names)
@@ -187,9 +190,7 @@ def export_dpt(model: DPT, w: WeightWriter) -> dict:
         _write_segmentation_head(head, w)
         return dict(config, architectures=["DPTForSemanticSegmentation"], num_labels=head.num_classes,
                     semantic_classifier_dropout=head.classifier_dropout, use_auxiliary_head=False)  # fmt: skip
-    names = ("head.conv1", "head.conv2", "head.conv3") if depth_anything else ("head.head.0", "head.head.2",
-                                                                                 "head.head.4")  # fmt: skip
-    for layer, name in zip(head.convolutions, names):
+    for layer, name in zip(head.convolutions, _depth_head_names(depth_anything)):
         _write_convolution(layer, w, name)
     if depth_anything:
         depth = (

@@ -80,24 +80,14 @@ class Sampler:
     def warp(self, logits, values: tuple = ()):
         """The logits a token is drawn from (transformers' warpers, in its order); greedy decoding leaves
         them as they are. `values`: `(temperature, top_k, top_p, min_p)` tensors that stand for this sampler's
-        numbers (a compiled loop's inputs); which warps run is this sampler's."""
+        numbers (a compiled loop's inputs; none: this sampler's own); which warps run is this sampler's."""
         logits = ops.cast(logits, "float32")
         if self.greedy:
             return logits
-        if values:
-            temperature, top_k, top_p, min_p = values
-            return warp(logits, temperature, top_k=top_k if self.top_k else None,
-                        top_p=top_p if self.top_p < 1.0 else None, min_p=min_p if self.min_p else None,
-                        largest=self.largest, top_k_width=self.top_k_width)  # fmt: skip
-        top_k = self.top_k if self.top_k and self.top_k < logits.shape[-1] else None  # larger keeps every token
-        return warp(
-            logits,
-            self.temperature,
-            top_k=top_k,
-            top_p=self.top_p if self.top_p < 1.0 else None,
-            min_p=self.min_p or None,
-            largest=self.largest,
-        )
+        temperature, top_k, top_p, min_p = values or self.values()
+        return warp(logits, temperature, top_k=top_k if self.top_k else None,
+                    top_p=top_p if self.top_p < 1.0 else None, min_p=min_p if self.min_p else None,
+                    largest=self.largest, top_k_width=self.top_k_width)  # fmt: skip
 
     def largest(self, logits, k: int):
         """`(rows, k)`: each row's `k` largest logits, largest first (`k` a Python int)."""
@@ -316,14 +306,9 @@ class LogitsControls:
     def __call__(self, scores, seen, new_tokens, stop_token_ids, buffer=None, t=None, values: tuple = ()):
         """`scores` `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
         `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`). `values`: `values()`
-        as tensors, standing for these controls' numbers (a compiled loop's inputs)."""
+        as tensors, standing for these controls' numbers (a compiled loop's inputs; none: these controls' own)."""
         scores = ops.cast(scores, "float32")
-        if values:
-            repetition, frequency, presence, minimum, bias = values
-        else:
-            repetition, frequency, presence, minimum = (self.repetition_penalty, self.frequency_penalty,
-                                                        self.presence_penalty, self.min_new_tokens)  # fmt: skip
-            bias = ops.convert_to_tensor(bias_of(self.logit_bias, scores.shape[-1])) if self.logit_bias else None
+        repetition, frequency, presence, minimum, bias = values or self.values(scores.shape[-1])
         if self.logit_bias:
             scores = scores + bias[None, :]
         if self.no_repeat_ngram_size:
