@@ -29,6 +29,7 @@ from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint
+from keras_tfm.generation.rows import RowState
 from keras_tfm.generation.sampling import row_seeds
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
@@ -119,8 +120,7 @@ class Engine:
         self._condition = threading.Condition()
         self._closed = self._draining = False
         self._slots: list[Row | None] = []
-        self._cache = self._seen = None
-        self._fed = continuous.nothing_fed(0, chunk_steps)  # prompt tokens each row feeds in the next chunk
+        self._state: RowState | None = None  # the rows' cache, tokens, positions and settings
         self.rows_per_chunk: collections.Counter = collections.Counter()  # busy rows in each chunk decoded
         self.shapes: collections.Counter = collections.Counter()  # (rows, length) of each chunk decoded
         self.joined_running = 0  # requests that joined rows already decoding
@@ -227,7 +227,7 @@ class Engine:
                     self._advance()
                 except Exception as error:
                     self._fail({row.ticket for row in self._slots if row is not None}, error)
-                    self._slots, self._cache = [], None
+                    self._slots, self._state = [], None
 
     def _fail(self, tickets, error: Exception) -> None:
         for ticket in tickets:
@@ -267,10 +267,12 @@ class Engine:
                 constraint = None if ticket.job.grammar is None else Constraint(self.model, ticket.job.grammar)
                 ticket.rows.append(Row(ticket, self._decoder(ticket.job), constraint=constraint))
                 self._slots[slot] = ticket.rows[-1]
-                self._start_row(slot, ticket.job, copy, prefilled[source])
+                job = ticket.job
+                seed = row_seeds(random.getrandbits(32) if job.config.seed is None else job.config.seed, copy + 1)
+                self._state.start(slot, job.prompt, prefilled[source], job.config, seed[copy])
                 sources.append(source)
                 slots.append(slot)
-        seen_rows = np.zeros((len(slots), self._seen.shape[1]), "int32")
+        seen_rows = np.zeros((len(slots), self.model.decoding_vocabulary_size), "int32")
         for index, source in enumerate(sources):
             seen_rows[index, prompts[source]] = 1  # seen in the prompt, not generated
         # as many writes as the cache has rows (the last one repeated): one shape of writes per cache shape,
@@ -278,7 +280,7 @@ class Engine:
         extra = len(self._slots) - len(slots)
         sources, slots = sources + sources[-1:] * extra, slots + slots[-1:] * extra
         seen_rows = np.concatenate([seen_rows, np.repeat(seen_rows[-1:], extra, axis=0)])
-        self._cache, self._seen = continuous.admit(self._cache, self._seen, filled, sources, slots, seen_rows)
+        self._state.admit(filled, sources, slots, seen_rows)
         self.compiled.ready.add((("admit", prefill[1]), shape))
         return True
 
@@ -288,16 +290,6 @@ class Engine:
         prompt of 34 tokens (a start token, a word mark and 32 more) fills a width of 32, not 64."""
         return min(cache_length(max(len(prompt) - steps for prompt in prompts), self.model.max_length), length)
 
-    def _start_row(self, slot: int, job: Job, copy: int, prefilled: int) -> None:
-        """A row's first step feeds its prompt's token after the `prefilled` ones, at its position, and the
-        steps after it the rest of the prompt; with the request's settings."""
-        self._tokens[slot], self._positions[slot] = job.prompt[prefilled], prefilled
-        rest = job.prompt[prefilled + 1 :]
-        self._fed[0][slot, : len(rest)], self._fed[1][slot] = rest, len(rest)
-        seed = row_seeds(random.getrandbits(32) if job.config.seed is None else job.config.seed, copy + 1)[copy]
-        for setting, value in zip(self._settings, continuous.row_values(job.config, seed)):
-            setting[slot] = value
-
     def _jobs(self, slots: list[int]) -> list[Job]:
         return [self._slots[slot].ticket.job for slot in slots]
 
@@ -305,7 +297,7 @@ class Engine:
         return [len(row.ticket.job.prompt) + row.ticket.job.max_tokens for row in self._slots if row is not None]
 
     def _length(self) -> int:
-        return 0 if self._cache is None else int(self._cache[0].shape[3])
+        return 0 if self._state is None else self._state.length
 
     def _shape(self, rows: int, length: int) -> tuple[int, int]:
         """The fewest rows and positions of the bucketed shapes that hold `rows` rows of `length` positions."""
@@ -316,21 +308,10 @@ class Engine:
         if (rows, length) == (len(self._slots), self._length()):
             return
         busy = self._busy()
-        if self._cache is None:
-            self._cache = self.model.empty_cache(rows, length)
-            self._seen = ops.zeros((rows, self.model.decoding_vocabulary_size), "int32")
+        if self._state is None:
+            self._state = RowState(self.model, rows, length, self.chunk_steps)
         else:
-            # the free rows filled with copies of a busy one (admission overwrites them): one shape of
-            # copies per pair of cache shapes, not one per count of busy rows
-            kept = busy + busy[-1:] * (rows - len(busy))
-            self._cache, self._seen = continuous.resized(self._cache, self._seen, kept, rows, length)
-        tokens, positions, settings = np.zeros(rows, "int32"), np.zeros(rows, "int32"), continuous.idle_settings(rows)
-        self._fed = continuous.nothing_fed(rows, self.chunk_steps)  # between chunks no row has prompt left
-        if busy:
-            tokens[: len(busy)], positions[: len(busy)] = self._tokens[busy], self._positions[busy]
-            for kept, old in zip(settings, self._settings):
-                kept[: len(busy)] = old[busy]
-        self._tokens, self._positions, self._settings = tokens, positions, settings
+            self._state = self._state.resized(busy, rows, length)
         self._slots = [self._slots[slot] for slot in busy] + [None] * (rows - len(busy))
 
     def _advance(self) -> None:
@@ -343,32 +324,24 @@ class Engine:
         bias = self._bias(busy, features.biased)
         self.shapes[shape] += 1
         self.rows_per_chunk[len(busy)] += 1
-        settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self._settings))
         others_wait = any(self._slots[slot].decoder.tokens for slot in busy)
-        self._cache, self._seen, generated, *scores = self.compiled.call(
+        cache, seen, generated, *scores = self.compiled.call(
             ("chunk", features, steps),
             shape,
             others_wait,
-            self._cache,
-            ops.convert_to_tensor(self._tokens),
-            ops.convert_to_tensor(self._positions),
-            self._seen,
-            settings,
-            (ops.convert_to_tensor(self._fed[0][:, :steps]), ops.convert_to_tensor(self._fed[1])),
+            *self._state.chunk_inputs(steps),
             *(() if bias is None else (ops.convert_to_tensor(bias),)),
         )
         generated = ops.convert_to_numpy(generated)
         scores = [ops.convert_to_numpy(part) for part in scores[0]] if scores else None
-        fed, self._fed = self._fed[1], continuous.nothing_fed(len(self._slots), self.chunk_steps)
-        self._tokens = generated[:, -1].astype("int32")
-        self._positions = np.minimum(self._positions + steps, self._length() - 1).astype("int32")
+        fed = self._state.advance(cache, seen, generated)
         for slot in busy:
             row = self._slots[slot]
             new = slice(fed[slot], None)  # after the prompt's tokens the chunk fed
             self._take(row, generated[slot, new], None if scores is None else [part[slot, new] for part in scores])
             if row.finish is not None:
                 self._slots[slot] = None
-                self._tokens[slot] = self._positions[slot] = 0
+                self._state.free(slot)
                 self._finish(row.ticket)
         if busy := self._busy():  # a smaller cache, where its loop is compiled already
             shape = self._shape(len(busy), max(self._lengths_needed()))
@@ -377,7 +350,7 @@ class Engine:
             if compiled or self.compiled.available([(chunk, shape)]):
                 self._reshape(*shape)
         else:
-            self._slots, self._cache, self._seen = [], None, None
+            self._slots, self._state = [], None
 
     def _bias(self, busy: list[int], biased: bool) -> np.ndarray | None:
         """`(rows, vocabulary)`: what each row's `logit_bias` and grammar add to its scores (zeros for

@@ -1,0 +1,86 @@
+"""The state of a continuous batch's rows between two chunks of `continuous.decode_chunk`: the key/value
+cache and each row's seen tokens on the device; each row's next token, position, sampling settings and the
+prompt tokens it feeds on the host. The server's engine and `generate`'s constrained rows keep one
+`RowState` each and move it the same way: `start` a row, `admit` its prefilled prompt, run a chunk on
+`chunk_inputs`, `advance` by what it generated."""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from keras_tfm.generation import continuous
+from keras_tfm.generation.config import GenerationConfig
+
+
+class RowState:
+    """`rows` rows of a cache of `length` positions, every row free (greedy settings, nothing fed); chunks
+    of up to `steps` steps feed prompt tokens."""
+
+    def __init__(self, model, rows: int, length: int, steps: int):
+        self.cache = model.empty_cache(rows, length)
+        self.seen = ops.zeros((rows, model.decoding_vocabulary_size), "int32")  # `sampling.seen_counted`
+        self.tokens, self.positions = np.zeros(rows, "int32"), np.zeros(rows, "int32")  # what each row feeds next
+        self.settings = continuous.idle_settings(rows)  # `continuous.RowSettings` columns
+        self.steps = steps
+        self.fed = continuous.nothing_fed(rows, steps)  # prompt tokens each row feeds in the next chunk
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def length(self) -> int:
+        return int(self.cache[0].shape[3])
+
+    def start(self, row: int, prompt, prefilled: int, config: GenerationConfig, seed: int) -> None:
+        """Row `row` decodes `prompt` with `config` and `seed`, its first `prefilled` positions in the cache
+        (`admit`): its first step feeds the prompt's token after them, the next steps the rest of it."""
+        self.tokens[row], self.positions[row] = prompt[prefilled], prefilled
+        rest = prompt[prefilled + 1 :]
+        self.fed[0][row, : len(rest)], self.fed[1][row] = rest, len(rest)
+        for setting, value in zip(self.settings, continuous.row_values(config, seed)):
+            setting[row] = value
+
+    def admit(self, filled, sources: list[int], rows: list[int], seen_rows: np.ndarray) -> None:
+        """Rows `rows` of the cache hold rows `sources` of the prefilled cache `filled`, and have seen
+        `seen_rows` (`continuous.admit`)."""
+        self.cache, self.seen = continuous.admit(self.cache, self.seen, filled, sources, rows, seen_rows)
+
+    def chunk_inputs(self, steps: int) -> tuple:
+        """`decode_chunk`'s inputs but the bias: `(cache, tokens, positions, seen, settings, fed)`."""
+        settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self.settings))
+        fed = (ops.convert_to_tensor(self.fed[0][:, :steps]), ops.convert_to_tensor(self.fed[1]))
+        tokens, positions = ops.convert_to_tensor(self.tokens), ops.convert_to_tensor(self.positions)
+        return self.cache, tokens, positions, self.seen, settings, fed
+
+    def advance(self, cache, seen, generated: np.ndarray) -> np.ndarray:
+        """The state after a chunk that returned `cache`, `seen` and `generated` `(rows, steps)`: each row
+        feeds its last token next, `steps` positions on (a row past the cache's end stays at its last).
+        Returns how many of `generated`'s first tokens each row took from its prompt (not chosen)."""
+        fed = self.fed[1]
+        self.cache, self.seen = cache, seen
+        self.fed = continuous.nothing_fed(self.rows, self.steps)
+        self.tokens = generated[:, -1].astype("int32")
+        self.positions = np.minimum(self.positions + generated.shape[1], self.length - 1).astype("int32")
+        return fed
+
+    def free(self, row: int) -> None:
+        """Row `row` ended: what it computes from now on is dropped."""
+        self.tokens[row] = self.positions[row] = 0
+
+    def resized(self, busy: list[int], rows: int, length: int) -> RowState:
+        """A state of `rows` rows and `length` positions whose first rows are the rows `busy` of this one
+        (the others free). Nothing is fed: a chunk ran since any row started."""
+        state = RowState.__new__(RowState)
+        # the free rows filled with copies of a busy one (admission overwrites them): one shape of copies per
+        # pair of cache shapes, not one per count of busy rows
+        kept = busy + busy[-1:] * (rows - len(busy))
+        state.cache, state.seen = continuous.resized(self.cache, self.seen, kept, rows, length)
+        state.tokens, state.positions = np.zeros(rows, "int32"), np.zeros(rows, "int32")
+        state.settings, state.steps = continuous.idle_settings(rows), self.steps
+        state.fed = continuous.nothing_fed(rows, self.steps)
+        state.tokens[: len(busy)], state.positions[: len(busy)] = self.tokens[busy], self.positions[busy]
+        for new, old in zip(state.settings, self.settings):
+            new[: len(busy)] = old[busy]
+        return state
