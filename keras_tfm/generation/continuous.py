@@ -14,29 +14,13 @@ same answer whoever it shares the batch with, and the answer `generate` gives wi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 from keras import ops
 
 from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.sampling import bias_of, counted_penalties, draw, penalized, seen_counted, warp
-
-
-class RowSettings(NamedTuple):
-    """Each row's sampling, `(rows,)` each: `temperature` (0: greedy), `top_k` (int32, 0: no limit),
-    `top_p`, `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty` (float32) and `seed`
-    (int32)."""
-
-    temperature: object
-    top_k: object
-    top_p: object
-    min_p: object
-    repetition_penalty: object
-    frequency_penalty: object
-    presence_penalty: object
-    seed: object
+from keras_tfm.generation.sampling import Features, RowSettings, bias_of, choose, seen_counted
 
 
 def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tuple:
@@ -70,24 +54,6 @@ def idle_settings(rows: int) -> list[np.ndarray]:
     return [np.full(rows, value, dtype) for value, dtype in row_values(GenerationConfig(), 0, dtypes=True)]
 
 
-class Features(NamedTuple):
-    """What a compiled chunk computes, fixed for its function: whether any row samples, cuts to its top-k,
-    a nucleus (`top_p` < 1) or by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty;
-    `counts`: OpenAI's frequency and presence penalties), and whether the host gives each row a
-    bias over the vocabulary (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as
-    `LARGE_NEGATIVE` biases in chunks of one step), and whether the chunk also returns log-probabilities
-    (`logprobs`: OpenAI's `logprobs`). Rows that do not are unchanged by the others' features."""
-
-    sampling: bool = False
-    top_k: bool = False
-    nucleus: bool = False
-    min_p: bool = False
-    penalty: bool = False
-    counts: bool = False
-    biased: bool = False
-    logprobs: bool = False
-
-
 def features_of(settings: RowSettings) -> Features:
     """The features rows of these `settings` (NumPy arrays) need."""
     sampling = settings.temperature > 0
@@ -99,36 +65,6 @@ def features_of(settings: RowSettings) -> Features:
         bool((settings.repetition_penalty != 1).any()),
         bool((settings.frequency_penalty != 0).any() or (settings.presence_penalty != 0).any()),
     )
-
-
-def choose_rows(logits, seen, settings: RowSettings, positions, features: Features, bias=None):
-    """Each row's next token from its `logits` `(rows, vocabulary)` by the one chooser of `sampling` with
-    the row's own settings, in `generate`'s order: the host's `bias` `(rows, vocabulary)` added (with
-    `features.biased`), the penalties on the tokens `seen` (int32 counts, `sampling.seen_counted`), then
-    greedy (temperature 0) or a draw from the warped logits, keyed by the row's seed and position."""
-    scores = ops.cast(logits, "float32")
-    if features.biased:
-        scores = scores + bias
-    if features.penalty:
-        scores = penalized(scores, seen > 0, ops.expand_dims(settings.repetition_penalty, 1))
-    if features.counts:
-        frequency, presence = (ops.expand_dims(p, 1) for p in (settings.frequency_penalty, settings.presence_penalty))
-        scores = counted_penalties(scores, seen, frequency, presence)
-    greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
-    if not features.sampling:
-        return greedy
-
-    def each(setting, used: bool):
-        return ops.expand_dims(setting, 1) if used else None
-
-    warped = warp(
-        scores,
-        each(settings.temperature, True),
-        top_k=each(settings.top_k, features.top_k),
-        top_p=each(settings.top_p, features.nucleus),
-        min_p=each(settings.min_p, features.min_p),
-    )
-    return ops.where(settings.temperature > 0, draw(warped, settings.seed, positions), greedy)
 
 
 TOP_LOGPROBS = 20  # the most alternatives a chunk returns per token (OpenAI's `top_logprobs` limit)
@@ -159,7 +95,7 @@ def decode_chunk(model, features: Features, steps: int):
 
     def step_rows(i, cache, tokens, positions, seen, generated, settings, fed, bias, logprobs):
         logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, positions)
-        chosen = choose_rows(logits[:, -1, :], seen, settings, positions, features, bias)
+        chosen = choose(logits[:, -1, :], seen, settings, positions, features, bias)[0]
         prompted = i < fed[1]
         following = ops.where(prompted, ops.take(fed[0], i, axis=1), chosen)
         generated = ops.slice_update(generated, (0, i), ops.expand_dims(following, 1))

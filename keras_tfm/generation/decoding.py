@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from keras import ops
 
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler
+from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, call_features, choose
 
 
 class Decoder(NamedTuple):
@@ -122,11 +122,14 @@ def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler
     rows = ops.shape(buffer)[0]
     previous = ops.slice(buffer, (0, t - 1), (rows, 1))
     logits, cache = decoder.step(previous, cache, t - 1, *context)
-    vocabulary = logits.shape[-1]
-    new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if decoder.controls.min_new_tokens else None
-    controlled = decoder.controls(logits[:, -1, :], seen, new_tokens, stop_token_ids, buffer, t, values[4:])
-    warped = sampler.warp(controlled, values[:4])
-    sampled = sampler.choose(warped, seeds, ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"))
+    vocabulary, controls = logits.shape[-1], decoder.controls
+    values = values or (*sampler.values(), *controls.values(vocabulary))
+    new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if controls.min_new_tokens else None
+    masks = controls.masks(new_tokens, stop_token_ids, buffer, t, values[7], vocabulary)
+    sampled, warped = choose(logits[:, -1, :], seen, sampler.settings(seeds, values[:4], values[4:7]),
+                             ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"),
+                             call_features(sampler, controls), values[8][None, :], **masks, largest=sampler.largest,
+                             top_k_width=sampler.top_k_width)  # fmt: skip
     from_prompt = ops.take(prompt_mask, t, axis=1)
     current = ops.reshape(ops.slice(buffer, (0, t), (rows, 1)), (rows,))
     token = ops.where(from_prompt, current, sampled)

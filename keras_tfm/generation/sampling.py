@@ -11,6 +11,7 @@ by every row of a batch.)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from keras import ops
@@ -68,26 +69,17 @@ class Sampler:
 
     def __call__(self, logits, seeds, positions):
         """`logits` (rows, vocabulary) -> token ids (rows,), each row's draw keyed by its `seeds` and
-        `positions` `(rows,)`."""
-        return self.choose(self.warp(logits), seeds, positions)
+        `positions` `(rows,)`: `choose` with this sampler's numbers and no controls."""
+        return choose(logits, None, self.settings(seeds), positions, call_features(self, NO_CONTROLS),
+                      largest=self.largest, top_k_width=self.top_k_width)[0]  # fmt: skip
 
-    def choose(self, warped, seeds, positions):
-        """A token of each row of `warp`'s logits: the argmax (greedy) or a draw."""
-        if self.greedy:
-            return ops.cast(ops.argmax(warped, axis=-1), "int32")
-        return draw(warped, seeds, positions)
-
-    def warp(self, logits, values: tuple = ()):
-        """The logits a token is drawn from (transformers' warpers, in its order); greedy decoding leaves
-        them as they are. `values`: `(temperature, top_k, top_p, min_p)` tensors that stand for this sampler's
-        numbers (a compiled loop's inputs; none: this sampler's own); which warps run is this sampler's."""
-        logits = ops.cast(logits, "float32")
-        if self.greedy:
-            return logits
+    def settings(self, seeds, values: tuple = (), controls: tuple = ()) -> RowSettings:
+        """`RowSettings` of rows drawing with `seeds` by this sampler: its numbers, or `values` (tensors that
+        stand for them, `values()`'s order); the controls' `repetition_penalty`, `frequency_penalty` and
+        `presence_penalty` from `controls` (none: no penalty)."""
         temperature, top_k, top_p, min_p = values or self.values()
-        return warp(logits, temperature, top_k=top_k if self.top_k else None,
-                    top_p=top_p if self.top_p < 1.0 else None, min_p=min_p if self.min_p else None,
-                    largest=self.largest, top_k_width=self.top_k_width)  # fmt: skip
+        repetition, frequency, presence = controls or (np.float32(1.0), np.float32(0.0), np.float32(0.0))
+        return RowSettings(temperature, top_k, top_p, min_p, repetition, frequency, presence, seeds)
 
     def largest(self, logits, k: int):
         """`(rows, k)`: each row's `k` largest logits, largest first (`k` a Python int)."""
@@ -99,8 +91,8 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=None, 
     `top_k` likeliest, the nucleus of `top_p` and the tokens at least `min_p` times as likely as the
     likeliest made very negative. Each setting is a number, a scalar tensor, or `(rows, 1)`: each row's (a
     `top_k` of 0 keeps every token); None skips its warp. A Python `top_k`, or a tensor one with
-    `top_k_width` (at most that), reads its threshold from `largest(logits, k)` (the `k` largest, largest
-    first); a per-row one from a sort."""
+    `top_k_width` (each at most that), reads its threshold from `largest(logits, k)` (the `k` largest,
+    largest first); tensor ones without a width, from a sort."""
     temperature, top_k, top_p, min_p = (
         s if s is None or isinstance(s, (int, float)) else ops.convert_to_tensor(s)
         for s in (temperature, top_k, top_p, min_p)
@@ -109,10 +101,11 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=None, 
     if top_k is not None:
         if isinstance(top_k, int):
             threshold = largest(logits, top_k)[:, -1:]
-        elif top_k_width:  # one k for every row, at most the width: the width's largest, read at k - 1
+        elif top_k_width:  # each k at most the width: the width's largest, read at k - 1
             width = min(top_k_width, logits.shape[-1])
-            index = ops.clip(ops.cast(top_k, "int32"), 1, width) - 1
-            threshold = ops.take(largest(logits, width), ops.reshape(index, (1,)), axis=1)
+            top = largest(logits, width)
+            index = ops.clip(ops.reshape(ops.cast(top_k, "int32"), (-1, 1)), 1, width) - 1
+            threshold = ops.take_along_axis(top, ops.broadcast_to(index, (ops.shape(top)[0], 1)), axis=1)
         else:  # each row's own k: a sort, read at k - 1 (a k of 0 reads the smallest: keeps every token)
             descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
             width = ops.shape(logits)[-1]
@@ -267,24 +260,20 @@ class LogitsControls:
         return self.penalizes or self.counts
 
     def initial_seen(self, buffer, start, vocabulary_size: int):
-        """`(rows, vocabulary)`: which tokens `buffer[:, :start]` holds (a placeholder where nothing is
-        tracked); with `counts`, int32 `seen_counts` of them."""
+        """`(rows, vocabulary)` int32: 1 for each token `buffer[:, :start]` holds (`seen_counted`'s prompt
+        marks; a placeholder where nothing is tracked)."""
         if not self.tracks:
-            return ops.zeros((ops.shape(buffer)[0], 1), "bool")
+            return ops.zeros((ops.shape(buffer)[0], 1), "int32")
         positions = ops.arange(ops.shape(buffer)[1])[None, :] < start
         hits = ops.logical_and(ops.one_hot(buffer, vocabulary_size, dtype="int32") > 0, positions[..., None])
-        seen = ops.any(hits, axis=1)
-        return ops.cast(seen, "int32") if self.counts else seen
+        return ops.cast(ops.any(hits, axis=1), "int32")
 
     def seen_with(self, seen, token, vocabulary_size: int, generated=None):
-        """`seen` with each row's `token`; with `counts`, counted where the row `generated` it `(rows,)`
-        (else it is a prompt token: seen, not counted)."""
+        """`seen` with each row's `token`, counted where the row `generated` it `(rows,)` (else it is a prompt
+        token: seen, not counted; `seen_counted`)."""
         if not self.tracks:
             return seen
-        hot = ops.one_hot(token, vocabulary_size, dtype="int32")
-        if not self.counts:
-            return ops.logical_or(seen, hot > 0)
-        return seen_counted(seen, hot, generated)
+        return seen_counted(seen, ops.one_hot(token, vocabulary_size, dtype="int32"), generated)
 
     def banned_ngrams(self, buffer, t, vocabulary_size: int):
         """`(rows, vocabulary)`: the tokens that, written at position `t`, would repeat an n-gram of
@@ -303,26 +292,108 @@ class LogitsControls:
         hits = ops.logical_and(ops.one_hot(following, vocabulary_size, dtype="int32") > 0, matches[..., None])
         return ops.any(hits, axis=1)
 
+    def too_early(self, new_tokens, stop_token_ids, minimum, vocabulary_size: int):
+        """`(rows, vocabulary)`: the stop tokens of rows with fewer than `minimum` `new_tokens` `(rows,)`."""
+        is_stop = ops.any(ops.arange(vocabulary_size)[:, None] == stop_token_ids[None, :], axis=-1)
+        return ops.logical_and((new_tokens < minimum)[:, None], is_stop[None, :])
+
+    def masks(self, new_tokens, stop_token_ids, buffer, t, minimum, vocabulary_size: int) -> dict:
+        """`choose`'s `banned` (the n-gram ban at position `t` of `buffer`) and `too_early` masks."""
+        return {
+            "banned": self.banned_ngrams(buffer, t, vocabulary_size) if self.no_repeat_ngram_size else None,
+            "too_early": self.too_early(new_tokens, stop_token_ids, minimum, vocabulary_size)
+            if self.min_new_tokens else None,
+        }  # fmt: skip
+
     def __call__(self, scores, seen, new_tokens, stop_token_ids, buffer=None, t=None, values: tuple = ()):
-        """`scores` `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
+        """`controlled` scores `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
         `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`). `values`: `values()`
         as tensors, standing for these controls' numbers (a compiled loop's inputs; none: these controls' own)."""
-        scores = ops.cast(scores, "float32")
         repetition, frequency, presence, minimum, bias = values or self.values(scores.shape[-1])
-        if self.logit_bias:
-            scores = scores + bias[None, :]
-        if self.no_repeat_ngram_size:
-            scores = ops.where(self.banned_ngrams(buffer, t, scores.shape[-1]), LARGE_NEGATIVE, scores)
-        if self.penalizes:
-            scores = penalized(scores, seen > 0 if self.counts else seen, repetition)
-        if self.counts:
-            scores = counted_penalties(scores, seen, frequency, presence)
-        if self.min_new_tokens:
-            vocabulary = ops.arange(scores.shape[-1])
-            is_stop = ops.any(vocabulary[:, None] == stop_token_ids[None, :], axis=-1)
-            too_early = (new_tokens < minimum)[:, None]
-            scores = ops.where(ops.logical_and(too_early, is_stop[None, :]), LARGE_NEGATIVE, scores)
-        return scores
+        settings = Sampler().settings(None, controls=(repetition, frequency, presence))
+        masks = self.masks(new_tokens, stop_token_ids, buffer, t, minimum, scores.shape[-1])
+        return controlled(scores, seen, settings, call_features(Sampler(), self), bias[None, :], **masks)
+
+
+class RowSettings(NamedTuple):
+    """Each row's sampling: `temperature` (0: greedy), `top_k` (int32, 0: no limit), `top_p`, `min_p`,
+    `repetition_penalty`, `frequency_penalty`, `presence_penalty` (float32) and `seed` (int32), each `(rows,)`
+    (the server's rows, each its own) or a scalar (`generate`'s call, one for every row)."""
+
+    temperature: object
+    top_k: object
+    top_p: object
+    min_p: object
+    repetition_penalty: object
+    frequency_penalty: object
+    presence_penalty: object
+    seed: object
+
+
+class Features(NamedTuple):
+    """What a compiled chooser computes, fixed for its function: whether any row samples, cuts to its top-k,
+    a nucleus (`top_p` < 1) or by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty;
+    `counts`: OpenAI's frequency and presence penalties), and whether the host gives each row a
+    bias over the vocabulary (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as
+    `LARGE_NEGATIVE` biases in chunks of one step), and whether the chunk also returns log-probabilities
+    (`logprobs`: OpenAI's `logprobs`). Rows that do not are unchanged by the others' features."""
+
+    sampling: bool = False
+    top_k: bool = False
+    nucleus: bool = False
+    min_p: bool = False
+    penalty: bool = False
+    counts: bool = False
+    biased: bool = False
+    logprobs: bool = False
+
+
+def choose(logits, seen, settings: RowSettings, positions, features: Features, bias=None, banned=None,
+           too_early=None, largest=None, top_k_width: int = 0):  # fmt: skip
+    """The one chooser of every decoding loop: each row's next token from its `logits` `(rows, vocabulary)`,
+    `(token (rows,) int32, warped)`, `warped` the scores it was drawn from (greedy rows: the controlled
+    ones). First `controlled`, then greedy (temperature 0) or a draw from the warped scores (`warp`, with
+    `largest` and `top_k_width`), keyed by the row's seed and position."""
+    scores = controlled(logits, seen, settings, features, bias, banned, too_early)
+    greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
+    if not features.sampling:
+        return greedy, scores
+
+    def column(setting, used: bool = True):
+        return ops.reshape(ops.convert_to_tensor(setting), (-1, 1)) if used else None
+
+    warped = warp(scores, column(settings.temperature), top_k=column(settings.top_k, features.top_k),
+                  top_p=column(settings.top_p, features.nucleus), min_p=column(settings.min_p, features.min_p),
+                  largest=largest, top_k_width=top_k_width)  # fmt: skip
+    drawn = draw(warped, ops.zeros_like(greedy) + ops.cast(settings.seed, "int32"), positions)
+    return ops.where(ops.convert_to_tensor(settings.temperature) > 0, drawn, greedy), warped
+
+
+def controlled(logits, seen, settings: RowSettings, features: Features, bias=None, banned=None, too_early=None):
+    """`logits` `(rows, vocabulary)` as float32 scores changed by the controls, in transformers' order: the
+    host's `bias` added (with `features.biased`), the tokens `banned` (an n-gram ban) made very negative,
+    the penalties on the tokens `seen` (int32 counts, `seen_counted`), and the stop tokens `too_early`
+    (`min_new_tokens`) made very negative. `banned` and `too_early`: `(rows, vocabulary)` bool, or None."""
+    scores = ops.cast(logits, "float32")
+    if features.biased:
+        scores = scores + bias
+    if banned is not None:
+        scores = ops.where(banned, LARGE_NEGATIVE, scores)
+    if features.penalty:
+        scores = penalized(scores, seen > 0, ops.reshape(ops.convert_to_tensor(settings.repetition_penalty), (-1, 1)))
+    if features.counts:
+        frequency, presence = (ops.reshape(ops.convert_to_tensor(p), (-1, 1))
+                               for p in (settings.frequency_penalty, settings.presence_penalty))  # fmt: skip
+        scores = counted_penalties(scores, seen, frequency, presence)
+    if too_early is not None:
+        scores = ops.where(too_early, LARGE_NEGATIVE, scores)
+    return scores
+
+
+def call_features(sampler: Sampler, controls: LogitsControls) -> Features:
+    """What the chooser of a `generate` call with `sampler` and `controls` computes."""
+    return Features(not sampler.greedy, bool(sampler.top_k), sampler.top_p < 1.0, bool(sampler.min_p),
+                    controls.penalizes, controls.counts, bool(controls.logit_bias))  # fmt: skip
 
 
 NO_CONTROLS = LogitsControls()

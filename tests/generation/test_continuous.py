@@ -10,6 +10,7 @@ from keras import ops
 import keras_tfm
 from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
+from keras_tfm.generation.sampling import choose
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
@@ -138,22 +139,18 @@ def test_each_row_draws_from_its_own_distribution_and_stream():
     positions = ops.convert_to_tensor(np.full(rows, 7, "int32"))
     sampled = continuous.Features(sampling=True)
     seeds = np.arange(rows)
-    drawn = ops.convert_to_numpy(
-        continuous.choose_rows(logits, None, settings(rows, 1.0, seed=seeds), positions, sampled)
-    )
+    drawn = ops.convert_to_numpy(choose(logits, None, settings(rows, 1.0, seed=seeds), positions, sampled)[0])
     tolerance = 4 * np.sqrt(probabilities * (1 - probabilities) / rows)
     assert np.all(np.abs(np.bincount(drawn, minlength=5) / rows - probabilities) < tolerance)
     nucleus = continuous.Features(sampling=True, nucleus=True)
-    cut = ops.convert_to_numpy(
-        continuous.choose_rows(logits, None, settings(rows, 1.0, 0.7, seed=seeds), positions, nucleus)
-    )
+    cut = ops.convert_to_numpy(choose(logits, None, settings(rows, 1.0, 0.7, seed=seeds), positions, nucleus)[0])
     kept = np.array([0, 0.2, 0.3, 0, 0.25]) / 0.75  # 0.3 + 0.25 + 0.2 is the first mass past 0.7
     assert np.all(np.abs(np.bincount(cut, minlength=5) / rows - kept) < 4 * np.sqrt(kept * (1 - kept) / rows) + 1e-9)
     mixed = settings(3, temperature=np.array([1.0, 0.0, 1.0]), seed=np.array([11, 0, 12]))
-    three = continuous.choose_rows(logits[:3], None, mixed, positions[:3], sampled)
-    alone = continuous.choose_rows(logits[:1], None, settings(1, 1.0, seed=11), positions[:1], sampled)
+    three = choose(logits[:3], None, mixed, positions[:3], sampled)[0]
+    alone = choose(logits[:1], None, settings(1, 1.0, seed=11), positions[:1], sampled)[0]
     assert ops.convert_to_numpy(three)[1] == 2 and ops.convert_to_numpy(three)[0] == ops.convert_to_numpy(alone)[0]
-    later = continuous.choose_rows(logits, None, settings(rows, 1.0, seed=seeds), positions + 1, sampled)
+    later = choose(logits, None, settings(rows, 1.0, seed=seeds), positions + 1, sampled)[0]
     assert np.mean(ops.convert_to_numpy(later) == drawn) < 0.35  # another position, another draw
 
 

@@ -8,8 +8,20 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation import GenerationConfig, Sampler
-from keras_tfm.generation.continuous import Features, RowSettings, choose_rows, row_values
-from keras_tfm.generation.sampling import controls_of, draw, row_seeds, row_uniforms, sampler_of, warp
+from keras_tfm.generation.continuous import row_values
+from keras_tfm.generation.sampling import (
+    NO_CONTROLS,
+    Features,
+    RowSettings,
+    call_features,
+    choose,
+    controls_of,
+    draw,
+    row_seeds,
+    row_uniforms,
+    sampler_of,
+    warp,
+)
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 SETTINGS = [
@@ -42,7 +54,10 @@ def test_warps_keep_the_tokens_transformers_keeps_and_each_row_its_own(settings,
     logits = rng.normal(size=(6, 40)).astype("float32") * 3
     expected = transformers_warped(logits, **settings)
     kept = np.isfinite(expected)
-    ours = ops.convert_to_numpy(Sampler(**settings).warp(logits))
+    sampler, seeds, positions = Sampler(**settings), row_seeds(0, 6), np.zeros(6, "int32")
+    ours = choose(logits, None, sampler.settings(seeds), positions, call_features(sampler, NO_CONTROLS),
+                  largest=sampler.largest, top_k_width=sampler.top_k_width)[1]  # fmt: skip
+    ours = ops.convert_to_numpy(ours)
     np.testing.assert_array_equal(ours > LARGE_NEGATIVE / 2, kept)
     np.testing.assert_allclose(ours[kept], expected[kept], rtol=1e-5)
     # the same settings given per row (as the server's rows carry them) warp alike
@@ -61,7 +76,7 @@ def test_rows_with_different_settings_choose_as_each_would_alone(rng):
     columns = list(zip(*[row_values(c, 0, dtypes=True) for c in configs]))
     settings = RowSettings(*(np.asarray([v for v, _ in column], column[0][1]) for column in columns))
     settings = settings._replace(seed=seeds)
-    chosen = ops.convert_to_numpy(choose_rows(logits, None, settings, positions, Features(True, True, True, True)))
+    chosen = ops.convert_to_numpy(choose(logits, None, settings, positions, Features(True, True, True, True))[0])
     for i, config in enumerate(configs):
         alone = sampler_of(config)(logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1])
         assert chosen[i] == ops.convert_to_numpy(alone)[0]
