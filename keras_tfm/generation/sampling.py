@@ -92,12 +92,15 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=None, 
     likeliest made very negative. Each setting is a number, a scalar tensor, or `(rows, 1)`: each row's (a
     `top_k` of 0 keeps every token); None skips its warp. A Python `top_k`, or a tensor one with
     `top_k_width` (each at most that), reads its threshold from `largest(logits, k)` (the `k` largest,
-    largest first); tensor ones without a width, from a sort."""
+    largest first); tensor ones without a width, from a sort. After a cut to the width, the nucleus reads the
+    width's largest, not a sort of the vocabulary: every other token is cut already (ties with the k-th
+    past the width aside)."""
     temperature, top_k, top_p, min_p = (
         s if s is None or isinstance(s, (int, float)) else ops.convert_to_tensor(s)
         for s in (temperature, top_k, top_p, min_p)
     )
     logits = logits / (temperature if isinstance(temperature, (int, float)) else ops.maximum(temperature, 1e-6))
+    top = None
     if top_k is not None:
         if isinstance(top_k, int):
             threshold = largest(logits, top_k)[:, -1:]
@@ -106,6 +109,7 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=None, 
             top = largest(logits, width)
             index = ops.clip(ops.reshape(ops.cast(top_k, "int32"), (-1, 1)), 1, width) - 1
             threshold = ops.take_along_axis(top, ops.broadcast_to(index, (ops.shape(top)[0], 1)), axis=1)
+            top = ops.where(top < threshold, LARGE_NEGATIVE, top)  # the cut logits' largest, still descending
         else:  # each row's own k: a sort, read at k - 1 (a k of 0 reads the smallest: keeps every token)
             descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
             width = ops.shape(logits)[-1]
@@ -113,7 +117,7 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=None, 
             threshold = ops.take_along_axis(descending, ops.cast(index, "int32"), axis=-1)
         logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
     if top_p is not None:
-        logits = nucleus(logits, top_p)
+        logits = nucleus(logits, top_p, top)
     if min_p is not None:  # transformers' MinPLogitsWarper: p < min_p * max(p) is cut
         probabilities = ops.softmax(logits, axis=-1)
         floor = min_p * ops.max(probabilities, axis=-1, keepdims=True)
@@ -167,10 +171,13 @@ def traced_row_seeds(seed, rows):
     return ops.cast(seed, "int32") + ops.arange(rows, dtype="int32") * _int32(GOLDEN)
 
 
-def nucleus(logits, top_p):
+def nucleus(logits, top_p, descending=None):
     """`logits` `(rows, vocabulary)` with every token outside the smallest set whose probability reaches
-    `top_p` (a number, or `(rows, 1)`: each row's) made very negative; the likeliest is always kept."""
-    descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
+    `top_p` (a number, or `(rows, 1)`: each row's) made very negative; the likeliest is always kept.
+    `descending`: the logits' largest, largest first, where no other token has probability (none: all of
+    them, sorted)."""
+    if descending is None:
+        descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
     probabilities = ops.softmax(descending, axis=-1)
     mass_before = ops.cumsum(probabilities, axis=-1) - probabilities
     threshold = ops.min(ops.where(mass_before < top_p, descending, -LARGE_NEGATIVE), axis=-1, keepdims=True)
