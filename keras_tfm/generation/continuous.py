@@ -24,12 +24,12 @@ from keras_tfm.generation.sampling import Features, RowSettings, bias_of, choose
 
 
 def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tuple:
-    """A row's `RowSettings` values from its `config` and `seed` (with `dtypes`, `(value, dtype)` pairs)."""
-    values = (
-        config.temperature, config.top_k, config.top_p, config.min_p, config.repetition_penalty,
-        config.frequency_penalty, config.presence_penalty, seed,
-    )  # fmt: skip
-    kinds = ("float32", "int32", "float32", "float32", "float32", "float32", "float32", "int32")
+    """A row's `RowSettings` values from its `config` (each field of the config's name) and `seed` (with
+    `dtypes`, `(value, dtype)` pairs: int32 for integer fields, float32 for the others)."""
+    fields = GenerationConfig.fields()
+    values = (*(getattr(config, name) for name in RowSettings._fields[:-1]), seed)
+    kinds = (*("int32" if isinstance(fields[name].default, int) else "float32" for name in RowSettings._fields[:-1]),
+             "int32")  # fmt: skip
     return tuple(zip(values, kinds)) if dtypes else values
 
 

@@ -77,8 +77,8 @@ def _stop(body: dict) -> tuple[str, ...]:
 # accepted at the value that asks for nothing (so that a client sending the default still works) and
 # refused by name at any other. Any other field is refused by name, as OpenAI refuses it.
 USED = {
-    "model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "temperature", "top_p",
-    "top_k", "min_p", "repetition_penalty", "logit_bias", "frequency_penalty", "presence_penalty",
+    "model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logit_bias",
+    *(name for name in RowSettings._fields if name != "seed"),  # the chooser's settings, as `sampling_fields`
 }  # fmt: skip
 USED_BY = {
     "completions": {"prompt", "logprobs", "echo", "best_of"},
