@@ -44,9 +44,9 @@ def host_bias(config: GenerationConfig, vocabulary_size: int) -> np.ndarray:
     return bias_of(config.logit_bias, vocabulary_size)
 
 
-def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """A chunk's `fed` where no row feeds its prompt's tokens."""
-    return np.zeros((rows, steps), "int32"), np.zeros(rows, "int32")
+def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chunk's `fed` where no row feeds its prompt's tokens (nor has made any new token)."""
+    return np.zeros((rows, steps), "int32"), np.zeros(rows, "int32"), np.zeros(rows, "int32")
 
 
 def idle_settings(rows: int) -> list[np.ndarray]:
@@ -64,6 +64,7 @@ def features_of(settings: RowSettings) -> Features:
         bool((settings.min_p[sampling] > 0).any()),
         bool((settings.repetition_penalty != 1).any()),
         bool((settings.frequency_penalty != 0).any() or (settings.presence_penalty != 0).any()),
+        min_new_tokens=bool((settings.min_new_tokens > 0).any()),
     )
 
 
@@ -84,18 +85,25 @@ def decode_chunk(model, features: Features, steps: int):
     logprobs])`: every row feeds its token at its position, then the token it chose at the next, `steps`
     times; `generated` `(rows, steps)` holds the tokens fed next (`bias` `(rows, vocabulary)` float32,
     with `features.biased`: what the host adds to each row's scores at every step of the chunk). `fed`,
-    `(tokens (rows, steps), counts (rows,))` int32: a row's first `counts` steps feed those tokens of its
-    prompt rather than the ones it chose (a new row whose prompt runs past its prefill; a new row's first
-    token comes from the chunk anyway, so these steps cost it no time) and count no seen token. With
+    `(tokens (rows, steps), counts (rows,), made (rows,))` int32: a row's first `counts` steps feed those
+    tokens of its prompt rather than the ones it chose (a new row whose prompt runs past its prefill; a new
+    row's first token comes from the chunk anyway, so these steps cost it no time) and count no seen token;
+    `made`: the new tokens the row has taken before the chunk (the model's `stop_ids()` wait for the row's
+    `min_new_tokens`). With
     `features.logprobs`, `logprobs` is `(chosen (rows, steps), top ids and top log-probabilities (rows,
     steps, k))` of `logprobs_of`. A row past the cache's end writes its last position again (its request
     has ended; the host drops what it generated). The `cache` and `seen` it is given are spent (JAX
     writes the new ones into their buffers): the caller goes on with those it returns."""
     top = min(TOP_LOGPROBS, model.decoding_vocabulary_size)
+    stops = (
+        ops.convert_to_tensor(np.asarray(model.stop_ids(), "int32").reshape(-1)) if features.min_new_tokens else None
+    )
 
     def step_rows(i, cache, tokens, positions, seen, generated, settings, fed, bias, logprobs):
         logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, positions)
-        chosen = choose(logits[:, -1, :], seen, settings, positions, features, bias)[0]
+        made = fed[2] + i - fed[1]  # the new tokens before this step's (negative while it feeds its prompt)
+        chosen = choose(logits[:, -1, :], seen, settings, positions, features, bias, new_tokens=made,
+                        stop_token_ids=stops)[0]  # fmt: skip
         prompted = i < fed[1]
         following = ops.where(prompted, ops.take(fed[0], i, axis=1), chosen)
         generated = ops.slice_update(generated, (0, i), ops.expand_dims(following, 1))

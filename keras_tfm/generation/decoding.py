@@ -125,11 +125,11 @@ def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler
     vocabulary, controls = logits.shape[-1], decoder.controls
     values = values or (*sampler.values(), *controls.values(vocabulary))
     new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if controls.min_new_tokens else None
-    masks = controls.masks(new_tokens, stop_token_ids, buffer, t, values[7], vocabulary)
-    sampled, warped = choose(logits[:, -1, :], seen, sampler.settings(seeds, values[:4], values[4:7]),
+    banned = controls.banned_ngrams(buffer, t, vocabulary) if controls.no_repeat_ngram_size else None
+    sampled, warped = choose(logits[:, -1, :], seen, sampler.settings(seeds, values[:4], values[4:8]),
                              ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"),
-                             call_features(sampler, controls), values[8][None, :], **masks, largest=sampler.largest,
-                             top_k_width=sampler.top_k_width)  # fmt: skip
+                             call_features(sampler, controls), values[8][None, :], banned, new_tokens,
+                             stop_token_ids, largest=sampler.largest, top_k_width=sampler.top_k_width)  # fmt: skip
     from_prompt = ops.take(prompt_mask, t, axis=1)
     current = ops.reshape(ops.slice(buffer, (0, t), (rows, 1)), (rows,))
     token = ops.where(from_prompt, current, sampled)

@@ -24,6 +24,7 @@ class RowState:
         self.settings = continuous.idle_settings(rows)  # `continuous.RowSettings` columns
         self.steps = steps
         self.fed = continuous.nothing_fed(rows, steps)  # prompt tokens each row feeds in the next chunk
+        self.made = np.zeros(rows, "int32")  # the new tokens each row has taken
 
     @property
     def rows(self) -> int:
@@ -38,7 +39,7 @@ class RowState:
         (`admit`): its first step feeds the prompt's token after them, the next steps the rest of it."""
         self.tokens[row], self.positions[row] = prompt[prefilled], prefilled
         rest = prompt[prefilled + 1 :]
-        self.fed[0][row, : len(rest)], self.fed[1][row] = rest, len(rest)
+        self.fed[0][row, : len(rest)], self.fed[1][row], self.made[row] = rest, len(rest), 0
         for setting, value in zip(self.settings, continuous.row_values(config, seed)):
             setting[row] = value
 
@@ -50,7 +51,8 @@ class RowState:
     def chunk_inputs(self, steps: int) -> tuple:
         """`decode_chunk`'s inputs but the bias: `(cache, tokens, positions, seen, settings, fed)`."""
         settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self.settings))
-        fed = (ops.convert_to_tensor(self.fed[0][:, :steps]), ops.convert_to_tensor(self.fed[1]))
+        fed = (ops.convert_to_tensor(self.fed[0][:, :steps]), ops.convert_to_tensor(self.fed[1]),
+               ops.convert_to_tensor(self.made))  # fmt: skip
         tokens, positions = ops.convert_to_tensor(self.tokens), ops.convert_to_tensor(self.positions)
         return self.cache, tokens, positions, self.seen, settings, fed
 
@@ -59,6 +61,7 @@ class RowState:
         feeds its last token next, `steps` positions on (a row past the cache's end stays at its last).
         Returns how many of `generated`'s first tokens each row took from its prompt (not chosen)."""
         fed = self.fed[1]
+        self.made = (self.made + generated.shape[1] - fed).astype("int32")
         self.cache, self.seen = cache, seen
         self.fed = continuous.nothing_fed(self.rows, self.steps)
         self.tokens = generated[:, -1].astype("int32")
@@ -81,6 +84,8 @@ class RowState:
         state.settings, state.steps = continuous.idle_settings(rows), self.steps
         state.fed = continuous.nothing_fed(rows, self.steps)
         state.tokens[: len(busy)], state.positions[: len(busy)] = self.tokens[busy], self.positions[busy]
+        state.made = np.zeros(rows, "int32")
+        state.made[: len(busy)] = self.made[busy]
         for new, old in zip(state.settings, self.settings):
             new[: len(busy)] = old[busy]
         return state

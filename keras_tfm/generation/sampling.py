@@ -75,11 +75,11 @@ class Sampler:
 
     def settings(self, seeds, values: tuple = (), controls: tuple = ()) -> RowSettings:
         """`RowSettings` of rows drawing with `seeds` by this sampler: its numbers, or `values` (tensors that
-        stand for them, `values()`'s order); the controls' `repetition_penalty`, `frequency_penalty` and
-        `presence_penalty` from `controls` (none: no penalty)."""
+        stand for them, `values()`'s order); the controls' `repetition_penalty`, `frequency_penalty`,
+        `presence_penalty` and `min_new_tokens` from `controls` (none: no penalty, no minimum)."""
         temperature, top_k, top_p, min_p = values or self.values()
-        repetition, frequency, presence = controls or (np.float32(1.0), np.float32(0.0), np.float32(0.0))
-        return RowSettings(temperature, top_k, top_p, min_p, repetition, frequency, presence, seeds)
+        controls = controls or (np.float32(1.0), np.float32(0.0), np.float32(0.0), np.int32(0))
+        return RowSettings(temperature, top_k, top_p, min_p, *controls, seeds)
 
     def largest(self, logits, k: int):
         """`(rows, k)`: each row's `k` largest logits, largest first (`k` a Python int)."""
@@ -299,33 +299,22 @@ class LogitsControls:
         hits = ops.logical_and(ops.one_hot(following, vocabulary_size, dtype="int32") > 0, matches[..., None])
         return ops.any(hits, axis=1)
 
-    def too_early(self, new_tokens, stop_token_ids, minimum, vocabulary_size: int):
-        """`(rows, vocabulary)`: the stop tokens of rows with fewer than `minimum` `new_tokens` `(rows,)`."""
-        is_stop = ops.any(ops.arange(vocabulary_size)[:, None] == stop_token_ids[None, :], axis=-1)
-        return ops.logical_and((new_tokens < minimum)[:, None], is_stop[None, :])
-
-    def masks(self, new_tokens, stop_token_ids, buffer, t, minimum, vocabulary_size: int) -> dict:
-        """`choose`'s `banned` (the n-gram ban at position `t` of `buffer`) and `too_early` masks."""
-        return {
-            "banned": self.banned_ngrams(buffer, t, vocabulary_size) if self.no_repeat_ngram_size else None,
-            "too_early": self.too_early(new_tokens, stop_token_ids, minimum, vocabulary_size)
-            if self.min_new_tokens else None,
-        }  # fmt: skip
-
     def __call__(self, scores, seen, new_tokens, stop_token_ids, buffer=None, t=None, values: tuple = ()):
         """`controlled` scores `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
         `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`). `values`: `values()`
         as tensors, standing for these controls' numbers (a compiled loop's inputs; none: these controls' own)."""
-        repetition, frequency, presence, minimum, bias = values or self.values(scores.shape[-1])
-        settings = Sampler().settings(None, controls=(repetition, frequency, presence))
-        masks = self.masks(new_tokens, stop_token_ids, buffer, t, minimum, scores.shape[-1])
-        return controlled(scores, seen, settings, call_features(Sampler(), self), bias[None, :], **masks)
+        *numbers, bias = values or self.values(scores.shape[-1])
+        settings = Sampler().settings(None, controls=tuple(numbers))
+        banned = self.banned_ngrams(buffer, t, scores.shape[-1]) if self.no_repeat_ngram_size else None
+        return controlled(scores, seen, settings, call_features(Sampler(), self), bias[None, :], banned, new_tokens,
+                          stop_token_ids)  # fmt: skip
 
 
 class RowSettings(NamedTuple):
-    """Each row's sampling: `temperature` (0: greedy), `top_k` (int32, 0: no limit), `top_p`, `min_p`,
-    `repetition_penalty`, `frequency_penalty`, `presence_penalty` (float32) and `seed` (int32), each `(rows,)`
-    (the server's rows, each its own) or a scalar (`generate`'s call, one for every row)."""
+    """Each row's sampling, `GenerationConfig`'s fields of the same names: `temperature` (0: greedy), `top_k`
+    (int32, 0: no limit), `top_p`, `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`
+    (float32), `min_new_tokens` (int32), and `seed` (int32), each `(rows,)` (the server's rows, each its own)
+    or a scalar (`generate`'s call, one for every row)."""
 
     temperature: object
     top_k: object
@@ -334,6 +323,7 @@ class RowSettings(NamedTuple):
     repetition_penalty: object
     frequency_penalty: object
     presence_penalty: object
+    min_new_tokens: object
     seed: object
 
 
@@ -342,8 +332,9 @@ class Features(NamedTuple):
     a nucleus (`top_p` < 1) or by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty;
     `counts`: OpenAI's frequency and presence penalties), and whether the host gives each row a
     bias over the vocabulary (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as
-    `LARGE_NEGATIVE` biases in chunks of one step), and whether the chunk also returns log-probabilities
-    (`logprobs`: OpenAI's `logprobs`). Rows that do not are unchanged by the others' features."""
+    `LARGE_NEGATIVE` biases in chunks of one step), whether the chunk also returns log-probabilities
+    (`logprobs`: OpenAI's `logprobs`), and whether a row's stop tokens wait for its `min_new_tokens`. Rows
+    that do not are unchanged by the others' features."""
 
     sampling: bool = False
     top_k: bool = False
@@ -353,15 +344,16 @@ class Features(NamedTuple):
     counts: bool = False
     biased: bool = False
     logprobs: bool = False
+    min_new_tokens: bool = False
 
 
 def choose(logits, seen, settings: RowSettings, positions, features: Features, bias=None, banned=None,
-           too_early=None, largest=None, top_k_width: int = 0):  # fmt: skip
+           new_tokens=None, stop_token_ids=None, largest=None, top_k_width: int = 0):  # fmt: skip
     """The one chooser of every decoding loop: each row's next token from its `logits` `(rows, vocabulary)`,
     `(token (rows,) int32, warped)`, `warped` the scores it was drawn from (greedy rows: the controlled
     ones). First `controlled`, then greedy (temperature 0) or a draw from the warped scores (`warp`, with
     `largest` and `top_k_width`), keyed by the row's seed and position."""
-    scores = controlled(logits, seen, settings, features, bias, banned, too_early)
+    scores = controlled(logits, seen, settings, features, bias, banned, new_tokens, stop_token_ids)
     greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
     if not features.sampling:
         return greedy, scores
@@ -376,11 +368,13 @@ def choose(logits, seen, settings: RowSettings, positions, features: Features, b
     return ops.where(ops.convert_to_tensor(settings.temperature) > 0, drawn, greedy), warped
 
 
-def controlled(logits, seen, settings: RowSettings, features: Features, bias=None, banned=None, too_early=None):
+def controlled(logits, seen, settings: RowSettings, features: Features, bias=None, banned=None, new_tokens=None,
+               stop_token_ids=None):  # fmt: skip
     """`logits` `(rows, vocabulary)` as float32 scores changed by the controls, in transformers' order: the
-    host's `bias` added (with `features.biased`), the tokens `banned` (an n-gram ban) made very negative,
-    the penalties on the tokens `seen` (int32 counts, `seen_counted`), and the stop tokens `too_early`
-    (`min_new_tokens`) made very negative. `banned` and `too_early`: `(rows, vocabulary)` bool, or None."""
+    host's `bias` added (with `features.biased`), the tokens `banned` (`(rows, vocabulary)` bool: an n-gram
+    ban) made very negative, the penalties on the tokens `seen` (int32 counts, `seen_counted`), and with
+    `features.min_new_tokens` the `stop_token_ids` (1-D) made very negative in rows whose `new_tokens`
+    `(rows,)` are fewer than their `min_new_tokens`."""
     scores = ops.cast(logits, "float32")
     if features.biased:
         scores = scores + bias
@@ -392,15 +386,18 @@ def controlled(logits, seen, settings: RowSettings, features: Features, bias=Non
         frequency, presence = (ops.reshape(ops.convert_to_tensor(p), (-1, 1))
                                for p in (settings.frequency_penalty, settings.presence_penalty))  # fmt: skip
         scores = counted_penalties(scores, seen, frequency, presence)
-    if too_early is not None:
-        scores = ops.where(too_early, LARGE_NEGATIVE, scores)
+    if features.min_new_tokens:
+        is_stop = ops.any(ops.arange(scores.shape[-1])[:, None] == stop_token_ids[None, :], axis=-1)
+        early = ops.reshape(new_tokens, (-1, 1)) < ops.reshape(ops.convert_to_tensor(settings.min_new_tokens), (-1, 1))
+        scores = ops.where(ops.logical_and(early, is_stop[None, :]), LARGE_NEGATIVE, scores)
     return scores
 
 
 def call_features(sampler: Sampler, controls: LogitsControls) -> Features:
     """What the chooser of a `generate` call with `sampler` and `controls` computes."""
     return Features(not sampler.greedy, bool(sampler.top_k), sampler.top_p < 1.0, bool(sampler.min_p),
-                    controls.penalizes, controls.counts, bool(controls.logit_bias))  # fmt: skip
+                    controls.penalizes, controls.counts, bool(controls.logit_bias),
+                    min_new_tokens=bool(controls.min_new_tokens))  # fmt: skip
 
 
 NO_CONTROLS = LogitsControls()

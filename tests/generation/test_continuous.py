@@ -10,6 +10,8 @@ from keras import ops
 import keras_tfm
 from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
+from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.rows import RowState
 from keras_tfm.generation.sampling import choose
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
@@ -55,7 +57,8 @@ def test_rows_at_their_own_positions_step_as_each_alone(make, rng):
 def settings(rows, temperature=0.0, top_p=1.0, penalty=1.0, seed=0, top_k=0, min_p=0.0, frequency=0.0, presence=0.0):
     values = [np.broadcast_to(np.asarray(v, d), (rows,)).copy() for v, d in
               ((temperature, "float32"), (top_k, "int32"), (top_p, "float32"), (min_p, "float32"),
-               (penalty, "float32"), (frequency, "float32"), (presence, "float32"), (seed, "int32"))]  # fmt: skip
+               (penalty, "float32"), (frequency, "float32"), (presence, "float32"), (0, "int32"),
+               (seed, "int32"))]  # fmt: skip
     return continuous.RowSettings(*(ops.convert_to_tensor(v) for v in values))
 
 
@@ -188,6 +191,31 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     _, _, chosen = biased(cache, tokens, positions, seen, row_settings, nothing, ops.convert_to_tensor(bias))
     chosen = ops.convert_to_numpy(chosen)
     assert chosen[0, 0] == only and chosen[1, 0] == expected[1, 0]
+
+
+def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
+    """Two rows whose stop token is all but forced (a bias of 100): the row of no minimum takes it at once, the
+    row of minimum 3 takes three other tokens first, over two chunks of two steps, as `generate` does."""
+    model = decoder_lm()
+    model.generation_config = {"eos_token_id": 7}
+    prompt = rng.integers(0, VOCABULARY, 5).astype("int32")
+    configs = [GenerationConfig(logit_bias={7: 100.0}, min_new_tokens=minimum) for minimum in (0, 3)]
+    state = RowState(model, 2, 16, steps=2)
+    filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([prompt[:4]] * 2)))
+    state.admit(filled, [0, 1], [0, 1], np.zeros((2, VOCABULARY), "int32"))
+    for row, config in enumerate(configs):
+        state.start(row, prompt, 4, config, seed=0)
+    features = continuous.features_of(continuous.RowSettings(*state.settings))._replace(biased=True)
+    chunk = continuous.decode_chunk(model, features, 2)
+    bias = ops.convert_to_tensor(np.stack([continuous.host_bias(config, VOCABULARY) for config in configs]))
+    taken = np.zeros((2, 0), "int32")
+    for _ in range(2):
+        cache, seen, generated = chunk(*state.chunk_inputs(2), bias)
+        state.advance(cache, seen, ops.convert_to_numpy(generated))
+        taken = np.concatenate([taken, ops.convert_to_numpy(generated)], axis=1)
+    assert taken[0, 0] == 7 and 7 not in taken[1, :3] and taken[1, 3] == 7
+    expected = model.generate(prompt[None], max_new_tokens=4, logit_bias={7: 100.0}, min_new_tokens=3)
+    np.testing.assert_array_equal(np.asarray(expected)[0, 5:], taken[1])
 
 
 def test_openai_penalties_are_the_formula_on_the_models_logits(rng):

@@ -49,6 +49,7 @@ def test_defaults_come_from_the_checkpoint_and_tokenizing_leaves_the_loop_free(m
             "presence_penalty": 0.0,
             "top_k": 0,
             "min_p": 0.0,
+            "min_new_tokens": 0,
         }
         answer = httpx.post(server.url + "/v1/completions", json={"prompt": "to be"}, timeout=60).json()
         assert answer["choices"][0]["text"] == model.generate("to be", max_new_tokens=5)[len("to be") :]
