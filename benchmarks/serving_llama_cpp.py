@@ -4,7 +4,8 @@ vocabulary of one character per token (so both tokenize a prompt alike), greedy 
 prompts and 64 new tokens, each client sending two requests one after another. Throughput (new tokens/s
 over the run), time to the first streamed token of a request alone, p50 latency, the process's peak
 resident memory (and the resident memory after each load), and the start-up time to ready (`/health` 200: llama.cpp loads and warms up; ours
-loads, then compiles its shapes) for each server, side by side in one run.
+loads, then compiles the shapes of one row) and to every shape compiled (ours compiles the other row counts
+beside; the runs start after them) for each server, side by side in one run.
 
     python benchmarks/serving_llama_cpp.py --llama-server PATH/llama-server [--backends jax torch]
         [--clients 1 4 16]
@@ -19,10 +20,12 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -94,18 +97,31 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(command: list[str], port: int, environment: dict | None = None) -> tuple[subprocess.Popen, float]:
-    """A server process and its seconds until `/health` answers 200."""
+def start(command: list[str], port: int, environment: dict | None = None) -> tuple[subprocess.Popen, float, float]:
+    """A server process, its seconds until `/health` answers 200, and until it has compiled every shape its
+    warm-up plans (ours compiles those of one row before it is ready, the others beside: the runs start after
+    them, so that they measure decoding, not compiling)."""
     import httpx
 
     begun = time.perf_counter()
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    compiled = threading.Event()
+
+    def read_progress() -> None:  # "warm-up beside 48/48: ..." is the last shape compiled beside
+        for line in process.stderr:
+            done = re.match(r"warm-up beside (\d+)/(\d+)", line)
+            if done and done.group(1) == done.group(2):
+                compiled.set()
+
+    threading.Thread(target=read_progress, daemon=True).start()
     while time.perf_counter() - begun < 1800:
         if process.poll() is not None:
             raise RuntimeError(f"{command[0]} ended with status {process.returncode}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return process, time.perf_counter() - begun
+                ready = time.perf_counter() - begun
+                beside = "keras_tfm.serve" in command and compiled.wait(1800 - ready)
+                return process, ready, time.perf_counter() - begun if beside else ready
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
@@ -156,7 +172,7 @@ def first_token_seconds(url: str, prompt: str) -> float:
 
 
 def serve_and_measure(name: str, command: list[str], port: int, prompts, clients, environment=None) -> list[dict]:
-    process, ready = start(command, port, environment)
+    process, ready, compiled = start(command, port, environment)
     url, results, texts = f"http://127.0.0.1:{port}", [], {}
     try:
         first = first_token_seconds(url, prompts[-1])
@@ -164,7 +180,8 @@ def serve_and_measure(name: str, command: list[str], port: int, prompts, clients
             result, answered = run(url, count, prompts)
             texts.update(answered)
             result.update(contender=f"{name}, {count} clients", task="serve", unit="new tokens/s")
-            result.update(first_token_s=first, ready_s=round(ready, 1), peak_memory_mb=round(memory_mb(process.pid)))
+            result.update(first_token_s=first, ready_s=round(ready, 1), all_compiled_s=round(compiled, 1),
+                          peak_memory_mb=round(memory_mb(process.pid)))  # fmt: skip
             result["resident_after_mb"] = round(memory_mb(process.pid, "VmRSS"))
             results.append(result)
             print(f"{name:28s} {count:2d} clients: {result['value']:6.1f} new tokens/s, p50 "

@@ -44,9 +44,10 @@ def parser() -> argparse.ArgumentParser:
                              "(default: on)")  # fmt: skip
     # create_app compiles nothing before serving unless asked; a served process warms up by default
     parser.add_argument("--warm-up-length", type=int, default=128,
-                        help="a language model: before /health says ready, compile the shapes of requests of "
-                             "up to this many positions, prompt and reply (0: none; longer ones compile when "
-                             "first needed, while the rows already decoding go on; default: %(default)s)")  # fmt: skip
+                        help="a language model: before /health says ready, compile the shapes one row uses for "
+                             "requests of up to this many positions, prompt and reply, and those of more rows "
+                             "after, beside (0: none; longer ones compile when first needed, while the rows already "
+                             "decoding go on; default: %(default)s)")  # fmt: skip
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="on SIGTERM or Ctrl-C, seconds the requests being answered have to finish before "
                              "they are cancelled (default: %(default)s)")  # fmt: skip

@@ -55,10 +55,10 @@ def create_app(
             encoded as plain text, so that a message cannot forge turns; False: as the token.
         cors_origins: the web origins (`https://app.example`, or `*`) whose pages may call the API from a
             browser (CORS); none by default.
-        warm_up_length: a language model: before `/health` says ready, compile every shape requests of up
-            to this many positions (prompt and reply) use, for greedy requests and requests that name no
-            settings; 0: none (each shape compiles when first used, beside the rows decoding where there
-            are). An embedder has none.
+        warm_up_length: a language model: compile every shape requests of up to this many positions
+            (prompt and reply) use, for greedy requests and requests that name no settings: those of one row
+            before `/health` says ready, those of more rows beside, after; 0: none (each shape compiles when
+            first used, beside the rows decoding where there are). An embedder has none.
         progress: called with a line of text after each shape the warm-up compiles.
     """
     if _embeds(model):

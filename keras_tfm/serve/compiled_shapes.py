@@ -50,8 +50,8 @@ class CompiledShapes:
     def call(self, key: Key, shape: Shape, others_wait: bool, *inputs):
         """`key`'s function on `inputs` of `shape`; a first call while `others_wait` counts as a stall."""
         pending = self._pending.pop((key, shape), None)
-        if pending is not None:
-            pending.result()  # compiling on the side already: wait for it rather than compile twice
+        if pending is not None:  # compiling on the side already: wait for it rather than compile twice
+            concurrent.futures.wait([pending])  # (one that failed compiles again here)
         elif others_wait and (key, shape) not in self.ready:
             self.stalls += 1
         result = self.function(key)(*inputs)
@@ -98,6 +98,29 @@ class CompiledShapes:
             self.ready.add(item)
             self.beside += 1
         return True
+
+    def compile_later(self, plan: list[tuple[Key, Shape]], progress: Callable[[str], None] | None) -> None:
+        """Compiles every `(key, shape)` of `plan` on the side, in order, telling `progress` after each; a
+        request that needs one waits for it (`available`, `call`), and `settle` makes those done ready."""
+
+        def compiled(done: int, key: Key, shape: Shape) -> None:
+            self.compile(key, shape)
+            if progress is not None:
+                progress(f"warm-up beside {done}/{len(plan)}: {_described(key, shape)}")
+
+        for done, item in enumerate(plan, 1):
+            if item not in self.ready and item not in self._pending:
+                self._pending[item] = self._pool.submit(compiled, done, *item)
+
+    def settle(self) -> None:
+        """The shapes compiled on the side since the last call are ready (one that failed is dropped: it
+        compiles again when a request needs it)."""
+        for item, future in list(self._pending.items()):
+            if future.done():
+                del self._pending[item]
+                if not future.cancelled() and future.exception() is None:
+                    self.ready.add(item)
+                    self.beside += 1
 
     def usable_chunk(self, features: continuous.Features, steps: int, shape: Shape) -> continuous.Features | None:
         """Features of a chunk compiled for `shape` that computes what `features` asks (the same, or more:

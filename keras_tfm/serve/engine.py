@@ -87,9 +87,9 @@ class Row:
 class Engine:
     """Decodes `Ticket`s on its own thread. `max_batch_size` rows at most decode together; `max_queue` jobs
     waiting at most (more are refused with 429, before any work); `chunk_steps` steps between two
-    chances to join or leave. First the thread compiles every shape requests of up to `warm_up_length`
-    positions use, for greedy rows and rows of each of `warm_up_configs`, telling `progress` after each;
-    `ready` is set once it serves."""
+    chances to join or leave. The thread compiles every shape requests of up to `warm_up_length` positions
+    use, for greedy rows and rows of each of `warm_up_configs`, telling `progress` after each: those of one
+    row first, then `ready` is set and it serves while the others compile beside."""
 
     def __init__(
         self,
@@ -208,13 +208,18 @@ class Engine:
 
     def _run(self) -> None:
         compat.torch_parallel_here()
+        # one row at each length first, then ready: the other row counts compile beside the rows decoding
+        first = [item for item in self._warm_up if item[1][0] == 1]
         try:
-            self.compiled.warm_up(self._warm_up, self._progress, lambda: self._closed)
+            self.compiled.warm_up(first, self._progress, lambda: self._closed)
         except Exception as error:  # shapes that did not compile compile when first used
             if self._progress is not None:
                 self._progress(f"warm-up failed: {error}")
         self.ready.set()
+        if not self._closed:
+            self.compiled.compile_later([item for item in self._warm_up if item not in first], self._progress)
         while (tickets := self._next_tickets()) is not None:
+            self.compiled.settle()
             if tickets:
                 try:
                     if not self._admit(tickets):  # their shapes compile beside the rows decoding

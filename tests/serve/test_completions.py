@@ -142,7 +142,8 @@ def test_concurrent_requests_decode_together_and_none_is_lost(model):
 
 @pytest.mark.backend_independent
 def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_beside(model, monkeypatch):
-    """/health says 503 until the warm-up compiled the shapes it plans (a progress line each). A short
+    """/health says 503 until the warm-up compiled the shapes of one row it plans, then the others compile
+    beside (a progress line each). A short
     request sent while a long stream decodes needs a cache shape not compiled yet: it compiles on another
     thread while the stream goes on (no stall), then the request joins the batch; both get what each
     would get alone."""
@@ -159,9 +160,14 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
         assert httpx.get(server.url + "/health").status_code == 503 and lines
         release.set()
         assert engine.ready.wait(120) and httpx.get(server.url + "/health").status_code == 200
-        # rows 1 and 2, cache length 32: a prefill, a greedy chunk and a chunk of the defaults' sampling,
-        # and the writes of 1 prompt into 1 row, and of 1 and 2 prompts into 2 rows
-        assert len(lines) == 9 and lines[-1].startswith("warm-up 9/9") and len(engine.compiled.ready) == 9
+        # ready after one row, cache length 32: a prefill, a greedy chunk and a chunk of the defaults'
+        # sampling, and the write of 1 prompt into 1 row; then beside, the same for 2 rows, and the writes
+        # of 1 and 2 prompts into 2 rows
+        assert lines[3].startswith("warm-up 4/4") and {shape[0] for _, shape in engine.compiled.ready} == {1}
+        deadline = time.time() + 120
+        while len(lines) < 9 and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(lines) == 9 and all(line.startswith("warm-up beside") for line in lines[4:]), lines
         slowed(engine, monkeypatch, 0.4)  # 10 chunks of 4 tokens: four seconds of stream, beside a loaded machine
         compile, during = engine.compiled.compile, []
 
