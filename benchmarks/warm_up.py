@@ -4,14 +4,16 @@ process. The engine compiles the shapes of one row first and says it is ready, t
 counts beside; recorded: the seconds to the model's load, to ready, and until every planned shape is compiled,
 the count of shapes each way, and the process's peak resident memory.
 
-    KERAS_BACKEND=jax python benchmarks/warm_up.py          # one backend per process; the file keeps each
+    python benchmarks/warm_up.py [--backends jax torch tensorflow]     # each in a process of its own
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -55,14 +57,20 @@ def measure() -> dict:
 
 
 def main() -> None:
-    row = measure()
-    print(json.dumps(row))
-    path = os.path.join(REPO, "benchmarks", "results", "warm_up.json")
-    kept = []
-    if os.path.exists(path):
-        with open(path) as file:
-            kept = [old for old in json.load(file)["results"] if old["backend"] != row["backend"]]
-    rows = sorted([*kept, row], key=lambda r: ["jax", "torch", "tensorflow"].index(r["backend"]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", nargs="+", default=["jax", "torch", "tensorflow"])
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # this process: one backend
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure()))
+        return
+    rows = []
+    for backend in args.backends:
+        environment = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        done = subprocess.run([sys.executable, __file__, "--measure"], env=environment, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(rows[-1], flush=True)
     title = f"SmolLM2-135M shape, a server engine of {ROWS} rows warmed up for {LENGTH} positions"
     write_results("warm_up", rows, tasks={"warm_up": title})
 
