@@ -357,13 +357,10 @@ def choose(logits, seen, settings: RowSettings, positions, features: Features, b
     greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
     if not features.sampling:
         return greedy, scores
-
-    def column(setting, used: bool = True):
-        return ops.reshape(ops.convert_to_tensor(setting), (-1, 1)) if used else None
-
-    warped = warp(scores, column(settings.temperature), top_k=column(settings.top_k, features.top_k),
-                  top_p=column(settings.top_p, features.nucleus), min_p=column(settings.min_p, features.min_p),
-                  largest=largest, top_k_width=top_k_width)  # fmt: skip
+    warped = warp(scores, _column(settings.temperature), top_k=_column(settings.top_k) if features.top_k else None,
+                  top_p=_column(settings.top_p) if features.nucleus else None,
+                  min_p=_column(settings.min_p) if features.min_p else None, largest=largest,
+                  top_k_width=top_k_width)  # fmt: skip
     drawn = draw(warped, ops.zeros_like(greedy) + ops.cast(settings.seed, "int32"), positions)
     return ops.where(ops.convert_to_tensor(settings.temperature) > 0, drawn, greedy), warped
 
@@ -381,16 +378,21 @@ def controlled(logits, seen, settings: RowSettings, features: Features, bias=Non
     if banned is not None:
         scores = ops.where(banned, LARGE_NEGATIVE, scores)
     if features.penalty:
-        scores = penalized(scores, seen > 0, ops.reshape(ops.convert_to_tensor(settings.repetition_penalty), (-1, 1)))
+        scores = penalized(scores, seen > 0, _column(settings.repetition_penalty))
     if features.counts:
-        frequency, presence = (ops.reshape(ops.convert_to_tensor(p), (-1, 1))
-                               for p in (settings.frequency_penalty, settings.presence_penalty))  # fmt: skip
-        scores = counted_penalties(scores, seen, frequency, presence)
+        scores = counted_penalties(
+            scores, seen, _column(settings.frequency_penalty), _column(settings.presence_penalty)
+        )
     if features.min_new_tokens:
         is_stop = ops.any(ops.arange(scores.shape[-1])[:, None] == stop_token_ids[None, :], axis=-1)
-        early = ops.reshape(new_tokens, (-1, 1)) < ops.reshape(ops.convert_to_tensor(settings.min_new_tokens), (-1, 1))
+        early = _column(new_tokens) < _column(settings.min_new_tokens)
         scores = ops.where(ops.logical_and(early, is_stop[None, :]), LARGE_NEGATIVE, scores)
     return scores
+
+
+def _column(setting):
+    """A setting, one for every row (a scalar) or each row's `(rows,)`, as `(rows or 1, 1)`."""
+    return ops.reshape(ops.convert_to_tensor(setting), (-1, 1))
 
 
 def call_features(sampler: Sampler, controls: LogitsControls) -> Features:
