@@ -50,7 +50,7 @@ def _prefilled(model, request: Request, config: GenerationConfig) -> RowState:
     seen_rows = np.zeros((rows, model.decoding_vocabulary_size), "int32")
     for row, length in enumerate(request.lengths):
         seen_rows[row, request.buffer[row, :length]] = 1
-    state = RowState(model, rows, total, steps=1)
+    state = RowState.empty(model, rows, total, steps=1)
     everyone = list(range(rows))
     state.admit(filled, everyone, everyone, seen_rows)
     for row, (length, seed) in enumerate(zip(request.lengths, row_seeds(config.seed, rows))):

@@ -14,17 +14,21 @@ from keras_tfm.generation.config import GenerationConfig
 
 
 class RowState:
-    """`rows` rows of a cache of `length` positions, every row free (greedy settings, nothing fed); chunks
-    of up to `steps` steps feed prompt tokens."""
+    """Rows of a key/value `cache` (and their `seen` tokens), every row free (greedy settings, nothing fed);
+    chunks of up to `steps` steps feed prompt tokens. `RowState.empty` makes the cache."""
 
-    def __init__(self, model, rows: int, length: int, steps: int):
-        self.cache = model.empty_cache(rows, length)
-        self.seen = ops.zeros((rows, model.decoding_vocabulary_size), "int32")  # `sampling.seen_counted`
+    def __init__(self, cache, seen, steps: int):
+        self.cache, self.seen, self.steps = cache, seen, steps  # `seen`: `sampling.seen_counted`
+        rows = int(cache[0].shape[0])
         self.tokens, self.positions = np.zeros(rows, "int32"), np.zeros(rows, "int32")  # what each row feeds next
         self.settings = continuous.idle_settings(rows)  # `continuous.RowSettings` columns
-        self.steps = steps
         self.fed = continuous.nothing_fed(rows, steps)  # prompt tokens each row feeds in the next chunk
         self.made = np.zeros(rows, "int32")  # the new tokens each row has taken
+
+    @classmethod
+    def empty(cls, model, rows: int, length: int, steps: int) -> RowState:
+        """`rows` free rows of an empty cache of `length` positions."""
+        return cls(model.empty_cache(rows, length), ops.zeros((rows, model.decoding_vocabulary_size), "int32"), steps)
 
     @property
     def rows(self) -> int:
@@ -75,17 +79,11 @@ class RowState:
     def resized(self, busy: list[int], rows: int, length: int) -> RowState:
         """A state of `rows` rows and `length` positions whose first rows are the rows `busy` of this one
         (the others free). Nothing is fed: a chunk ran since any row started."""
-        state = RowState.__new__(RowState)
         # the free rows filled with copies of a busy one (admission overwrites them): one shape of copies per
         # pair of cache shapes, not one per count of busy rows
         kept = busy + busy[-1:] * (rows - len(busy))
-        state.cache, state.seen = continuous.resized(self.cache, self.seen, kept, rows, length)
-        state.tokens, state.positions = np.zeros(rows, "int32"), np.zeros(rows, "int32")
-        state.settings, state.steps = continuous.idle_settings(rows), self.steps
-        state.fed = continuous.nothing_fed(rows, self.steps)
-        state.tokens[: len(busy)], state.positions[: len(busy)] = self.tokens[busy], self.positions[busy]
-        state.made = np.zeros(rows, "int32")
-        state.made[: len(busy)] = self.made[busy]
-        for new, old in zip(state.settings, self.settings):
+        state = RowState(*continuous.resized(self.cache, self.seen, kept, rows, length), self.steps)
+        for new, old in zip([state.tokens, state.positions, state.made, *state.settings],
+                            [self.tokens, self.positions, self.made, *self.settings]):  # fmt: skip
             new[: len(busy)] = old[busy]
         return state

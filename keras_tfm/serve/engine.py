@@ -314,7 +314,7 @@ class Engine:
             return
         busy = self._busy()
         if self._state is None:
-            self._state = RowState(self.model, rows, length, self.chunk_steps)
+            self._state = RowState.empty(self.model, rows, length, self.chunk_steps)
         else:
             self._state = self._state.resized(busy, rows, length)
         self._slots = [self._slots[slot] for slot in busy] + [None] * (rows - len(busy))

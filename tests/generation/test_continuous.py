@@ -200,7 +200,7 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     model.generation_config = {"eos_token_id": 7}
     prompt = rng.integers(0, VOCABULARY, 5).astype("int32")
     configs = [GenerationConfig(logit_bias={7: 100.0}, min_new_tokens=minimum) for minimum in (0, 3)]
-    state = RowState(model, 2, 16, steps=2)
+    state = RowState.empty(model, 2, 16, steps=2)
     filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([prompt[:4]] * 2)))
     state.admit(filled, [0, 1], [0, 1], np.zeros((2, VOCABULARY), "int32"))
     for row, config in enumerate(configs):
