@@ -11,7 +11,7 @@ directory) fine-tuned with a new head for the three shapes, its images prepared 
 Scores the test pictures with COCO's mAP (pycocotools); leaves checkpoints, log.csv, metrics.json,
 learning_curves.png and detections.png (boxes found and true) in --output-dir. Rerunning resumes.
 
-    python recipes/detection.py --epochs 40
+    python recipes/detection.py --epochs 20
 """
 
 from __future__ import annotations
@@ -73,12 +73,12 @@ def flags(sizes: dict):
     from keras_tfm import training
 
     parser = training.recipe_parser(__doc__, sizes, "yolos_small_images", "runs/detection")
-    parser.set_defaults(batch_size=16, learning_rate=1e-3, weight_decay=0.0, epochs=40)
+    parser.set_defaults(batch_size=16, learning_rate=1e-3, weight_decay=0.0, epochs=20)
     recipe = parser.add_argument_group("detection")
     recipe.add_argument("--from-huggingface", metavar="DIR", help="fine-tune this YOLOS checkpoint (see above)")
     recipe.add_argument("--detection-tokens", type=training.POSITIVE, default=3,
                         help="the model's detection tokens: at most this many objects found (default: %(default)s)")  # fmt: skip
-    training.shapes_flags(parser, image_size=32, max_shapes=2, train_images=2048, test_images=256)
+    training.shapes_flags(parser, image_size=32, max_shapes=2, train_images=16384, test_images=256)
     return parser
 
 
