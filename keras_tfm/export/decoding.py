@@ -12,16 +12,10 @@ import keras
 from keras import ops
 
 from keras_tfm.export.formats import Endpoint
+from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.decoding import Batch, Decoder, decode
-from keras_tfm.generation.sampling import Sampler, traced_row_seeds
-
-
-class SortingSampler(Sampler):
-    """A `Sampler` whose top-k threshold comes from a sort: JAX serializes `top_k` as a StableHLO
-    composite that TensorFlow 2.21's SavedModel loader cannot read, and a sort it can."""
-
-    def largest(self, logits, k):
-        return ops.flip(ops.sort(logits, axis=-1)[:, -k:], axis=-1)
+from keras_tfm.generation.request import call_values
+from keras_tfm.generation.sampling import RowSettings, chooser_of, config_settings, sorted_largest, traced_row_seeds
 
 
 def decode_tensors(
@@ -31,13 +25,14 @@ def decode_tensors(
     max_new_tokens,
     seed,
     room: int,
-    sampler: Sampler,
+    settings: RowSettings,
     stop_token_ids: list[int],
     pad_token_id: int,
     inputs: tuple = (),
 ) -> dict:
     """The prompts `token_ids` `(rows, width)` (right-padded; row `i`'s first `lengths[i]` tokens)
-    continued by up to `min(max_new_tokens, room)` tokens each, drawn by `sampler` from `seed`.
+    continued by up to `min(max_new_tokens, room)` tokens each, chosen with `settings` (NumPy scalars,
+    fixed at export; the rows' seeds from `seed`).
 
     Returns `{"token_ids": (rows, width + room), "lengths": (rows,)}`: each row's prompt, its new
     tokens (up to and with a stop token) and `pad_token_id` after them, and where each row ends.
@@ -58,10 +53,12 @@ def decode_tensors(
         stops,
         ops.convert_to_tensor(pad_token_id, "int32"),
         traced_row_seeds(seed, rows),
+        values=call_values(settings, (), model.decoding_vocabulary_size),
     )
     cache, context = model.decoding_cache(rows, total, *inputs)
-    decoder = Decoder(model.call_with_cache, vocabulary_size=model.decoding_vocabulary_size)
-    output = decode(decoder, batch._replace(context=context), width, cache, sampler)
+    chooser = chooser_of(settings)._replace(largest=sorted_largest)  # a sort: what a SavedModel loader reads
+    decoder = Decoder(model.call_with_cache, chooser=chooser, vocabulary_size=model.decoding_vocabulary_size)
+    output = decode(decoder, batch._replace(context=context), width, cache)
     return {"token_ids": output, "lengths": _ends(output, lengths, max_new_tokens, stops)}
 
 
@@ -96,14 +93,16 @@ def cached_step(model, token_ids, position, cache) -> dict:
 EXPORTED_SETTINGS = ("max_new_tokens", "stop_token_ids", "pad_token_id", "temperature", "top_k", "top_p", "min_p")
 
 
-def generate_endpoint(model, sampler: Sampler, stop_token_ids: list[int], pad_token_id: int, room: int) -> Endpoint:
-    """A causal LM's `generate` endpoint: `decode_tensors` with the export's settings fixed, up to
+def generate_endpoint(
+    model, config: GenerationConfig, stop_token_ids: list[int], pad_token_id: int, room: int
+) -> Endpoint:
+    """A causal LM's `generate` endpoint: `decode_tensors` with the export's settings (`config`'s) fixed, up to
     `room` new tokens."""
-    sampler = SortingSampler(sampler.temperature, sampler.top_k, sampler.top_p, sampler.min_p)
+    settings = config_settings(config)
 
     def generate(token_ids, lengths, max_new_tokens, seed):  # the names are the signature's
         return decode_tensors(
-            model, token_ids, lengths, max_new_tokens, seed, room, sampler, stop_token_ids, pad_token_id
+            model, token_ids, lengths, max_new_tokens, seed, room, settings, stop_token_ids, pad_token_id
         )
 
     signature = [
@@ -135,6 +134,9 @@ def cached_step_endpoint(model, cache_length: int) -> Endpoint:
     return Endpoint("decode", decode, signature, symbolic)
 
 
+GREEDY = config_settings(GenerationConfig())
+
+
 def translate_endpoint(model, max_length: int) -> Endpoint:
     """A translator's `translate` endpoint: greedy translations of up to `max_length` tokens."""
 
@@ -143,7 +145,7 @@ def translate_endpoint(model, max_length: int) -> Endpoint:
         starts = ops.full((rows, 1), model.start_token_id, "int32")
         stops, pad, inputs = [model.end_token_id], model.pad_token_id, (ops.cast(source_ids, "int32"),)
         out = decode_tensors(
-            model, starts, ops.ones((rows,), "int32"), max_length, 0, max_length, Sampler(), stops, pad, inputs
+            model, starts, ops.ones((rows,), "int32"), max_length, 0, max_length, GREEDY, stops, pad, inputs
         )
         return {"token_ids": out["token_ids"][:, 1:], "lengths": out["lengths"] - 1}
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from keras import ops, tree
 
 from keras_tfm.generation.decoding import Batch, Decoder
-from keras_tfm.generation.sampling import NO_CONTROLS
+from keras_tfm.generation.sampling import RowSettings, banned_ngrams, controlled, initial_seen, seen_with, tracks_seen
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 
@@ -30,9 +30,11 @@ class BeamSearch(NamedTuple):
 def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search: BeamSearch):
     """`batch.buffer`, `batch.prompt_mask`: `(rows, total)`; `cache` and `batch.context` sized for
     `rows * num_beams`. Returns the best `num_return_sequences` beams of each row, best first, `(rows *
-    num_return_sequences, total)`. The decoder's controls change the log-probabilities, as transformers'
+    num_return_sequences, total)`. The chooser's controls change the log-probabilities, as transformers'
     beam search does; `context` is the same for every beam of a row, so it is never reordered."""
-    step, controls, vocabulary_size = decoder.step, decoder.controls, decoder.vocabulary_size
+    step, vocabulary_size = decoder.step, decoder.vocabulary_size
+    features, ngram = decoder.chooser.features, decoder.chooser.no_repeat_ngram_size
+    controls = features.penalty or features.counts or features.biased or features.min_new_tokens or ngram
     buffer, prompt_mask, prompt_lengths, max_new_tokens, stop_token_ids, pad_token_id, _, context, values = batch
     num_beams, length_penalty, num_return_sequences = search
     batch, total = buffer.shape
@@ -45,7 +47,7 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
     scores = ops.tile(ops.convert_to_tensor([[0.0] + [LARGE_NEGATIVE] * (num_beams - 1)]), (batch, 1))
     finished = ops.zeros((batch, num_beams), "bool")
     beam_range = ops.arange(num_beams, dtype="int32")
-    seen = controls.initial_seen(buffer, start, vocabulary_size)
+    seen = initial_seen(buffer, start, vocabulary_size, features)
 
     def cond(t, *rest):
         return t < total
@@ -54,9 +56,11 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
         previous = ops.slice(buffer, (0, t - 1), (beams, 1))
         logits, cache = step(previous, cache, t - 1, *context)
         log_probs = ops.log_softmax(ops.cast(logits[:, -1, :], "float32"), axis=-1)
-        if controls != NO_CONTROLS:
+        if controls:
             lengths = ops.repeat(ops.sum(ops.cast(prompt_mask, "int32"), axis=1), num_beams, axis=0)
-            log_probs = controls(log_probs, seen, t - lengths, stop_token_ids, buffer, t, values[4:])
+            banned = banned_ngrams(buffer, t, log_probs.shape[-1], ngram) if ngram else None
+            log_probs = controlled(log_probs, seen, RowSettings(*values[:-1], None), features, values[-1][None, :],
+                                   banned, t - lengths, stop_token_ids)  # fmt: skip
         vocabulary = log_probs.shape[-1]
         log_probs = ops.reshape(log_probs, (batch, num_beams, vocabulary))
         pad_only = ops.where(ops.arange(vocabulary) == pad_token_id, 0.0, LARGE_NEGATIVE)
@@ -79,10 +83,10 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
         buffer = ops.take(buffer, rows, axis=0)
         cache = tree.map_structure(lambda part: ops.take(part, rows, axis=0), cache)
         finished = ops.take_along_axis(finished, origin, axis=1)
-        if controls.tracks:
+        if tracks_seen(features):
             generated = ops.reshape(ops.broadcast_to(ops.logical_not(frozen), ops.shape(token)), (beams,))
             seen = ops.take(seen, rows, axis=0)
-            seen = controls.seen_with(seen, ops.reshape(token, (beams,)), vocabulary, generated)
+            seen = seen_with(seen, ops.reshape(token, (beams,)), vocabulary, features, generated)
         buffer = ops.slice_update(buffer, (0, t), ops.reshape(token, (beams, 1)))
         is_stop = ops.any(ops.equal(token[..., None], stop_token_ids[None, None, :]), axis=-1)
         finished = ops.logical_or(finished, ops.logical_and(is_stop, ops.logical_not(frozen)))

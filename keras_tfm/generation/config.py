@@ -138,7 +138,7 @@ class GenerationConfig:
             schema = {"type": "object"} if self.json_schema is True else self.json_schema
             schema = json.loads(schema) if isinstance(schema, str) else schema
             object.__setattr__(self, "json_schema", json.dumps(schema, sort_keys=True))
-            unheld = [name for name in ("num_beams", "min_new_tokens", "no_repeat_ngram_size")
+            unheld = [name for name in ("num_beams", "no_repeat_ngram_size")
                       if getattr(self, name) != GenerationConfig.fields()[name].default]  # fmt: skip
             if unheld:
                 raise InputError(

@@ -13,7 +13,7 @@ from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint, schema_grammar
 from keras_tfm.generation.request import Request
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import row_seeds
+from keras_tfm.generation.sampling import RowSettings, features_of, row_seeds
 
 
 def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -24,7 +24,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
     rows, total = request.buffer.shape
     constraints = [Constraint(model, grammar) for _ in range(rows)]
     state = _prefilled(model, request, config)
-    features = continuous.features_of(continuous.RowSettings(*state.settings))._replace(biased=True)
+    features = features_of(RowSettings(*state.settings))._replace(biased=True)
     chunk = continuous.function(model, ("chunk", features, 1))
     output, lengths = request.buffer.copy(), request.lengths
     logit_bias = continuous.host_bias(config, model.decoding_vocabulary_size)

@@ -20,17 +20,7 @@ from keras import ops
 
 from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.sampling import Features, RowSettings, bias_of, choose, seen_counted
-
-
-def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tuple:
-    """A row's `RowSettings` values from its `config` (each field of the config's name) and `seed` (with
-    `dtypes`, `(value, dtype)` pairs: int32 for integer fields, float32 for the others)."""
-    fields = GenerationConfig.fields()
-    values = (*(getattr(config, name) for name in RowSettings._fields[:-1]), seed)
-    kinds = (*("int32" if isinstance(fields[name].default, int) else "float32" for name in RowSettings._fields[:-1]),
-             "int32")  # fmt: skip
-    return tuple(zip(values, kinds)) if dtypes else values
+from keras_tfm.generation.sampling import Features, RowSettings, bias_of, choose, row_values, seen_counted
 
 
 def settings_of(configs: Sequence[GenerationConfig], seeds: Sequence[int]) -> RowSettings:
@@ -52,20 +42,6 @@ def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def idle_settings(rows: int) -> list[np.ndarray]:
     """`RowSettings` values of `rows` free rows (what they compute is dropped): greedy decoding's, seed 0."""
     return [np.full(rows, value, dtype) for value, dtype in row_values(GenerationConfig(), 0, dtypes=True)]
-
-
-def features_of(settings: RowSettings) -> Features:
-    """The features rows of these `settings` (NumPy arrays) need."""
-    sampling = settings.temperature > 0
-    return Features(
-        bool(sampling.any()),
-        bool((settings.top_k[sampling] > 0).any()),
-        bool((settings.top_p[sampling] < 1).any()),
-        bool((settings.min_p[sampling] > 0).any()),
-        bool((settings.repetition_penalty != 1).any()),
-        bool((settings.frequency_penalty != 0).any() or (settings.presence_penalty != 0).any()),
-        min_new_tokens=bool((settings.min_new_tokens > 0).any()),
-    )
 
 
 TOP_LOGPROBS = 20  # the most alternatives a chunk returns per token (OpenAI's `top_logprobs` limit)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from keras import ops
 
-from keras_tfm.generation.sampling import NO_CONTROLS, LogitsControls, Sampler, call_features, choose
+from keras_tfm.generation.sampling import Chooser, RowSettings, banned_ngrams, choose, initial_seen, seen_with
 
 
 class Decoder(NamedTuple):
@@ -26,12 +26,12 @@ class Decoder(NamedTuple):
     `step(token_ids, cache, index, *context, output_logits=True) -> (logits, cache)` runs the model on
     `token_ids` placed at positions `index, index + 1, ...` (with `output_logits=False`, the prefill, it
     returns `None` for the logits). `while_loop` is `ops.while_loop` or a drop-in
-    (`compiled.decoding_functions`). `controls` change the scores before a token is chosen;
+    (`compiled.decoding_functions`). `chooser`: what the chooser computes (the numbers are the batch's);
     `vocabulary_size` is the logits' width (a repetition penalty needs it)."""
 
     step: Callable
     while_loop: Callable = ops.while_loop
-    controls: LogitsControls = NO_CONTROLS
+    chooser: Chooser = Chooser()
     vocabulary_size: int | None = None
 
 
@@ -40,10 +40,10 @@ class Batch(NamedTuple):
     right-padded, and room for the new tokens), each row's prompt `lengths`, and how rows end:
     `max_new_tokens`, `stop_token_ids` (1-D) and the `pad_token_id` written after a row's end.
     `context`: what the step reads but never changes (a translator's encoder keys/values and source
-    mask). `seeds` `(rows,)` int32: each row's random stream (`sampling.draw`). `values`: the sampler's
-    and the controls' numbers (`Sampler.values()` then `LogitsControls.values()`), which the loop reads
-    instead of those it was traced with, so that new numbers replay the same program; empty: the traced
-    ones, fixed. Every value is a tensor, so that a traced loop body can be replayed on the next call."""
+    mask). `seeds` `(rows,)` int32: each row's random stream (`sampling.draw`). `values`: the call's numbers
+    (`request.call_values`: its `RowSettings` but the seed, then its bias), tensors, so that new numbers
+    replay the same program. Every value is a tensor, so that a traced loop body can be replayed on the
+    next call."""
 
     buffer: object
     prompt_mask: object
@@ -69,14 +69,12 @@ class LoopState(NamedTuple):
     scores: object
 
 
-def decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, sampler: Sampler, with_scores=False):
+def decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, with_scores: bool = False):
     """Runs the loop to the end; returns the filled buffer, and with `with_scores` also `(rows, total)` float32: each generated token's log-probability under the
     distribution it was chosen from (0 at prompt and padding positions). `prompt_width`: the buffer's
     columns that hold prompt tokens (a Python int: the prefill's shape)."""
     state = prefill(decoder, batch, prompt_width, cache)
-    state = decode_until(
-        decoder, state, batch, ops.convert_to_tensor(ops.shape(batch.buffer)[1], "int32"), sampler, with_scores
-    )
+    state = decode_until(decoder, state, batch, ops.convert_to_tensor(ops.shape(batch.buffer)[1], "int32"), with_scores)
     return (state.buffer, state.scores) if with_scores else state.buffer
 
 
@@ -88,13 +86,11 @@ def prefill(decoder: Decoder, batch: Batch, prompt_width: int, cache) -> LoopSta
     start = ops.min(batch.lengths)
     rows, total = ops.shape(batch.buffer)
     done = ops.zeros((rows,), "bool")
-    seen = decoder.controls.initial_seen(batch.buffer, start, decoder.vocabulary_size)
+    seen = initial_seen(batch.buffer, start, decoder.vocabulary_size, decoder.chooser.features)
     return LoopState(start, batch.buffer, cache, done, seen, ops.zeros((rows, total), "float32"))
 
 
-def decode_until(
-    decoder: Decoder, state: LoopState, batch: Batch, until, sampler: Sampler, with_scores: bool = False
-) -> LoopState:
+def decode_until(decoder: Decoder, state: LoopState, batch: Batch, until, with_scores: bool = False) -> LoopState:
     """Writes positions from `state.t` on, until position `until`, the end of the buffer, or every row
     is done; returns the new state. With `with_scores`, `state.scores` receives each new token's
     log-probability."""
@@ -109,27 +105,27 @@ def decode_until(
         return ops.logical_and(ops.logical_and(t < total, t < until), ops.logical_not(ops.all(done)))
 
     def body(*loop_vars):
-        updated = _step(decoder, LoopState(*loop_vars[:size]), loop_vars[size:], sampler, with_scores)
+        updated = _step(decoder, LoopState(*loop_vars[:size]), loop_vars[size:], with_scores)
         return (*updated, *loop_vars[size:])
 
     return LoopState(*decoder.while_loop(cond, body, (*state, *constants))[:size])
 
 
-def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler, with_scores: bool) -> LoopState:
+def _step(decoder: Decoder, state: LoopState, constants: tuple, with_scores: bool) -> LoopState:
     """One position `t` of every row: its prompt token while it reads its prompt, else a new one."""
     prompt_mask, end, stop_token_ids, pad_token_id, _, seeds, context, values = constants
     t, buffer, cache, done, seen, scores = state
     rows = ops.shape(buffer)[0]
     previous = ops.slice(buffer, (0, t - 1), (rows, 1))
     logits, cache = decoder.step(previous, cache, t - 1, *context)
-    vocabulary, controls = logits.shape[-1], decoder.controls
-    values = values or (*sampler.values(), *controls.values(vocabulary))
-    new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if controls.min_new_tokens else None
-    banned = controls.banned_ngrams(buffer, t, vocabulary) if controls.no_repeat_ngram_size else None
-    sampled, warped = choose(logits[:, -1, :], seen, sampler.settings(seeds, values[:4], values[4:8]),
-                             ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"),
-                             call_features(sampler, controls), values[8][None, :], banned, new_tokens,
-                             stop_token_ids, largest=sampler.largest, top_k_width=sampler.top_k_width)  # fmt: skip
+    vocabulary, chooser = logits.shape[-1], decoder.chooser
+    features, ngram = chooser.features, chooser.no_repeat_ngram_size
+    new_tokens = t - ops.sum(ops.cast(prompt_mask, "int32"), axis=1) if features.min_new_tokens else None
+    banned = banned_ngrams(buffer, t, vocabulary, ngram) if ngram else None
+    sampled, warped = choose(logits[:, -1, :], seen, RowSettings(*values[:-1], seeds),
+                             ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"), features,
+                             values[-1][None, :], banned, new_tokens, stop_token_ids, largest=chooser.largest,
+                             top_k_width=chooser.top_k_width)  # fmt: skip
     from_prompt = ops.take(prompt_mask, t, axis=1)
     current = ops.reshape(ops.slice(buffer, (0, t), (rows, 1)), (rows,))
     token = ops.where(from_prompt, current, sampled)
@@ -143,5 +139,5 @@ def _step(decoder: Decoder, state: LoopState, constants: tuple, sampler: Sampler
     stopped = ops.any(ops.equal(token[:, None], stop_token_ids[None, :]), axis=-1)
     done = ops.logical_or(done, ops.logical_and(generated, stopped))
     done = ops.logical_or(done, t + 1 >= end)
-    seen = decoder.controls.seen_with(seen, token, vocabulary, generated)
+    seen = seen_with(seen, token, vocabulary, features, generated)
     return LoopState(t + 1, buffer, cache, done, seen, scores)

@@ -23,7 +23,7 @@ from keras_tfm.generation.text import TextDecoder
 
 def _decoder(model, request: Request) -> Decoder:
     step, while_loop = compiled.decoding_functions(model.call_with_cache, model)
-    return Decoder(step, while_loop, request.controls, model.decoding_vocabulary_size)
+    return Decoder(step, while_loop, request.chooser, model.decoding_vocabulary_size)
 
 
 def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.ndarray | None]:
@@ -44,7 +44,7 @@ def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.nda
             batch = batch._replace(context=context)
             if strategy.search is not None:
                 return beam_decode(decoder, batch, width, cache, strategy.search)
-            return decode(decoder, batch, width, cache, strategy.sampler, with_scores)
+            return decode(decoder, batch, width, cache, with_scores)
 
         functions[key] = compiled.compile_function(loop, model)
     output = functions[key](request.batch(), *inputs)
@@ -60,14 +60,14 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
     chunks; yields `(row, written, finished)`: the row so far and how many of its positions are written."""
     key, functions = ("stream", *request.compiled_key), model.compiled_decoding()
     if key not in functions:
-        decoder, width, sampler = _decoder(model, request), request.prompt_width, request.strategy.sampler
+        decoder, width = _decoder(model, request), request.prompt_width
 
         def start(batch):
             cache, context = model.decoding_cache(batch.buffer.shape[0], batch.buffer.shape[1])
             return prefill(decoder, batch._replace(context=context), width, cache)
 
         def advance(state, batch, until):
-            return decode_until(decoder, state, batch, until, sampler)
+            return decode_until(decoder, state, batch, until)
 
         functions[key] = (compiled.compile_function(start, model), compiled.compile_function(advance, model))
     start, advance = functions[key]

@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
+from keras_tfm.generation.sampling import row_values
 
 
 class RowState:
@@ -44,7 +45,7 @@ class RowState:
         self.tokens[row], self.positions[row] = prompt[prefilled], prefilled
         rest = prompt[prefilled + 1 :]
         self.fed[0][row, : len(rest)], self.fed[1][row], self.made[row] = rest, len(rest), 0
-        for setting, value in zip(self.settings, continuous.row_values(config, seed)):
+        for setting, value in zip(self.settings, row_values(config, seed)):
             setting[row] = value
 
     def admit(self, filled, sources: list[int], rows: list[int], seen_rows: np.ndarray) -> None:

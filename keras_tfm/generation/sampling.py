@@ -1,6 +1,8 @@
 """Choosing the next token from logits, the one chooser of every decoding loop (`generate`, `stream`,
-beam-free export and the server's rows): controls (`LogitsControls`) change the scores, warps
-(temperature, top-k, top-p, min-p) cut them, and a draw picks a token.
+beam-free export and the server's rows): controls (`controlled`: a bias, an n-gram ban, penalties,
+`min_new_tokens`) change the scores, warps (temperature, top-k, top-p, min-p) cut them, and a draw picks a
+token. A call's or a row's numbers are `RowSettings`, made from a `GenerationConfig` by `row_values`; what a
+compiled loop computes is a `Chooser` (its features), so that new numbers replay the same program.
 
 Each row draws from a counter-based generator: its noise is a function of the row's seed and the
 position it reads, never of the other rows, so a seeded row gives the same tokens alone, in a batch, in
@@ -10,6 +12,7 @@ by every row of a batch.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -46,47 +49,28 @@ class Sampler:
         for name in ("temperature", "top_k", "top_p", "min_p"):
             check_setting(name, getattr(self, name))
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def top_k_width(self) -> int:
-        """How many of the largest logits a compiled top-k cut reads: `top_k` rounded up to a power of two, so
-        that every `top_k` up to it runs the same program (0: no cut)."""
-        return 1 << (self.top_k - 1).bit_length() if self.top_k else 0
-
-    def compiled_form(self) -> Sampler:
-        """What a compiled loop is made for: which warps run, not their values (`values` carries those as
-        tensors), so that a new temperature, top-k (up to `top_k_width`), top-p or min-p is the same program."""
-        if self.greedy:
-            return Sampler()
-        return Sampler(1.0, self.top_k_width, 0.5 if self.top_p < 1.0 else 1.0, 0.5 if self.min_p else 0.0)
-
-    def values(self) -> tuple:
-        """`(temperature, top_k, top_p, min_p)` as NumPy scalars, what a compiled loop reads."""
-        return (np.float32(self.temperature), np.int32(self.top_k), np.float32(self.top_p), np.float32(self.min_p))
-
     def __call__(self, logits, seeds, positions):
         """`logits` (rows, vocabulary) -> token ids (rows,), each row's draw keyed by its `seeds` and
         `positions` `(rows,)`: `choose` with this sampler's numbers and no controls."""
-        return choose(logits, None, self.settings(seeds), positions, call_features(self, NO_CONTROLS),
-                      largest=self.largest, top_k_width=self.top_k_width)[0]  # fmt: skip
-
-    def settings(self, seeds, values: tuple = (), controls: tuple = ()) -> RowSettings:
-        """`RowSettings` of rows drawing with `seeds` by this sampler: its numbers, or `values` (tensors that
-        stand for them, `values()`'s order); the controls' `repetition_penalty`, `frequency_penalty`,
-        `presence_penalty` and `min_new_tokens` from `controls` (none: no penalty, no minimum)."""
-        temperature, top_k, top_p, min_p = values or self.values()
-        controls = controls or (np.float32(1.0), np.float32(0.0), np.float32(0.0), np.int32(0))
-        return RowSettings(temperature, top_k, top_p, min_p, *controls, seeds)
-
-    def largest(self, logits, k: int):
-        """`(rows, k)`: each row's `k` largest logits, largest first (`k` a Python int)."""
-        return ops.top_k(logits, k, sorted=True)[0]
+        config = GenerationConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        settings = config_settings(config)
+        chooser = chooser_of(settings)
+        return choose(logits, None, settings._replace(seed=seeds), positions, chooser.features,
+                      top_k_width=chooser.top_k_width)[0]  # fmt: skip
 
 
-def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=None, top_k_width: int = 0):
+def top_k_largest(logits, k: int):
+    """`(rows, k)`: each row's `k` largest logits, largest first (`k` a Python int)."""
+    return ops.top_k(logits, k, sorted=True)[0]
+
+
+def sorted_largest(logits, k: int):
+    """`top_k_largest` from a sort: JAX serializes `top_k` as a StableHLO composite that TensorFlow's SavedModel
+    loader cannot read, and a sort it can."""
+    return ops.flip(ops.sort(logits, axis=-1)[:, -k:], axis=-1)
+
+
+def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=top_k_largest, top_k_width: int = 0):
     """`logits` `(rows, vocabulary)` float32 divided by `temperature`, then every token outside the
     `top_k` likeliest, the nucleus of `top_p` and the tokens at least `min_p` times as likely as the
     likeliest made very negative. Each setting is a number, a scalar tensor, or `(rows, 1)`: each row's (a
@@ -205,111 +189,6 @@ def counted_penalties(scores, seen, frequency, presence):
     return scores - count * frequency - ops.cast(count > 0, "float32") * presence
 
 
-@dataclass(frozen=True)
-class LogitsControls:
-    """What changes the next-token scores before a token is chosen, with transformers' meanings.
-
-    Args:
-        repetition_penalty: every token already in the sequence (prompt included) has its score
-            divided by this where positive and multiplied where negative (> 1 discourages repeats;
-            1 changes nothing).
-        min_new_tokens: the stop tokens are forbidden until a row has this many new tokens.
-        no_repeat_ngram_size: n > 0 forbids a token that would repeat an n-gram already in the
-            sequence (prompt included). Each step compares every earlier n-gram: it costs a
-            `(rows, length, vocabulary)` comparison per token.
-        logit_bias: `(id, bias)` pairs: each bias is added to its token's score first (OpenAI's
-            `logit_bias`: -100 all but bans a token, 100 all but forces it).
-        frequency_penalty, presence_penalty: OpenAI's: a token generated `c` times (the prompt not
-            counted) has `c * frequency_penalty + (c > 0) * presence_penalty` subtracted from its score.
-    """
-
-    repetition_penalty: float = 1.0
-    min_new_tokens: int = 0
-    no_repeat_ngram_size: int = 0
-    logit_bias: tuple = ()
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-
-    def __post_init__(self):
-        for name in (
-            "repetition_penalty", "min_new_tokens", "no_repeat_ngram_size", "logit_bias", "frequency_penalty",
-            "presence_penalty",
-        ):  # fmt: skip
-            check_setting(name, getattr(self, name))
-
-    @property
-    def penalizes(self) -> bool:
-        return self.repetition_penalty != 1.0
-
-    def compiled_form(self) -> LogitsControls:
-        """What a compiled loop is made for: which controls run, not their values (`values` carries those as
-        tensors), so that a new penalty, bias or minimum is the same program. An n-gram ban's size shapes
-        the loop's comparisons: it stays."""
-        return LogitsControls(2.0 if self.penalizes else 1.0, int(bool(self.min_new_tokens)),
-                              self.no_repeat_ngram_size, ((0, 1.0),) if self.logit_bias else (),
-                              float(bool(self.frequency_penalty)), float(bool(self.presence_penalty)))  # fmt: skip
-
-    def values(self, vocabulary_size: int) -> tuple:
-        """`(repetition_penalty, frequency_penalty, presence_penalty, min_new_tokens, bias)` as NumPy values, what
-        a compiled loop reads: `bias` `(vocabulary,)` float32 with `logit_bias`, else `(1,)` zeros."""
-        bias = bias_of(self.logit_bias, vocabulary_size) if self.logit_bias else np.zeros(1, "float32")
-        return (np.float32(self.repetition_penalty), np.float32(self.frequency_penalty),
-                np.float32(self.presence_penalty), np.int32(self.min_new_tokens), bias)  # fmt: skip
-
-    @property
-    def counts(self) -> bool:
-        """Whether the scores read how often each token was generated (OpenAI's penalties)."""
-        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
-
-    @property
-    def tracks(self) -> bool:
-        """Whether the loop keeps what each row has seen (`initial_seen`, `seen_with`)."""
-        return self.penalizes or self.counts
-
-    def initial_seen(self, buffer, start, vocabulary_size: int):
-        """`(rows, vocabulary)` int32: 1 for each token `buffer[:, :start]` holds (`seen_counted`'s prompt
-        marks; a placeholder where nothing is tracked)."""
-        if not self.tracks:
-            return ops.zeros((ops.shape(buffer)[0], 1), "int32")
-        positions = ops.arange(ops.shape(buffer)[1])[None, :] < start
-        hits = ops.logical_and(ops.one_hot(buffer, vocabulary_size, dtype="int32") > 0, positions[..., None])
-        return ops.cast(ops.any(hits, axis=1), "int32")
-
-    def seen_with(self, seen, token, vocabulary_size: int, generated=None):
-        """`seen` with each row's `token`, counted where the row `generated` it `(rows,)` (else it is a prompt
-        token: seen, not counted; `seen_counted`)."""
-        if not self.tracks:
-            return seen
-        return seen_counted(seen, ops.one_hot(token, vocabulary_size, dtype="int32"), generated)
-
-    def banned_ngrams(self, buffer, t, vocabulary_size: int):
-        """`(rows, vocabulary)`: the tokens that, written at position `t`, would repeat an n-gram of
-        `buffer[:, :t]`."""
-        n = self.no_repeat_ngram_size
-        rows, total = buffer.shape
-        starts = total - n + 1  # n-grams that fit in the buffer, by their first position
-        if starts < 1:
-            return ops.zeros((rows, vocabulary_size), "bool")
-        last = ops.slice(buffer, (0, ops.maximum(t - n + 1, 0)), (rows, n - 1)) if n > 1 else None
-        matches = (ops.arange(starts) + n - 1 < t)[None, :]  # the n-gram is already written
-        matches = ops.logical_and(matches, t >= n - 1)
-        for k in range(n - 1):
-            matches = ops.logical_and(matches, buffer[:, k : k + starts] == last[:, k : k + 1])
-        following = buffer[:, n - 1 : n - 1 + starts]  # each n-gram's last token
-        hits = ops.logical_and(ops.one_hot(following, vocabulary_size, dtype="int32") > 0, matches[..., None])
-        return ops.any(hits, axis=1)
-
-    def __call__(self, scores, seen, new_tokens, stop_token_ids, buffer=None, t=None, values: tuple = ()):
-        """`controlled` scores `(rows, vocabulary)`; `new_tokens` `(rows,)`: how many each row has generated;
-        `buffer`, `t`: the tokens so far are `buffer[:, :t]` (for `no_repeat_ngram_size`). `values`: `values()`
-        as tensors, standing for these controls' numbers (a compiled loop's inputs; none: these controls' own)."""
-        *numbers, bias = values or self.values(scores.shape[-1])
-        settings = Sampler().settings(None, controls=tuple(numbers))
-        banned = self.banned_ngrams(buffer, t, scores.shape[-1]) if self.no_repeat_ngram_size else None
-        return controlled(scores, seen, settings, call_features(Sampler(), self), bias[None, :], banned, new_tokens,
-                          stop_token_ids)  # fmt: skip
-
-
 class RowSettings(NamedTuple):
     """Each row's sampling, `GenerationConfig`'s fields of the same names: `temperature` (0: greedy), `top_k`
     (int32, 0: no limit), `top_p`, `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`
@@ -348,7 +227,7 @@ class Features(NamedTuple):
 
 
 def choose(logits, seen, settings: RowSettings, positions, features: Features, bias=None, banned=None,
-           new_tokens=None, stop_token_ids=None, largest=None, top_k_width: int = 0):  # fmt: skip
+           new_tokens=None, stop_token_ids=None, largest=top_k_largest, top_k_width: int = 0):  # fmt: skip
     """The one chooser of every decoding loop: each row's next token from its `logits` `(rows, vocabulary)`,
     `(token (rows,) int32, warped)`, `warped` the scores it was drawn from (greedy rows: the controlled
     ones). First `controlled`, then greedy (temperature 0) or a draw from the warped scores (`warp`, with
@@ -371,7 +250,7 @@ def controlled(logits, seen, settings: RowSettings, features: Features, bias=Non
     host's `bias` added (with `features.biased`), the tokens `banned` (`(rows, vocabulary)` bool: an n-gram
     ban) made very negative, the penalties on the tokens `seen` (int32 counts, `seen_counted`), and with
     `features.min_new_tokens` the `stop_token_ids` (1-D) made very negative in rows whose `new_tokens`
-    `(rows,)` are fewer than their `min_new_tokens`."""
+    `(rows,)` are fewer than their `min_new_tokens`, unless the row allows no other token (a grammar's end)."""
     scores = ops.cast(logits, "float32")
     if features.biased:
         scores = scores + bias
@@ -386,23 +265,16 @@ def controlled(logits, seen, settings: RowSettings, features: Features, bias=Non
     if features.min_new_tokens:
         is_stop = ops.any(ops.arange(scores.shape[-1])[:, None] == stop_token_ids[None, :], axis=-1)
         early = _column(new_tokens) < _column(settings.min_new_tokens)
-        scores = ops.where(ops.logical_and(early, is_stop[None, :]), LARGE_NEGATIVE, scores)
+        # a row whose mask leaves it nothing but a stop ends: waiting would choose a token it forbids
+        others = ops.any(ops.logical_and(scores > LARGE_NEGATIVE / 2, ops.logical_not(is_stop)[None, :]), axis=-1,
+                         keepdims=True)  # fmt: skip
+        scores = ops.where(ops.logical_and(ops.logical_and(early, others), is_stop[None, :]), LARGE_NEGATIVE, scores)
     return scores
 
 
 def _column(setting):
     """A setting, one for every row (a scalar) or each row's `(rows,)`, as `(rows or 1, 1)`."""
     return ops.reshape(ops.convert_to_tensor(setting), (-1, 1))
-
-
-def call_features(sampler: Sampler, controls: LogitsControls) -> Features:
-    """What the chooser of a `generate` call with `sampler` and `controls` computes."""
-    return Features(not sampler.greedy, bool(sampler.top_k), sampler.top_p < 1.0, bool(sampler.min_p),
-                    controls.penalizes, controls.counts, bool(controls.logit_bias),
-                    min_new_tokens=bool(controls.min_new_tokens))  # fmt: skip
-
-
-NO_CONTROLS = LogitsControls()
 
 
 def bias_of(logit_bias, vocabulary_size: int) -> np.ndarray:
@@ -424,18 +296,93 @@ def check_pad_id(owner: str, pad_token_id, vocabulary_size: int) -> None:
         )
 
 
-def sampler_of(config: GenerationConfig) -> Sampler:
-    """The warps and draw a `GenerationConfig` asks for."""
-    return Sampler(config.temperature, config.top_k, config.top_p, config.min_p)
+def row_values(config: GenerationConfig, seed: int, dtypes: bool = False) -> tuple:
+    """A row's `RowSettings` values from its `config` (each field of the config's name) and `seed` (with
+    `dtypes`, `(value, dtype)` pairs: int32 for integer fields, float32 for the others)."""
+    fields = GenerationConfig.fields()
+    values = (*(getattr(config, name) for name in RowSettings._fields[:-1]), seed)
+    kinds = (*("int32" if isinstance(fields[name].default, int) else "float32" for name in RowSettings._fields[:-1]),
+             "int32")  # fmt: skip
+    return tuple(zip(values, kinds)) if dtypes else values
 
 
-def controls_of(config: GenerationConfig) -> LogitsControls:
-    """The logits controls a `GenerationConfig` asks for."""
-    return LogitsControls(
-        config.repetition_penalty,
-        config.min_new_tokens,
-        config.no_repeat_ngram_size,
-        config.logit_bias or (),
-        config.frequency_penalty,
-        config.presence_penalty,
+def config_settings(config: GenerationConfig, seed: int = 0) -> RowSettings:
+    """The `RowSettings` of a call decoding as `config` says, as NumPy scalars (`seed` stands for the rows')."""
+    return RowSettings(*(np.asarray(value, dtype) for value, dtype in row_values(config, seed, dtypes=True)))
+
+
+def features_of(settings: RowSettings) -> Features:
+    """The features rows of these `settings` (NumPy scalars, or each row's `(rows,)`) need."""
+    temperature, top_k, top_p, min_p, repetition, frequency, presence, minimum = (
+        np.reshape(value, -1) for value in settings[:-1]
     )
+    sampling = temperature > 0
+    return Features(
+        bool(sampling.any()),
+        bool((top_k[sampling] > 0).any()),
+        bool((top_p[sampling] < 1).any()),
+        bool((min_p[sampling] > 0).any()),
+        bool((repetition != 1).any()),
+        bool((frequency != 0).any() or (presence != 0).any()),
+        min_new_tokens=bool((minimum > 0).any()),
+    )
+
+
+class Chooser(NamedTuple):
+    """What a compiled loop's chooser is made for, a part of its compile key: the `features` it computes, the
+    width of its top-k cut (`top_k_width`: every `top_k` up to it runs the same program), the size of its n-gram
+    ban (it shapes the comparisons) and how the cut reads the largest logits (`largest`). The numbers come as
+    tensors (`RowSettings`, a bias), so that new ones replay the same program."""
+
+    features: Features = Features()
+    top_k_width: int = 0
+    no_repeat_ngram_size: int = 0
+    largest: Callable = top_k_largest
+
+
+def chooser_of(settings: RowSettings, no_repeat_ngram_size: int = 0, biased: bool = False) -> Chooser:
+    """The chooser of one call's `settings` (NumPy scalars), with an n-gram ban and a host's bias."""
+    features = features_of(settings)._replace(biased=biased)
+    width = 1 << (int(settings.top_k) - 1).bit_length() if features.top_k else 0
+    return Chooser(features, width, no_repeat_ngram_size)
+
+
+def tracks_seen(features: Features) -> bool:
+    """Whether the loop keeps what each row has seen (`initial_seen`, `seen_with`): for the penalties."""
+    return features.penalty or features.counts
+
+
+def initial_seen(buffer, start, vocabulary_size: int, features: Features):
+    """`(rows, vocabulary)` int32: 1 for each token `buffer[:, :start]` holds (`seen_counted`'s prompt marks; a
+    placeholder where nothing is tracked)."""
+    if not tracks_seen(features):
+        return ops.zeros((ops.shape(buffer)[0], 1), "int32")
+    positions = ops.arange(ops.shape(buffer)[1])[None, :] < start
+    hits = ops.logical_and(ops.one_hot(buffer, vocabulary_size, dtype="int32") > 0, positions[..., None])
+    return ops.cast(ops.any(hits, axis=1), "int32")
+
+
+def seen_with(seen, token, vocabulary_size: int, features: Features, generated=None):
+    """`seen` with each row's `token`, counted where the row `generated` it `(rows,)` (else it is a prompt token:
+    seen, not counted; `seen_counted`)."""
+    if not tracks_seen(features):
+        return seen
+    return seen_counted(seen, ops.one_hot(token, vocabulary_size, dtype="int32"), generated)
+
+
+def banned_ngrams(buffer, t, vocabulary_size: int, n: int):
+    """`(rows, vocabulary)`: the tokens that, written at position `t`, would repeat an n-gram (`n` tokens) of
+    `buffer[:, :t]` (transformers' `no_repeat_ngram_size`). Each step compares every earlier n-gram: a `(rows,
+    length, vocabulary)` comparison per token."""
+    rows, total = buffer.shape
+    starts = total - n + 1  # n-grams that fit in the buffer, by their first position
+    if starts < 1:
+        return ops.zeros((rows, vocabulary_size), "bool")
+    last = ops.slice(buffer, (0, ops.maximum(t - n + 1, 0)), (rows, n - 1)) if n > 1 else None
+    matches = (ops.arange(starts) + n - 1 < t)[None, :]  # the n-gram is already written
+    matches = ops.logical_and(matches, t >= n - 1)
+    for k in range(n - 1):
+        matches = ops.logical_and(matches, buffer[:, k : k + starts] == last[:, k : k + 1])
+    following = buffer[:, n - 1 : n - 1 + starts]  # each n-gram's last token
+    hits = ops.logical_and(ops.one_hot(following, vocabulary_size, dtype="int32") > 0, matches[..., None])
+    return ops.any(hits, axis=1)

@@ -17,7 +17,7 @@ from keras_tfm.export.formats import Endpoint
 from keras_tfm.generation import compiled, constrained, orchestration, prompts, sliding
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.request import Request, check_return_scores
-from keras_tfm.generation.sampling import check_pad_id, sampler_of
+from keras_tfm.generation.sampling import check_pad_id
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.initializers import own_initializer
@@ -346,7 +346,7 @@ class CausalLM(ZooModel):
                 )
         self._check_fits(owner, 1 + config.max_new_tokens, config.max_new_tokens)
         stops, pad = self.stop_ids(config.stop_token_ids).tolist(), self._pad_id(config.pad_token_id)
-        return decoding.generate_endpoint(self, sampler_of(config), stops, pad, config.max_new_tokens)
+        return decoding.generate_endpoint(self, config, stops, pad, config.max_new_tokens)
 
     def _cached_step(self, owner: str, cache_length) -> Endpoint:
         """The `decode` endpoint of `export(..., cache_length=)`, its length checked."""

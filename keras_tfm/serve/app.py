@@ -118,9 +118,6 @@ class _Routes:
                 await run_in_threadpool(Constraint, model, grammar, "response_format")
             except InputError as error:
                 raise RequestError(error.message, error.argument) from None
-            if job.config.min_new_tokens:  # the grammar may allow nothing but the end before the minimum
-                raise RequestError("`min_new_tokens` cannot be used with a reply held to a grammar (`response_format`, "
-                                   f"a forced tool call); received {job.config.min_new_tokens}.", "min_new_tokens")  # fmt: skip
             job.grammar = grammar
         ticket = self.engine.submit(job)
         token_text = token_texts(model)

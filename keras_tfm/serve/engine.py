@@ -30,7 +30,7 @@ from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import row_seeds
+from keras_tfm.generation.sampling import features_of, row_seeds
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
@@ -459,7 +459,7 @@ def _settings_features(configs: list[GenerationConfig], jobs: list[Job] = ()) ->
     """What a chunk computes for rows of these `configs` (of these `jobs`: with their biases, grammars
     and log-probabilities)."""
     settings = continuous.settings_of(configs, [0] * len(configs))
-    return continuous.features_of(settings)._replace(
+    return features_of(settings)._replace(
         biased=any(job.config.logit_bias or job.grammar for job in jobs),
         logprobs=any(_alternatives(job) is not None for job in jobs),
     )

@@ -65,6 +65,17 @@ def test_every_continuation_follows_the_schema_whatever_the_weights():
 
 
 @pytest.mark.backend_independent
+def test_min_new_tokens_never_holds_a_row_past_its_grammars_end():
+    """A minimum past the JSON's length, with an end token the grammar allows after the JSON: the row ends with its
+    grammar, as without a minimum (the end token is forbidden only while the grammar allows something else)."""
+    model = json_model()
+    model.generation_config = {"eos_token_id": CHARACTERS.index("\n")}
+    replies = [model.generate("to be", max_new_tokens=60, json_schema=SCHEMA, temperature=1.0, seed=3,
+                              min_new_tokens=minimum)[len("to be") :] for minimum in (0, 50)]  # fmt: skip
+    assert replies[0] == replies[1] and set(json.loads(replies[1])) == {"city", "sunny"}
+
+
+@pytest.mark.backend_independent
 def test_what_constrained_decoding_cannot_hold_is_refused():
     model = json_model()
     for settings, argument in (

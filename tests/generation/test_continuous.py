@@ -12,7 +12,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import choose
+from keras_tfm.generation.sampling import RowSettings, choose, features_of
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
@@ -205,7 +205,7 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     state.admit(filled, [0, 1], [0, 1], np.zeros((2, VOCABULARY), "int32"))
     for row, config in enumerate(configs):
         state.start(row, prompt, 4, config, seed=0)
-    features = continuous.features_of(continuous.RowSettings(*state.settings))._replace(biased=True)
+    features = features_of(RowSettings(*state.settings))._replace(biased=True)
     chunk = continuous.decode_chunk(model, features, 2)
     bias = ops.convert_to_tensor(np.stack([continuous.host_bias(config, VOCABULARY) for config in configs]))
     taken = np.zeros((2, 0), "int32")

@@ -6,29 +6,28 @@ import pytest
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation import prompts
+from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.orchestration import finish
 from keras_tfm.generation.request import Request, Strategy
-from keras_tfm.generation.sampling import Sampler
+from keras_tfm.generation.sampling import Chooser, Features, config_settings
 
 pytestmark = pytest.mark.backend_independent  # NumPy and Python only
 
 
 def test_ragged_prompts_share_one_buffer_and_each_sample_gets_its_rows():
-    strategy = Strategy(Sampler(temperature=0.7), num_return_sequences=3)
-    request = Request.of_prompts(
-        [[5, 6, 7], [8]], None, 10, strategy, max_new_tokens=4, stop_token_ids=np.array([2]), pad_token_id=0
-    )
+    strategy, settings = Strategy(num_return_sequences=3), config_settings(GenerationConfig(temperature=0.7))
+    request = Request.of_prompts([[5, 6, 7], [8]], None, 10, strategy, max_new_tokens=4, settings=settings,
+                                 stop_token_ids=np.array([2]), pad_token_id=0)  # fmt: skip
     assert request.buffer.shape == (6, 7) and request.prompt_width == 3
     np.testing.assert_array_equal(request.lengths, [3, 3, 3, 1, 1, 1])
     np.testing.assert_array_equal(request.buffer[3], [8, 0, 0, 0, 0, 0, 0])
     assert request.prompt_mask[3].tolist() == [True] + [False] * 6
     # prompts' lengths retrace; sampling values do not (they are the loop's inputs), which warps run does
-    assert request.compiled_key == (Strategy(Sampler(temperature=1.0), num_return_sequences=3), 3, request.controls,
-                                    False)  # fmt: skip
+    assert request.compiled_key == (strategy, 3, Chooser(Features(sampling=True)), False)
 
     def key(**sampling) -> tuple:
-        strategy = Strategy(Sampler(**sampling), num_return_sequences=3)
         return Request.of_prompts([[5, 6, 7], [8]], None, 10, strategy, max_new_tokens=4,
+                                  settings=config_settings(GenerationConfig(**sampling)),
                                   stop_token_ids=np.array([2]), pad_token_id=0).compiled_key  # fmt: skip
 
     assert key(temperature=1.5, top_k=33, top_p=0.8) == key(temperature=0.2, top_k=64, top_p=0.95)

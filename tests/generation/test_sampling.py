@@ -8,18 +8,18 @@ from keras import ops
 
 from keras_tfm.errors import InputError
 from keras_tfm.generation import GenerationConfig, Sampler
-from keras_tfm.generation.continuous import row_values
 from keras_tfm.generation.sampling import (
-    NO_CONTROLS,
     Features,
     RowSettings,
-    call_features,
+    bias_of,
     choose,
-    controls_of,
+    chooser_of,
+    config_settings,
+    controlled,
     draw,
     row_seeds,
     row_uniforms,
-    sampler_of,
+    row_values,
     warp,
 )
 from keras_tfm.layers.attention import LARGE_NEGATIVE
@@ -54,9 +54,10 @@ def test_warps_keep_the_tokens_transformers_keeps_and_each_row_its_own(settings,
     logits = rng.normal(size=(6, 40)).astype("float32") * 3
     expected = transformers_warped(logits, **settings)
     kept = np.isfinite(expected)
-    sampler, seeds, positions = Sampler(**settings), row_seeds(0, 6), np.zeros(6, "int32")
-    ours = choose(logits, None, sampler.settings(seeds), positions, call_features(sampler, NO_CONTROLS),
-                  largest=sampler.largest, top_k_width=sampler.top_k_width)[1]  # fmt: skip
+    call = config_settings(GenerationConfig(**settings))
+    chooser, seeds, positions = chooser_of(call), row_seeds(0, 6), np.zeros(6, "int32")
+    ours = choose(logits, None, call._replace(seed=seeds), positions, chooser.features,
+                  top_k_width=chooser.top_k_width)[1]  # fmt: skip
     ours = ops.convert_to_numpy(ours)
     np.testing.assert_array_equal(ours > LARGE_NEGATIVE / 2, kept)
     np.testing.assert_allclose(ours[kept], expected[kept], rtol=1e-5)
@@ -78,7 +79,8 @@ def test_rows_with_different_settings_choose_as_each_would_alone(rng):
     settings = settings._replace(seed=seeds)
     chosen = ops.convert_to_numpy(choose(logits, None, settings, positions, Features(True, True, True, True))[0])
     for i, config in enumerate(configs):
-        alone = sampler_of(config)(logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1])
+        sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p)
+        alone = sampler(logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1])
         assert chosen[i] == ops.convert_to_numpy(alone)[0]
 
 
@@ -129,9 +131,27 @@ def test_logit_bias_adds_to_the_scores_as_transformers_sequence_bias_does(rng):
     expected = generation.SequenceBiasLogitsProcessor({(k,): v for k, v in bias.items()})(
         torch.zeros((3, 1), dtype=torch.long), torch.tensor(logits)
     )
-    controls = controls_of(GenerationConfig(logit_bias=bias))
-    ours = controls(logits, None, None, None)
+    config = GenerationConfig(logit_bias=bias)
+    ours = controlled(logits, None, config_settings(config), Features(biased=True), bias_of(config.logit_bias, 40))
     np.testing.assert_allclose(ops.convert_to_numpy(ours), expected.numpy(), rtol=1e-6)
+
+
+def test_a_stop_waits_for_min_new_tokens_unless_nothing_else_is_allowed(rng):
+    """Three rows whose likeliest token is the stop: one before its minimum (the stop is forbidden), one before it
+    whose mask (a grammar's end) allows the stop alone (it stays: waiting would choose a forbidden token), one past
+    it."""
+    logits = rng.normal(size=(3, 10)).astype("float32")
+    logits[:, 4] = 5.0
+    bias = np.zeros((3, 10), "float32")
+    bias[1, :4], bias[1, 5:] = LARGE_NEGATIVE, LARGE_NEGATIVE
+    settings = config_settings(GenerationConfig(min_new_tokens=3))
+    scores = controlled(ops.convert_to_tensor(logits), None, settings, Features(biased=True, min_new_tokens=True),
+                        ops.convert_to_tensor(bias), new_tokens=ops.convert_to_tensor([1, 1, 3], "int32"),
+                        stop_token_ids=ops.convert_to_tensor([4], "int32"))  # fmt: skip
+    scores = ops.convert_to_numpy(scores)
+    assert scores.argmax(-1).tolist() == [np.where(np.arange(10) == 4, -np.inf, logits[0]).argmax(), 4, 4]
+    np.testing.assert_array_equal(scores[0, :4], logits[0, :4])
+    np.testing.assert_array_equal(scores[2], logits[2])
 
 
 def test_new_sampling_and_control_values_replay_one_program_and_choose_as_a_fresh_one():

@@ -186,8 +186,9 @@ def test_response_format_and_forced_tool_calls_hold_whatever_the_weights():
         assert "stop" in [choice.finish_reason for choice in loose.choices]
         typed = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
         replies = [c.message.content for c in client.chat.completions.create(**request, response_format=typed).choices]
-        # a stop string does not cut a constrained reply: its grammar ends it (whole, greedy or sampled)
-        for settings in ({"stop": [",", '"'], "stream": True}, {"stop": ","}, {"stop": "}", "temperature": 0}):
+        # a stop string does not cut a constrained reply, nor holds a minimum it: its grammar ends it
+        for settings in ({"stop": [",", '"'], "stream": True}, {"stop": ","}, {"stop": "}", "temperature": 0},
+                         {"extra_body": {"min_new_tokens": 50}}):  # fmt: skip
             answer = client.chat.completions.create(**{**request, "n": 1, **settings}, response_format=typed)
             if settings.get("stream"):
                 chunks = [chunk.choices[0] for chunk in answer if chunk.choices]
