@@ -23,6 +23,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
     grammar = schema_grammar(config.json_schema)
     rows, total = request.buffer.shape
     constraints = [Constraint(model, grammar) for _ in range(rows)]
+    constraints[0].check_writable()
     state = _prefilled(model, request, config)
     features = features_of(RowSettings(*state.settings))._replace(biased=True)
     chunk = continuous.function(model, ("chunk", features, 1))

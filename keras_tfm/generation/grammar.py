@@ -30,7 +30,14 @@ class Constraint:
         self.matcher = llguidance.LLMatcher(_tokenizer(model), grammar)
         if self.matcher.is_error():  # an `InputError` naming `argument`
             raise InputError(f"the grammar: {self.matcher.get_error()}", argument)
-        self.vocabulary_size = model.decoding_vocabulary_size
+        self.vocabulary_size, self.argument = model.decoding_vocabulary_size, argument
+
+    def check_writable(self) -> None:
+        """Refuses, naming the argument, a grammar that no token of the model's vocabulary can begin (a
+        character-level vocabulary without `{` and JSON): decoding would choose a token it forbids."""
+        allowed = np.flatnonzero(self.bias() == 0)  # llguidance's mask of a grammar stuck at once may allow an end
+        if not any(self.matcher.validate_tokens([int(token)]) for token in allowed):
+            raise InputError("no token of the model's vocabulary begins a reply this grammar allows.", self.argument)
 
     def bias(self) -> np.ndarray:
         """`(vocabulary,)` float32: 0 for the tokens the grammar allows next, `LARGE_NEGATIVE` elsewhere."""

@@ -115,7 +115,7 @@ class _Routes:
         job = requests.parse_job(body, prompt_ids, chat=chat, **self.settings)
         if chat and (grammar := _reply_grammar(model, body, job)) is not None:
             try:  # a grammar llguidance refuses is a 400, here
-                await run_in_threadpool(Constraint, model, grammar, "response_format")
+                await run_in_threadpool(lambda: Constraint(model, grammar, "response_format").check_writable())
             except InputError as error:
                 raise RequestError(error.message, error.argument) from None
             job.grammar = grammar

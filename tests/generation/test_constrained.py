@@ -9,6 +9,7 @@ import pytest
 
 import keras_tfm
 from keras_tfm.errors import InputError
+from tests.checks import chat_model
 
 pytest.importorskip("llguidance")
 
@@ -86,6 +87,8 @@ def test_what_constrained_decoding_cannot_hold_is_refused():
     ):
         with pytest.raises(InputError, match=rf"^{argument}: "):
             model.generate("to be", max_new_tokens=4, **{"json_schema": SCHEMA, **settings})
+    with pytest.raises(InputError, match=r"^json_schema: no token of the model's vocabulary begins a reply"):
+        chat_model(max_length=32).generate("ab", max_new_tokens=4, json_schema=True)  # no "{" in its vocabulary
     with pytest.raises(InputError, match=r"^json_schema: DecoderLM\.stream: is taken by `generate`"):
         next(iter(model.stream("to be", max_new_tokens=4, json_schema=SCHEMA)))
 

@@ -85,6 +85,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(model):
                 chat, {"messages": MESSAGES, "response_format": format}, 400, "response_format"
             )
         assert "an integer >= 0" in post(chat, {"messages": MESSAGES, "min_new_tokens": -1}, 400, "min_new_tokens")
+        json_reply = {"messages": MESSAGES, "response_format": {"type": "json_object"}}  # a vocabulary without "{"
+        assert "no token of the model's vocabulary begins" in post(chat, json_reply, 400, "response_format")
         off = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logprobs": False}
         quiet = {"user": "u1", "store": False, "metadata": {"a": "b"}, "max_tokens": 2, **off}
         answered = httpx.post(server.url + chat, json={"messages": MESSAGES, **quiet}, headers=headers, timeout=60)

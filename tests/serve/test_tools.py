@@ -131,8 +131,13 @@ def test_the_openai_client_gets_tool_calls_and_sends_tool_results(monkeypatch):
         forced = {"type": "function", "function": {"name": "get_time"}}
         with pytest.raises(openai.BadRequestError, match="`tool_choice` names a function that is not in `tools`"):
             client.chat.completions.create(**request, tool_choice=forced)
-        # a grammar this vocabulary cannot write (its tokens all read as the call's text): that request
-        # alone fails, its neighbour decoding beside it is answered
+        # a grammar this vocabulary cannot write (its tokens all read as the call's text) is refused at once
+        with pytest.raises(openai.BadRequestError, match="no token of the model's vocabulary begins a reply"):
+            client.chat.completions.create(**request, tool_choice="required")
+        # one that fails while decoding (here: let through): that request alone fails, its neighbour is answered
+        from keras_tfm.generation.grammar import Constraint
+
+        monkeypatch.setattr(Constraint, "check_writable", lambda self: None)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             broken = pool.submit(client.chat.completions.create, **request, tool_choice="required")
             fine = pool.submit(client.chat.completions.create, **request)
