@@ -124,8 +124,7 @@ def _step(decoder: Decoder, state: LoopState, constants: tuple, with_scores: boo
     banned = banned_ngrams(buffer, t, vocabulary, ngram) if ngram else None
     sampled, warped = choose(logits[:, -1, :], seen, RowSettings(*values[:-1], seeds),
                              ops.zeros((rows,), "int32") + ops.cast(t - 1, "int32"), features,
-                             values[-1][None, :], banned, new_tokens, stop_token_ids, largest=chooser.largest,
-                             top_k_width=chooser.top_k_width)  # fmt: skip
+                             values[-1][None, :], banned, new_tokens, stop_token_ids, largest=chooser.largest)  # fmt: skip
     from_prompt = ops.take(prompt_mask, t, axis=1)
     current = ops.reshape(ops.slice(buffer, (0, t), (rows, 1)), (rows,))
     token = ops.where(from_prompt, current, sampled)

@@ -54,9 +54,7 @@ class Sampler:
         `positions` `(rows,)`: `choose` with this sampler's numbers and no controls."""
         config = GenerationConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
         settings = config_settings(config)
-        chooser = chooser_of(settings)
-        return choose(logits, None, settings._replace(seed=seeds), positions, chooser.features,
-                      top_k_width=chooser.top_k_width)[0]  # fmt: skip
+        return choose(logits, None, settings._replace(seed=seeds), positions, features_of(settings))[0]
 
 
 def top_k_largest(logits, k: int):
@@ -74,31 +72,24 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=top_k_
     """`logits` `(rows, vocabulary)` float32 divided by `temperature`, then every token outside the
     `top_k` likeliest, the nucleus of `top_p` and the tokens at least `min_p` times as likely as the
     likeliest made very negative. Each setting is a number, a scalar tensor, or `(rows, 1)`: each row's (a
-    `top_k` of 0 keeps every token); None skips its warp. A Python `top_k`, or a tensor one with
-    `top_k_width` (each at most that), reads its threshold from `largest(logits, k)` (the `k` largest,
-    largest first); tensor ones without a width, from a sort. After a cut to the width, the nucleus reads the
-    width's largest, not a sort of the vocabulary: every other token is cut already (ties with the k-th
-    past the width aside)."""
+    `top_k` of 0 keeps every token); None skips its warp. The top-k cut reads its thresholds from the
+    `top_k_width` largest logits (`largest(logits, width)`, largest first; 0 or past the vocabulary: all of
+    them, a sort): each row's `top_k` is at most the width, or 0 where the width holds the vocabulary. The
+    nucleus after a cut reads those largest, not a sort of the vocabulary: every other token is cut already
+    (ties with the k-th past the width aside)."""
     temperature, top_k, top_p, min_p = (
         s if s is None or isinstance(s, (int, float)) else ops.convert_to_tensor(s)
         for s in (temperature, top_k, top_p, min_p)
     )
     logits = logits / (temperature if isinstance(temperature, (int, float)) else ops.maximum(temperature, 1e-6))
     top = None
-    if top_k is not None:
-        if isinstance(top_k, int):
-            threshold = largest(logits, top_k)[:, -1:]
-        elif top_k_width:  # each k at most the width: the width's largest, read at k - 1
-            width = min(top_k_width, logits.shape[-1])
-            top = largest(logits, width)
-            index = ops.clip(ops.reshape(ops.cast(top_k, "int32"), (-1, 1)), 1, width) - 1
-            threshold = ops.take_along_axis(top, ops.broadcast_to(index, (ops.shape(top)[0], 1)), axis=1)
-            top = ops.where(top < threshold, LARGE_NEGATIVE, top)  # the cut logits' largest, still descending
-        else:  # each row's own k: a sort, read at k - 1 (a k of 0 reads the smallest: keeps every token)
-            descending = ops.flip(ops.sort(logits, axis=-1), axis=-1)
-            width = ops.shape(logits)[-1]
-            index = ops.where(top_k > 0, ops.minimum(top_k, width) - 1, width - 1)
-            threshold = ops.take_along_axis(descending, ops.cast(index, "int32"), axis=-1)
+    if top_k is not None:  # the width's largest, read at k - 1 (a k of 0 reads the last: keeps them all)
+        width = min(top_k_width or logits.shape[-1], logits.shape[-1])
+        top = largest(logits, width)
+        k = ops.reshape(ops.cast(top_k, "int32"), (-1, 1))
+        index = ops.where(k > 0, ops.minimum(k, width), width) - 1
+        threshold = ops.take_along_axis(top, ops.broadcast_to(index, (ops.shape(top)[0], 1)), axis=1)
+        top = ops.where(top < threshold, LARGE_NEGATIVE, top)  # the cut logits' largest, still descending
         logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
     if top_p is not None:
         logits = nucleus(logits, top_p, top)
@@ -207,16 +198,18 @@ class RowSettings(NamedTuple):
 
 
 class Features(NamedTuple):
-    """What a compiled chooser computes, fixed for its function: whether any row samples, cuts to its top-k,
-    a nucleus (`top_p` < 1) or by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty;
-    `counts`: OpenAI's frequency and presence penalties), and whether the host gives each row a
-    bias over the vocabulary (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as
-    `LARGE_NEGATIVE` biases in chunks of one step), whether the chunk also returns log-probabilities
-    (`logprobs`: OpenAI's `logprobs`), and whether a row's stop tokens wait for its `min_new_tokens`. Rows
-    that do not are unchanged by the others' features."""
+    """What a compiled chooser computes, fixed for its function: whether any row samples, the width of its
+    top-k cut (`top_k`, an int: 0 none; else every sampling row's `top_k` is at most it; `ALL_TOKENS` where a
+    row that samples keeps every token beside rows that cut: a sort; `top_k_width`), a nucleus (`top_p` < 1)
+    or a cut by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty; `counts`: OpenAI's
+    frequency and presence penalties), and whether the host gives each row a bias over the vocabulary
+    (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as `LARGE_NEGATIVE` biases in
+    chunks of one step), whether the chunk also returns log-probabilities (`logprobs`: OpenAI's `logprobs`),
+    and whether a row's stop tokens wait for its `min_new_tokens`. Rows that do not are unchanged by the
+    others' features."""
 
     sampling: bool = False
-    top_k: bool = False
+    top_k: int = 0
     nucleus: bool = False
     min_p: bool = False
     penalty: bool = False
@@ -227,11 +220,11 @@ class Features(NamedTuple):
 
 
 def choose(logits, seen, settings: RowSettings, positions, features: Features, bias=None, banned=None,
-           new_tokens=None, stop_token_ids=None, largest=top_k_largest, top_k_width: int = 0):  # fmt: skip
+           new_tokens=None, stop_token_ids=None, largest=top_k_largest):  # fmt: skip
     """The one chooser of every decoding loop: each row's next token from its `logits` `(rows, vocabulary)`,
     `(token (rows,) int32, warped)`, `warped` the scores it was drawn from (greedy rows: the controlled
     ones). First `controlled`, then greedy (temperature 0) or a draw from the warped scores (`warp`, with
-    `largest` and `top_k_width`), keyed by the row's seed and position."""
+    `largest` and the width `features.top_k`), keyed by the row's seed and position."""
     scores = controlled(logits, seen, settings, features, bias, banned, new_tokens, stop_token_ids)
     greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
     if not features.sampling:
@@ -239,7 +232,7 @@ def choose(logits, seen, settings: RowSettings, positions, features: Features, b
     warped = warp(scores, _column(settings.temperature), top_k=_column(settings.top_k) if features.top_k else None,
                   top_p=_column(settings.top_p) if features.nucleus else None,
                   min_p=_column(settings.min_p) if features.min_p else None, largest=largest,
-                  top_k_width=top_k_width)  # fmt: skip
+                  top_k_width=features.top_k)  # fmt: skip
     drawn = draw(warped, ops.zeros_like(greedy) + ops.cast(settings.seed, "int32"), positions)
     return ops.where(ops.convert_to_tensor(settings.temperature) > 0, drawn, greedy), warped
 
@@ -319,7 +312,7 @@ def features_of(settings: RowSettings) -> Features:
     sampling = temperature > 0
     return Features(
         bool(sampling.any()),
-        bool((top_k[sampling] > 0).any()),
+        top_k_width(top_k[sampling]),
         bool((top_p[sampling] < 1).any()),
         bool((min_p[sampling] > 0).any()),
         bool((repetition != 1).any()),
@@ -328,23 +321,32 @@ def features_of(settings: RowSettings) -> Features:
     )
 
 
+ALL_TOKENS = 1 << 30  # a top-k width past any vocabulary: the cut reads every logit (a sort)
+
+
+def top_k_width(top_k: np.ndarray) -> int:
+    """The top-k width of rows that sample with these `top_k`: 0 where none cuts, else their largest rounded
+    up to a power of two (so that every `top_k` up to it runs one program), `ALL_TOKENS` where one keeps every
+    token (0) beside rows that cut."""
+    if not (top_k > 0).any():
+        return 0
+    return ALL_TOKENS if (top_k == 0).any() else 1 << (int(top_k.max()) - 1).bit_length()
+
+
 class Chooser(NamedTuple):
-    """What a compiled loop's chooser is made for, a part of its compile key: the `features` it computes, the
-    width of its top-k cut (`top_k_width`: every `top_k` up to it runs the same program), the size of its n-gram
+    """What a compiled loop's chooser is made for, a part of its compile key: the `features` it computes (the
+    width of its top-k cut among them: every `top_k` up to it runs the same program), the size of its n-gram
     ban (it shapes the comparisons) and how the cut reads the largest logits (`largest`). The numbers come as
     tensors (`RowSettings`, a bias), so that new ones replay the same program."""
 
     features: Features = Features()
-    top_k_width: int = 0
     no_repeat_ngram_size: int = 0
     largest: Callable = top_k_largest
 
 
 def chooser_of(settings: RowSettings, no_repeat_ngram_size: int = 0, biased: bool = False) -> Chooser:
     """The chooser of one call's `settings` (NumPy scalars), with an n-gram ban and a host's bias."""
-    features = features_of(settings)._replace(biased=biased)
-    width = 1 << (int(settings.top_k) - 1).bit_length() if features.top_k else 0
-    return Chooser(features, width, no_repeat_ngram_size)
+    return Chooser(features_of(settings)._replace(biased=biased), no_repeat_ngram_size)
 
 
 def tracks_seen(features: Features) -> bool:

@@ -123,13 +123,14 @@ class CompiledShapes:
                     self.beside += 1
 
     def usable_chunk(self, features: continuous.Features, steps: int, shape: Shape) -> continuous.Features | None:
-        """Features of a chunk compiled for `shape` that computes what `features` asks (the same, or more:
-        a row is unchanged by features it does not use), fewest first; None where none is compiled."""
+        """Features of a chunk compiled for `shape` that computes what `features` asks (the same, or more: a
+        row is unchanged by features it does not use, and a wider top-k cut holds every narrower one), fewest
+        first; None where none is compiled."""
         fits = [
             key[1]
             for key, ready_shape in self.ready
             if key[0] == "chunk" and key[2] == steps and ready_shape == shape
-            and all(has or not wanted for has, wanted in zip(key[1], features))
+            and all(has >= wanted for has, wanted in zip(key[1], features))
         ]  # fmt: skip
         return min(fits, key=sum) if fits else None
 

@@ -12,7 +12,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import RowSettings, choose, features_of
+from keras_tfm.generation.sampling import ALL_TOKENS, RowSettings, choose, features_of
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
@@ -155,6 +155,25 @@ def test_each_row_draws_from_its_own_distribution_and_stream():
     assert ops.convert_to_numpy(three)[1] == 2 and ops.convert_to_numpy(three)[0] == ops.convert_to_numpy(alone)[0]
     later = choose(logits, None, settings(rows, 1.0, seed=seeds), positions + 1, sampled)[0]
     assert np.mean(ops.convert_to_numpy(later) == drawn) < 0.35  # another position, another draw
+
+
+def test_rows_that_all_cut_read_the_widths_largest_and_choose_as_a_sort_does(rng):
+    """Rows of top-k 3, 16 and 9 with a nucleus read their cut from the 16 largest logits (the width
+    `features_of` gives them) and choose what a sort of the whole vocabulary gives; a row that samples without
+    a cut beside them makes the width the vocabulary's."""
+    logits = ops.convert_to_tensor(rng.normal(size=(3, VOCABULARY)).astype("float32") * 3)
+    positions = ops.convert_to_tensor(np.arange(3, dtype="int32"))
+    rows = settings(3, 1.0, 0.9, seed=np.array([1, 2, 3]), top_k=np.array([3, 16, 9]))
+    features = features_of(RowSettings(*(ops.convert_to_numpy(value) for value in rows)))
+    assert features.top_k == 16 and features.nucleus
+    for seed in range(20):
+        rows = rows._replace(seed=ops.convert_to_tensor(np.array([1, 2, 3]) + 3 * seed, "int32"))
+        narrow = choose(logits, None, rows, positions, features)[0]
+        whole = choose(logits, None, rows, positions, features._replace(top_k=ALL_TOKENS))[0]
+        np.testing.assert_array_equal(ops.convert_to_numpy(narrow), ops.convert_to_numpy(whole))
+    keeps_all = settings(2, 1.0, seed=0, top_k=np.array([5, 0]))
+    assert features_of(RowSettings(*(ops.convert_to_numpy(value) for value in keeps_all))).top_k == ALL_TOKENS
+    assert features_of(RowSettings(*(ops.convert_to_numpy(value) for value in settings(2, 0.0, top_k=5)))).top_k == 0
 
 
 def test_a_host_bias_constrains_its_rows_at_each_step(rng):

@@ -9,6 +9,7 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.generation import GenerationConfig, Sampler
 from keras_tfm.generation.sampling import (
+    ALL_TOKENS,
     Features,
     RowSettings,
     bias_of,
@@ -17,6 +18,7 @@ from keras_tfm.generation.sampling import (
     config_settings,
     controlled,
     draw,
+    features_of,
     row_seeds,
     row_uniforms,
     row_values,
@@ -56,8 +58,7 @@ def test_warps_keep_the_tokens_transformers_keeps_and_each_row_its_own(settings,
     kept = np.isfinite(expected)
     call = config_settings(GenerationConfig(**settings))
     chooser, seeds, positions = chooser_of(call), row_seeds(0, 6), np.zeros(6, "int32")
-    ours = choose(logits, None, call._replace(seed=seeds), positions, chooser.features,
-                  top_k_width=chooser.top_k_width)[1]  # fmt: skip
+    ours = choose(logits, None, call._replace(seed=seeds), positions, chooser.features)[1]
     ours = ops.convert_to_numpy(ours)
     np.testing.assert_array_equal(ours > LARGE_NEGATIVE / 2, kept)
     np.testing.assert_allclose(ours[kept], expected[kept], rtol=1e-5)
@@ -77,7 +78,9 @@ def test_rows_with_different_settings_choose_as_each_would_alone(rng):
     columns = list(zip(*[row_values(c, 0, dtypes=True) for c in configs]))
     settings = RowSettings(*(np.asarray([v for v, _ in column], column[0][1]) for column in columns))
     settings = settings._replace(seed=seeds)
-    chosen = ops.convert_to_numpy(choose(logits, None, settings, positions, Features(True, True, True, True))[0])
+    features = features_of(settings)
+    assert features[:4] == (True, ALL_TOKENS, True, True)  # one row samples without a cut beside rows that cut
+    chosen = ops.convert_to_numpy(choose(logits, None, settings, positions, features)[0])
     for i, config in enumerate(configs):
         sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p)
         alone = sampler(logits[i : i + 1], seeds[i : i + 1], positions[i : i + 1])
