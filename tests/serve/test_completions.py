@@ -74,8 +74,9 @@ def test_the_openai_client_gets_what_generate_and_chat_give(model):
                 ends[choice.index] = choice.finish_reason or ends[choice.index]
         assert texts == [choice.text for choice in drawn.choices] and ends == ["length", "length"]
         # logit_bias: a banned token never comes, and the bias shifts the draw as `generate`'s does
-        first = model.tokenizer.encode(expected[0][len("to be") :])[0]
-        bias = {int(first): -100, int(model.tokenizer.encode(" ")[0]): 3.0}
+        first = int(model.tokenizer.encode(expected[0][len("to be") :])[0])
+        boosted = next(int(t) for t in model.tokenizer.encode(" a") if int(t) != first)  # not the banned one
+        bias = {first: -100, boosted: 3.0}
         biased = client.completions.create(
             model="tiny", prompt="to be", max_tokens=10, n=2, logit_bias={str(k): v for k, v in bias.items()}, **warps
         )
