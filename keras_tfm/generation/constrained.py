@@ -13,7 +13,7 @@ from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint, schema_grammar
 from keras_tfm.generation.request import Request
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import RowSettings, features_of, row_seeds
+from keras_tfm.generation.sampling import RowSettings, bias_of, features_of, row_seeds
 
 
 def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -28,7 +28,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
     features = features_of(RowSettings(*state.settings))._replace(biased=True)
     chunk = continuous.function(model, ("chunk", features, 1))
     output, lengths = request.buffer.copy(), request.lengths
-    logit_bias = continuous.host_bias(config, model.decoding_vocabulary_size)
+    logit_bias = bias_of(config.logit_bias, model.decoding_vocabulary_size)
     stops, ended, counts = set(request.stop_token_ids.tolist()), np.zeros(rows, bool), np.zeros(rows, "int32")
     for step in range(request.max_new_tokens):
         bias = np.stack([constraint.bias() for constraint in constraints]) + logit_bias

@@ -20,18 +20,13 @@ from keras import ops
 
 from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.sampling import Features, RowSettings, bias_of, choose, row_values, seen_counted
+from keras_tfm.generation.sampling import Features, RowSettings, choose, row_values, seen_counted
 
 
 def settings_of(configs: Sequence[GenerationConfig], seeds: Sequence[int]) -> RowSettings:
     """`RowSettings` (NumPy columns) of rows decoding with these `configs` and `seeds`, one each."""
     rows = [row_values(config, seed, dtypes=True) for config, seed in zip(configs, seeds, strict=True)]
     return RowSettings(*(np.array([value for value, _ in column], column[0][1]) for column in zip(*rows)))
-
-
-def host_bias(config: GenerationConfig, vocabulary_size: int) -> np.ndarray:
-    """`(vocabulary,)` float32: what a row's `logit_bias` adds to each token's score, on the host."""
-    return bias_of(config.logit_bias, vocabulary_size)
 
 
 def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

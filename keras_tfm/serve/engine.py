@@ -30,7 +30,7 @@ from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import features_of, row_seeds
+from keras_tfm.generation.sampling import bias_of, features_of, row_seeds
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
@@ -365,7 +365,7 @@ class Engine:
         bias = np.zeros((len(self._slots), self.model.decoding_vocabulary_size), "float32")
         for slot in busy:
             row = self._slots[slot]
-            bias[slot] = continuous.host_bias(row.ticket.job.config, bias.shape[1])
+            bias[slot] = bias_of(row.ticket.job.config.logit_bias, bias.shape[1])
             if row.constraint is not None:
                 bias[slot] += row.constraint.bias()
         return bias

@@ -12,7 +12,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import ALL_TOKENS, RowSettings, choose, features_of
+from keras_tfm.generation.sampling import ALL_TOKENS, RowSettings, bias_of, choose, features_of
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
@@ -226,7 +226,7 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
         state.start(row, prompt, 4, config, seed=0)
     features = features_of(RowSettings(*state.settings))._replace(biased=True)
     chunk = continuous.decode_chunk(model, features, 2)
-    bias = ops.convert_to_tensor(np.stack([continuous.host_bias(config, VOCABULARY) for config in configs]))
+    bias = ops.convert_to_tensor(np.stack([bias_of(config.logit_bias, VOCABULARY) for config in configs]))
     taken = np.zeros((2, 0), "int32")
     for _ in range(2):
         cache, seen, generated = chunk(*state.chunk_inputs(2), bias)
