@@ -33,7 +33,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
     for step in range(request.max_new_tokens):
         bias = np.stack([constraint.bias() for constraint in constraints]) + logit_bias
         cache, seen, generated = chunk(*state.chunk_inputs(1), ops.convert_to_tensor(bias))
-        state.advance(cache, seen, ops.convert_to_numpy(generated))
+        state.advance(cache, seen, ops.convert_to_numpy(generated))  # one step: each row's next token
         for row in np.flatnonzero(~ended):
             output[row, lengths[row] + step], counts[row] = state.tokens[row], step + 1
             complete = constraints[row].take(state.tokens[row])

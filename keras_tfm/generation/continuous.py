@@ -29,9 +29,9 @@ def settings_of(configs: Sequence[GenerationConfig], seeds: Sequence[int]) -> Ro
     return RowSettings(*(np.array([value for value, _ in column], column[0][1]) for column in zip(*rows)))
 
 
-def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A chunk's `fed` where no row feeds its prompt's tokens (nor has made any new token)."""
-    return np.zeros((rows, steps), "int32"), np.zeros(rows, "int32"), np.zeros(rows, "int32")
+def nothing_fed(rows: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A chunk's `fed` where no row feeds its prompt's tokens (nor has made any new token): all `steps` run."""
+    return np.zeros((rows, steps), "int32"), np.zeros(rows, "int32"), np.zeros(rows, "int32"), np.array(steps, "int32")
 
 
 def idle_settings(rows: int) -> list[np.ndarray]:
@@ -53,14 +53,15 @@ def logprobs_of(logits, chosen, top: int):
 
 def decode_chunk(model, features: Features, steps: int):
     """A compiled `(cache, tokens, positions, seen, settings, fed[, bias]) -> (cache, seen, generated[,
-    logprobs])`: every row feeds its token at its position, then the token it chose at the next, `steps`
+    logprobs])`: every row feeds its token at its position, then the token it chose at the next, up to `steps`
     times; `generated` `(rows, steps)` holds the tokens fed next (`bias` `(rows, vocabulary)` float32,
     with `features.biased`: what the host adds to each row's scores at every step of the chunk). `fed`,
-    `(tokens (rows, steps), counts (rows,), made (rows,))` int32: a row's first `counts` steps feed those
+    `(tokens (rows, steps), counts (rows,), made (rows,), run ())` int32: a row's first `counts` steps feed those
     tokens of its prompt rather than the ones it chose (a new row whose prompt runs past its prefill; a new
     row's first token comes from the chunk anyway, so these steps cost it no time) and count no seen token;
     `made`: the new tokens the row has taken before the chunk (the model's `stop_ids()` wait for the row's
-    `min_new_tokens`). With
+    `min_new_tokens`); `run`, a scalar: the steps this call runs, at most `steps` (a new row's first token
+    returns after the prompt tokens it feeds, not a whole chunk later; the columns after are zeros). With
     `features.logprobs`, `logprobs` is `(chosen (rows, steps), top ids and top log-probabilities (rows,
     steps, k))` of `logprobs_of`. A row past the cache's end writes its last position again (its request
     has ended; the host drops what it generated). The `cache` and `seen` it is given are spent (JAX
@@ -106,7 +107,7 @@ def decode_chunk(model, features: Features, steps: int):
         start = (
             ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, fed, bias, logprobs
         )  # fmt: skip
-        result = while_loop(lambda i, *rest: i < steps, step_rows, start)
+        result = while_loop(lambda i, *rest: i < rest[6][3], step_rows, start)  # `fed`'s `run`
         return (result[1], result[4], result[5], *((result[9],) if features.logprobs else ()))
 
     return compiled.compile_function(chunk, model, donated=(0, 3))  # the cache and `seen`: callers replace them

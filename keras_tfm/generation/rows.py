@@ -25,6 +25,8 @@ class RowState:
         self.settings = continuous.idle_settings(rows)  # `continuous.RowSettings` columns
         self.fed = continuous.nothing_fed(rows, steps)  # prompt tokens each row feeds in the next chunk
         self.made = np.zeros(rows, "int32")  # the new tokens each row has taken
+        self.first = np.zeros(rows, bool)  # rows started since the last chunk: their first token comes next
+        self.running = steps  # the steps of the chunk `chunk_inputs` last gave the inputs of
 
     @classmethod
     def empty(cls, model, rows: int, length: int, steps: int) -> RowState:
@@ -44,7 +46,7 @@ class RowState:
         (`admit`): its first step feeds the prompt's token after them, the next steps the rest of it."""
         self.tokens[row], self.positions[row] = prompt[prefilled], prefilled
         rest = prompt[prefilled + 1 :]
-        self.fed[0][row, : len(rest)], self.fed[1][row], self.made[row] = rest, len(rest), 0
+        self.fed[0][row, : len(rest)], self.fed[1][row], self.made[row], self.first[row] = rest, len(rest), 0, True
         for setting, value in zip(self.settings, row_values(config, seed)):
             setting[row] = value
 
@@ -54,28 +56,36 @@ class RowState:
         self.cache, self.seen = continuous.admit(self.cache, self.seen, filled, sources, rows, seen_rows)
 
     def chunk_inputs(self, steps: int) -> tuple:
-        """`decode_chunk`'s inputs but the bias: `(cache, tokens, positions, seen, settings, fed)`."""
+        """`decode_chunk`'s inputs but the bias: `(cache, tokens, positions, seen, settings, fed)`. The chunk
+        runs `steps` steps, or, where a row has just started, only until its first new token (`running`)."""
+        self.running = steps
+        if self.first.any():
+            self.running = min(steps, int(self.fed[1][self.first].max()) + 1)
         settings = continuous.RowSettings(*(ops.convert_to_tensor(setting) for setting in self.settings))
         fed = (ops.convert_to_tensor(self.fed[0][:, :steps]), ops.convert_to_tensor(self.fed[1]),
-               ops.convert_to_tensor(self.made))  # fmt: skip
+               ops.convert_to_tensor(self.made), ops.convert_to_tensor(np.array(self.running, "int32")))  # fmt: skip
         tokens, positions = ops.convert_to_tensor(self.tokens), ops.convert_to_tensor(self.positions)
         return self.cache, tokens, positions, self.seen, settings, fed
 
-    def advance(self, cache, seen, generated: np.ndarray) -> np.ndarray:
+    def advance(self, cache, seen, generated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The state after a chunk that returned `cache`, `seen` and `generated` `(rows, steps)`: each row
-        feeds its last token next, `steps` positions on (a row past the cache's end stays at its last).
-        Returns how many of `generated`'s first tokens each row took from its prompt (not chosen)."""
+        feeds its last token next, the chunk's `running` positions on (a row past the cache's end stays at its
+        last). Returns the columns of `generated` the chunk ran, and how many of their first tokens each row
+        took from its prompt (not chosen)."""
+        generated = generated[:, : self.running]
         fed = self.fed[1]
+        self.first[:] = False
         self.made = (self.made + generated.shape[1] - fed).astype("int32")
         self.cache, self.seen = cache, seen
         self.fed = continuous.nothing_fed(self.rows, self.steps)
         self.tokens = generated[:, -1].astype("int32")
         self.positions = np.minimum(self.positions + generated.shape[1], self.length - 1).astype("int32")
-        return fed
+        return generated, fed
 
     def free(self, row: int) -> None:
         """Row `row` ended: what it computes from now on is dropped."""
         self.tokens[row] = self.positions[row] = 0
+        self.first[row] = False
 
     def resized(self, busy: list[int], rows: int, length: int) -> RowState:
         """A state of `rows` rows and `length` positions whose first rows are the rows `busy` of this one

@@ -48,10 +48,19 @@ def parser() -> argparse.ArgumentParser:
                              "requests of up to this many positions, prompt and reply, and those of more rows "
                              "after, beside (0: none; longer ones compile when first needed, while the rows already "
                              "decoding go on; default: %(default)s)")  # fmt: skip
+    parser.add_argument("--compile-cache", default=default_compile_cache(), metavar="DIR",
+                        help="JAX: keep each compiled program in DIR, so that the next start reads it back rather "
+                             "than compile it again ('none': keep none; $JAX_COMPILATION_CACHE_DIR wins; "
+                             "default: %(default)s)")  # fmt: skip
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="on SIGTERM or Ctrl-C, seconds the requests being answered have to finish before "
                              "they are cancelled (default: %(default)s)")  # fmt: skip
     return parser
+
+
+def default_compile_cache() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "keras_tfm", "compiled")
 
 
 def _checked(args: argparse.Namespace) -> argparse.Namespace:
@@ -120,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     from keras_tfm.serve import create_app
 
     compat.torch_server_process()
+    compat.keep_compiled_programs(None if args.compile_cache.lower() == "none" else args.compile_cache)
     try:
         model = load(args.checkpoint, args.dtype)
         name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -126,32 +127,58 @@ class CompiledShapes:
         """Features of a chunk compiled for `shape` that computes what `features` asks (the same, or more: a
         row is unchanged by features it does not use, and a wider top-k cut holds every narrower one), fewest
         first; None where none is compiled."""
-        fits = [
-            key[1]
-            for key, ready_shape in self.ready
-            if key[0] == "chunk" and key[2] == steps and ready_shape == shape
-            and all(has >= wanted for has, wanted in zip(key[1], features))
-        ]  # fmt: skip
+        fits = [key[1] for key, ready_shape in self.ready if ready_shape == shape and _serves(key, features, steps)]
         return min(fits, key=sum) if fits else None
+
+    def holding(self, features: continuous.Features, steps: int, shape: Shape) -> Shape | None:
+        """The smallest shape, fewest rows first, of at least `shape`'s rows and positions whose chunk
+        computing `features` is compiled (rows decode alike in a larger cache); None where there is none."""
+        shapes = [
+            ready_shape
+            for key, ready_shape in self.ready
+            if ready_shape[0] >= shape[0] and ready_shape[1] >= shape[1] and _serves(key, features, steps)
+        ]
+        return min(shapes) if shapes else None
 
     def warm_up(
         self, plan: list[tuple[Key, Shape]], progress: Callable[[str], None] | None, stopped: Callable[[], bool]
     ) -> None:
-        """Compiles every `(key, shape)` of `plan` in order, telling `progress` after each, until `stopped()`
-        (a server closed while it warms up ends within one compile)."""
+        """Compiles every `(key, shape)` of `plan`, telling `progress` after each, until `stopped()` (a server
+        closed while it warms up ends within one compile). On JAX and TensorFlow the chunks compile on this
+        thread while the prefills and writes compile on the side one (XLA's compiler leaves the interpreter
+        to the other thread); PyTorch traces one at a time."""
         start = time.monotonic()
-        for done, (key, shape) in enumerate(plan, 1):
+        side = {}
+        if keras.backend.backend() != "torch":
+            side = {
+                item: self._pool.submit(self.compile, *item)
+                for item in plan
+                if item[0][0] != "chunk" and item not in self.ready
+            }
+        for done, (key, shape) in enumerate([item for item in plan if item not in side] + list(side), 1):
             if stopped():
                 return
-            if (key, shape) not in self.ready:
+            if (key, shape) in side:
+                side[(key, shape)].result()
+            elif (key, shape) not in self.ready:
                 self.compile(key, shape)
-                self.ready.add((key, shape))
+            self.ready.add((key, shape))
             if progress is not None:
                 seconds = time.monotonic() - start
                 progress(f"warm-up {done}/{len(plan)}: {_described(key, shape)} ({seconds:.0f} s)")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _serves(key: Key, features: continuous.Features, steps: int) -> bool:
+    """Whether `key` is a chunk of `steps` steps that computes what `features` asks."""
+    return key[0] == "chunk" and key[2] == steps and all(has >= wanted for has, wanted in zip(key[1], features))
+
+
+def merged(features: Iterable[continuous.Features]) -> continuous.Features:
+    """The features of a chunk that computes what each of `features` asks."""
+    return continuous.Features(*(max(values) for values in zip(*features)))
 
 
 def _described(key: Key, shape: Shape) -> str:
@@ -163,23 +190,28 @@ def _described(key: Key, shape: Shape) -> str:
 
 def warm_up_plan(
     model, max_batch_size: int, length: int, features: Iterable[continuous.Features], steps: int
-) -> list[tuple[Key, Shape]]:
+) -> tuple[list[tuple[Key, Shape]], list[tuple[Key, Shape]]]:
     """The shapes a server of `max_batch_size` rows uses for requests of up to `length` positions (prompt
-    and reply): each row count it uses with each cache length up to `length`'s (prefill widths alike),
-    for each of `features` (say, the chunks of greedy rows and of a request that names no settings)."""
+    and reply), `(first, beside)`. First, what serves one row of any such request: the prefills of one prompt
+    at each width, and the chunk of one row at the longest cache length that computes each of `features`
+    (say, greedy rows' and those of a request that names no settings), with the writes of a prompt into it.
+    Beside: each row count with each cache length up to `length`'s, for each of `features`."""
     top = cache_length(length, model.max_length)
     lengths = sorted({cache_length(WIDTH_STEP << p, model.max_length) for p in range(top.bit_length())} - {0})
     rows = sorted({rows_bucket(count, max_batch_size) for count in range(1, max_batch_size + 1)})
     lengths = [size for size in lengths if size <= top]
+    kinds = list(dict.fromkeys(features))
+    first = [(("prefill",), (1, size)) for size in lengths] + [(("chunk", merged(kinds), steps), (1, lengths[-1]))]
+    first += [(("admit", (1, size)), (1, lengths[-1])) for size in lengths]
     plan = []
     for size in lengths:
         for count in rows:
             plan.append((("prefill",), (count, size)))
-            plan.extend((("chunk", kind, steps), (count, size)) for kind in dict.fromkeys(features))
+            plan.extend((("chunk", kind, steps), (count, size)) for kind in kinds)
     # prompts of (count, width) written into a cache of (rows, length)
     shapes = [(count, size) for size in lengths for count in rows]
     plan += [(("admit", new), cache) for cache in shapes for new in shapes if new[0] <= cache[0] and new[1] <= cache[1]]
-    return plan
+    return first, [item for item in plan if item not in first]
 
 
 def grown(size: int, limit: int, growth: int) -> int:

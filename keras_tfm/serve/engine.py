@@ -112,7 +112,7 @@ class Engine:
         self.ready = threading.Event()
         features = [_settings_features([config]) for config in (GenerationConfig(), *warm_up_configs)]
         self._warm_up = (
-            warm_up_plan(model, max_batch_size, warm_up_length, features, chunk_steps) if warm_up_length else []
+            warm_up_plan(model, max_batch_size, warm_up_length, features, chunk_steps) if warm_up_length else ([], [])
         )
         self._progress = progress
         self.stop_ids = {int(i) for i in np.asarray(model.stop_ids()).reshape(-1)}
@@ -208,8 +208,7 @@ class Engine:
 
     def _run(self) -> None:
         compat.torch_parallel_here()
-        # one row at each length first, then ready: the other row counts compile beside the rows decoding
-        first = [item for item in self._warm_up if item[1][0] == 1]
+        first, beside = self._warm_up  # what one row needs, then ready: the rest compiles beside the rows
         try:
             self.compiled.warm_up(first, self._progress, lambda: self._closed)
         except Exception as error:  # shapes that did not compile compile when first used
@@ -217,7 +216,7 @@ class Engine:
                 self._progress(f"warm-up failed: {error}")
         self.ready.set()
         if not self._closed:
-            self.compiled.compile_later([item for item in self._warm_up if item not in first], self._progress)
+            self.compiled.compile_later(beside, self._progress)
         while (tickets := self._next_tickets()) is not None:
             self.compiled.settle()
             if tickets:
@@ -247,9 +246,9 @@ class Engine:
         busy = self._busy()
         rows = len(busy) + sum(_rows_of(t.job) for t in tickets)
         length = max([len(t.job.prompt) + t.job.max_tokens for t in tickets] + self._lengths_needed())
-        shape = self._shape(rows, length)
         prompts = [t.job.prompt for t in tickets]
         chunk = _chunk_key(self._jobs(busy) + [t.job for t in tickets], self.chunk_steps)
+        shape = self._shape(rows, length, chunk)
         width = self._prefill_width(prompts, chunk[2], shape[1])
         prefilled = [min(len(prompt) - 1, width) for prompt in prompts]
         prefill = (("prefill",), (rows_bucket(len(prompts), self.max_batch_size), width))
@@ -304,8 +303,16 @@ class Engine:
     def _length(self) -> int:
         return 0 if self._state is None else self._state.length
 
-    def _shape(self, rows: int, length: int) -> tuple[int, int]:
-        """The fewest rows and positions of the bucketed shapes that hold `rows` rows of `length` positions."""
+    def _shape(self, rows: int, length: int, chunk: tuple) -> tuple[int, int]:
+        """The fewest rows and positions of the bucketed shapes that hold `rows` rows of `length` positions; or,
+        while that shape's `chunk` is not compiled, the smallest larger one where it is (the warm-up compiles
+        the smaller ones beside, and a row decodes alike in a longer cache)."""
+        shape = self._bucketed(rows, length)
+        if self.compiled.usable_chunk(*chunk[1:], shape) is None:
+            return self.compiled.holding(*chunk[1:], shape) or shape
+        return shape
+
+    def _bucketed(self, rows: int, length: int) -> tuple[int, int]:
         return rows_bucket(rows, self.max_batch_size), cache_length(length, self.model.max_length)
 
     def _reshape(self, rows: int, length: int) -> None:
@@ -337,9 +344,8 @@ class Engine:
             *self._state.chunk_inputs(steps),
             *(() if bias is None else (ops.convert_to_tensor(bias),)),
         )
-        generated = ops.convert_to_numpy(generated)
-        scores = [ops.convert_to_numpy(part) for part in scores[0]] if scores else None
-        fed = self._state.advance(cache, seen, generated)
+        generated, fed = self._state.advance(cache, seen, ops.convert_to_numpy(generated))
+        scores = [ops.convert_to_numpy(part)[:, : generated.shape[1]] for part in scores[0]] if scores else None
         for slot in busy:
             row = self._slots[slot]
             new = slice(fed[slot], None)  # after the prompt's tokens the chunk fed
@@ -348,12 +354,12 @@ class Engine:
                 self._slots[slot] = None
                 self._state.free(slot)
                 self._finish(row.ticket)
-        if busy := self._busy():  # a smaller cache, where its loop is compiled already
-            shape = self._shape(len(busy), max(self._lengths_needed()))
+        if busy := self._busy():  # the smallest cache whose loop is compiled; the smallest at all compiles beside
             chunk = _chunk_key(self._jobs(busy), self.chunk_steps)
-            compiled = self.compiled.usable_chunk(*chunk[1:], shape) is not None
-            if compiled or self.compiled.available([(chunk, shape)]):
-                self._reshape(*shape)
+            fewest = self._bucketed(len(busy), max(self._lengths_needed()))
+            if self.compiled.usable_chunk(*chunk[1:], fewest) is None:
+                self.compiled.available([(chunk, fewest)])
+            self._reshape(*self._shape(len(busy), max(self._lengths_needed()), chunk))
         else:
             self._slots, self._state = [], None
 

@@ -214,7 +214,7 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
 
 def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     """Two rows whose stop token is all but forced (a bias of 100): the row of no minimum takes it at once, the
-    row of minimum 3 takes three other tokens first, over two chunks of two steps, as `generate` does."""
+    row of minimum 3 takes three other tokens first, over chunks of two steps, as `generate` does."""
     model = decoder_lm()
     model.generation_config = {"eos_token_id": 7}
     prompt = rng.integers(0, VOCABULARY, 5).astype("int32")
@@ -228,13 +228,12 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     chunk = continuous.decode_chunk(model, features, 2)
     bias = ops.convert_to_tensor(np.stack([bias_of(config.logit_bias, VOCABULARY) for config in configs]))
     taken = np.zeros((2, 0), "int32")
-    for _ in range(2):
+    for _ in range(3):  # the first chunk returns at the rows' first token: one step, then two each
         cache, seen, generated = chunk(*state.chunk_inputs(2), bias)
-        state.advance(cache, seen, ops.convert_to_numpy(generated))
-        taken = np.concatenate([taken, ops.convert_to_numpy(generated)], axis=1)
-    assert taken[0, 0] == 7 and 7 not in taken[1, :3] and taken[1, 3] == 7
+        taken = np.concatenate([taken, state.advance(cache, seen, ops.convert_to_numpy(generated))[0]], axis=1)
+    assert taken.shape == (2, 5) and taken[0, 0] == 7 and 7 not in taken[1, :3] and taken[1, 3] == 7
     expected = model.generate(prompt[None], max_new_tokens=4, logit_bias={7: 100.0}, min_new_tokens=3)
-    np.testing.assert_array_equal(np.asarray(expected)[0, 5:], taken[1])
+    np.testing.assert_array_equal(np.asarray(expected)[0, 5:], taken[1, :4])
 
 
 def test_openai_penalties_are_the_formula_on_the_models_logits(rng):
@@ -251,3 +250,18 @@ def test_openai_penalties_are_the_formula_on_the_models_logits(rng):
     got = model.generate([prompt.tolist()], 10, stop_token_ids=(), frequency_penalty=1.5, presence_penalty=0.5)
     np.testing.assert_array_equal(got[0], ids[0])
     assert not np.array_equal(model.generate([prompt.tolist()], 10, stop_token_ids=())[0], ids[0])  # they changed it
+
+
+@pytest.mark.backend_independent
+def test_a_chunk_after_a_row_starts_runs_only_until_its_first_new_token():
+    """A started row's first token comes after the prompt tokens its chunk feeds (its prompt's last, and those
+    past the prefill), not after a whole chunk; later chunks run every step."""
+    state = RowState((np.zeros((2, 2, 1, 16, 4), "float32"),), np.zeros((2, 5), "int32"), steps=4)
+    state.start(0, [1, 2, 3, 4, 4], 4, GenerationConfig(), seed=0)  # feeds its last token: one step
+    assert state.chunk_inputs(4)[5][3] == 1 == state.running
+    state.start(1, [1, 2, 3, 4, 4], 2, GenerationConfig(), seed=0)  # feeds 3, then 4 and 4: three steps
+    assert state.chunk_inputs(4)[5][3] == 3
+    taken, fed = state.advance(state.cache, state.seen, np.arange(8, dtype="int32").reshape(2, 4))
+    assert taken.tolist() == [[0, 1, 2], [4, 5, 6]] and fed.tolist() == [0, 2]
+    assert state.positions.tolist() == [7, 5] and state.tokens.tolist() == [2, 6] and state.made.tolist() == [3, 1]
+    assert state.chunk_inputs(4)[5][3] == 4

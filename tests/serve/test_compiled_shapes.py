@@ -3,7 +3,7 @@
 import pytest
 
 from keras_tfm.generation.sampling import ALL_TOKENS, Features
-from keras_tfm.serve.compiled_shapes import CompiledShapes
+from keras_tfm.serve.compiled_shapes import CompiledShapes, warm_up_plan
 
 
 @pytest.mark.backend_independent
@@ -19,3 +19,37 @@ def test_a_chunk_with_more_features_or_a_wider_cut_serves_rows_that_need_fewer()
         assert shapes.usable_chunk(Features(sampling=True, min_p=True), 4, (4, 32)) is None
     finally:
         shapes.close()
+
+
+@pytest.mark.backend_independent
+def test_rows_whose_shape_is_not_compiled_use_the_smallest_compiled_shape_that_holds_them():
+    shapes = CompiledShapes(None)
+    try:
+        greedy, sampling = Features(), Features(sampling=True)
+        shapes.ready |= {(("chunk", sampling, 4), (1, 128)), (("chunk", sampling, 4), (4, 64))}
+        shapes.ready |= {(("chunk", greedy, 4), (16, 32)), (("prefill",), (1, 256))}
+        assert shapes.holding(greedy, 4, (1, 32)) == (1, 128)  # fewest rows first
+        assert shapes.holding(sampling, 4, (2, 32)) == (4, 64)
+        assert shapes.holding(sampling, 4, (8, 32)) is None  # the 16 rows compute no sampling
+        assert shapes.holding(greedy, 4, (1, 256)) is None  # a prefill is no chunk
+        assert shapes.holding(greedy, 1, (1, 32)) is None
+    finally:
+        shapes.close()
+
+
+@pytest.mark.backend_independent
+def test_the_warm_up_makes_one_row_ready_for_every_length_and_setting_before_the_rest():
+    class Model:
+        max_length = 512
+
+    greedy, sampling = Features(), Features(sampling=True, top_k=32)
+    first, beside = warm_up_plan(Model(), 16, 100, [greedy, sampling, greedy, Features(penalty=True)], 4)
+    merged = Features(sampling=True, top_k=32, penalty=True)
+    assert first == [
+        *((("prefill",), (1, width)) for width in (32, 64, 128)),
+        (("chunk", merged, 4), (1, 128)),
+        *((("admit", (1, width)), (1, 128)) for width in (32, 64, 128)),
+    ]
+    chunks = [item for item in beside if item[0][0] == "chunk"]
+    assert len(chunks) == 3 * 3 * 3 and len(set(beside)) == len(beside) and not set(first) & set(beside)
+    assert {shape for _, shape in chunks} == {(rows, size) for rows in (1, 4, 16) for size in (32, 64, 128)}

@@ -161,14 +161,14 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
         assert httpx.get(server.url + "/health").status_code == 503 and lines
         release.set()
         assert engine.ready.wait(120) and httpx.get(server.url + "/health").status_code == 200
-        # ready after one row, cache length 32: a prefill, a greedy chunk and a chunk of the defaults'
-        # sampling, and the write of 1 prompt into 1 row; then beside, the same for 2 rows, and the writes
-        # of 1 and 2 prompts into 2 rows
-        assert lines[3].startswith("warm-up 4/4") and {shape[0] for _, shape in engine.compiled.ready} == {1}
+        # ready after one row, cache length 32: a prefill, a chunk of the defaults' sampling (greedy rows too),
+        # and the write of 1 prompt into 1 row; then beside, the greedy chunk, the same for 2 rows, and the
+        # writes of 1 and 2 prompts into 2 rows
+        assert lines[2].startswith("warm-up 3/3") and {shape[0] for _, shape in engine.compiled.ready} == {1}
         deadline = time.time() + 120
         while len(lines) < 9 and time.time() < deadline:
             time.sleep(0.05)
-        assert len(lines) == 9 and all(line.startswith("warm-up beside") for line in lines[4:]), lines
+        assert len(lines) == 9 and all(line.startswith("warm-up beside") for line in lines[3:]), lines
         slowed(engine, monkeypatch, 0.4)  # 10 chunks of 4 tokens: four seconds of stream, beside a loaded machine
         compile, during = engine.compiled.compile, []
 
@@ -200,6 +200,23 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
     assert short.json()["choices"][0]["text"] == short_text and "".join(streamed) == long_text
     assert engine.joined_running == 1 and engine.rows_per_chunk[2] >= 1  # it decoded beside the stream
     assert engine.compiled.stalls == 0 and engine.compiled.beside >= 1 and min(during) >= 2, during
+
+
+@pytest.mark.backend_independent
+def test_a_short_request_right_after_the_warm_up_decodes_in_the_longer_cache_compiled(model, monkeypatch):
+    """Ready after one row's chunk at the longest cache length: a short request then decodes in that cache
+    (no compile before its answer) while the shorter one compiles beside, and gets `generate`'s answer."""
+    from keras_tfm.serve.compiled_shapes import CompiledShapes
+
+    monkeypatch.setattr(CompiledShapes, "compile_later", lambda self, plan, progress: None)  # the rest: later
+    expected = model.generate("to be", max_new_tokens=6)[len("to be") :]
+    with Server(model, max_batch_size=2, warm_up_length=64) as server:
+        engine = server.app.state.engine
+        assert engine.ready.wait(120)
+        body = {"prompt": "to be", "max_tokens": 6, "temperature": 0}
+        answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert answer["choices"][0]["text"] == expected
+    assert next(iter(engine.shapes)) == (1, 64) and engine.compiled.stalls == 0, engine.shapes
 
 
 @pytest.mark.backend_independent
