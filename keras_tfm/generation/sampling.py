@@ -68,15 +68,17 @@ def sorted_largest(logits, k: int):
     return ops.flip(ops.sort(logits, axis=-1)[:, -k:], axis=-1)
 
 
-def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=top_k_largest, top_k_width: int = 0):
+def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=top_k_largest, top_k_width: int = 0,
+         uncut: bool = False):  # fmt: skip
     """`logits` `(rows, vocabulary)` float32 divided by `temperature`, then every token outside the
     `top_k` likeliest, the nucleus of `top_p` and the tokens at least `min_p` times as likely as the
     likeliest made very negative. Each setting is a number, a scalar tensor, or `(rows, 1)`: each row's (a
     `top_k` of 0 keeps every token); None skips its warp. The top-k cut reads its thresholds from the
     `top_k_width` largest logits (`largest(logits, width)`, largest first; 0 or past the vocabulary: all of
-    them, a sort): each row's `top_k` is at most the width, or 0 where the width holds the vocabulary. The
-    nucleus after a cut reads those largest, not a sort of the vocabulary: every other token is cut already
-    (ties with the k-th past the width aside)."""
+    them, a sort): each row's `top_k` is at most the width, or 0 where the width holds the vocabulary or with
+    `uncut` (rows of `top_k` 0 beside rows that cut: they keep every token). The nucleus after a cut reads those
+    largest, not a sort of the vocabulary: every other token is cut already (ties with the k-th past the width
+    aside); an `uncut` row's is searched."""
     temperature, top_k, top_p, min_p = (
         s if s is None or isinstance(s, (int, float)) else ops.convert_to_tensor(s)
         for s in (temperature, top_k, top_p, min_p)
@@ -89,9 +91,13 @@ def warp(logits, temperature, top_k=None, top_p=None, min_p=None, largest=top_k_
         k = ops.reshape(ops.cast(top_k, "int32"), (-1, 1))
         index = ops.where(k > 0, ops.minimum(k, width), width) - 1
         threshold = ops.take_along_axis(top, ops.broadcast_to(index, (ops.shape(top)[0], 1)), axis=1)
+        if uncut:
+            threshold = ops.where(k > 0, threshold, float("-inf"))
         top = ops.where(top < threshold, LARGE_NEGATIVE, top)  # the cut logits' largest, still descending
         logits = ops.where(logits < threshold, LARGE_NEGATIVE, logits)
-    if top_p is not None:
+    if top_p is not None and uncut:
+        logits = ops.where(k > 0, nucleus(logits, top_p, top), nucleus(logits, top_p))
+    elif top_p is not None:
         logits = nucleus(logits, top_p, top)
     if min_p is not None:  # transformers' MinPLogitsWarper: p < min_p * max(p) is cut
         probabilities = ops.softmax(logits, axis=-1)
@@ -216,8 +222,8 @@ class RowSettings(NamedTuple):
 
 class Features(NamedTuple):
     """What a compiled chooser computes, fixed for its function: whether any row samples, the width of its
-    top-k cut (`top_k`, an int: 0 none; else every sampling row's `top_k` is at most it; `ALL_TOKENS` where a
-    row that samples keeps every token beside rows that cut: a sort; `top_k_width`), a nucleus (`top_p` < 1)
+    top-k cut (`top_k`, an int: 0 none; else every sampling row's `top_k` is at most it; `top_k_width`), whether
+    a row that samples keeps every token beside rows that cut (`uncut`), a nucleus (`top_p` < 1)
     or a cut by `min_p`, penalizes repeats (`penalty`: transformers' repetition penalty; `counts`: OpenAI's
     frequency and presence penalties), and whether the host gives each row a bias over the vocabulary
     (`biased`: OpenAI's `logit_bias`, and constrained decoding's token masks as `LARGE_NEGATIVE` biases in
@@ -227,6 +233,7 @@ class Features(NamedTuple):
 
     sampling: bool = False
     top_k: int = 0
+    uncut: bool = False
     nucleus: bool = False
     min_p: bool = False
     penalty: bool = False
@@ -249,7 +256,7 @@ def choose(logits, seen, settings: RowSettings, positions, features: Features, b
     warped = warp(scores, _column(settings.temperature), top_k=_column(settings.top_k) if features.top_k else None,
                   top_p=_column(settings.top_p) if features.nucleus else None,
                   min_p=_column(settings.min_p) if features.min_p else None, largest=largest,
-                  top_k_width=features.top_k)  # fmt: skip
+                  top_k_width=features.top_k, uncut=features.uncut)  # fmt: skip
     drawn = draw(warped, ops.zeros_like(greedy) + ops.cast(settings.seed, "int32"), positions)
     return ops.where(ops.convert_to_tensor(settings.temperature) > 0, drawn, greedy), warped
 
@@ -330,6 +337,7 @@ def features_of(settings: RowSettings) -> Features:
     return Features(
         bool(sampling.any()),
         top_k_width(top_k[sampling]),
+        bool((top_k[sampling] > 0).any() and (top_k[sampling] == 0).any()),
         bool((top_p[sampling] < 1).any()),
         bool((min_p[sampling] > 0).any()),
         bool((repetition != 1).any()),
@@ -338,16 +346,12 @@ def features_of(settings: RowSettings) -> Features:
     )
 
 
-ALL_TOKENS = 1 << 30  # a top-k width past any vocabulary: the cut reads every logit (a sort)
-
-
 def top_k_width(top_k: np.ndarray) -> int:
     """The top-k width of rows that sample with these `top_k`: 0 where none cuts, else their largest rounded
-    up to a power of two (so that every `top_k` up to it runs one program), `ALL_TOKENS` where one keeps every
-    token (0) beside rows that cut."""
+    up to a power of two (so that every `top_k` up to it runs one program)."""
     if not (top_k > 0).any():
         return 0
-    return ALL_TOKENS if (top_k == 0).any() else 1 << (int(top_k.max()) - 1).bit_length()
+    return 1 << (int(top_k.max()) - 1).bit_length()
 
 
 class Chooser(NamedTuple):

@@ -12,7 +12,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import ALL_TOKENS, RowSettings, bias_of, choose, features_of
+from keras_tfm.generation.sampling import RowSettings, bias_of, choose, features_of
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
@@ -160,7 +160,7 @@ def test_each_row_draws_from_its_own_distribution_and_stream():
 def test_rows_that_all_cut_read_the_widths_largest_and_choose_as_a_sort_does(rng):
     """Rows of top-k 3, 16 and 9 with a nucleus read their cut from the 16 largest logits (the width
     `features_of` gives them) and choose what a sort of the whole vocabulary gives; a row that samples without
-    a cut beside them makes the width the vocabulary's."""
+    a cut beside rows that cut keeps every token (`uncut`)."""
     logits = ops.convert_to_tensor(rng.normal(size=(3, VOCABULARY)).astype("float32") * 3)
     positions = ops.convert_to_tensor(np.arange(3, dtype="int32"))
     rows = settings(3, 1.0, 0.9, seed=np.array([1, 2, 3]), top_k=np.array([3, 16, 9]))
@@ -169,10 +169,11 @@ def test_rows_that_all_cut_read_the_widths_largest_and_choose_as_a_sort_does(rng
     for seed in range(20):
         rows = rows._replace(seed=ops.convert_to_tensor(np.array([1, 2, 3]) + 3 * seed, "int32"))
         narrow = choose(logits, None, rows, positions, features)[0]
-        whole = choose(logits, None, rows, positions, features._replace(top_k=ALL_TOKENS))[0]
+        whole = choose(logits, None, rows, positions, features._replace(top_k=VOCABULARY))[0]  # a sort
         np.testing.assert_array_equal(ops.convert_to_numpy(narrow), ops.convert_to_numpy(whole))
     keeps_all = settings(2, 1.0, seed=0, top_k=np.array([5, 0]))
-    assert features_of(RowSettings(*(ops.convert_to_numpy(value) for value in keeps_all))).top_k == ALL_TOKENS
+    features = features_of(RowSettings(*(ops.convert_to_numpy(value) for value in keeps_all)))
+    assert (features.top_k, features.uncut) == (8, True)
     assert features_of(RowSettings(*(ops.convert_to_numpy(value) for value in settings(2, 0.0, top_k=5)))).top_k == 0
 
 

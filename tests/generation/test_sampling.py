@@ -9,7 +9,6 @@ from keras import ops
 from keras_tfm.errors import InputError
 from keras_tfm.generation import GenerationConfig, Sampler
 from keras_tfm.generation.sampling import (
-    ALL_TOKENS,
     Features,
     RowSettings,
     bias_of,
@@ -99,7 +98,7 @@ def test_rows_with_different_settings_choose_as_each_would_alone(rng):
     settings = RowSettings(*(np.asarray([v for v, _ in column], column[0][1]) for column in columns))
     settings = settings._replace(seed=seeds)
     features = features_of(settings)
-    assert features[:4] == (True, ALL_TOKENS, True, True)  # one row samples without a cut beside rows that cut
+    assert features[:5] == (True, 16, True, True, True)  # rows that sample without a cut beside rows that cut
     chosen = ops.convert_to_numpy(choose(logits, None, settings, positions, features)[0])
     for i, config in enumerate(configs):
         sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from keras_tfm.generation.sampling import ALL_TOKENS, Features
+from keras_tfm.generation.sampling import Features
 from keras_tfm.serve.compiled_shapes import CompiledShapes, warm_up_plan
 
 
@@ -12,9 +12,10 @@ def test_a_chunk_with_more_features_or_a_wider_cut_serves_rows_that_need_fewer()
     try:
         wide = Features(sampling=True, top_k=64, nucleus=True)
         shapes.ready.add((("chunk", wide, 4), (4, 32)))
-        shapes.ready.add((("chunk", wide._replace(top_k=ALL_TOKENS, penalty=True), 4), (4, 32)))
+        shapes.ready.add((("chunk", wide._replace(top_k=256, uncut=True, penalty=True), 4), (4, 32)))
         assert shapes.usable_chunk(Features(sampling=True, top_k=16), 4, (4, 32)) == wide  # the fewest
-        assert shapes.usable_chunk(Features(sampling=True, top_k=128), 4, (4, 32)).top_k == ALL_TOKENS
+        assert shapes.usable_chunk(Features(sampling=True, top_k=128), 4, (4, 32)).top_k == 256
+        assert shapes.usable_chunk(Features(sampling=True, top_k=16, uncut=True), 4, (4, 32)).uncut
         assert shapes.usable_chunk(Features(sampling=True, top_k=16), 1, (4, 32)) is None  # other steps
         assert shapes.usable_chunk(Features(sampling=True, min_p=True), 4, (4, 32)) is None
     finally:
