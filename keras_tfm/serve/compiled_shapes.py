@@ -130,6 +130,14 @@ class CompiledShapes:
         fits = [key[1] for key, ready_shape in self.ready if ready_shape == shape and _serves(key, features, steps)]
         return min(fits, key=sum) if fits else None
 
+    def prefill_width(self, rows: int, width: int, length: int) -> int:
+        """The width to prefill `rows` prompts that fit `width` in a cache of `length`: `width`, or while its
+        prefill is not compiled, the narrowest compiled one up to `length` (a prompt is right-padded)."""
+        if (("prefill",), (rows, width)) in self.ready:
+            return width
+        widths = [shape[1] for key, shape in self.ready if key == ("prefill",) and shape[0] == rows]
+        return min([size for size in widths if width < size <= length], default=width)
+
     def holding(self, features: continuous.Features, steps: int, shape: Shape) -> Shape | None:
         """The smallest shape, fewest rows first, of at least `shape`'s rows and positions whose chunk
         computing `features` is compiled (rows decode alike in a larger cache); None where there is none."""
@@ -192,17 +200,17 @@ def warm_up_plan(
     model, max_batch_size: int, length: int, features: Iterable[continuous.Features], steps: int
 ) -> tuple[list[tuple[Key, Shape]], list[tuple[Key, Shape]]]:
     """The shapes a server of `max_batch_size` rows uses for requests of up to `length` positions (prompt
-    and reply), `(first, beside)`. First, what serves one row of any such request: the prefills of one prompt
-    at each width, and the chunk of one row at the longest cache length that computes each of `features`
-    (say, greedy rows' and those of a request that names no settings), with the writes of a prompt into it.
-    Beside: each row count with each cache length up to `length`'s, for each of `features`."""
+    and reply), `(first, beside)`. First, what serves one row of any such request: the prefill of one prompt
+    at the longest width, the chunk of one row at that cache length that computes each of `features` (say,
+    greedy rows' and those of a request that names no settings), and the write of the prompt into it. Beside:
+    each row count with each cache length up to `length`'s, for each of `features`."""
     top = cache_length(length, model.max_length)
     lengths = sorted({cache_length(WIDTH_STEP << p, model.max_length) for p in range(top.bit_length())} - {0})
     rows = sorted({rows_bucket(count, max_batch_size) for count in range(1, max_batch_size + 1)})
     lengths = [size for size in lengths if size <= top]
     kinds = list(dict.fromkeys(features))
-    first = [(("prefill",), (1, size)) for size in lengths] + [(("chunk", merged(kinds), steps), (1, lengths[-1]))]
-    first += [(("admit", (1, size)), (1, lengths[-1])) for size in lengths]
+    longest = (1, lengths[-1])
+    first = [(("prefill",), longest), (("chunk", merged(kinds), steps), longest), (("admit", longest), longest)]
     plan = []
     for size in lengths:
         for count in rows:

@@ -249,9 +249,10 @@ class Engine:
         prompts = [t.job.prompt for t in tickets]
         chunk = _chunk_key(self._jobs(busy) + [t.job for t in tickets], self.chunk_steps)
         shape = self._shape(rows, length, chunk)
-        width = self._prefill_width(prompts, chunk[2], shape[1])
+        count = rows_bucket(len(prompts), self.max_batch_size)
+        width = self.compiled.prefill_width(count, self._prefill_width(prompts, chunk[2], shape[1]), shape[1])
         prefilled = [min(len(prompt) - 1, width) for prompt in prompts]
-        prefill = (("prefill",), (rows_bucket(len(prompts), self.max_batch_size), width))
+        prefill = (("prefill",), (count, width))
         if busy:
             wanted = [prefill, (("admit", prefill[1]), shape)]
             wanted += [(chunk, shape)] * (self.compiled.usable_chunk(*chunk[1:], shape) is None)

@@ -24,6 +24,7 @@ def test_a_chunk_with_more_features_or_a_wider_cut_serves_rows_that_need_fewer()
 
 @pytest.mark.backend_independent
 def test_rows_whose_shape_is_not_compiled_use_the_smallest_compiled_shape_that_holds_them():
+    """And prompts whose prefill is not compiled, the narrowest compiled prefill the cache holds."""
     shapes = CompiledShapes(None)
     try:
         greedy, sampling = Features(), Features(sampling=True)
@@ -34,23 +35,25 @@ def test_rows_whose_shape_is_not_compiled_use_the_smallest_compiled_shape_that_h
         assert shapes.holding(sampling, 4, (8, 32)) is None  # the 16 rows compute no sampling
         assert shapes.holding(greedy, 4, (1, 256)) is None  # a prefill is no chunk
         assert shapes.holding(greedy, 1, (1, 32)) is None
+        shapes.ready |= {(("prefill",), (1, 64)), (("prefill",), (4, 32))}
+        assert shapes.prefill_width(1, 32, 128) == 64 and shapes.prefill_width(1, 32, 32) == 32  # none fits
+        assert shapes.prefill_width(4, 32, 128) == 32 and shapes.prefill_width(1, 128, 256) == 256
     finally:
         shapes.close()
 
 
 @pytest.mark.backend_independent
 def test_the_warm_up_makes_one_row_ready_for_every_length_and_setting_before_the_rest():
+    """Before ready: the longest prefill, chunk and write of one row; beside, every other shape."""
+
     class Model:
         max_length = 512
 
     greedy, sampling = Features(), Features(sampling=True, top_k=32)
     first, beside = warm_up_plan(Model(), 16, 100, [greedy, sampling, greedy, Features(penalty=True)], 4)
     merged = Features(sampling=True, top_k=32, penalty=True)
-    assert first == [
-        *((("prefill",), (1, width)) for width in (32, 64, 128)),
-        (("chunk", merged, 4), (1, 128)),
-        *((("admit", (1, width)), (1, 128)) for width in (32, 64, 128)),
-    ]
+    assert first == [(("prefill",), (1, 128)), (("chunk", merged, 4), (1, 128)), (("admit", (1, 128)), (1, 128))]
     chunks = [item for item in beside if item[0][0] == "chunk"]
     assert len(chunks) == 3 * 3 * 3 and len(set(beside)) == len(beside) and not set(first) & set(beside)
     assert {shape for _, shape in chunks} == {(rows, size) for rows in (1, 4, 16) for size in (32, 64, 128)}
+    assert (("prefill",), (1, 32)) in beside and (("admit", (1, 32)), (16, 64)) in beside

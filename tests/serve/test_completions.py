@@ -204,8 +204,9 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
 
 @pytest.mark.backend_independent
 def test_a_short_request_right_after_the_warm_up_decodes_in_the_longer_cache_compiled(model, monkeypatch):
-    """Ready after one row's chunk at the longest cache length: a short request then decodes in that cache
-    (no compile before its answer) while the shorter one compiles beside, and gets `generate`'s answer."""
+    """Ready after one row's prefill and chunk at the longest cache length: a short request is then prefilled
+    and decodes there (no compile before its answer) while the shorter ones compile beside, and gets `generate`'s
+    answer."""
     from keras_tfm.serve.compiled_shapes import CompiledShapes
 
     monkeypatch.setattr(CompiledShapes, "compile_later", lambda self, plan, progress: None)  # the rest: later
@@ -217,6 +218,7 @@ def test_a_short_request_right_after_the_warm_up_decodes_in_the_longer_cache_com
         answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
     assert answer["choices"][0]["text"] == expected
     assert next(iter(engine.shapes)) == (1, 64) and engine.compiled.stalls == 0, engine.shapes
+    assert {shape for key, shape in engine.compiled.ready if key == ("prefill",)} == {(1, 64)}
 
 
 @pytest.mark.backend_independent
