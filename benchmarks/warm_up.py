@@ -35,12 +35,12 @@ def measure() -> dict:
     import keras
 
     import keras_tfm
-    from keras_tfm import compat
+    from keras_tfm.generation import compiled
     from keras_tfm.generation.config import GenerationConfig
     from keras_tfm.serve.engine import Engine
 
     imported_mb = resident_mb()
-    compat.keep_compiled_programs(os.environ.get("KERAS_TFM_BENCHMARK_CACHE"))  # as the server does
+    compiled.keep_compiled_programs(os.environ.get("KERAS_TFM_BENCHMARK_CACHE"))  # as the server does
     model = keras_tfm.smollm2_135m(max_length=2048)
     model.build()
     loaded = time.monotonic() - start

@@ -100,23 +100,6 @@ def one_garbage_collection():
         gc.collect()
 
 
-def keep_compiled_programs(directory: str | None) -> str | None:
-    """On JAX, every program XLA compiles from here on is written to `directory` and read back by a later
-    process that compiles the same program (model, shapes, versions): a server started again compiles
-    nothing it compiled before (the SmolLM2 shape: 3.1 to 1.0 s a decoding chunk, the rest tracing).
-    `$JAX_COMPILATION_CACHE_DIR`, where set, is kept. Returns the directory in use (None: none, or
-    another backend: TensorFlow reads its cache's flag only as it starts, and PyTorch traces in Python)."""
-    if keras.backend.backend() != "jax":
-        return None
-    import jax
-
-    directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or directory
-    if directory:
-        jax.config.update("jax_compilation_cache_dir", directory)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # a prefill's second counts too
-    return directory or None
-
-
 @functools.cache
 def on_xla_cpu() -> bool:
     """Whether the backend compiles with XLA for a CPU (JAX or TensorFlow with no accelerator).

@@ -377,21 +377,3 @@ def test_a_saved_model_holds_each_weight_once_with_the_shim(tmp_path):
         sizes.append(round(sum(path.stat().st_size for path in data) / 240_000))  # in kernels
         np.testing.assert_allclose(loaded.serve(np.ones((1, 3), "float32")), model(np.ones((1, 3))), rtol=1e-6)
     assert sizes[0] >= 2 and sizes[1] == 1, f"the SavedModel's weights without and with the shim, in kernels: {sizes}"
-
-
-def test_compiled_programs_are_kept_where_asked_on_jax_only(tmp_path, monkeypatch):
-    """JAX's directory of compiled programs becomes the one given, unless `$JAX_COMPILATION_CACHE_DIR` names one;
-    the other backends keep none (JAX writes and reads the files: `benchmarks/warm_up.py` measures a restart)."""
-    if keras.backend.backend() != "jax":
-        assert compat.keep_compiled_programs(str(tmp_path)) is None
-        return
-    import jax
-
-    before = jax.config.jax_compilation_cache_dir
-    try:
-        assert compat.keep_compiled_programs(str(tmp_path)) == os.environ["JAX_COMPILATION_CACHE_DIR"]  # the tests'
-        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
-        assert compat.keep_compiled_programs(str(tmp_path)) == str(tmp_path) == jax.config.jax_compilation_cache_dir
-        assert compat.keep_compiled_programs(None) is None
-    finally:
-        jax.config.update("jax_compilation_cache_dir", before)

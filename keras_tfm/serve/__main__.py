@@ -125,11 +125,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: the server needs its extra: pip install 'keras_tfm[serve]'")
     from keras_tfm import compat
     from keras_tfm.errors import InputError
+    from keras_tfm.generation import compiled
     from keras_tfm.saving import load
     from keras_tfm.serve import create_app
 
     compat.torch_server_process()
-    compat.keep_compiled_programs(None if args.compile_cache.lower() == "none" else args.compile_cache)
+    compiled.keep_compiled_programs(None if args.compile_cache.lower() == "none" else args.compile_cache)
     try:
         model = load(args.checkpoint, args.dtype)
         name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
