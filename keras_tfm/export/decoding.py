@@ -1,10 +1,11 @@
 """Decoding as traced functions of tensors, so that an exported model decodes without Python Keras.
 
 `decode_tensors` is the whole loop: what a SavedModel's `generate` (a causal LM) or `translate` (a
-translator) endpoint (`generate_endpoint`, `translate_endpoint`) runs in TensorFlow's loader or TensorFlow Serving. The loop is `decoding.decode`,
-as `generate` runs it; every size but the room for new tokens (`room`, fixed at export) is a traced
-value: any batch, any prompt length. `cached_step` is one step over a key/value cache that the caller
-holds: what a LiteRT or ONNX model exports, whose runtime has no loop of ours."""
+translator) endpoint (`generate_endpoint`, `translate_endpoint`) runs in TensorFlow's loader or TensorFlow
+Serving. The loop is the row loop (`continuous.decode_rows`), as `generate` runs it; every size but the room
+for new tokens (`room`, fixed at export) is a traced value: any batch, any prompt length. `cached_step` is one
+step over a key/value cache that the caller holds: what a LiteRT or ONNX model exports, whose runtime has no
+loop of ours."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from keras import ops
 
 from keras_tfm.export.formats import Endpoint
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.decoding import Batch, Decoder, decode
-from keras_tfm.generation.request import call_values
-from keras_tfm.generation.sampling import RowSettings, chooser_of, config_settings, sorted_largest, traced_row_seeds
+from keras_tfm.generation.continuous import Loop, decode_rows
+from keras_tfm.generation.sampling import RowSettings, config_settings, features_of, sorted_largest, traced_row_seeds
 
 
 def decode_tensors(
@@ -37,38 +37,36 @@ def decode_tensors(
     Returns `{"token_ids": (rows, width + room), "lengths": (rows,)}`: each row's prompt, its new
     tokens (up to and with a stop token) and `pad_token_id` after them, and where each row ends.
     `inputs`: the model's own, given to `decoding_cache` (a translator's source ids)."""
-    rows, width = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-    token_ids = ops.cast(token_ids, "int32")
-    lengths = ops.cast(lengths, "int32")
-    buffer = ops.concatenate([token_ids, ops.full((rows, room), pad_token_id, "int32")], axis=1)
-    total = ops.shape(buffer)[1]
-    positions = ops.arange(total, dtype="int32")[None, :]
-    max_new_tokens = ops.clip(ops.cast(max_new_tokens, "int32"), 0, room)
+    rows = ops.shape(token_ids)[0]
+    token_ids, lengths = ops.cast(token_ids, "int32"), ops.cast(lengths, "int32")
+    limits = ops.zeros_like(lengths) + ops.clip(ops.cast(max_new_tokens, "int32"), 0, room)
     stops = ops.convert_to_tensor(list(stop_token_ids) or [-1], "int32")
-    batch = Batch(
-        buffer,
-        positions < lengths[:, None],
-        lengths,
-        max_new_tokens,
-        stops,
-        ops.convert_to_tensor(pad_token_id, "int32"),
-        traced_row_seeds(seed, rows),
-        values=call_values(settings, (), model.decoding_vocabulary_size),
+    columns = (ops.zeros((rows,), str(value.dtype)) + ops.convert_to_tensor(value) for value in settings[:-1])
+    row_settings = RowSettings(*columns, traced_row_seeds(seed, rows))
+    features = features_of(settings)
+    loop = Loop(ends=True, largest=sorted_largest)  # a sort: what a SavedModel loader reads
+    run = decode_rows(model, features, room, loop)
+    generated = run(token_ids, lengths, row_settings, limits, stops, (), *inputs)[0]
+    return _written(token_ids, lengths, generated, limits, stops, pad_token_id)
+
+
+def _written(token_ids, lengths, generated, limits, stops, pad_token_id: int) -> dict:
+    """`decode_tensors`' result: each row's prompt, then its `generated` tokens up to and with its first stop
+    token (or its `limits` of them), then `pad_token_id`."""
+    room = ops.shape(generated)[1]
+    stopped = ops.logical_and(
+        ops.any(ops.equal(generated[:, :, None], stops[None, None, :]), axis=-1),
+        ops.arange(room, dtype="int32")[None, :] < limits[:, None],
     )
-    cache, context = model.decoding_cache(rows, total, *inputs)
-    chooser = chooser_of(settings)._replace(largest=sorted_largest)  # a sort: what a SavedModel loader reads
-    decoder = Decoder(model.call_with_cache, chooser=chooser, vocabulary_size=model.decoding_vocabulary_size)
-    output = decode(decoder, batch._replace(context=context), width, cache)
-    return {"token_ids": output, "lengths": _ends(output, lengths, max_new_tokens, stops)}
-
-
-def _ends(output, lengths, max_new_tokens, stops):
-    """Where each row of `output` ends: after its first new stop token, or after all its new tokens."""
-    positions = ops.arange(ops.shape(output)[1], dtype="int32")[None, :]
-    new = ops.logical_and(positions >= lengths[:, None], positions < (lengths + max_new_tokens)[:, None])
-    stopped = ops.logical_and(new, ops.any(ops.equal(output[:, :, None], stops[None, None, :]), axis=-1))
     first = ops.cast(ops.argmax(ops.cast(stopped, "int32"), axis=1), "int32") + 1
-    return ops.where(ops.any(stopped, axis=1), first, lengths + max_new_tokens)
+    counts = ops.where(ops.any(stopped, axis=1), first, limits)
+    total = ops.shape(token_ids)[1] + room
+    positions = ops.arange(total, dtype="int32")[None, :]
+    new = positions - lengths[:, None]  # which new token a position holds
+    taken = ops.take_along_axis(generated, ops.clip(new, 0, room - 1), axis=1)
+    prompts = ops.pad(token_ids, ((0, 0), (0, room)))
+    output = ops.where(new < 0, prompts, ops.where(new < counts[:, None], taken, pad_token_id))
+    return {"token_ids": output, "lengths": lengths + counts}
 
 
 def cached_step(model, token_ids, position, cache) -> dict:

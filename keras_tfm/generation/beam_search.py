@@ -9,13 +9,57 @@ token is finished: it may only continue with padding at no cost, so its score st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from keras import ops, tree
 
-from keras_tfm.generation.decoding import Batch, Decoder
-from keras_tfm.generation.sampling import RowSettings, banned_ngrams, controlled, initial_seen, seen_with, tracks_seen
+from keras_tfm.generation.sampling import (
+    Chooser,
+    RowSettings,
+    banned_ngrams,
+    controlled,
+    initial_seen,
+    seen_with,
+    tracks_seen,
+)
 from keras_tfm.layers.attention import LARGE_NEGATIVE
+
+
+class Decoder(NamedTuple):
+    """What a decoding loop runs, fixed for one compiled function.
+
+    `step(token_ids, cache, index, *context, output_logits=True) -> (logits, cache)` runs the model on
+    `token_ids` placed at positions `index, index + 1, ...` (with `output_logits=False`, the prefill, it
+    returns `None` for the logits). `while_loop` is `ops.while_loop` or a drop-in
+    (`compiled.decoding_functions`). `chooser`: what the chooser computes (the numbers are the batch's);
+    `vocabulary_size` is the logits' width (a repetition penalty needs it)."""
+
+    step: Callable
+    while_loop: Callable = ops.while_loop
+    chooser: Chooser = Chooser()
+    vocabulary_size: int | None = None
+
+
+class Batch(NamedTuple):
+    """The tensors of one decoding call: `buffer` and `prompt_mask` `(rows, total)` (the prompts,
+    right-padded, and room for the new tokens), each row's prompt `lengths`, and how rows end:
+    `max_new_tokens`, `stop_token_ids` (1-D) and the `pad_token_id` written after a row's end.
+    `context`: what the step reads but never changes (a translator's encoder keys/values and source
+    mask). `seeds` `(rows,)` int32: each row's random stream (`sampling.draw`). `values`: the call's numbers
+    (`request.call_values`: its `RowSettings` but the seed, then its bias), tensors, so that new numbers
+    replay the same program. Every value is a tensor, so that a traced loop body can be replayed on the
+    next call."""
+
+    buffer: object
+    prompt_mask: object
+    lengths: object
+    max_new_tokens: object
+    stop_token_ids: object
+    pad_token_id: object
+    seeds: object
+    context: tuple = ()
+    values: tuple = ()
 
 
 class BeamSearch(NamedTuple):

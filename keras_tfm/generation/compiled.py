@@ -208,7 +208,9 @@ def _write_in_place(cache, start: tuple, entries):
     import torch
 
     if len(getattr(start[3], "shape", ())) == 1:  # each row at its own position (one new position each)
-        cache[torch.arange(cache.shape[0], device=cache.device), :, :, start[3]] = entries[:, :, :, 0]
+        # a copy of the positions: an index of an in-place write may be written, for all the trace knows, so
+        # nothing read from it could be computed once for every layer
+        cache[torch.arange(cache.shape[0], device=cache.device), :, :, start[3].clone()] = entries[:, :, :, 0]
         return cache
     positions = torch.arange(entries.shape[3], device=cache.device) + start[3]
     return cache.index_copy_(3, positions, entries)

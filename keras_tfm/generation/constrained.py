@@ -1,7 +1,6 @@
-"""`generate` with a grammar (`json_schema`): the request's rows run through the server's row loop
-(`continuous`), one step per call, each row's next token held to its grammar by a host bias
-(`grammar.Constraint`); the compiled whole-sequence loop of `orchestration` has no step at which the
-host could give one. Rows choose their tokens with `generate`'s chooser and seeds."""
+"""`generate` with a grammar (`json_schema`): the request's rows run through the row loop (`continuous`) one
+step per call, each row's next token held to its grammar by a host bias (`grammar.Constraint`), which the host
+gives between two steps. Rows choose their tokens with `generate`'s chooser and seeds."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""Continuous batching, the device side: a fixed set of rows (slots) of one key/value cache, each row at
-its own position with its own sampling settings and its own random stream, so that a request can join
-the batch between two chunks of steps and leave when it ends (`serve.engine` keeps the books).
+"""The row loop, the one decoding loop but beam search's: a fixed set of rows (slots) of one key/value cache,
+each row at its own position with its own sampling settings and its own random stream.
 
-- `admit` prefills new prompts and writes them into free rows of the cache.
-- `decode_chunk` runs every row `steps` positions on (a compiled loop), each row feeding its last token
-  at its own position (`call_with_cache` with a `(rows,)` `cache_update_index`).
-- `resized` copies the cache into more or fewer rows, or a longer or shorter length.
+- `chunk_body` runs every row some steps on (a compiled loop), each row feeding its last token at its own
+  position (`call_with_cache` with a `(rows,)` `cache_update_index`); a `Loop` adds what `generate` asks for:
+  rows that end by themselves, transition scores, an n-gram ban.
+- `decode_rows` is `generate`'s and an exported model's call: the prompts prefilled, then the loop to the end.
+- For the server (`serve.engine` keeps the books), a request joins the batch between two chunks and leaves
+  when it ends: `admit` prefills new prompts and writes them into free rows of the cache, and `resized` copies
+  the cache into more or fewer rows, or a longer or shorter length.
 
 Each row chooses its tokens with `sampling`'s chooser and its own seed, so a seeded request gets the
 same answer whoever it shares the batch with, and the answer `generate` gives with that seed.
@@ -13,14 +15,24 @@ same answer whoever it shares the batch with, and the answer `generate` gives wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from keras import ops
 
 from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.sampling import Features, RowSettings, choose, row_values, seen_counted
+from keras_tfm.generation.sampling import (
+    Features,
+    RowSettings,
+    banned_ngrams,
+    choose,
+    initial_seen,
+    row_values,
+    seen_counted,
+    top_k_largest,
+)
 
 
 def settings_of(configs: Sequence[GenerationConfig], seeds: Sequence[int]) -> RowSettings:
@@ -51,36 +63,86 @@ def logprobs_of(logits, chosen, top: int):
     return picked, ops.cast(top_ids, "int32"), top_values
 
 
-def decode_chunk(model, features: Features, steps: int):
-    """A compiled `(cache, tokens, positions, seen, settings, fed[, bias]) -> (cache, seen, generated[,
-    logprobs])`: every row feeds its token at its position, then the token it chose at the next, up to `steps`
-    times; `generated` `(rows, steps)` holds the tokens fed next (`bias` `(rows, vocabulary)` float32,
-    with `features.biased`: what the host adds to each row's scores at every step of the chunk). `fed`,
-    `(tokens (rows, steps), counts (rows,), made (rows,), run ())` int32: a row's first `counts` steps feed those
-    tokens of its prompt rather than the ones it chose (a new row whose prompt runs past its prefill; a new
-    row's first token comes from the chunk anyway, so these steps cost it no time) and count no seen token;
-    `made`: the new tokens the row has taken before the chunk (the model's `stop_ids()` wait for the row's
-    `min_new_tokens`); `run`, a scalar: the steps this call runs, at most `steps` (a new row's first token
-    returns after the prompt tokens it feeds, not a whole chunk later; the columns after are zeros). With
-    `features.logprobs`, `logprobs` is `(chosen (rows, steps), top ids and top log-probabilities (rows,
-    steps, k))` of `logprobs_of`. A row past the cache's end writes its last position again (its request
-    has ended; the host drops what it generated). The `cache` and `seen` it is given are spent (JAX
-    writes the new ones into their buffers): the caller goes on with those it returns."""
+class Loop(NamedTuple):
+    """What a row loop does beside choosing tokens, fixed for its compiled function (a part of its key):
+    - `ends`: rows end by themselves, after a stop token or their limit of new tokens, and the loop stops once
+      every row has (`generate`, `stream`; the server's engine ends its rows on the host);
+    - `scores`: it returns each new token's transition score;
+    - `ngram`: the size of an n-gram ban (each row keeps its tokens by position, its `history`);
+    - `largest`: how a top-k cut reads the largest scores (a sort in an exported SavedModel);
+    - `aligned`: every row is at the same position (prompts of one length), so the model takes one position for
+      all rows (fewer operations a step than a position per row)."""
+
+    ends: bool = False
+    scores: bool = False
+    ngram: int = 0
+    largest: Callable = top_k_largest
+    aligned: bool = False
+
+
+class Rows(NamedTuple):
+    """A row loop's tensors beside the server's: `stops` (1-D) and each row's `limits` of new tokens with
+    `Loop.ends` (and which rows are `done`), each new token's transition `scores` `(rows, steps)` with
+    `Loop.scores`, each row's tokens by position (`history`, `(rows, cache length)`) with `Loop.ngram`, and the
+    `context` every step reads (a translator's encoder keys and values and source mask)."""
+
+    stops: object = ()
+    limits: object = ()
+    done: object = ()
+    scores: object = ()
+    history: object = ()
+    context: tuple = ()
+
+
+SERVER, NO_ROWS = Loop(), Rows()  # the server's engine's loop: it ends its rows and keeps no more
+
+
+def decode_chunk(model, features: Features, steps: int, loop: Loop = SERVER):
+    """A compiled `(cache, tokens, positions, seen, settings, fed[, bias][, rows]) -> (cache, seen, generated[,
+    logprobs][, scores][, history])` (`chunk_body`): the server's chunk, and with a `loop`, `generate`'s."""
+    # the cache and `seen`: callers replace them
+    return compiled.compile_function(chunk_body(model, features, steps, loop), model, donated=(0, 3))
+
+
+def chunk_body(model, features: Features, steps: int, loop: Loop = SERVER):
+    """`(cache, tokens, positions, seen, settings, fed[, bias][, rows]) -> (cache, seen, generated[, logprobs][,
+    scores][, history])`, a traceable function: every row feeds its token at its position, then the token it
+    chose at the next, up to `steps` times; `generated` `(rows, steps)` holds the tokens fed next (`bias` `(rows,
+    vocabulary)` float32, with `features.biased`: what the host adds to each row's scores at every step of the
+    chunk). `fed`, `(tokens (rows, steps), counts (rows,), made (rows,), run ())` int32: a row's first `counts`
+    steps feed those tokens of its prompt rather than the ones it chose (a new row whose prompt runs past its
+    prefill; a new row's first token comes from the chunk anyway, so these steps cost it no time) and count no
+    seen token; `made`: the new tokens the row has taken before the chunk (the stops wait for the row's
+    `min_new_tokens`: `rows.stops` with `Loop.ends`, else the model's `stop_ids()`); `run`, a scalar: the steps
+    this call runs, at most `steps` (a new row's first token returns after the prompt tokens it feeds, not a
+    whole chunk later; the columns after are zeros). With `features.logprobs`, `logprobs` is `(chosen (rows,
+    steps), top ids and top log-probabilities (rows, steps, k))` of `logprobs_of`. `rows`, a `Rows`, with a
+    `Loop` (`Loop.scores`: `scores` the log-softmax of the scores each token was drawn from, transformers'
+    transition scores). A row past the cache's end writes its last position again (its request has ended; the
+    host drops what it generated). The `cache` and `seen` it is given are spent (JAX writes the new ones into
+    their buffers): the caller goes on with those it returns."""
     top = min(TOP_LOGPROBS, model.decoding_vocabulary_size)
     stops = (
-        ops.convert_to_tensor(np.asarray(model.stop_ids(), "int32").reshape(-1)) if features.min_new_tokens else None
+        ops.convert_to_tensor(np.asarray(model.stop_ids(), "int32").reshape(-1))
+        if features.min_new_tokens and not loop.ends
+        else None
     )
 
-    def step_rows(i, cache, tokens, positions, seen, generated, settings, fed, bias, logprobs):
-        logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, positions)
+    def step_rows(i, cache, tokens, positions, seen, generated, settings, fed, bias, logprobs, rows):
+        # a new tensor, not the input, so that PyTorch's trace computes what every layer derives from it (the
+        # rotation, the mask) once: an input might alias the caches written in place (`compiled.torch_trace`)
+        index = ops.min(positions) if loop.aligned else positions + 0
+        logits, cache = model.call_with_cache(ops.expand_dims(tokens, 1), cache, index, *rows.context)
+        logits = logits[:, -1, :]
         made = fed[2] + i - fed[1]  # the new tokens before this step's (negative while it feeds its prompt)
-        chosen = choose(logits[:, -1, :], seen, settings, positions, features, bias, new_tokens=made,
-                        stop_token_ids=stops)[0]  # fmt: skip
+        banned = banned_ngrams(rows.history, positions + 1, logits.shape[-1], loop.ngram) if loop.ngram else None
+        chosen, warped = choose(logits, seen, settings, positions, features, bias, banned, made,
+                                rows.stops if loop.ends else stops, largest=loop.largest)  # fmt: skip
         prompted = i < fed[1]
         following = ops.where(prompted, ops.take(fed[0], i, axis=1), chosen)
         generated = ops.slice_update(generated, (0, i), ops.expand_dims(following, 1))
         if features.logprobs:
-            picked, top_ids, top_values = logprobs_of(logits[:, -1, :], chosen, top)
+            picked, top_ids, top_values = logprobs_of(logits, chosen, top)
             logprobs = tuple(
                 ops.slice_update(kept, (0, i, 0)[: len(kept.shape)], ops.expand_dims(new, 1))
                 for kept, new in zip(logprobs, (picked, top_ids, top_values))
@@ -88,34 +150,97 @@ def decode_chunk(model, features: Features, steps: int):
         if features.penalty or features.counts:
             hot = ops.one_hot(chosen, ops.shape(seen)[1], dtype="int32")
             seen = seen_counted(seen, hot * ops.expand_dims(ops.cast(ops.logical_not(prompted), "int32"), 1), None)
+        rows = _rows_after(rows, loop, i, positions, following, chosen, warped, ops.logical_not(prompted), made)
         last = ops.shape(cache[0])[3] - 1
         positions = ops.minimum(positions + 1, last)
-        return i + 1, cache, following, positions, seen, generated, settings, fed, bias, logprobs
+        return i + 1, cache, following, positions, seen, generated, settings, fed, bias, logprobs, rows
 
     _, while_loop = compiled.decoding_functions(model.call_with_cache, model)
 
-    def chunk(cache, tokens, positions, seen, settings, fed, bias=()):
-        rows = ops.shape(tokens)[0]
-        generated = ops.zeros((rows, steps), "int32")
+    def cond(i, *rest):
+        going = i < rest[6][3]  # `fed`'s `run`
+        return ops.logical_and(going, ops.logical_not(ops.all(rest[9].done))) if loop.ends else going
+
+    def chunk(cache, tokens, positions, seen, settings, fed, bias=(), rows=NO_ROWS):
+        count = ops.shape(tokens)[0]
+        generated = ops.zeros((count, steps), "int32")
         logprobs = ()
         if features.logprobs:
             logprobs = (
-                ops.zeros((rows, steps), "float32"),
-                ops.zeros((rows, steps, top), "int32"),
-                ops.zeros((rows, steps, top), "float32"),
+                ops.zeros((count, steps), "float32"),
+                ops.zeros((count, steps, top), "int32"),
+                ops.zeros((count, steps, top), "float32"),
             )
-        start = (
-            ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, fed, bias, logprobs
-        )  # fmt: skip
-        result = while_loop(lambda i, *rest: i < rest[6][3], step_rows, start)  # `fed`'s `run`
-        return (result[1], result[4], result[5], *((result[9],) if features.logprobs else ()))
+        if loop.ends:
+            rows = rows._replace(done=rows.limits <= fed[2])
+        if loop.scores:
+            rows = rows._replace(scores=ops.zeros((count, steps), "float32"))
+        start = (ops.convert_to_tensor(0, "int32"), cache, tokens, positions, seen, generated, settings, fed, bias,
+                 logprobs, rows)  # fmt: skip
+        result = while_loop(cond, step_rows, start)
+        rows = result[10]
+        return (result[1], result[4], result[5], *((result[9],) if features.logprobs else ()),
+                *((rows.scores,) if loop.scores else ()), *((rows.history,) if loop.ngram else ()))  # fmt: skip
 
-    return compiled.compile_function(chunk, model, donated=(0, 3))  # the cache and `seen`: callers replace them
+    return chunk
+
+
+def _rows_after(rows: Rows, loop: Loop, i, positions, following, chosen, warped, generating, made) -> Rows:
+    """`rows` after step `i` fed the rows at `positions` and chose `chosen` (from `warped`), `following` next;
+    `generating` `(rows,)`: the rows that chose a new token (not one of their prompt's), their `made`th."""
+    if loop.scores:
+        score = ops.take_along_axis(ops.log_softmax(warped, axis=-1), ops.expand_dims(chosen, 1), axis=1)
+        score = ops.where(ops.expand_dims(generating, 1), score, 0.0)
+        rows = rows._replace(scores=ops.slice_update(rows.scores, (0, i), ops.cast(score, "float32")))
+    if loop.ngram:  # the token each row feeds next, at its next position
+        placed = ops.arange(ops.shape(rows.history)[1], dtype="int32")[None, :] == ops.expand_dims(positions + 1, 1)
+        rows = rows._replace(history=ops.where(placed, ops.expand_dims(following, 1), rows.history))
+    if loop.ends:
+        stopped = ops.any(ops.equal(ops.expand_dims(chosen, 1), ops.expand_dims(rows.stops, 0)), axis=1)
+        ended = ops.logical_and(generating, ops.logical_or(stopped, made + 1 >= rows.limits))
+        rows = rows._replace(done=ops.logical_or(rows.done, ended))
+    return rows
+
+
+def decode_rows(model, features: Features, steps: int, loop: Loop):
+    """A traceable `(prompts, lengths, settings, limits, stops, bias, *inputs) -> (generated[, scores])`:
+    right-padded `prompts` `(rows, width)` (row `i`'s first `lengths[i]` tokens) prefilled (`started`), then
+    decoded by the row loop until each row ends (`Loop.ends`: a stop of `stops`, or its `limits` of new tokens)
+    or `steps` new tokens; `generated` `(rows, steps)`: each row's new tokens from its first on. `settings`: each
+    row's `RowSettings` `(rows,)`; `inputs`: the model's own (`decoding_cache`: a translator's source ids).
+    What `generate` compiles, and an exported model's `generate` traces."""
+    body = chunk_body(model, features, steps, loop)
+
+    def run(prompts, lengths, settings, limits, stops, bias, *inputs):
+        rows = ops.shape(prompts)[0]
+        length = ops.shape(prompts)[1] + steps
+        cache, tokens, seen, history, context = started(model, prompts, lengths, length, features, loop, inputs)
+        nothing = ops.zeros_like(lengths)
+        fed = (ops.zeros((rows, steps), "int32"), nothing, nothing, ops.convert_to_tensor(steps, "int32"))
+        state = Rows(stops, limits, history=history, context=context)
+        return body(cache, tokens, lengths - 1, seen, settings, fed, bias, state)[2:]
+
+    return run
+
+
+def started(model, prompts, lengths, length, features: Features, loop: Loop, inputs: tuple = ()) -> tuple:
+    """`(cache, tokens, seen, history, context)`: right-padded `prompts` `(rows, width)` prefilled into a cache
+    of `length` positions, each row to feed its prompt's last token (`tokens`) at `lengths - 1` next, the
+    tokens each row has `seen` (a placeholder where no penalty reads them), its `history` with `loop.ngram`
+    (the prompts in `length` positions) and the `context` of the model's `inputs`."""
+    cache, context = model.decoding_cache(ops.shape(prompts)[0], length, *inputs)
+    _, cache = model.call_with_cache(prompts, cache, 0, *context, output_logits=False)
+    tokens = ops.take_along_axis(prompts, ops.expand_dims(lengths - 1, 1), axis=1)[:, 0]
+    seen = initial_seen(prompts, ops.expand_dims(lengths, 1), model.decoding_vocabulary_size, features)
+    history = ()
+    if loop.ngram:
+        history = ops.pad(prompts, ((0, 0), (0, length - ops.shape(prompts)[1])))
+    return cache, tokens, seen, history, context
 
 
 def function(model, key: tuple):
-    """The compiled function of `key`, `("prefill",)` or `("chunk", features, steps)`, kept on the model:
-    every server engine of the model and `generate`'s constrained rows share it."""
+    """The compiled function of `key`, `("prefill",)` or `("chunk", features, steps[, loop])`, kept on the
+    model: every server engine of the model, `generate` and `stream` share it."""
     functions = model.compiled_decoding()
     if ("rows", key) not in functions:
         functions[("rows", key)] = prefill(model) if key[0] == "prefill" else decode_chunk(model, *key[1:])

@@ -14,74 +14,128 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from keras import ops
 
-from keras_tfm.generation import compiled
-from keras_tfm.generation.beam_search import beam_decode
-from keras_tfm.generation.decoding import Decoder, decode, decode_until, prefill
+from keras_tfm.generation import compiled, continuous
+from keras_tfm.generation.beam_search import Decoder, beam_decode
+from keras_tfm.generation.continuous import Loop, Rows
 from keras_tfm.generation.request import Request
+from keras_tfm.generation.sampling import RowSettings, bias_of, row_seeds
 from keras_tfm.generation.text import TextDecoder
-
-
-def _decoder(model, request: Request) -> Decoder:
-    step, while_loop = compiled.decoding_functions(model.call_with_cache, model)
-    return Decoder(step, while_loop, request.chooser, model.decoding_vocabulary_size)
 
 
 def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.ndarray | None]:
     """The request decoded to the end: the output buffer `(rows, total)` (the best beams, `rows *
     num_return_sequences`, for beam search) and, with `return_scores`, each new token's
-    log-probability from its row's prompt end on, `(rows, max_new_tokens)`; `inputs`: the model's own
-    (a translator's source ids)."""
-    key, functions = ("run", *request.compiled_key), model.compiled_decoding()  # built before a trace
+    log-probability from its row's prompt end on, `(rows, max_new_tokens)`, 0 after the row's end; `inputs`: the
+    model's own (a translator's source ids). Greedy decoding and sampling run the row loop
+    (`continuous.decode_rows`), beam search its own."""
+    if request.strategy.search is not None:
+        return _beams(model, request, inputs), None
+    features, steps, loop = request.chooser.features, request.max_new_tokens, _loop(request)
+    key, functions = ("rows", features, steps, loop), model.compiled_decoding()
     if key not in functions:
-        decoder, width = _decoder(model, request), request.prompt_width
-        strategy, with_scores = request.strategy, request.return_scores
+        functions[key] = compiled.compile_function(continuous.decode_rows(model, features, steps, loop), model)
+    rows = request.buffer.shape[0]
+    prompts = ops.convert_to_tensor(request.buffer[:, : request.prompt_width])
+    limits = np.full(rows, request.max_new_tokens, "int32")
+    outputs = functions[key](prompts, ops.convert_to_tensor(request.lengths), _settings(request, rows),
+                             ops.convert_to_tensor(limits), *_ends_and_bias(request, features.biased),
+                             *inputs)  # fmt: skip
+    generated = ops.convert_to_numpy(outputs[0])
+    counts = [_count(new, request.stop_token_ids) for new in generated]
+    output = request.buffer.copy()
+    for row, (length, count) in enumerate(zip(request.lengths, counts)):
+        output[row, length : length + count] = generated[row, :count]
+    if not request.return_scores:
+        return output, None
+    scores = ops.convert_to_numpy(outputs[1])
+    return output, np.where(np.arange(steps)[None, :] < np.array(counts)[:, None], scores, 0.0).astype("float32")
+
+
+def _loop(request: Request) -> Loop:
+    """The row loop of a request: its rows end by themselves, with its scores and n-gram ban, in step where its
+    prompts are of one length."""
+    aligned = bool((request.lengths == request.lengths[0]).all())
+    return Loop(ends=True, scores=request.return_scores, ngram=request.no_repeat_ngram_size, aligned=aligned)
+
+
+def _settings(request: Request, rows: int) -> RowSettings:
+    """The request's settings for each of its `rows`, each row's seed its own (`row_seeds`)."""
+    columns = (np.full(rows, value, np.asarray(value).dtype) for value in request.settings[:-1])
+    return RowSettings(*(ops.convert_to_tensor(column) for column in (*columns, row_seeds(request.seed, rows))))
+
+
+def _ends_and_bias(request: Request, biased: bool) -> tuple:
+    """`(stops, bias)` as the row loop takes them: the stop ids (`[-1]` where none) and the `(1, vocabulary)`
+    bias (`()` without one)."""
+    stops = request.stop_token_ids if request.stop_token_ids.size else np.array([-1])
+    bias = ops.convert_to_tensor(bias_of(request.logit_bias, request.vocabulary_size)[None, :]) if biased else ()
+    return ops.convert_to_tensor(stops.astype("int32")), bias
+
+
+def _count(new: np.ndarray, stop_token_ids: np.ndarray) -> int:
+    """How many of a row's `new` tokens it keeps: up to and with its first stop token, else all."""
+    stopped = np.flatnonzero(np.isin(new, stop_token_ids))
+    return int(stopped[0]) + 1 if stopped.size else len(new)
+
+
+def _beams(model, request: Request, inputs: tuple) -> np.ndarray:
+    """The request's best beams, `(rows * num_return_sequences, total)` (`beam_search`)."""
+    key, functions = ("beams", *request.compiled_key), model.compiled_decoding()  # built before a trace
+    if key not in functions:
+        step, while_loop = compiled.decoding_functions(model.call_with_cache, model)
+        decoder = Decoder(step, while_loop, request.chooser, model.decoding_vocabulary_size)
+        width, search = request.prompt_width, request.strategy.search
 
         def loop(batch, *inputs):
-            copies = strategy.num_beams
+            copies = search.num_beams
             cache, context = model.decoding_cache(
                 batch.buffer.shape[0] * copies, batch.buffer.shape[1], *inputs, copies=copies
             )
-            batch = batch._replace(context=context)
-            if strategy.search is not None:
-                return beam_decode(decoder, batch, width, cache, strategy.search)
-            return decode(decoder, batch, width, cache, with_scores)
+            return beam_decode(decoder, batch._replace(context=context), width, cache, search)
 
         functions[key] = compiled.compile_function(loop, model)
-    output = functions[key](request.batch(), *inputs)
-    if not request.return_scores:
-        return ops.convert_to_numpy(output), None
-    output, every = (ops.convert_to_numpy(part) for part in output)
-    lengths = request.lengths.tolist()
-    return output, np.stack([every[i, n : n + request.max_new_tokens] for i, n in enumerate(lengths)])
+    return ops.convert_to_numpy(functions[key](request.batch(), *inputs))
 
 
-def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarray, int, bool]]:
-    """Decodes the request's one row `chunk_size` positions at a time, keeping the cache between
-    chunks; yields `(row, written, finished)`: the row so far and how many of its positions are written."""
-    key, functions = ("stream", *request.compiled_key), model.compiled_decoding()
+def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarray, bool]]:
+    """Decodes the request's one row `chunk_size` new tokens at a time on the row loop, keeping its cache
+    between chunks; yields `(new, finished)`: the chunk's new tokens (the last a stop token where the row
+    ended) and whether the row has ended."""
+    features, loop = request.chooser.features, _loop(request)
+    length = request.buffer.shape[1]  # the cache's: the prompt's and its new tokens'
+    key, functions = ("stream", features, loop, length), model.compiled_decoding()
     if key not in functions:
-        decoder, width = _decoder(model, request), request.prompt_width
 
-        def start(batch):
-            cache, context = model.decoding_cache(batch.buffer.shape[0], batch.buffer.shape[1])
-            return prefill(decoder, batch._replace(context=context), width, cache)
+        def start(prompts, lengths):
+            return continuous.started(model, prompts, lengths, length, features, loop)
 
-        def advance(state, batch, until):
-            return decode_until(decoder, state, batch, until)
-
-        functions[key] = (compiled.compile_function(start, model), compiled.compile_function(advance, model))
-    start, advance = functions[key]
-    batch = request.batch()
-    state = start(batch)
-    total = request.buffer.shape[1]
+        functions[key] = compiled.compile_function(start, model)
+    chunk = continuous.function(model, ("chunk", features, chunk_size, loop))
+    prompts = ops.convert_to_tensor(request.buffer[:, : request.prompt_width])
+    cache, tokens, seen, history, context = functions[key](prompts, ops.convert_to_tensor(request.lengths))
+    settings, (stops, bias) = _settings(request, 1), _ends_and_bias(request, features.biased)
+    limits = ops.convert_to_tensor(np.array([request.max_new_tokens], "int32"))
+    position, made = int(request.lengths[0]) - 1, 0
     while True:
-        position = int(ops.convert_to_numpy(state.t))
-        state = advance(state, batch, ops.convert_to_tensor(min(position + chunk_size, total), "int32"))
-        position = int(ops.convert_to_numpy(state.t))
-        finished = bool(np.all(ops.convert_to_numpy(state.done))) or position >= total
-        yield ops.convert_to_numpy(state.buffer)[0], position, finished
+        run = min(chunk_size, request.max_new_tokens - made)
+        fed = (
+            np.zeros((1, chunk_size), "int32"),
+            np.zeros(1, "int32"),
+            np.array([made], "int32"),
+            np.array(run, "int32"),
+        )
+        outputs = chunk(cache, tokens, ops.convert_to_tensor(np.array([position], "int32")), seen, settings,
+                        tuple(ops.convert_to_tensor(part) for part in fed), bias,
+                        Rows(stops, limits, history=history, context=context))  # fmt: skip
+        cache, seen, generated = outputs[0], outputs[1], ops.convert_to_numpy(outputs[2])[0, :run]
+        history = outputs[-1] if loop.ngram else ()
+        count = _count(generated, request.stop_token_ids)
+        made, position = made + count, position + count
+        finished = count < run or made >= request.max_new_tokens or bool(np.isin(generated[-1], request.stop_token_ids))
+        yield generated[:count], finished
         if finished:
             return
+        tokens = ops.convert_to_tensor(generated[-1:].astype("int32"))
 
 
 def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[np.ndarray], str], counts=None):
@@ -113,13 +167,11 @@ def stream_pieces(model, request: Request, chunk_size: int, text: bool, decode_t
         max_new_tokens=request.max_new_tokens,
         prefix=request.buffer[0, :prompt_length],
     )
-    written = prompt_length
-    for row, position, finished in stream(model, request, chunk_size):
+    for new, finished in stream(model, request, chunk_size):
         taken = len(decoder.tokens)
-        piece = decoder.feed(row[written:position], last=finished)
-        written = position
+        piece = decoder.feed(new, last=finished)
         if not text and len(decoder.tokens) > taken:
-            yield np.asarray(decoder.tokens[taken:], row.dtype)
+            yield np.asarray(decoder.tokens[taken:], new.dtype)
         elif piece:
             yield piece
 

@@ -11,9 +11,8 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
-from keras_tfm.generation.beam_search import BeamSearch
+from keras_tfm.generation.beam_search import Batch, BeamSearch
 from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.decoding import Batch
 from keras_tfm.generation.prompts import prepare_prompts
 from keras_tfm.generation.sampling import Chooser, RowSettings, bias_of, chooser_of, config_settings, row_seeds
 

@@ -376,8 +376,8 @@ def tracks_seen(features: Features) -> bool:
 
 
 def initial_seen(buffer, start, vocabulary_size: int, features: Features):
-    """`(rows, vocabulary)` int32: 1 for each token `buffer[:, :start]` holds (`seen_counted`'s prompt marks; a
-    placeholder where nothing is tracked)."""
+    """`(rows, vocabulary)` int32: 1 for each token `buffer[:, :start]` holds (`start`: a scalar, or each row's
+    `(rows, 1)`): `seen_counted`'s prompt marks, a placeholder where nothing is tracked."""
     if not tracks_seen(features):
         return ops.zeros((ops.shape(buffer)[0], 1), "int32")
     positions = ops.arange(ops.shape(buffer)[1])[None, :] < start
@@ -394,18 +394,19 @@ def seen_with(seen, token, vocabulary_size: int, features: Features, generated=N
 
 
 def banned_ngrams(buffer, t, vocabulary_size: int, n: int):
-    """`(rows, vocabulary)`: the tokens that, written at position `t`, would repeat an n-gram (`n` tokens) of
-    `buffer[:, :t]` (transformers' `no_repeat_ngram_size`). Each step compares every earlier n-gram: a `(rows,
-    length, vocabulary)` comparison per token."""
+    """`(rows, vocabulary)`: the tokens that, written at position `t` (a scalar, or each row's own `(rows,)`),
+    would repeat an n-gram (`n` tokens) of the row's tokens before `t` in `buffer` (transformers'
+    `no_repeat_ngram_size`). Each step compares every earlier n-gram: a `(rows, length, vocabulary)`
+    comparison per token."""
     rows, total = buffer.shape
     starts = total - n + 1  # n-grams that fit in the buffer, by their first position
     if starts < 1:
         return ops.zeros((rows, vocabulary_size), "bool")
-    last = ops.slice(buffer, (0, ops.maximum(t - n + 1, 0)), (rows, n - 1)) if n > 1 else None
-    matches = (ops.arange(starts) + n - 1 < t)[None, :]  # the n-gram is already written
-    matches = ops.logical_and(matches, t >= n - 1)
-    for k in range(n - 1):
-        matches = ops.logical_and(matches, buffer[:, k : k + starts] == last[:, k : k + 1])
+    t = ops.reshape(ops.cast(t, "int32"), (-1, 1))  # (rows or 1, 1)
+    matches = ops.logical_and(ops.arange(starts, dtype="int32")[None, :] + n - 1 < t, t >= n - 1)  # written
+    for k in range(n - 1):  # the n-gram's first tokens equal the n - 1 tokens before `t`
+        before = ops.take_along_axis(buffer, ops.zeros_like(buffer[:, :1]) + ops.maximum(t - n + 1 + k, 0), axis=1)
+        matches = ops.logical_and(matches, buffer[:, k : k + starts] == before)
     following = buffer[:, n - 1 : n - 1 + starts]  # each n-gram's last token
     hits = ops.logical_and(ops.one_hot(following, vocabulary_size, dtype="int32") > 0, matches[..., None])
     return ops.any(hits, axis=1)

@@ -122,7 +122,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     Call arguments:
         inputs: `(batch, length, hidden_dim)` with an even `hidden_dim`; only its shape is used.
-        start_index: position of the first token, for cached decoding.
+        start_index: position of the first token, for cached decoding; or a `(batch,)` int tensor: each
+            row's own first position.
 
     Masks: passes the input's Keras mask through unchanged.
 
@@ -148,8 +149,13 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         length = ops.shape(inputs)[1]
-        positions = ops.cast(ops.arange(length) + start_index, "float32")
-        encoding = _sinusoids(positions, inputs.shape[-1], self.max_wavelength, self.interleave)
+        if is_per_row(start_index):  # (batch, length) positions, sinusoids of each
+            positions = ops.cast(ops.expand_dims(start_index, 1) + ops.arange(length)[None, :], "float32")
+            encoding = _sinusoids(ops.reshape(positions, (-1,)), inputs.shape[-1], self.max_wavelength, self.interleave)
+            encoding = ops.reshape(encoding, ops.shape(inputs))
+        else:
+            positions = ops.cast(ops.arange(length) + start_index, "float32")
+            encoding = _sinusoids(positions, inputs.shape[-1], self.max_wavelength, self.interleave)
         return ops.broadcast_to(ops.cast(encoding, self.compute_dtype), ops.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):

@@ -288,7 +288,7 @@ def test_a_checkpoint_directory_brings_its_tokenizer_and_generates_transformers_
     assert model.generate(prompts[1], max_new_tokens=8) == texts[1]  # a string gives a string
 
 
-# Each control alone in one process; combined, in greedy decoding and in beam search, on every backend.
+# Each control alone in one process; combined, in a ragged batch and in beam search, on every backend.
 ONCE = pytest.mark.backend_independent
 
 
@@ -301,6 +301,7 @@ ONCE = pytest.mark.backend_independent
         pytest.param(dict(num_beams=2, no_repeat_ngram_size=3), marks=ONCE, id="beams_ngram"),
         pytest.param(
             dict(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=3, stop_first_greedy_token=True),
+            marks=ONCE,
             id="greedy_with_controls",
         ),
         pytest.param(
@@ -354,6 +355,24 @@ def test_generation_controls_give_transformers_tokens(rng, controls):
     if "min_new_tokens" in controls:  # the stop token came no earlier than allowed
         new = ours[0, 6:]
         assert stop[0] not in new[: controls["min_new_tokens"]].tolist()
+
+
+def test_controls_read_each_rows_own_tokens_in_a_ragged_batch(rng):
+    """Rows of different lengths decode at their own positions: each row's n-gram ban, repetition penalty and
+    minimum read its own tokens, and each row gives what transformers gives its prompt alone."""
+    hf = hf_model("llama_gqa_llama3_untied", initializer_range=0.3)
+    model = keras_tfm.from_huggingface(hf)
+    prompts = [rng.integers(1, VOCABULARY, size=n).tolist() for n in (9, 4, 6)]
+    stop = int(model.generate([prompts[1]], max_new_tokens=1)[0, -1])  # the second row would stop at once
+    controls = dict(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=3)
+    ours = model.generate(prompts, max_new_tokens=8, stop_token_ids=[stop], **controls)
+    assert not np.array_equal(ours, model.generate(prompts, max_new_tokens=8, stop_token_ids=[stop]))
+    for row, prompt in zip(ours, prompts):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0,
+                                   eos_token_id=stop, **controls)[0].numpy()  # fmt: skip
+        np.testing.assert_array_equal(row[: len(expected)], expected)
+        assert (row[len(expected) :] == 0).all()
 
 
 @pytest.mark.backend_independent  # greedy scores on every backend: the ragged test above

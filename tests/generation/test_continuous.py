@@ -266,3 +266,28 @@ def test_a_chunk_after_a_row_starts_runs_only_until_its_first_new_token():
     assert taken.tolist() == [[0, 1, 2], [4, 5, 6]] and fed.tolist() == [0, 2]
     assert state.positions.tolist() == [7, 5] and state.tokens.tolist() == [2, 6] and state.made.tolist() == [3, 1]
     assert state.chunk_inputs(4)[5][3] == 4
+
+
+def test_rows_that_end_by_themselves_stop_the_loop_once_all_have(rng):
+    """`generate`'s loop: a row ends at a stop token or its limit, and the loop runs no step once every row has
+    (the columns after are never written)."""
+    model = gpt()
+    prompts = rng.integers(0, VOCABULARY, (3, 5)).astype("int32")
+    lengths, steps = np.array([5, 3, 4], "int32"), 6
+    greedy = features_of(RowSettings(*(ops.convert_to_numpy(value) for value in settings(3))))
+    run = continuous.decode_rows(model, greedy, steps, continuous.Loop(ends=True))
+
+    def generated(stops, limits):
+        tensors = (ops.convert_to_tensor(np.array(part, "int32")) for part in (prompts, lengths, limits, stops))
+        prompt_ids, prompt_lengths, limits, stops = tensors
+        out = run(prompt_ids, prompt_lengths, settings(3), limits, stops, ())
+        return ops.convert_to_numpy(out[0])
+
+    free = generated([-1], [steps] * 3)
+    assert (free[:, 1:] != 0).any()  # what the later columns would hold
+    stopped = generated(np.unique(free[:, 0]), [steps] * 3)  # every row's first token stops it
+    np.testing.assert_array_equal(stopped[:, 0], free[:, 0])
+    assert (stopped[:, 1:] == 0).all()
+    limited = generated([-1], [2, 3, 1])  # the loop runs until the longest limit
+    np.testing.assert_array_equal(limited[:, :3], free[:, :3])
+    assert (limited[:, 3:] == 0).all()

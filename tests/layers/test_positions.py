@@ -20,6 +20,8 @@ def test_sinusoids_match_closed_form():
     np.testing.assert_allclose(to_numpy(SinusoidalPositionEncoding()(x))[1], closed_form(12, 10), atol=1e-5)
     shifted = to_numpy(SinusoidalPositionEncoding()(x[:, :3], start_index=9))[0]
     np.testing.assert_allclose(shifted, closed_form(12, 10)[9:], atol=1e-5)
+    each = to_numpy(SinusoidalPositionEncoding()(x[:, :2], start_index=keras.ops.convert_to_tensor([3, 7])))
+    np.testing.assert_allclose(each, closed_form(12, 10)[[[3, 4], [7, 8]]], atol=1e-5)  # each row its own
 
 
 def test_concatenated_layout_is_sines_then_cosines():
