@@ -4,7 +4,8 @@ number of requests: throughput (new tokens/s over the run), time to the first st
 request alone), p50/p99 latency of whole requests, against one client at a time, and the process's resident
 memory after each run and its peak so far (the server runs in this process). Each cache shape
 (rows, length) decodes with its own compiled loop: the server warms up first (`warm_up_length`, its
-seconds recorded), so the runs are the first load after start, without compiles.
+seconds until every planned shape is compiled recorded), so the runs are the first load after start, without
+compiles.
 
     KERAS_BACKEND=jax python benchmarks/serving.py [--clients 1 4 16 64] [--requests 64] [--mixed]
 
@@ -45,6 +46,8 @@ def server(model, warm_up_length: int):
     while not running.started:
         time.sleep(0.05)
     app.state.engine.ready.wait()
+    while app.state.engine.compiled.compiling():  # the runs start once every planned shape is compiled
+        time.sleep(0.2)
     return f"http://127.0.0.1:{port}", running
 
 

@@ -113,6 +113,10 @@ class CompiledShapes:
             if item not in self.ready and item not in self._pending:
                 self._pending[item] = self._pool.submit(compiled, done, *item)
 
+    def compiling(self) -> int:
+        """How many shapes are compiling on the side now (0: the warm-up's plan is all compiled)."""
+        return sum(not future.done() for future in list(self._pending.values()))
+
     def settle(self) -> None:
         """The shapes compiled on the side since the last call are ready (one that failed is dropped: it
         compiles again when a request needs it)."""

@@ -1,5 +1,7 @@
 """The server's compiled shapes: which compiled chunk serves the rows at hand."""
 
+import threading
+
 import pytest
 
 from keras_tfm.generation.sampling import Features
@@ -57,3 +59,18 @@ def test_the_warm_up_makes_one_row_ready_for_every_length_and_setting_before_the
     assert len(chunks) == 3 * 3 * 3 and len(set(beside)) == len(beside) and not set(first) & set(beside)
     assert {shape for _, shape in chunks} == {(rows, size) for rows in (1, 4, 16) for size in (32, 64, 128)}
     assert (("prefill",), (1, 32)) in beside and (("admit", (1, 32)), (16, 64)) in beside
+
+
+@pytest.mark.backend_independent
+def test_the_shapes_compiling_beside_are_counted_until_each_is_done():
+    shapes = CompiledShapes(None)
+    release = threading.Event()
+    shapes.compile = lambda key, shape: release.wait(10)
+    try:
+        shapes.compile_later([(("prefill",), (1, 32)), (("prefill",), (1, 64))], None)
+        assert shapes.compiling() == 2
+        release.set()
+        shapes._pool.submit(lambda: None).result(10)  # the pool's one thread has run both
+        assert shapes.compiling() == 0
+    finally:
+        shapes.close()
