@@ -12,7 +12,7 @@ from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint, schema_grammar
 from keras_tfm.generation.request import Request
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import RowSettings, bias_of, features_of, row_seeds
+from keras_tfm.generation.sampling import RowSettings, bias_of, features_of, row_seeds, row_values
 
 
 def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -31,7 +31,7 @@ def run(model, request: Request, config: GenerationConfig) -> tuple[np.ndarray, 
     stops, ended, counts = set(request.stop_token_ids.tolist()), np.zeros(rows, bool), np.zeros(rows, "int32")
     for step in range(request.max_new_tokens):
         bias = np.stack([constraint.bias() for constraint in constraints]) + logit_bias
-        cache, seen, generated = chunk(*state.chunk_inputs(1), ops.convert_to_tensor(bias))
+        cache, seen, generated = chunk(*state.chunk_inputs(1, ops.convert_to_tensor(bias)))
         state.advance(cache, seen, ops.convert_to_numpy(generated))  # one step: each row's next token
         for row in np.flatnonzero(~ended):
             output[row, lengths[row] + step], counts[row] = state.tokens[row], step + 1
@@ -54,5 +54,5 @@ def _prefilled(model, request: Request, config: GenerationConfig) -> RowState:
     everyone = list(range(rows))
     state.admit(filled, everyone, everyone, seen_rows)
     for row, (length, seed) in enumerate(zip(request.lengths, row_seeds(config.seed, rows))):
-        state.start(row, request.buffer[row, :length], int(length) - 1, config, seed)
+        state.start(row, request.buffer[row, :length], int(length) - 1, row_values(config, seed))
     return state

@@ -228,14 +228,22 @@ def started(model, prompts, lengths, length, features: Features, loop: Loop, inp
     of `length` positions, each row to feed its prompt's last token (`tokens`) at `lengths - 1` next, the
     tokens each row has `seen` (a placeholder where no penalty reads them), its `history` with `loop.ngram`
     (the prompts in `length` positions) and the `context` of the model's `inputs`."""
-    cache, context = model.decoding_cache(ops.shape(prompts)[0], length, *inputs)
-    _, cache = model.call_with_cache(prompts, cache, 0, *context, output_logits=False)
+    cache, context = filled(model, prompts, length, inputs)
     tokens = ops.take_along_axis(prompts, ops.expand_dims(lengths - 1, 1), axis=1)[:, 0]
     seen = initial_seen(prompts, ops.expand_dims(lengths, 1), model.decoding_vocabulary_size, features)
     history = ()
     if loop.ngram:
         history = ops.pad(prompts, ((0, 0), (0, length - ops.shape(prompts)[1])))
     return cache, tokens, seen, history, context
+
+
+def filled(model, prompts, length, inputs: tuple = ()) -> tuple:
+    """`(cache, context)`: the keys and values of right-padded `prompts` `(rows, width)` in a cache of `length`
+    positions (what follows a prompt's end is overwritten as the row decodes), and the `context` of the model's
+    `inputs`: the one prefill, `generate`'s (`started`) and the server's (`prefill`)."""
+    cache, context = model.decoding_cache(ops.shape(prompts)[0], length, *inputs)
+    _, cache = model.call_with_cache(prompts, cache, 0, *context, output_logits=False)
+    return cache, context
 
 
 def function(model, key: tuple):
@@ -248,13 +256,11 @@ def function(model, key: tuple):
 
 
 def prefill(model):
-    """A compiled `(token_ids) -> cache`: the keys and values of right-padded prompts `(rows, width)`,
-    a cache of `width` positions (what follows a prompt's end is overwritten as the row decodes)."""
+    """A compiled `(token_ids) -> cache`: right-padded prompts `(rows, width)` `filled` into a cache of `width`
+    positions, which `admit` writes into rows of the server's."""
 
     def fill(token_ids):
-        rows, width = ops.shape(token_ids)
-        _, cache = model.call_with_cache(token_ids, model.empty_cache(rows, width), 0, output_logits=False)
-        return cache
+        return filled(model, token_ids, ops.shape(token_ids)[1])[0]
 
     return compiled.compile_function(fill, model)
 

@@ -18,6 +18,7 @@ from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.beam_search import Decoder, beam_decode
 from keras_tfm.generation.continuous import Loop, Rows
 from keras_tfm.generation.request import Request
+from keras_tfm.generation.rows import RowState
 from keras_tfm.generation.sampling import RowSettings, bias_of, row_seeds
 from keras_tfm.generation.text import TextDecoder
 
@@ -58,10 +59,12 @@ def _loop(request: Request) -> Loop:
     return Loop(ends=True, scores=request.return_scores, ngram=request.no_repeat_ngram_size, aligned=aligned)
 
 
-def _settings(request: Request, rows: int) -> RowSettings:
-    """The request's settings for each of its `rows`, each row's seed its own (`row_seeds`)."""
+def _settings(request: Request, rows: int, tensors: bool = True) -> RowSettings:
+    """The request's settings for each of its `rows` (tensors, or NumPy columns), each row's seed its own
+    (`row_seeds`)."""
     columns = (np.full(rows, value, np.asarray(value).dtype) for value in request.settings[:-1])
-    return RowSettings(*(ops.convert_to_tensor(column) for column in (*columns, row_seeds(request.seed, rows))))
+    settings = RowSettings(*columns, row_seeds(request.seed, rows))
+    return RowSettings(*(ops.convert_to_tensor(column) for column in settings)) if tensors else settings
 
 
 def _ends_and_bias(request: Request, biased: bool) -> tuple:
@@ -98,9 +101,9 @@ def _beams(model, request: Request, inputs: tuple) -> np.ndarray:
 
 
 def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarray, bool]]:
-    """Decodes the request's one row `chunk_size` new tokens at a time on the row loop, keeping its cache
-    between chunks; yields `(new, finished)`: the chunk's new tokens (the last a stop token where the row
-    ended) and whether the row has ended."""
+    """Decodes the request's one row on the row loop, its first new token alone, then `chunk_size` at a time,
+    keeping its cache between chunks (a `RowState`); yields `(new, finished)`: the chunk's new tokens (the
+    last a stop token where the row ended) and whether the row has ended."""
     features, loop = request.chooser.features, _loop(request)
     length = request.buffer.shape[1]  # the cache's: the prompt's and its new tokens'
     key, functions = ("stream", features, loop, length), model.compiled_decoding()
@@ -112,30 +115,26 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
         functions[key] = compiled.compile_function(start, model)
     chunk = continuous.function(model, ("chunk", features, chunk_size, loop))
     prompts = ops.convert_to_tensor(request.buffer[:, : request.prompt_width])
-    cache, tokens, seen, history, context = functions[key](prompts, ops.convert_to_tensor(request.lengths))
-    settings, (stops, bias) = _settings(request, 1), _ends_and_bias(request, features.biased)
+    cache, _, seen, history, context = functions[key](prompts, ops.convert_to_tensor(request.lengths))
+    stops, bias = _ends_and_bias(request, features.biased)
     limits = ops.convert_to_tensor(np.array([request.max_new_tokens], "int32"))
-    position, made = int(request.lengths[0]) - 1, 0
+    state = RowState(cache, seen, chunk_size, Rows(stops, limits, history=history, context=context))
+    prompt_length = int(request.lengths[0])
+    settings = [column[0] for column in _settings(request, 1, tensors=False)]
+    state.start(0, request.buffer[0, :prompt_length], prompt_length - 1, settings)
     while True:
-        run = min(chunk_size, request.max_new_tokens - made)
-        fed = (
-            np.zeros((1, chunk_size), "int32"),
-            np.zeros(1, "int32"),
-            np.array([made], "int32"),
-            np.array(run, "int32"),
+        made = int(state.made[0])
+        outputs = chunk(*state.chunk_inputs(chunk_size, bias))
+        generated, _ = state.advance(*outputs[:2], ops.convert_to_numpy(outputs[2]), outputs[-1] if loop.ngram else ())
+        run = min(generated.shape[1], request.max_new_tokens - made)
+        new = generated[0, :run]
+        count = _count(new, request.stop_token_ids)
+        finished = (
+            count < run or made + count >= request.max_new_tokens or bool(np.isin(new[-1], request.stop_token_ids))
         )
-        outputs = chunk(cache, tokens, ops.convert_to_tensor(np.array([position], "int32")), seen, settings,
-                        tuple(ops.convert_to_tensor(part) for part in fed), bias,
-                        Rows(stops, limits, history=history, context=context))  # fmt: skip
-        cache, seen, generated = outputs[0], outputs[1], ops.convert_to_numpy(outputs[2])[0, :run]
-        history = outputs[-1] if loop.ngram else ()
-        count = _count(generated, request.stop_token_ids)
-        made, position = made + count, position + count
-        finished = count < run or made >= request.max_new_tokens or bool(np.isin(generated[-1], request.stop_token_ids))
-        yield generated[:count], finished
+        yield new[:count], finished
         if finished:
             return
-        tokens = ops.convert_to_tensor(generated[-1:].astype("int32"))
 
 
 def finish(request: Request, output: np.ndarray, texts, decode_text: Callable[[np.ndarray], str], counts=None):

@@ -1,25 +1,29 @@
-"""The state of a continuous batch's rows between two chunks of `continuous.decode_chunk`: the key/value
-cache and each row's seen tokens on the device; each row's next token, position, sampling settings and the
-prompt tokens it feeds on the host. The server's engine and `generate`'s constrained rows keep one
-`RowState` each and move it the same way: `start` a row, `admit` its prefilled prompt, run a chunk on
-`chunk_inputs`, `advance` by what it generated."""
+"""The state of a batch's rows between two chunks of the row loop (`continuous.decode_chunk`): the key/value
+cache, each row's seen tokens and what its `Loop` carries (`continuous.Rows`: stops, limits, history, context)
+on the device; each row's next token, position, sampling settings and the prompt tokens it feeds on the host.
+The server's engine, `stream` and `generate`'s constrained rows keep one `RowState` each and move it the same
+way: `start` a row, `admit` its prefilled prompt, run a chunk on `chunk_inputs`, `advance` by what it
+generated."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 from keras import ops
 
 from keras_tfm.generation import continuous
-from keras_tfm.generation.config import GenerationConfig
-from keras_tfm.generation.sampling import row_values
+from keras_tfm.generation.continuous import NO_ROWS, Rows
 
 
 class RowState:
     """Rows of a key/value `cache` (and their `seen` tokens), every row free (greedy settings, nothing fed);
-    chunks of up to `steps` steps feed prompt tokens. `RowState.empty` makes the cache."""
+    chunks of up to `steps` steps feed prompt tokens. `carried`: what the chunk's `Loop` reads beside (its
+    `Rows`; none for the server's). `RowState.empty` makes the cache."""
 
-    def __init__(self, cache, seen, steps: int):
+    def __init__(self, cache, seen, steps: int, carried: Rows = NO_ROWS):
         self.cache, self.seen, self.steps = cache, seen, steps  # `seen`: `sampling.seen_counted`
+        self.carried = carried
         rows = int(cache[0].shape[0])
         self.tokens, self.positions = np.zeros(rows, "int32"), np.zeros(rows, "int32")  # what each row feeds next
         self.settings = continuous.idle_settings(rows)  # `continuous.RowSettings` columns
@@ -29,9 +33,10 @@ class RowState:
         self.running = steps  # the steps of the chunk `chunk_inputs` last gave the inputs of
 
     @classmethod
-    def empty(cls, model, rows: int, length: int, steps: int) -> RowState:
+    def empty(cls, model, rows: int, length: int, steps: int, carried: Rows = NO_ROWS) -> RowState:
         """`rows` free rows of an empty cache of `length` positions."""
-        return cls(model.empty_cache(rows, length), ops.zeros((rows, model.decoding_vocabulary_size), "int32"), steps)
+        seen = ops.zeros((rows, model.decoding_vocabulary_size), "int32")
+        return cls(model.empty_cache(rows, length), seen, steps, carried)
 
     @property
     def rows(self) -> int:
@@ -41,13 +46,14 @@ class RowState:
     def length(self) -> int:
         return int(self.cache[0].shape[3])
 
-    def start(self, row: int, prompt, prefilled: int, config: GenerationConfig, seed: int) -> None:
-        """Row `row` decodes `prompt` with `config` and `seed`, its first `prefilled` positions in the cache
-        (`admit`): its first step feeds the prompt's token after them, the next steps the rest of it."""
+    def start(self, row: int, prompt, prefilled: int, settings: Sequence) -> None:
+        """Row `row` decodes `prompt` with `settings` (its `RowSettings` values, `sampling.row_values`), its
+        first `prefilled` positions in the cache (`admit`): its first step feeds the prompt's token after them,
+        the next steps the rest of it."""
         self.tokens[row], self.positions[row] = prompt[prefilled], prefilled
         rest = prompt[prefilled + 1 :]
         self.fed[0][row, : len(rest)], self.fed[1][row], self.made[row], self.first[row] = rest, len(rest), 0, True
-        for setting, value in zip(self.settings, row_values(config, seed)):
+        for setting, value in zip(self.settings, settings, strict=True):
             setting[row] = value
 
     def admit(self, filled, sources: list[int], rows: list[int], seen_rows: np.ndarray) -> None:
@@ -55,9 +61,10 @@ class RowState:
         `seen_rows` (`continuous.admit`)."""
         self.cache, self.seen = continuous.admit(self.cache, self.seen, filled, sources, rows, seen_rows)
 
-    def chunk_inputs(self, steps: int) -> tuple:
-        """`decode_chunk`'s inputs but the bias: `(cache, tokens, positions, seen, settings, fed)`. The chunk
-        runs `steps` steps, or, where a row has just started, only until its first new token (`running`)."""
+    def chunk_inputs(self, steps: int, bias=()) -> tuple:
+        """`decode_chunk`'s inputs: `(cache, tokens, positions, seen, settings, fed[, bias][, carried])` (`bias`
+        where given, `carried` where the loop reads any). The chunk runs `steps` steps, or, where a row has just
+        started, only until its first new token (`running`)."""
         self.running = steps
         if self.first.any():
             self.running = min(steps, int(self.fed[1][self.first].max()) + 1)
@@ -65,14 +72,17 @@ class RowState:
         fed = (ops.convert_to_tensor(self.fed[0][:, :steps]), ops.convert_to_tensor(self.fed[1]),
                ops.convert_to_tensor(self.made), ops.convert_to_tensor(np.array(self.running, "int32")))  # fmt: skip
         tokens, positions = ops.convert_to_tensor(self.tokens), ops.convert_to_tensor(self.positions)
-        return self.cache, tokens, positions, self.seen, settings, fed
+        extra = (bias, self.carried) if self.carried is not NO_ROWS else () if isinstance(bias, tuple) else (bias,)
+        return self.cache, tokens, positions, self.seen, settings, fed, *extra
 
-    def advance(self, cache, seen, generated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The state after a chunk that returned `cache`, `seen` and `generated` `(rows, steps)`: each row
-        feeds its last token next, the chunk's `running` positions on (a row past the cache's end stays at its
-        last). Returns the columns of `generated` the chunk ran, and how many of their first tokens each row
-        took from its prompt (not chosen)."""
+    def advance(self, cache, seen, generated: np.ndarray, history=()) -> tuple[np.ndarray, np.ndarray]:
+        """The state after a chunk that returned `cache`, `seen`, `generated` `(rows, steps)` (and the rows'
+        `history`, where the loop keeps it): each row feeds its last token next, the chunk's `running` positions
+        on (a row past the cache's end stays at its last). Returns the columns of `generated` the chunk ran, and
+        how many of their first tokens each row took from its prompt (not chosen)."""
         generated = generated[:, : self.running]
+        if not isinstance(history, tuple):
+            self.carried = self.carried._replace(history=history)
         fed = self.fed[1]
         self.first[:] = False
         self.made = (self.made + generated.shape[1] - fed).astype("int32")
@@ -89,7 +99,8 @@ class RowState:
 
     def resized(self, busy: list[int], rows: int, length: int) -> RowState:
         """A state of `rows` rows and `length` positions whose first rows are the rows `busy` of this one
-        (the others free). Nothing is fed: a chunk ran since any row started."""
+        (the others free). Nothing is fed: a chunk ran since any row started. (The server's: it carries no
+        `Rows`.)"""
         # the free rows filled with copies of a busy one (admission overwrites them): one shape of copies per
         # pair of cache shapes, not one per count of busy rows
         kept = busy + busy[-1:] * (rows - len(busy))

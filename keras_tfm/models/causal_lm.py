@@ -198,8 +198,9 @@ class CausalLM(ZooModel):
         concatenation is what `generate` adds to the prompt's text), arrays of new token ids for ids.
 
         `config` and `settings` are `generate`'s (greedy or sampling; beam search chooses its tokens
-        only at the end). The compiled decoding loop runs `chunk_size` tokens at a time and hands them
-        over between chunks, keeping its cache: larger chunks cost less, smaller ones arrive sooner.
+        only at the end). The compiled decoding loop hands over the first new token as soon as it is
+        chosen, then `chunk_size` tokens at a time, keeping its cache between chunks: larger chunks cost
+        less, smaller ones arrive sooner.
 
         `crop_context=True` goes on past `max_length` as nanoGPT does: each token is chosen from the
         last tokens that fit, the oldest cropped (`keras_tfm.generation.sliding`); without it, a prompt
@@ -207,9 +208,9 @@ class CausalLM(ZooModel):
 
         Example:
         >>> lm = keras_tfm.gpt_shakespeare_char_cpu(num_layers=1)
-        >>> pieces = list(lm.stream([1, 2, 3], max_new_tokens=8, chunk_size=4))  # two arrays of 4 new ids
-        >>> len(pieces)
-        2
+        >>> pieces = list(lm.stream([1, 2, 3], max_new_tokens=8, chunk_size=4))  # 1, then 4, then 3 new ids
+        >>> [len(piece) for piece in pieces]
+        [1, 4, 3]
 
         With a tokenizer (`lm.tokenizer`), a text prompt streams text:
         `for piece in lm.stream("Once upon a time", max_new_tokens=50): print(piece, end="")`.

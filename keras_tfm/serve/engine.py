@@ -30,7 +30,7 @@ from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import bias_of, features_of, row_seeds
+from keras_tfm.generation.sampling import bias_of, features_of, row_seeds, row_values
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
@@ -274,7 +274,7 @@ class Engine:
                 self._slots[slot] = ticket.rows[-1]
                 job = ticket.job
                 seed = row_seeds(random.getrandbits(32) if job.config.seed is None else job.config.seed, copy + 1)
-                self._state.start(slot, job.prompt, prefilled[source], job.config, seed[copy])
+                self._state.start(slot, job.prompt, prefilled[source], row_values(job.config, seed[copy]))
                 sources.append(source)
                 slots.append(slot)
         seen_rows = np.zeros((len(slots), self.model.decoding_vocabulary_size), "int32")

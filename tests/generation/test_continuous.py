@@ -12,7 +12,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import RowSettings, bias_of, choose, features_of
+from keras_tfm.generation.sampling import RowSettings, bias_of, choose, features_of, row_values
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
@@ -224,7 +224,7 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([prompt[:4]] * 2)))
     state.admit(filled, [0, 1], [0, 1], np.zeros((2, VOCABULARY), "int32"))
     for row, config in enumerate(configs):
-        state.start(row, prompt, 4, config, seed=0)
+        state.start(row, prompt, 4, row_values(config, 0))
     features = features_of(RowSettings(*state.settings))._replace(biased=True)
     chunk = continuous.decode_chunk(model, features, 2)
     bias = ops.convert_to_tensor(np.stack([bias_of(config.logit_bias, VOCABULARY) for config in configs]))
@@ -258,9 +258,9 @@ def test_a_chunk_after_a_row_starts_runs_only_until_its_first_new_token():
     """A started row's first token comes after the prompt tokens its chunk feeds (its prompt's last, and those
     past the prefill), not after a whole chunk; later chunks run every step."""
     state = RowState((np.zeros((2, 2, 1, 16, 4), "float32"),), np.zeros((2, 5), "int32"), steps=4)
-    state.start(0, [1, 2, 3, 4, 4], 4, GenerationConfig(), seed=0)  # feeds its last token: one step
+    state.start(0, [1, 2, 3, 4, 4], 4, row_values(GenerationConfig(), 0))  # feeds its last token: one step
     assert state.chunk_inputs(4)[5][3] == 1 == state.running
-    state.start(1, [1, 2, 3, 4, 4], 2, GenerationConfig(), seed=0)  # feeds 3, then 4 and 4: three steps
+    state.start(1, [1, 2, 3, 4, 4], 2, row_values(GenerationConfig(), 0))  # feeds 3, then 4 and 4: three steps
     assert state.chunk_inputs(4)[5][3] == 3
     taken, fed = state.advance(state.cache, state.seen, np.arange(8, dtype="int32").reshape(2, 4))
     assert taken.tolist() == [[0, 1, 2], [4, 5, 6]] and fed.tolist() == [0, 2]

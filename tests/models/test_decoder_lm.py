@@ -167,15 +167,21 @@ def test_stream_yields_what_generate_adds_chunk_by_chunk():
     prompt = tokenizer.encode("hello").tolist()
     expected = model.generate([prompt], max_new_tokens=11)[0, 5:]
     chunks = list(model.stream(prompt, max_new_tokens=11, chunk_size=4))
-    assert [len(chunk) for chunk in chunks] == [4, 4, 3]
+    assert [len(chunk) for chunk in chunks] == [1, 4, 4, 2]  # the first token as soon as it is chosen
     np.testing.assert_array_equal(np.concatenate(chunks), expected)
     stop = int(expected[5])  # a stop token ends the stream after it, as it ends generate's row
     stopped = list(model.stream(prompt, max_new_tokens=11, chunk_size=4, stop_token_ids=stop))
     np.testing.assert_array_equal(np.concatenate(stopped), expected[: list(expected).index(stop) + 1])
     pieces = list(model.stream("hello", max_new_tokens=11, chunk_size=3))
-    assert len(pieces) == 4 and "hello" + "".join(pieces) == model.generate("hello", max_new_tokens=11)
+    assert len(pieces) == 5 and "hello" + "".join(pieces) == model.generate("hello", max_new_tokens=11)
     sampled = np.concatenate(list(model.stream(prompt, max_new_tokens=11, temperature=1.0, seed=5)))
     np.testing.assert_array_equal(sampled, model.generate([prompt], max_new_tokens=11, temperature=1.0, seed=5)[0, 5:])
+    # controls that read each row's past: its tokens by position carry from chunk to chunk
+    controls = dict(no_repeat_ngram_size=2, min_new_tokens=3, logit_bias={0: -2.0})
+    controlled = model.generate([prompt], max_new_tokens=16, stop_token_ids=(), **controls)[0, 5:]
+    assert not np.array_equal(controlled[:11], expected)  # the controls change the tokens
+    streamed = list(model.stream(prompt, max_new_tokens=16, chunk_size=2, stop_token_ids=(), **controls))
+    np.testing.assert_array_equal(np.concatenate(streamed), controlled)
     with pytest.raises(ValueError, match="^token_ids: .*streams one prompt; received 2"):
         next(model.stream([prompt, prompt], max_new_tokens=2))
     with pytest.raises(ValueError, match="^chunk_size: "):
