@@ -31,25 +31,54 @@ def run(model, request: Request, inputs: tuple = ()) -> tuple[np.ndarray, np.nda
     (`continuous.decode_rows`), beam search its own."""
     if request.strategy.search is not None:
         return _beams(model, request, inputs), None
-    features, steps, loop = request.chooser.features, request.max_new_tokens, _loop(request)
+    features, loop = request.chooser.features, _loop(request)
+    width, steps = room(request.prompt_width, request.max_new_tokens, model.max_length)
     key, functions = ("rows", features, steps, loop), model.compiled_decoding()
     if key not in functions:
         functions[key] = compiled.compile_function(continuous.decode_rows(model, features, steps, loop), model)
-    rows = request.buffer.shape[0]
-    prompts = ops.convert_to_tensor(request.buffer[:, : request.prompt_width])
-    limits = np.full(rows, request.max_new_tokens, "int32")
-    outputs = functions[key](prompts, ops.convert_to_tensor(request.lengths), _settings(request, rows),
-                             ops.convert_to_tensor(limits), *_ends_and_bias(request, features.biased),
-                             *inputs)  # fmt: skip
-    generated = ops.convert_to_numpy(outputs[0])
-    counts = [_count(new, request.stop_token_ids) for new in generated]
+    outputs = functions[key](*_loop_inputs(request, width, features.biased), *inputs)
+    new = request.max_new_tokens
+    generated = ops.convert_to_numpy(outputs[0])[:, :new]
+    counts = [_count(tokens, request.stop_token_ids) for tokens in generated]
     output = request.buffer.copy()
     for row, (length, count) in enumerate(zip(request.lengths, counts)):
         output[row, length : length + count] = generated[row, :count]
     if not request.return_scores:
         return output, None
-    scores = ops.convert_to_numpy(outputs[1])
-    return output, np.where(np.arange(steps)[None, :] < np.array(counts)[:, None], scores, 0.0).astype("float32")
+    scores = ops.convert_to_numpy(outputs[1])[:, :new]
+    return output, np.where(np.arange(new)[None, :] < np.array(counts)[:, None], scores, 0.0).astype("float32")
+
+
+def _loop_inputs(request: Request, width: int, biased: bool) -> tuple:
+    """`decode_rows`' inputs but the model's, the request's prompts `width` columns wide."""
+    limits = np.full(request.buffer.shape[0], request.max_new_tokens, "int32")
+    return (_prompts(request, width), ops.convert_to_tensor(request.lengths), _settings(request, len(limits)),
+            ops.convert_to_tensor(limits), *_ends_and_bias(request, biased))  # fmt: skip
+
+
+def _prompts(request: Request, width: int):
+    """The request's right-padded prompts, `width` columns wide (the padding past each row's length is never
+    read: a row writes its new tokens over it)."""
+    prompts = np.zeros((request.buffer.shape[0], width), request.buffer.dtype)
+    prompts[:, : request.prompt_width] = request.buffer[:, : request.prompt_width]
+    return ops.convert_to_tensor(prompts)
+
+
+def room(width: int, steps: int, context: int) -> tuple[int, int]:
+    """The prompts' width and the new tokens a compiled loop makes room for, for prompts `width` wide and
+    `steps` new tokens, each `_rounded` up within the model's `context`, so that nearby lengths share one
+    program (rows end at their own limits, and the loop once all have)."""
+    wide = min(_rounded(width), context)
+    if wide + steps > context:  # near the context's end: the prompts' own width
+        wide = width
+    return wide, max(steps, min(_rounded(steps), context - wide))
+
+
+def _rounded(size: int) -> int:
+    """`size` rounded up to a multiple of 8, and past 64 of a quarter of its power of two (80, 96, 112, 128, 160,
+    ...): past 32, at most 1.25x (a wider prefill costs its share of the call)."""
+    step = 8 if size <= 64 else 2 ** ((size - 1).bit_length() - 3)
+    return -(-size // step) * step
 
 
 def _loop(request: Request) -> Loop:
@@ -105,7 +134,8 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
     keeping its cache between chunks (a `RowState`); yields `(new, finished)`: the chunk's new tokens (the
     last a stop token where the row ended) and whether the row has ended."""
     features, loop = request.chooser.features, _loop(request)
-    length = request.buffer.shape[1]  # the cache's: the prompt's and its new tokens'
+    width, steps = room(request.prompt_width, request.max_new_tokens, model.max_length)
+    length = width + steps  # the cache's: the prompt's and its new tokens'
     key, functions = ("stream", features, loop, length), model.compiled_decoding()
     if key not in functions:
 
@@ -114,8 +144,11 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
 
         functions[key] = compiled.compile_function(start, model)
     chunk = continuous.function(model, ("chunk", features, chunk_size, loop))
-    prompts = ops.convert_to_tensor(request.buffer[:, : request.prompt_width])
-    cache, _, seen, history, context = functions[key](prompts, ops.convert_to_tensor(request.lengths))
+    prompts = np.zeros((1, width), request.buffer.dtype)
+    prompts[:, : request.prompt_width] = request.buffer[:, : request.prompt_width]
+    cache, _, seen, history, context = functions[key](
+        ops.convert_to_tensor(prompts), ops.convert_to_tensor(request.lengths)
+    )
     stops, bias = _ends_and_bias(request, features.biased)
     limits = ops.convert_to_tensor(np.array([request.max_new_tokens], "int32"))
     state = RowState(cache, seen, chunk_size, Rows(stops, limits, history=history, context=context))

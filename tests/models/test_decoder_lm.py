@@ -158,6 +158,32 @@ def test_a_named_size_has_the_parameters_of_its_transformers_model(size):
         assert expected == SIZES[size]
 
 
+def test_nearby_prompt_lengths_and_token_counts_share_one_compiled_loop(rng):
+    """Prompts of 9 to 12 tokens and 17 to 20 new tokens decode with one compiled loop (its room rounded up;
+    rows end at their own limits), and each call gives the tokens of greedy decoding without a cache."""
+    model = peaked(tiny_lm(max_length=64))
+    calls, original = [], model.call_with_cache
+
+    def counted(*args, **kwargs):  # runs when a loop is traced (and at every prefill on PyTorch)
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    model.call_with_cache = counted
+
+    def traced(length: int, new: int, checked: bool = False, batch: int = 1) -> int:
+        prompts, before = rng.integers(1, 40, (batch, length)), len(calls)
+        ids = np.asarray(model.generate(prompts, max_new_tokens=new, stop_token_ids=()))
+        count = len(calls) - before
+        assert ids.shape == (batch, length + new)
+        assert not checked or [row.tolist() for row in ids] == [full_forward_greedy(model, p, new) for p in prompts]
+        return count
+
+    eager = 1 if keras.backend.backend() == "torch" else 0  # PyTorch's prefill runs op by op at every call
+    assert traced(10, 20, checked=True) > eager
+    assert [traced(11, 20), traced(9, 17, checked=True), traced(12, 18)] == [eager] * 3
+    assert traced(20, 8, checked=True, batch=2) > eager  # farther: a program of its own
+
+
 def test_stream_yields_what_generate_adds_chunk_by_chunk():
     from keras_tfm.data import CharacterTokenizer
 
