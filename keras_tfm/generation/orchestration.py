@@ -144,11 +144,7 @@ def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarra
 
         functions[key] = compiled.compile_function(start, model)
     chunk = continuous.function(model, ("chunk", features, chunk_size, loop))
-    prompts = np.zeros((1, width), request.buffer.dtype)
-    prompts[:, : request.prompt_width] = request.buffer[:, : request.prompt_width]
-    cache, _, seen, history, context = functions[key](
-        ops.convert_to_tensor(prompts), ops.convert_to_tensor(request.lengths)
-    )
+    cache, _, seen, history, context = functions[key](_prompts(request, width), ops.convert_to_tensor(request.lengths))
     stops, bias = _ends_and_bias(request, features.biased)
     limits = ops.convert_to_tensor(np.array([request.max_new_tokens], "int32"))
     state = RowState(cache, seen, chunk_size, Rows(stops, limits, history=history, context=context))

@@ -72,7 +72,8 @@ class RowState:
         fed = (ops.convert_to_tensor(self.fed[0][:, :steps]), ops.convert_to_tensor(self.fed[1]),
                ops.convert_to_tensor(self.made), ops.convert_to_tensor(np.array(self.running, "int32")))  # fmt: skip
         tokens, positions = ops.convert_to_tensor(self.tokens), ops.convert_to_tensor(self.positions)
-        extra = (bias, self.carried) if self.carried is not NO_ROWS else () if isinstance(bias, tuple) else (bias,)
+        biased = () if isinstance(bias, tuple) else (bias,)
+        extra = biased if self.carried is NO_ROWS else (bias, self.carried)
         return self.cache, tokens, positions, self.seen, settings, fed, *extra
 
     def advance(self, cache, seen, generated: np.ndarray, history=()) -> tuple[np.ndarray, np.ndarray]:

@@ -209,8 +209,8 @@ class CausalLM(ZooModel):
         Example:
         >>> lm = keras_tfm.gpt_shakespeare_char_cpu(num_layers=1)
         >>> pieces = list(lm.stream([1, 2, 3], max_new_tokens=8, chunk_size=4))  # 1, then 4, then 3 new ids
-        >>> [len(piece) for piece in pieces]
-        [1, 4, 3]
+        >>> tuple(len(piece) for piece in pieces)
+        (1, 4, 3)
 
         With a tokenizer (`lm.tokenizer`), a text prompt streams text:
         `for piece in lm.stream("Once upon a time", max_new_tokens=50): print(piece, end="")`.

@@ -342,8 +342,7 @@ class Engine:
             ("chunk", features, steps),
             shape,
             others_wait,
-            *self._state.chunk_inputs(steps),
-            *(() if bias is None else (ops.convert_to_tensor(bias),)),
+            *self._state.chunk_inputs(steps, () if bias is None else ops.convert_to_tensor(bias)),
         )
         generated, fed = self._state.advance(cache, seen, ops.convert_to_numpy(generated))
         scores = [ops.convert_to_numpy(part)[:, : generated.shape[1]] for part in scores[0]] if scores else None

@@ -230,7 +230,7 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     bias = ops.convert_to_tensor(np.stack([bias_of(config.logit_bias, VOCABULARY) for config in configs]))
     taken = np.zeros((2, 0), "int32")
     for _ in range(3):  # the first chunk returns at the rows' first token: one step, then two each
-        cache, seen, generated = chunk(*state.chunk_inputs(2), bias)
+        cache, seen, generated = chunk(*state.chunk_inputs(2, bias))
         taken = np.concatenate([taken, state.advance(cache, seen, ops.convert_to_numpy(generated))[0]], axis=1)
     assert taken.shape == (2, 5) and taken[0, 0] == 7 and 7 not in taken[1, :3] and taken[1, 3] == 7
     expected = model.generate(prompt[None], max_new_tokens=4, logit_bias={7: 100.0}, min_new_tokens=3)
