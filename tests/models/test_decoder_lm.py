@@ -170,18 +170,18 @@ def test_nearby_prompt_lengths_and_token_counts_share_one_compiled_loop(rng):
 
     model.call_with_cache = counted
 
-    def traced(length: int, new: int, checked: bool = False, batch: int = 1) -> int:
-        prompts, before = rng.integers(1, 40, (batch, length)), len(calls)
-        ids = np.asarray(model.generate(prompts, max_new_tokens=new, stop_token_ids=()))
+    def traced(length: int, new: int, checked: bool = False) -> int:
+        prompt, before = rng.integers(1, 40, length).tolist(), len(calls)
+        ids = np.asarray(model.generate([prompt], max_new_tokens=new, stop_token_ids=()))
         count = len(calls) - before
-        assert ids.shape == (batch, length + new)
-        assert not checked or [row.tolist() for row in ids] == [full_forward_greedy(model, p, new) for p in prompts]
+        assert ids.shape == (1, length + new)
+        assert not checked or ids[0].tolist() == full_forward_greedy(model, prompt, new)
         return count
 
     eager = 1 if keras.backend.backend() == "torch" else 0  # PyTorch's prefill runs op by op at every call
     assert traced(10, 20, checked=True) > eager
     assert [traced(11, 20), traced(9, 17, checked=True), traced(12, 18)] == [eager] * 3
-    assert traced(20, 8, checked=True, batch=2) > eager  # farther: a program of its own
+    assert traced(20, 8) > eager  # farther: a program of its own
 
 
 def test_stream_yields_what_generate_adds_chunk_by_chunk():
