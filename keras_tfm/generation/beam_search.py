@@ -93,8 +93,8 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
     beam_range = ops.arange(num_beams, dtype="int32")
     seen = initial_seen(buffer, start, vocabulary_size, features)
 
-    def cond(t, *rest):
-        return t < total
+    def cond(t, *rest):  # to the last row's end: the columns past it keep their padding
+        return t < ops.max(rest[6])
 
     def body(t, buffer, cache, scores, finished, seen, prompt_mask, end, stop_token_ids, pad_token_id, context, values):
         previous = ops.slice(buffer, (0, t - 1), (beams, 1))
@@ -145,7 +145,9 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
     tokens = ops.reshape(buffer, (batch, num_beams, total))
     positions = ops.arange(total, dtype="int32")[None, None, :]
     generated = ops.logical_and(positions >= prompt_lengths[:, None, None], positions < end[:, None, None])
-    generated = ops.logical_and(generated, tokens != pad_token_id)
+    # a generated padding id counts (transformers' lengths do); what a finished beam pads with after its stop does not
+    stop = ops.cast(ops.logical_and(generated, ops.any(tokens[..., None] == stop_token_ids, axis=-1)), "int32")
+    generated = ops.logical_and(generated, ops.cumsum(stop, axis=-1) - stop == 0)
     lengths = ops.maximum(ops.sum(ops.cast(generated, "float32"), axis=-1), 1.0)
     _, best = ops.top_k(scores / lengths**length_penalty, num_return_sequences)
     best = ops.take_along_axis(tokens, ops.cast(best, "int32")[..., None], axis=1)

@@ -111,12 +111,14 @@ def _count(new: np.ndarray, stop_token_ids: np.ndarray) -> int:
 
 
 def _beams(model, request: Request, inputs: tuple) -> np.ndarray:
-    """The request's best beams, `(rows * num_return_sequences, total)` (`beam_search`)."""
-    key, functions = ("beams", *request.compiled_key), model.compiled_decoding()  # built before a trace
+    """The request's best beams, `(rows * num_return_sequences, total)` (`beam_search`), from a loop with
+    `room` for its prompts and new tokens, as the row loop's."""
+    width, steps = room(request.prompt_width, request.max_new_tokens, model.max_length)
+    key, functions = ("beams", *request.compiled_key, width), model.compiled_decoding()  # built before a trace
     if key not in functions:
         step, while_loop = compiled.decoding_functions(model.call_with_cache, model)
         decoder = Decoder(step, while_loop, request.chooser, model.decoding_vocabulary_size)
-        width, search = request.prompt_width, request.strategy.search
+        search = request.strategy.search
 
         def loop(batch, *inputs):
             copies = search.num_beams
@@ -126,7 +128,8 @@ def _beams(model, request: Request, inputs: tuple) -> np.ndarray:
             return beam_decode(decoder, batch._replace(context=context), width, cache, search)
 
         functions[key] = compiled.compile_function(loop, model)
-    return ops.convert_to_numpy(functions[key](request.batch(), *inputs))
+    total = request.buffer.shape[1]
+    return ops.convert_to_numpy(functions[key](request.batch(columns=width + steps), *inputs))[:, :total]
 
 
 def stream(model, request: Request, chunk_size: int) -> Iterator[tuple[np.ndarray, bool]]:

@@ -107,15 +107,17 @@ class Request:
     @property
     def compiled_key(self) -> tuple:
         """What the compiled loop is made for (a new value of any of these is another trace): the strategy and
-        the chooser, not the numbers, which `batch` gives as tensors."""
-        return (self.strategy, self.prompt_width, self.chooser, self.return_scores)
+        the chooser, not the numbers, which `batch` gives as tensors (nor the prompts' width: the loop's room)."""
+        return (self.strategy, self.chooser, self.return_scores)
 
-    def batch(self, context: tuple = ()) -> Batch:
-        """The request's tensors as the loop takes them."""
+    def batch(self, context: tuple = (), columns: int | None = None) -> Batch:
+        """The request's tensors as the loop takes them; with `columns`, the buffer and prompt mask padded to
+        that many (the loop's room: the columns past a row's end take padding)."""
         stops = self.stop_token_ids if self.stop_token_ids.size else np.array([-1], "int32")
+        room = ((0, 0), (0, (columns or self.buffer.shape[1]) - self.buffer.shape[1]))
         return Batch(
-            ops.convert_to_tensor(self.buffer),
-            ops.convert_to_tensor(self.prompt_mask),
+            ops.convert_to_tensor(np.pad(self.buffer, room, constant_values=self.pad_token_id)),
+            ops.convert_to_tensor(np.pad(self.prompt_mask, room)),
             ops.convert_to_tensor(self.lengths),
             ops.convert_to_tensor(self.max_new_tokens, "int32"),
             ops.convert_to_tensor(stops.astype("int32")),

@@ -180,6 +180,29 @@ def test_beam_search_matches_hugging_face(rng, num_beams):
     np.testing.assert_array_equal(model.generate(prompts, max_new_tokens=8, num_beams=num_beams), expected)
 
 
+def test_beam_search_at_nearby_lengths_shares_one_program_and_matches_hugging_face(rng):
+    """Prompts 3 to 5 wide and 6 to 8 new tokens run one compiled beam loop (its room rounded up, as the row
+    loop's), and each call still gives transformers' beams: ranked with a length penalty, where one beam takes the
+    padding id (0), a token like any other that counts in the beam's length."""
+    model = keras_tfm.from_huggingface(hf := hf_gpt2(initializer_range=0.3))
+    calls, original = [], model.call_with_cache
+    model.call_with_cache = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+
+    def traced(width: int, new: int) -> int:
+        prompts, before = rng.integers(1, 97, size=(2, width)), len(calls)
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
+                                   max_new_tokens=new, num_beams=3, do_sample=False, pad_token_id=0,
+                                   eos_token_id=None, early_stopping=False, length_penalty=-1.0).numpy()  # fmt: skip
+        got = model.generate(prompts, max_new_tokens=new, num_beams=3, stop_token_ids=(), length_penalty=-1.0)
+        np.testing.assert_array_equal(got, expected)
+        return len(calls) - before
+
+    first, again = traced(4, 8), traced(4, 8)  # again: what a call runs outside its compiled loop
+    assert first > again
+    assert [traced(5, 7), traced(3, 6)] == [again] * 2
+
+
 @pytest.mark.backend_independent
 def test_a_checkpoint_with_weights_no_layer_takes_is_refused():
     from keras_tfm.convert.weights import WeightReader

@@ -22,8 +22,9 @@ def test_ragged_prompts_share_one_buffer_and_each_sample_gets_its_rows():
     np.testing.assert_array_equal(request.lengths, [3, 3, 3, 1, 1, 1])
     np.testing.assert_array_equal(request.buffer[3], [8, 0, 0, 0, 0, 0, 0])
     assert request.prompt_mask[3].tolist() == [True] + [False] * 6
-    # prompts' lengths retrace; sampling values do not (they are the loop's inputs), which warps run does
-    assert request.compiled_key == (strategy, 3, Chooser(Features(sampling=True)), False)
+    # sampling values do not retrace (they are the loop's inputs), which warps run does; nor do the prompts'
+    # lengths (the loop's room, `orchestration.room`)
+    assert request.compiled_key == (strategy, Chooser(Features(sampling=True)), False)
 
     def key(**sampling) -> tuple:
         return Request.of_prompts([[5, 6, 7], [8]], None, 10, strategy, max_new_tokens=4,
