@@ -138,12 +138,10 @@ class GenerationConfig:
             schema = {"type": "object"} if self.json_schema is True else self.json_schema
             schema = json.loads(schema) if isinstance(schema, str) else schema
             object.__setattr__(self, "json_schema", json.dumps(schema, sort_keys=True))
-            unheld = [name for name in ("num_beams", "no_repeat_ngram_size")
-                      if getattr(self, name) != GenerationConfig.fields()[name].default]  # fmt: skip
-            if unheld:
+            if self.num_beams != 1:
                 raise InputError(
-                    f"constrained decoding chooses one token at a time by the grammar; received {unheld[0]}="
-                    f"{getattr(self, unheld[0])!r} with it.",
+                    f"constrained decoding chooses one token at a time by the grammar; received num_beams="
+                    f"{self.num_beams!r} with it.",
                     "json_schema",
                 )
         if self.num_beams > 1 and self.num_return_sequences > self.num_beams:

@@ -265,14 +265,16 @@ def controlled(logits, seen, settings: RowSettings, features: Features, bias=Non
                stop_token_ids=None):  # fmt: skip
     """`logits` `(rows, vocabulary)` as float32 scores changed by the controls, in transformers' order: the
     host's `bias` added (with `features.biased`), the tokens `banned` (`(rows, vocabulary)` bool: an n-gram
-    ban) made very negative, the penalties on the tokens `seen` (int32 counts, `seen_counted`), and with
+    ban) made very negative in rows where that leaves a token the bias allows, the penalties on the tokens `seen` (int32 counts, `seen_counted`), and with
     `features.min_new_tokens` the `stop_token_ids` (1-D) made very negative in rows whose `new_tokens`
     `(rows,)` are fewer than their `min_new_tokens`, unless the row allows no other token (a grammar's end)."""
     scores = ops.cast(logits, "float32")
     if features.biased:
         scores = scores + bias
-    if banned is not None:
-        scores = ops.where(banned, LARGE_NEGATIVE, scores)
+    if banned is not None:  # unless it bans every token the bias allows (a grammar's): then the grammar wins
+        allowed = scores > LARGE_NEGATIVE / 2
+        held = ops.any(ops.logical_and(allowed, ops.logical_not(banned)), axis=-1, keepdims=True)
+        scores = ops.where(ops.logical_and(banned, held), LARGE_NEGATIVE, scores)
     if features.penalty:
         scores = penalized(scores, seen > 0, _column(settings.repetition_penalty))
     if features.counts:

@@ -5,11 +5,12 @@ row loop's compiled chunk with a host bias is tested on every backend in `test_c
 import json
 
 import keras
+import numpy as np
 import pytest
 
 import keras_tfm
 from keras_tfm.errors import InputError
-from tests.checks import chat_model
+from tests.checks import chat_model, to_numpy
 
 pytest.importorskip("llguidance")
 
@@ -77,11 +78,34 @@ def test_min_new_tokens_never_holds_a_row_past_its_grammars_end():
 
 
 @pytest.mark.backend_independent
+def test_an_ngram_ban_gives_way_only_where_it_leaves_the_grammar_no_token():
+    """With `no_repeat_ngram_size=2`, each greedy step takes the likeliest token the grammar allows that repeats
+    no pair of the text so far, or, where every token the grammar allows would (JSON's `":` after each key), the
+    likeliest it allows: what full forward passes on the host choose by that rule."""
+    from keras_tfm.generation.grammar import Constraint, schema_grammar
+
+    model = json_model()
+    reply = model.generate("to be", max_new_tokens=40, json_schema=SCHEMA, no_repeat_ngram_size=2, temperature=0)
+    ids, constraint = model.tokenizer.encode("to be").tolist(), Constraint(model, schema_grammar(SCHEMA))
+    given_way = 0
+    for _ in range(40):
+        logits = to_numpy(model(np.array([ids], "int32")))[0, -1]
+        allowed = constraint.bias() == 0
+        kept = allowed.copy()
+        kept[[after for before, after in zip(ids, ids[1:]) if before == ids[-1]]] = False
+        given_way += not kept.any()
+        ids.append(int(np.argmax(np.where(kept if kept.any() else allowed, logits, -np.inf))))
+        if constraint.take(ids[-1]):
+            break
+    assert reply == model.tokenizer.decode(np.array(ids)) and given_way > 0, (reply, given_way)
+    assert set(json.loads(reply[len("to be") :])) == {"city", "sunny"}
+
+
+@pytest.mark.backend_independent
 def test_what_constrained_decoding_cannot_hold_is_refused():
     model = json_model()
     for settings, argument in (
         (dict(num_beams=2), "json_schema"),
-        (dict(no_repeat_ngram_size=2), "json_schema"),
         (dict(return_scores=True), "return_scores"),
         (dict(json_schema="{not json"), "json_schema"),
     ):
