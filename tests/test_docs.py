@@ -104,7 +104,9 @@ def _run_page(page, tmp_path, monkeypatch):
             except Exception as error:
                 raise AssertionError(f"{page}: Python block {number} failed: {error!r}\n{block}") from error
     finally:
-        keras.backend.clear_session()  # the layer names a page used are free again, as in a new process
+        # the layer names a page used are free again, as in a new process; without a full collection, which
+        # costs a second a page in a process that has run most of the suite
+        keras.backend.clear_session(free_memory=False)
 
 
 @pytest.mark.backend_independent
