@@ -80,7 +80,7 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
     features, ngram = decoder.chooser.features, decoder.chooser.no_repeat_ngram_size
     controls = features.penalty or features.counts or features.biased or features.min_new_tokens or ngram
     buffer, prompt_mask, prompt_lengths, max_new_tokens, stop_token_ids, pad_token_id, _, context, values = batch
-    num_beams, length_penalty, num_return_sequences = search
+    num_beams = search.num_beams
     batch, total = buffer.shape
     beams = batch * num_beams
     buffer = ops.repeat(buffer, num_beams, axis=0)
@@ -141,14 +141,21 @@ def beam_decode(decoder: Decoder, batch: Batch, prompt_width: int, cache, search
                  values)  # fmt: skip
     _, buffer, _, scores, *_ = decoder.while_loop(cond, body, loop_vars)
 
-    # rank by length-normalized score: log-probability / (new tokens up to the stop token) ** penalty
     tokens = ops.reshape(buffer, (batch, num_beams, total))
+    return _best(tokens, scores, prompt_lengths, end, stop_token_ids, search)
+
+
+def _best(tokens, scores, prompt_lengths, end, stop_token_ids, search: BeamSearch):
+    """The best `search.num_return_sequences` of each row's beams `tokens` `(rows, num_beams, total)`, best first,
+    `(rows * num_return_sequences, total)`, by length-normalized score: log-probability / (its new tokens up to
+    and with its stop token) ** `length_penalty`."""
+    rows, _, total = tokens.shape
     positions = ops.arange(total, dtype="int32")[None, None, :]
     generated = ops.logical_and(positions >= prompt_lengths[:, None, None], positions < end[:, None, None])
     # a generated padding id counts (transformers' lengths do); what a finished beam pads with after its stop does not
     stop = ops.cast(ops.logical_and(generated, ops.any(tokens[..., None] == stop_token_ids, axis=-1)), "int32")
     generated = ops.logical_and(generated, ops.cumsum(stop, axis=-1) - stop == 0)
     lengths = ops.maximum(ops.sum(ops.cast(generated, "float32"), axis=-1), 1.0)
-    _, best = ops.top_k(scores / lengths**length_penalty, num_return_sequences)
+    _, best = ops.top_k(scores / lengths**search.length_penalty, search.num_return_sequences)
     best = ops.take_along_axis(tokens, ops.cast(best, "int32")[..., None], axis=1)
-    return ops.reshape(best, (batch * num_return_sequences, total))
+    return ops.reshape(best, (rows * search.num_return_sequences, total))
