@@ -1,8 +1,8 @@
 """`from_gguf`: a llama.cpp GGUF file (the format of llama.cpp, Ollama and LM Studio) as a keras_tfm
 `DecoderLM`, with its tokenizer, chat template and end ids.
 
-The `gguf` package (llama.cpp's own reader) maps the file and dequantizes its tensors; each tensor is
-read, dequantized and set one at a time. The metadata becomes the Hugging Face config the Llama
+`gguf_file` maps the file and reads its header; the `gguf` package (llama.cpp's own) dequantizes its
+tensors, each read, dequantized and set one at a time. The metadata becomes the Hugging Face config the Llama
 family's converter reads (`llama.py`), and llama.cpp's tensor names its Hugging Face names: one
 converter for both formats.
 """
@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from keras_tfm.convert import gguf_file
 from keras_tfm.convert.config import checkpoint_config
 from keras_tfm.errors import CheckpointError, InputError
 
@@ -92,12 +93,12 @@ def from_gguf(path, dtype: str | None = None, allow_nan: bool = False, quantize:
     if not isinstance(allow_nan, bool):
         raise InputError(f"expected True or False; received {allow_nan!r}.", "allow_nan", caller="from_gguf")
     quantized_loading.check_mode(quantize, "from_gguf")
-    reader, metadata = read_gguf(path)
-    config = gguf_config(metadata, {tensor.name for tensor in reader.tensors})
-    factors = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    tensors, metadata = read_gguf(path)
+    config = gguf_config(metadata, {tensor.name for tensor in tensors})
+    factors = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
     if factors is not None:
         config["rope_scaling"] = llama3_rope_scaling(np.asarray(factors.data, np.float64), config)
-    weights = GGUFWeights(reader, config)
+    weights = GGUFWeights(tensors, config)
     huggingface.check_room(weights, quantize or dtype, "from_gguf")
     tokenizer = gguf_tokenizer(metadata)  # before the model: a tokenizer it cannot build is refused first
     if tokenizer is not None and tokenizer.vocabulary_size > config["vocab_size"]:
@@ -117,10 +118,11 @@ def from_gguf(path, dtype: str | None = None, allow_nan: bool = False, quantize:
 
 
 def read_gguf(path) -> tuple:
-    """(reader, metadata) of the GGUF file at `path`: metadata as Python values (strings, numbers,
-    lists). A missing, foreign, truncated or damaged file raises `CheckpointError` naming it."""
+    """(tensors, metadata) of the GGUF file at `path`: its `gguf_file.GGUFTensor`s and its metadata as
+    Python values (strings, numbers, lists). A missing, foreign, truncated or damaged file raises
+    `CheckpointError` naming it."""
     try:
-        import gguf
+        import gguf  # noqa: F401  (its dequantizers read the tensors)
     except ImportError:
         raise InputError(
             "reading GGUF files needs the `gguf` package: pip install 'keras_tfm[gguf]'.", caller="from_gguf"
@@ -136,17 +138,15 @@ def read_gguf(path) -> tuple:
             caller="from_gguf",
         )
     try:
-        reader = gguf.GGUFReader(path)
-        metadata = {name: field.contents() for name, field in reader.fields.items()}
-        reader.fields.clear()  # a view object per vocabulary entry (~50 MB for 49k); `metadata` has their values
-    except Exception as error:  # the reader raises ValueError, IndexError, ... on a cut or damaged file
+        file = gguf_file.read(path)
+    except Exception as error:  # ValueError, struct.error, UnicodeDecodeError, ... on a cut or damaged file
         raise CheckpointError(
             f"cannot read {os.fspath(path)!r}: the file is truncated or damaged ({type(error).__name__}: "
             f"{str(error)[:200]}). Download it again.",
             "path",
             caller="from_gguf",
         ) from None
-    return reader, metadata
+    return file.tensors, file.metadata
 
 
 def gguf_config(metadata: dict, tensor_names: set[str]) -> dict:
@@ -247,14 +247,11 @@ class GGUFWeights(Mapping):
     when it is looked up and not kept. llama.cpp stores a Llama's query and key rows interleaved for its
     RoPE: put back in Hugging Face's order here."""
 
-    def __init__(self, reader, config: dict):
-        import gguf
-
+    def __init__(self, tensors: list, config: dict):
         self._tensors, self._config = {}, config
         self._unpermute = config["model_type"] == "llama"
-        known = set(gguf.GGMLQuantizationType)
-        for tensor in reader.tensors:
-            if tensor.tensor_type not in known or tensor.tensor_type.name in ("Q8_1", "Q8_K"):
+        for tensor in tensors:
+            if tensor.tensor_type.name in ("Q8_1", "Q8_K"):
                 raise CheckpointError(
                     f"tensor {tensor.name!r} is stored as {tensor.tensor_type!r}, which cannot be read here.",
                     caller="from_gguf",
