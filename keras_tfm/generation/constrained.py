@@ -50,7 +50,8 @@ def _prefilled(model, request: Request, config: GenerationConfig) -> RowState:
     feed its prompt's last token next, with `config`'s settings and `generate`'s row seeds (and the rows' tokens
     by position, for an n-gram ban)."""
     rows, total = request.buffer.shape
-    filled = continuous.function(model, ("prefill",))(ops.convert_to_tensor(request.buffer[:, : request.prompt_width]))
+    ids, last = request.buffer[:, : request.prompt_width], request.lengths.astype("int32") - 1
+    filled, _ = continuous.function(model, ("prefill",))(ops.convert_to_tensor(ids), ops.convert_to_tensor(last))
     seen_rows = np.zeros((rows, model.decoding_vocabulary_size), "int32")
     for row, length in enumerate(request.lengths):
         seen_rows[row, request.buffer[row, :length]] = 1

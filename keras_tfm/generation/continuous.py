@@ -228,7 +228,7 @@ def started(model, prompts, lengths, length, features: Features, loop: Loop, inp
     of `length` positions, each row to feed its prompt's last token (`tokens`) at `lengths - 1` next, the
     tokens each row has `seen` (a placeholder where no penalty reads them), its `history` with `loop.ngram`
     (the prompts in `length` positions) and the `context` of the model's `inputs`."""
-    cache, context = filled(model, prompts, length, inputs)
+    cache, context, _ = filled(model, prompts, length, inputs)
     tokens = ops.take_along_axis(prompts, ops.expand_dims(lengths - 1, 1), axis=1)[:, 0]
     seen = initial_seen(prompts, ops.expand_dims(lengths, 1), model.decoding_vocabulary_size, features)
     history = ()
@@ -237,32 +237,56 @@ def started(model, prompts, lengths, length, features: Features, loop: Loop, inp
     return cache, tokens, seen, history, context
 
 
-def filled(model, prompts, length, inputs: tuple = ()) -> tuple:
-    """`(cache, context)`: the keys and values of right-padded `prompts` `(rows, width)` in a cache of `length`
-    positions (what follows a prompt's end is overwritten as the row decodes), and the `context` of the model's
-    `inputs`: the one prefill, `generate`'s (`started`) and the server's (`prefill`)."""
+def filled(model, prompts, length, inputs: tuple = (), last=None) -> tuple:
+    """`(cache, context, logits)`: the keys and values of right-padded `prompts` `(rows, width)` in a cache of
+    `length` positions (what follows a prompt's end is overwritten as the row decodes), the `context` of the
+    model's `inputs`, and with `last` `(rows,)` the logits of each row's token at that index (else None): the one
+    prefill, `generate`'s (`started`) and the server's (`prefill`)."""
     cache, context = model.decoding_cache(ops.shape(prompts)[0], length, *inputs)
-    _, cache = model.call_with_cache(prompts, cache, 0, *context, output_logits=False)
-    return cache, context
+    if last is None:
+        return model.call_with_cache(prompts, cache, 0, *context, output_logits=False)[1], context, None
+    logits, cache = model.call_with_cache(prompts, cache, 0, *context, logits_at=last)
+    return cache, context, logits
 
 
 def function(model, key: tuple):
-    """The compiled function of `key`, `("prefill",)` or `("chunk", features, steps[, loop])`, kept on the
-    model: every server engine of the model, `generate` and `stream` share it."""
+    """The compiled function of `key`, `("prefill",)`, `("first", features)` or `("chunk", features, steps[,
+    loop])`, kept on the model: every server engine of the model, `generate` and `stream` share it."""
     functions = model.compiled_decoding()
     if ("rows", key) not in functions:
-        functions[("rows", key)] = prefill(model) if key[0] == "prefill" else decode_chunk(model, *key[1:])
+        makers = {"prefill": prefill, "first": first_tokens, "chunk": decode_chunk}
+        functions[("rows", key)] = makers[key[0]](model, *key[1:])
     return functions[("rows", key)]
 
 
 def prefill(model):
-    """A compiled `(token_ids) -> cache`: right-padded prompts `(rows, width)` `filled` into a cache of `width`
-    positions, which `admit` writes into rows of the server's."""
+    """A compiled `(token_ids, last) -> (cache, logits)`: right-padded prompts `(rows, width)` in a cache of
+    `width` positions, which `admit` writes into rows of the server's, and the logits `(rows, vocabulary)` of
+    each row's token at index `last` `(rows,)` (a prompt's last: its first new token's, `first_tokens`)."""
 
-    def fill(token_ids):
-        return filled(model, token_ids, ops.shape(token_ids)[1])[0]
+    def fill(token_ids, last):
+        cache, _, logits = filled(model, token_ids, ops.shape(token_ids)[1], last=last)
+        return cache, logits
 
     return compiled.compile_function(fill, model)
+
+
+def first_tokens(model, features: Features):
+    """A compiled `(logits, seen, settings, positions[, bias]) -> (chosen[, logprobs])`: each row's first new
+    token chosen from its prompt's last `logits` `(rows, vocabulary)` (`prefill`'s) by the chunk's chooser,
+    its prompt's last token at `positions` (the key of its random draw, as in a chunk's step), none made
+    before; `logprobs` as a chunk's (`logprobs_of`), of one step."""
+    top = min(TOP_LOGPROBS, model.decoding_vocabulary_size)
+    stops = (
+        ops.convert_to_tensor(np.asarray(model.stop_ids(), "int32").reshape(-1)) if features.min_new_tokens else None
+    )
+
+    def first(logits, seen, settings, positions, bias=()):
+        made = ops.zeros_like(positions)
+        chosen, _ = choose(logits, seen, settings, positions, features, bias, None, made, stops)
+        return (chosen, *((logprobs_of(logits, chosen, top),) if features.logprobs else ()))
+
+    return compiled.compile_function(first, model)
 
 
 def admit(cache, seen, filled, sources, slots, seen_rows):

@@ -13,9 +13,10 @@ from keras_tfm.generation.compiled import CompiledFunctions
 class DecodingModel(Protocol):
     """A model the decoding loops can run.
 
-    - `call_with_cache(token_ids, cache, cache_update_index, *context, output_logits=True)` -> `(logits,
-      cache)`: the model on `token_ids` at positions `cache_update_index ...` (a scalar, or `(rows,)`:
-      each row's), reading and writing the key/value `cache`.
+    - `call_with_cache(token_ids, cache, cache_update_index, *context, output_logits=True, logits_at=None)` ->
+      `(logits, cache)`: the model on `token_ids` at positions `cache_update_index ...` (a scalar, or `(rows,)`:
+      each row's), reading and writing the key/value `cache` (`logits_at` `(rows,)`: the logits at each row's
+      index alone).
     - `decoding_cache(rows, length, *inputs, copies=1)` -> `(cache, context)`: an empty cache, and what
       every step reads (a translator's encoder keys/values, for `copies` beams of each row).
     - `empty_cache(rows, length)`: the empty cache alone (a decoder-only model's).
@@ -29,7 +30,9 @@ class DecodingModel(Protocol):
     decoding_vocabulary_size: int
     max_length: int
 
-    def call_with_cache(self, token_ids, cache, cache_update_index, *context, output_logits: bool = True): ...
+    def call_with_cache(
+        self, token_ids, cache, cache_update_index, *context, output_logits: bool = True, logits_at=None
+    ): ...
 
     def decoding_cache(self, rows: int, length: int, *inputs, copies: int = 1) -> tuple: ...
 

@@ -46,13 +46,19 @@ class RowState:
     def length(self) -> int:
         return int(self.cache[0].shape[3])
 
-    def start(self, row: int, prompt, prefilled: int, settings: Sequence) -> None:
+    def start(self, row: int, prompt, prefilled: int, settings: Sequence, first: int | None = None) -> None:
         """Row `row` decodes `prompt` with `settings` (its `RowSettings` values, `sampling.row_values`), its
         first `prefilled` positions in the cache (`admit`): its first step feeds the prompt's token after them,
-        the next steps the rest of it."""
-        self.tokens[row], self.positions[row] = prompt[prefilled], prefilled
-        rest = prompt[prefilled + 1 :]
-        self.fed[0][row, : len(rest)], self.fed[1][row], self.made[row], self.first[row] = rest, len(rest), 0, True
+        the next steps the rest of it. Or, with its `first` new token (chosen from the prefill of the whole
+        prompt, `continuous.first_tokens`), its first step feeds that token after the prompt."""
+        if first is not None:
+            self.tokens[row], self.positions[row] = first, len(prompt)
+            self.fed[1][row], self.made[row], self.first[row] = 0, 1, False
+        else:
+            self.tokens[row], self.positions[row] = prompt[prefilled], prefilled
+            rest = prompt[prefilled + 1 :]
+            self.fed[0][row, : len(rest)], self.fed[1][row], self.made[row] = rest, len(rest), 0
+            self.first[row] = True
         for setting, value in zip(self.settings, settings, strict=True):
             setting[row] = value
 

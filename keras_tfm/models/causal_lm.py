@@ -77,13 +77,14 @@ class CausalLM(ZooModel):
             x = block(x, decoder_padding_mask=padding_mask, training=training)
         return self._logits(x)
 
-    def call_with_cache(self, token_ids, cache, cache_update_index, output_logits: bool = True):
+    def call_with_cache(self, token_ids, cache, cache_update_index, output_logits: bool = True, logits_at=None):
         """Logits for `token_ids` placed at positions `cache_update_index, ...`, reading and
         updating `cache`: one `(batch, 2, key/value heads, cache_length, head_dim)` key/value tensor per
         layer (a tuple, not one stacked tensor, so a step copies no layer's cache twice).
         `output_logits=False` returns `None` instead of the logits: a prefill that only fills the
         cache skips the vocabulary projection and, in the last block, everything but the keys and
-        values (`DecoderBlock.update_cache`)."""
+        values (`DecoderBlock.update_cache`). `logits_at` `(batch,)` int32: the logits of each row's token at
+        that index of `token_ids` alone, `(batch, vocabulary)` (a prefill whose rows choose their first token)."""
         x = self._embed(token_ids, start_index=cache_update_index)
         updated = []
         for i, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
@@ -92,6 +93,8 @@ class CausalLM(ZooModel):
                 return None, tuple(updated)
             x, layer_cache = block(x, self_attention_cache=layer_cache, cache_update_index=cache_update_index)
             updated.append(layer_cache)
+        if logits_at is not None:
+            x = ops.take_along_axis(x, ops.reshape(logits_at, (-1, 1, 1)), axis=1)[:, 0]
         return self._logits(x), tuple(updated)
 
     def compiled_decoding(self) -> compiled.CompiledFunctions:

@@ -255,7 +255,7 @@ class Translator(ZooModel):
         return self.decode(target_ids, encoder_output, source_mask, training=training)
 
     def call_with_cache(
-        self, token_ids, cache, cache_update_index, cross_cache, source_mask, output_logits: bool = True
+        self, token_ids, cache, cache_update_index, cross_cache, source_mask, output_logits: bool = True, logits_at=None
     ):
         """Logits for `token_ids` at positions `cache_update_index, ...` and the updated `cache`.
 
@@ -263,7 +263,8 @@ class Translator(ZooModel):
         decoder layer; `cross_cache`: one `(batch, 2, heads, source_length, head_dim)` per layer
         (`precompute_key_value` of the encoder output), read only; `source_mask`: `(batch,
         source_length)`. `output_logits=False` returns `None` instead of the logits (a prefill, which
-        also skips all but the last block's keys and values: `DecoderBlock.update_cache`)."""
+        also skips all but the last block's keys and values: `DecoderBlock.update_cache`). `logits_at` `(batch,)`
+        int32: the logits of each row's token at that index alone, `(batch, vocabulary)`."""
         x = self._embed(token_ids, self.target_embedding, self.target_positions, start_index=cache_update_index)
         updated = []
         for i, (block, layer_cache, layer_cross_cache) in enumerate(zip(self.decoder_blocks, cache, cross_cache)):
@@ -278,6 +279,8 @@ class Translator(ZooModel):
                 cross_attention_cache=layer_cross_cache,
             )
             updated.append(layer_cache)
+        if logits_at is not None:
+            x = ops.take_along_axis(x, ops.reshape(logits_at, (-1, 1, 1)), axis=1)[:, 0]
         return self._logits(x), tuple(updated)
 
     def _prepare_source(self, source_ids):

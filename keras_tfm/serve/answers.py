@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import NamedTuple
 
-from keras_tfm.serve.engine import Logprob, Ticket
+from keras_tfm.serve.tickets import Logprob, Ticket
 from keras_tfm.serve.tools import StreamedCalls, finished_calls, parse_tool_calls
 
 

@@ -12,12 +12,13 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation.grammar import Constraint, schema_grammar
 from keras_tfm.serve import requests
 from keras_tfm.serve.answers import Echo, completion, stream_response, token_texts
-from keras_tfm.serve.engine import Engine, Ticket, prompt_logprobs
+from keras_tfm.serve.engine import Engine
 from keras_tfm.serve.grammar import response_schema, tool_call_grammar
 from keras_tfm.serve.http import LOOPBACK_HOSTS, authorize, check_host, check_key, read_json, starlette_app
 from keras_tfm.serve.operations import Metrics
 from keras_tfm.serve.requests import RequestError
 from keras_tfm.serve.settings import DEFAULTS
+from keras_tfm.serve.tickets import Ticket, prompt_logprobs
 from keras_tfm.serve.tools import template_messages, template_renders
 
 

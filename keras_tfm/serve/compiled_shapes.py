@@ -17,9 +17,10 @@ from keras import ops
 from keras_tfm import compat
 from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.generation import continuous
+from keras_tfm.generation.sampling import tracks_seen
 
-# A function's key: ("prefill",), ("chunk", Features, steps) or ("admit", prefill shape); a shape: (rows,
-# width or cache length)
+# A function's key: ("prefill",), ("first", Features), ("chunk", Features, steps) or ("admit", prefill shape);
+# a shape: (rows, width or cache length; 0 for "first")
 Key = tuple
 Shape = tuple[int, int]
 WIDTH_STEP = 32  # the shortest cache (and prefill width); longer ones double
@@ -70,15 +71,20 @@ class CompiledShapes:
         rows, length = shape
         vocabulary = self.model.decoding_vocabulary_size
         if key[0] == "prefill":
-            self.function(key)(ops.zeros(shape, "int32"))
+            self.function(key)(ops.zeros(shape, "int32"), ops.zeros((rows,), "int32"))
+        elif key[0] == "first":
+            features = key[1]
+            seen = ops.zeros((rows, vocabulary if tracks_seen(features) else 1), "int32")
+            bias = (ops.zeros((rows, vocabulary), "float32"),) if features.biased else ()
+            logits = ops.zeros((rows, vocabulary), self.model.compute_dtype)
+            self.function(key)(logits, seen, _idle_settings(rows), ops.zeros((rows,), "int32"), *bias)
         elif key[0] == "admit":  # its operations, compiled one by one on JAX, for these shapes
             filled, seen = self.model.empty_cache(*key[1]), ops.zeros((rows, vocabulary), "int32")
             sources = [min(row, key[1][0] - 1) for row in range(rows)]  # rows of `filled`
             cache, seen_rows = self.model.empty_cache(rows, length), np.zeros((rows, vocabulary), "int32")
             continuous.admit(cache, seen, filled, sources, list(range(rows)), seen_rows)
         else:
-            features = key[1]
-            settings = continuous.RowSettings(*(ops.convert_to_tensor(v) for v in continuous.idle_settings(rows)))
+            features, settings = key[1], _idle_settings(rows)
             zeros = ops.zeros((rows,), "int32")
             seen = ops.zeros((rows, vocabulary), "int32")
             bias = (ops.zeros((rows, vocabulary), "float32"),) if features.biased else ()
@@ -134,6 +140,16 @@ class CompiledShapes:
         fits = [key[1] for key, ready_shape in self.ready if ready_shape == shape and _serves(key, features, steps)]
         return min(fits, key=sum) if fits else None
 
+    def usable_first(self, features: continuous.Features, rows: int) -> continuous.Features | None:
+        """Features of a compiled `("first", features)` for `rows` rows that computes what `features` asks,
+        fewest first; None where none is compiled."""
+        fits = [
+            key[1]
+            for key, shape in self.ready
+            if key[0] == "first" and shape == (rows, 0) and _covers(key[1], features)
+        ]
+        return min(fits, key=sum) if fits else None
+
     def prefill_width(self, rows: int, width: int, length: int) -> int:
         """The width to prefill `rows` prompts that fit `width` in a cache of `length`: `width`, or while its
         prefill is not compiled, the narrowest compiled one up to `length` (a prompt is right-padded)."""
@@ -185,7 +201,15 @@ class CompiledShapes:
 
 def _serves(key: Key, features: continuous.Features, steps: int) -> bool:
     """Whether `key` is a chunk of `steps` steps that computes what `features` asks."""
-    return key[0] == "chunk" and key[2] == steps and all(has >= wanted for has, wanted in zip(key[1], features))
+    return key[0] == "chunk" and key[2] == steps and _covers(key[1], features)
+
+
+def _covers(has: continuous.Features, wanted: continuous.Features) -> bool:
+    return all(have >= want for have, want in zip(has, wanted))
+
+
+def _idle_settings(rows: int) -> continuous.RowSettings:
+    return continuous.RowSettings(*(ops.convert_to_tensor(v) for v in continuous.idle_settings(rows)))
 
 
 def merged(features: Iterable[continuous.Features]) -> continuous.Features:
@@ -197,6 +221,8 @@ def _described(key: Key, shape: Shape) -> str:
     cache = f"{shape[0]} rows x {shape[1]} positions"
     if key[0] == "admit":
         return f"{key[1][0]} prompts of {key[1][1]} tokens written into a cache of {cache}"
+    if key[0] == "first":
+        return f"first tokens of {shape[0]} rows"
     return f"{'prefill' if key[0] == 'prefill' else 'decoding'} of {cache}"
 
 
@@ -206,16 +232,18 @@ def warm_up_plan(
     """The shapes a server of `max_batch_size` rows uses for requests of up to `length` positions (prompt
     and reply), `(first, beside)`. First, what serves one row of any such request: the prefill of one prompt
     at the longest width, the chunk of one row at that cache length that computes each of `features` (say,
-    greedy rows' and those of a request that names no settings), and the write of the prompt into it. Beside:
-    each row count with each cache length up to `length`'s, for each of `features`."""
+    greedy rows' and those of a request that names no settings), the write of the prompt into it, and the
+    choice of a row's first token. Beside: each row count with each cache length up to `length`'s, for each of
+    `features`."""
     top = cache_length(length, model.max_length)
     lengths = sorted({cache_length(WIDTH_STEP << p, model.max_length) for p in range(top.bit_length())} - {0})
     rows = sorted({rows_bucket(count, max_batch_size) for count in range(1, max_batch_size + 1)})
     lengths = [size for size in lengths if size <= top]
     kinds = list(dict.fromkeys(features))
     longest = (1, lengths[-1])
-    first = [(("prefill",), longest), (("chunk", merged(kinds), steps), longest), (("admit", longest), longest)]
-    plan = []
+    first = [(("prefill",), longest), (("chunk", merged(kinds), steps), longest), (("admit", longest), longest),
+             (("first", merged(kinds)), (1, 0))]  # fmt: skip
+    plan = [(("first", kind), (count, 0)) for count in rows for kind in kinds]
     for size in lengths:
         for count in rows:
             plan.append((("prefill",), (count, size)))

@@ -5,8 +5,9 @@ settings, and requests that ended (a stop token or string, their `max_tokens`, a
 their rows back. Streams get their text after every chunk.
 
 Every compiled loop is for one cache shape, so the cache keeps a few shapes: rows 1, 4, 16, ... (up to
-`max_batch_size`), length a power of two from 32 (up to the context; prefill widths alike, a row's first
-chunk feeding the few tokens of its prompt past the width), grown when a
+`max_batch_size`), length a power of two from 32 (up to the context; prefill widths alike: a request alone
+is prefilled whole and takes its first token from the prefill, one beside rows decoding leaves its prompt's
+last few tokens to its first chunk), grown when a
 request needs more and shrunk when the rows that are left fit a smaller one that is compiled. A request
 that needs a shape not compiled yet waits while it compiles on another thread (`compiled_shapes`), and
 the rows decoding go on. The device side is `generation.continuous`; this file keeps the books."""
@@ -15,11 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import random
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 from keras import ops
@@ -30,58 +29,12 @@ from keras_tfm.generation import continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.grammar import Constraint
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import bias_of, features_of, row_seeds, row_values
+from keras_tfm.generation.sampling import bias_of, features_of, row_seeds, row_values, tracks_seen
 from keras_tfm.generation.text import TextDecoder
 from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
+from keras_tfm.serve.tickets import Choice, Logprob, Row, Ticket
 from keras_tfm.serve.workers import close_at_exit
-
-
-@dataclasses.dataclass
-class Choice:
-    text: str
-    tokens: int
-    finish_reason: str
-    logprobs: list | None = None  # with the job's `logprobs`: a `Logprob` per token
-
-
-class Logprob(NamedTuple):
-    """One token's log-probability, and the job's number of likeliest alternatives with theirs (None for
-    a prompt's first token, which nothing predicts)."""
-
-    token: int
-    logprob: float | None
-    top: list[tuple[int, float]] | None
-
-
-class Ticket:
-    """A job in the engine: its events (`("text", (row, piece, [Logprob]))`: the text of its `row`-th
-    continuation, `("done", [Choice])`, `("error", error)`) arrive
-    on an asyncio queue of the server's loop; `cancelled` (a client that left) frees its rows."""
-
-    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
-        self.job, self.loop = job, loop
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = False
-        self.failed = False  # answered with an error already
-        self.rows: list[Row] = []
-
-    def send(self, kind: str, value) -> None:
-        if not self.loop.is_closed():  # a server already gone has no one to tell
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-
-
-@dataclasses.dataclass(eq=False)  # rows are found in the slots by identity
-class Row:
-    """One continuation of a ticket in a row of the cache: its `TextDecoder` (its tokens and text so far)
-    and how it ended."""
-
-    ticket: Ticket
-    decoder: TextDecoder
-    finish: str | None = None
-    logprobs: list[Logprob] = dataclasses.field(default_factory=list)
-    sent: int = 0  # the logprobs a stream has had
-    constraint: Constraint | None = None  # the grammar its reply follows, a step at a time
 
 
 class Engine:
@@ -241,58 +194,116 @@ class Engine:
             ticket.send("error", RequestError(f"decoding failed: {error}", status=500, kind="server_error"))
 
     def _admit(self, tickets: list[Ticket]) -> bool:
-        """Prefills the tickets' prompts and writes them into free rows (the cache grown if it must be).
-        False, with nothing done, while a shape this needs compiles beside the rows decoding."""
-        busy = self._busy()
-        rows = len(busy) + sum(_rows_of(t.job) for t in tickets)
-        length = max([len(t.job.prompt) + t.job.max_tokens for t in tickets] + self._lengths_needed())
-        prompts = [t.job.prompt for t in tickets]
-        chunk = _chunk_key(self._jobs(busy) + [t.job for t in tickets], self.chunk_steps)
+        """Prefills the tickets' prompts and writes them into free rows (the cache grown if it must be); a row
+        whose prompt the prefill holds whole takes its first token from it. False, with nothing done, while a
+        shape this needs compiles beside the rows decoding."""
+        busy, jobs = self._busy(), [t.job for t in tickets]
+        rows = len(busy) + sum(_rows_of(job) for job in jobs)
+        length = max([len(job.prompt) + job.max_tokens for job in jobs] + self._lengths_needed())
+        prompts = [job.prompt for job in jobs]
+        chunk = _chunk_key(self._jobs(busy) + jobs, self.chunk_steps)
         shape = self._shape(rows, length, chunk)
         count = rows_bucket(len(prompts), self.max_batch_size)
-        width = self.compiled.prefill_width(count, self._prefill_width(prompts, chunk[2], shape[1]), shape[1])
-        prefilled = [min(len(prompt) - 1, width) for prompt in prompts]
-        prefill = (("prefill",), (count, width))
+        # alone, a prompt's first token comes soonest from a prefill of all of it; beside rows decoding, its
+        # last few tokens ride along the chunk they run anyway
+        width = self._prefill_width(prompts, chunk[2] if busy else 0, shape[1])
+        prefill = (("prefill",), (count, self.compiled.prefill_width(count, width, shape[1])))
+        prefilled = [min(len(prompt), prefill[1][1]) for prompt in prompts]
+        first = self._first_key(jobs) if any(size == len(p) for size, p in zip(prefilled, prompts)) else None
         if busy:
-            wanted = [prefill, (("admit", prefill[1]), shape)]
+            wanted = [prefill, (("admit", prefill[1]), shape), *[first] * (first is not None)]
             wanted += [(chunk, shape)] * (self.compiled.usable_chunk(*chunk[1:], shape) is None)
             if not self.compiled.available(wanted):
                 return False
             self.joined_running += len(tickets)
+        elif self.compiled.usable_chunk(*chunk[1:], shape) is None:  # before the first token: the next waits on it
+            self.compiled.compile(chunk, shape)
+            self.compiled.ready.add((chunk, shape))
         self._reshape(*shape)
-        ids = np.zeros(prefill[1], "int32")
-        for row, prompt, length in zip(ids, prompts, prefilled):
-            row[:length] = prompt[:length]
-        filled = self.compiled.call(*prefill, bool(busy), ops.convert_to_tensor(ids))
-        sources, slots = [], []
-        free = iter(slot for slot, row in enumerate(self._slots) if row is None)
-        for source, ticket in enumerate(tickets):
-            for copy in range(_rows_of(ticket.job)):
-                slot = next(free)
-                constraint = None if ticket.job.grammar is None else Constraint(self.model, ticket.job.grammar)
-                ticket.rows.append(Row(ticket, self._decoder(ticket.job), constraint=constraint))
-                self._slots[slot] = ticket.rows[-1]
-                job = ticket.job
-                seed = row_seeds(random.getrandbits(32) if job.config.seed is None else job.config.seed, copy + 1)
-                self._state.start(slot, job.prompt, prefilled[source], row_values(job.config, seed[copy]))
-                sources.append(source)
-                slots.append(slot)
-        seen_rows = np.zeros((len(slots), self.model.decoding_vocabulary_size), "int32")
+        ids, last = np.zeros(prefill[1], "int32"), np.zeros(count, "int32")
+        for row, prompt, size in zip(ids, prompts, prefilled):
+            row[:size] = prompt[:size]
+        last[: len(prompts)] = np.asarray(prefilled) - 1
+        filled, logits = self.compiled.call(*prefill, bool(busy), *(ops.convert_to_tensor(x) for x in (ids, last)))
+        new, sources, seeds = self._new_rows(tickets)
+        whole = [prefilled[source] == len(prompts[source]) for source in sources]
+        seen_rows = np.zeros((len(new), self.model.decoding_vocabulary_size), "int32")
         for index, source in enumerate(sources):
             seen_rows[index, prompts[source]] = 1  # seen in the prompt, not generated
+        chosen, scores = np.zeros(len(new), "int32"), None
+        if first is not None:
+            chosen, scores = self._first_tokens(first, bool(busy), new, logits, sources, seeds, seen_rows)
+        slots = [slot for slot, row in enumerate(self._slots) if row is None][: len(new)]
+        for index, (slot, row, source) in enumerate(zip(slots, new, sources)):
+            self._slots[slot] = row
+            settings = row_values(row.ticket.job.config, seeds[index])
+            self._state.start(
+                slot, prompts[source], prefilled[source], settings, chosen[index] if whole[index] else None
+            )
+            seen_rows[index, chosen[index]] += 2 * whole[index]  # its first token, generated
         # as many writes as the cache has rows (the last one repeated): one shape of writes per cache shape,
         # which the warm-up compiles, not one per count of new rows
         extra = len(self._slots) - len(slots)
-        sources, slots = sources + sources[-1:] * extra, slots + slots[-1:] * extra
-        seen_rows = np.concatenate([seen_rows, np.repeat(seen_rows[-1:], extra, axis=0)])
-        self._state.admit(filled, sources, slots, seen_rows)
+        written = (sources + sources[-1:] * extra, slots + slots[-1:] * extra)
+        self._state.admit(filled, *written, np.concatenate([seen_rows, np.repeat(seen_rows[-1:], extra, axis=0)]))
         self.compiled.ready.add((("admit", prefill[1]), shape))
+        for index in np.flatnonzero(whole):
+            taken = None if scores is None else [part[index : index + 1] for part in scores]
+            self._took(slots[index], chosen[index : index + 1], taken)
         return True
+
+    def _new_rows(self, tickets: list[Ticket]) -> tuple[list[Row], list[int], list[int]]:
+        """The tickets' new rows (a row per continuation), the ticket (its prompt) of each, and each one's seed."""
+        rows, sources, seeds = [], [], []
+        for source, ticket in enumerate(tickets):
+            job = ticket.job
+            seeded = row_seeds(random.getrandbits(32) if job.config.seed is None else job.config.seed, _rows_of(job))
+            for copy in range(_rows_of(job)):
+                constraint = None if job.grammar is None else Constraint(self.model, job.grammar)
+                ticket.rows.append(Row(ticket, self._decoder(job), constraint=constraint))
+                rows.append(ticket.rows[-1])
+                sources.append(source)
+                seeds.append(int(seeded[copy]))
+        return rows, sources, seeds
+
+    def _first_key(self, jobs: list[Job]) -> tuple:
+        """`(("first", features), shape)`: the function that chooses the first tokens of the rows of `jobs`."""
+        count = rows_bucket(sum(_rows_of(job) for job in jobs), self.max_batch_size)
+        features = _settings_features([job.config for job in jobs], jobs)
+        return ("first", self.compiled.usable_first(features, count) or features), (count, 0)
+
+    def _first_tokens(self, first: tuple, others_wait: bool, rows: list[Row], logits, sources, seeds, seen_rows):
+        """`(chosen, scores)`: each new row's first token, chosen from the `logits` of its prompt's (`sources`:
+        their rows) last token (`continuous.first_tokens`), with its seed; with log-probabilities, their
+        `(picked, top ids, top values)` (else None)."""
+        (key, shape), count = first, first[1][0]
+        extra = count - len(rows)
+        configs = [row.ticket.job.config for row in rows]
+        settings = continuous.settings_of(configs, seeds)
+        settings = [
+            np.concatenate([column, idle[:extra]]) for column, idle in zip(settings, continuous.idle_settings(count))
+        ]
+        positions = [len(row.ticket.job.prompt) - 1 for row in rows] + [0] * extra  # its last prompt token's
+        seen = seen_rows if tracks_seen(key[1]) else np.zeros((len(rows), 1), "int32")
+        rows_bias = [self._row_bias(row) for row in rows] if key[1].biased else ()
+        chosen, *scores = self.compiled.call(
+            key,
+            shape,
+            others_wait,
+            ops.take(logits, ops.convert_to_tensor(np.asarray(sources + sources[-1:] * extra, "int32")), axis=0),
+            ops.convert_to_tensor(np.concatenate([seen, np.repeat(seen[-1:], extra, axis=0)])),
+            continuous.RowSettings(*(ops.convert_to_tensor(column) for column in settings)),
+            ops.convert_to_tensor(np.asarray(positions, "int32")),
+            *([ops.convert_to_tensor(np.stack(rows_bias + rows_bias[-1:] * extra))] if key[1].biased else []),
+        )
+        scores = [ops.convert_to_numpy(part) for part in scores[0]] if scores else None
+        return ops.convert_to_numpy(chosen).astype("int32"), scores
 
     def _prefill_width(self, prompts: list[list[int]], steps: int, length: int) -> int:
         """The prefill's width for `prompts` before a chunk of `steps` steps: the fewest positions after
-        which each prompt has at most `steps` tokens left, which the chunk feeds (`_start_row`). So a
-        prompt of 34 tokens (a start token, a word mark and 32 more) fills a width of 32, not 64."""
+        which each prompt has at most `steps` tokens left, which the chunk feeds (`RowState.start`). So beside
+        rows decoding, a prompt of 34 tokens (a start token, a word mark and 32 more) fills a width of 32, not
+        64; with `steps` 0, every prompt whole."""
         return min(cache_length(max(len(prompt) - steps for prompt in prompts), self.model.max_length), length)
 
     def _jobs(self, slots: list[int]) -> list[Job]:
@@ -347,13 +358,8 @@ class Engine:
         generated, fed = self._state.advance(cache, seen, ops.convert_to_numpy(generated))
         scores = [ops.convert_to_numpy(part)[:, : generated.shape[1]] for part in scores[0]] if scores else None
         for slot in busy:
-            row = self._slots[slot]
             new = slice(fed[slot], None)  # after the prompt's tokens the chunk fed
-            self._take(row, generated[slot, new], None if scores is None else [part[slot, new] for part in scores])
-            if row.finish is not None:
-                self._slots[slot] = None
-                self._state.free(slot)
-                self._finish(row.ticket)
+            self._took(slot, generated[slot, new], None if scores is None else [part[slot, new] for part in scores])
         if busy := self._busy():  # the smallest cache whose loop is compiled; the smallest at all compiles beside
             chunk = _chunk_key(self._jobs(busy), self.chunk_steps)
             fewest = self._bucketed(len(busy), max(self._lengths_needed()))
@@ -363,6 +369,15 @@ class Engine:
         else:
             self._slots, self._state = [], None
 
+    def _took(self, slot: int, generated: np.ndarray, scores: list | None) -> None:
+        """The row in `slot` takes its `generated` tokens (`_take`), and gives its row back if it ended."""
+        row = self._slots[slot]
+        self._take(row, generated, scores)
+        if row.finish is not None:
+            self._slots[slot] = None
+            self._state.free(slot)
+            self._finish(row.ticket)
+
     def _bias(self, busy: list[int], biased: bool) -> np.ndarray | None:
         """`(rows, vocabulary)`: what each row's `logit_bias` and grammar add to its scores (zeros for
         those without); None where the chunk is not `biased`."""
@@ -370,11 +385,13 @@ class Engine:
             return None
         bias = np.zeros((len(self._slots), self.model.decoding_vocabulary_size), "float32")
         for slot in busy:
-            row = self._slots[slot]
-            bias[slot] = bias_of(row.ticket.job.config.logit_bias, bias.shape[1])
-            if row.constraint is not None:
-                bias[slot] += row.constraint.bias()
+            bias[slot] = self._row_bias(self._slots[slot])
         return bias
+
+    def _row_bias(self, row: Row) -> np.ndarray:
+        """`(vocabulary,)`: what the row's `logit_bias` and grammar add to its scores at its next token."""
+        bias = bias_of(row.ticket.job.config.logit_bias, self.model.decoding_vocabulary_size)
+        return bias + row.constraint.bias() if row.constraint is not None else bias
 
     def _decoder(self, job: Job) -> TextDecoder:
         """A row's text decoder; the text of a row no one reads before its end is decoded once, at the end.
@@ -424,23 +441,6 @@ class Engine:
             Choice(r.decoder.text, len(r.decoder.tokens), r.finish, r.logprobs if logprobs else None) for r in rows
         ]
         ticket.send("done", choices * (job.n // len(choices)))
-
-
-def prompt_logprobs(model, prompt: list[int], top: int) -> list[Logprob]:
-    """The prompt's tokens with their log-probabilities given the tokens before (the first's None), and
-    the `top` likeliest at each position, by one forward pass (completions' `echo` with `logprobs`)."""
-    ids = np.zeros((1, cache_length(len(prompt), model.max_length)), "int32")  # a few shapes: a compile each
-    ids[0, : len(prompt)] = prompt  # right padding: causal attention keeps it from the real positions
-    entries = [Logprob(prompt[0], None, None)]
-    if len(prompt) > 1:
-        logits = model(ops.convert_to_tensor(ids))[0, : len(prompt) - 1]
-        chosen = ops.convert_to_tensor(np.asarray(prompt[1:], "int32"))
-        picked, ids, values = (
-            ops.convert_to_numpy(part) for part in continuous.logprobs_of(logits, chosen, max(top, 1))
-        )
-        for i, token in enumerate(prompt[1:]):
-            entries.append(Logprob(token, float(picked[i]), list(zip(ids[i, :top].tolist(), values[i, :top].tolist()))))
-    return entries
 
 
 def _rows_of(job: Job) -> int:

@@ -12,7 +12,7 @@ from keras_tfm.errors import InputError
 from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.rows import RowState
-from keras_tfm.generation.sampling import RowSettings, bias_of, choose, features_of, row_values
+from keras_tfm.generation.sampling import RowSettings, bias_of, choose, features_of, row_seeds, row_values
 from keras_tfm.layers.attention import LARGE_NEGATIVE
 
 VOCABULARY = 50
@@ -31,6 +31,11 @@ def gpt():
     model = keras_tfm.GPT(vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, hidden_dim=32, max_length=64)
     model.build()
     return model
+
+
+def prefilled_cache(model, ids: np.ndarray):
+    """The cache `continuous.prefill` fills with the right-padded prompts `ids`."""
+    return continuous.prefill(model)(ops.convert_to_tensor(ids), ops.zeros((len(ids),), "int32"))[0]
 
 
 @pytest.mark.parametrize("make", [decoder_lm, gpt], ids=["rotary_window", "learned_positions"])
@@ -85,7 +90,7 @@ def test_rows_that_join_a_running_cache_continue_as_generate_does(rng):
         prompt = prompts[index]
         prefilled = len(prompt) - 1 if prefilled is None else prefilled
         ids = np.pad(prompt[:prefilled], (0, 32 - prefilled))[None]
-        filled = continuous.prefill(model)(ops.convert_to_tensor(ids))
+        filled = prefilled_cache(model, ids)
         seen_row = np.zeros((1, VOCABULARY), "int32")
         seen_row[0, prompt] = 1
         tokens[slot], positions[slot], slots[index], got[index] = prompt[prefilled], prefilled, slot, []
@@ -182,7 +187,7 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     allowed one token (every other at LARGE_NEGATIVE) takes it, a row of zero bias chooses as without."""
     model = decoder_lm()
     prompts = [rng.integers(0, VOCABULARY, 5).astype("int32") for _ in range(2)]
-    filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([np.pad(p, (0, 3)) for p in prompts])))
+    filled = prefilled_cache(model, np.stack([np.pad(p, (0, 3)) for p in prompts]))
 
     def admitted():  # a chunk and `admit` spend the cache and `seen` they are given (JAX reuses their buffers)
         empty = model.empty_cache(2, 16), ops.zeros((2, VOCABULARY), "int32")
@@ -221,7 +226,7 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     prompt = rng.integers(0, VOCABULARY, 5).astype("int32")
     configs = [GenerationConfig(logit_bias={7: 100.0}, min_new_tokens=minimum) for minimum in (0, 3)]
     state = RowState.empty(model, 2, 16, steps=2)
-    filled = continuous.prefill(model)(ops.convert_to_tensor(np.stack([prompt[:4]] * 2)))
+    filled = prefilled_cache(model, np.stack([prompt[:4]] * 2))
     state.admit(filled, [0, 1], [0, 1], np.zeros((2, VOCABULARY), "int32"))
     for row, config in enumerate(configs):
         state.start(row, prompt, 4, row_values(config, 0))
@@ -235,6 +240,41 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     assert taken.shape == (2, 5) and taken[0, 0] == 7 and 7 not in taken[1, :3] and taken[1, 3] == 7
     expected = model.generate(prompt[None], max_new_tokens=4, logit_bias={7: 100.0}, min_new_tokens=3)
     np.testing.assert_array_equal(np.asarray(expected)[0, 5:], taken[1, :4])
+
+
+def test_rows_whose_first_token_comes_from_the_prefill_continue_as_generate_does(rng):
+    """Prompts prefilled whole (5 and 3 tokens, right-padded to 8): each row's first token is chosen from the
+    prefill's logits at its prompt's last token (`first_tokens`: a repetition penalty on its prompt, a seeded
+    draw keyed by that token's position), then chunks of two steps go on from it; each row's tokens are what
+    `generate` gives its prompt alone with its settings and seed."""
+    model = decoder_lm()
+    prompts = [rng.integers(0, VOCABULARY, n).astype("int32") for n in (5, 3)]
+    configs = [GenerationConfig(repetition_penalty=1.3), GenerationConfig(temperature=1.0, top_p=0.9, seed=3)]
+    seeds = [int(row_seeds(config.seed, 1)[0]) for config in configs]
+    ids = np.stack([np.pad(p, (0, 8 - len(p))) for p in prompts])
+    filled, logits = continuous.prefill(model)(ops.convert_to_tensor(ids), ops.convert_to_tensor(np.array([4, 2])))
+    settings = continuous.settings_of(configs, seeds)
+    features = features_of(settings)
+    seen = np.zeros((2, VOCABULARY), "int32")
+    for row, prompt in enumerate(prompts):
+        seen[row, prompt] = 1
+    positions = ops.convert_to_tensor(np.array([4, 2], "int32"))
+    as_tensors = RowSettings(*(ops.convert_to_tensor(column) for column in settings))
+    (first,) = continuous.first_tokens(model, features)(logits, ops.convert_to_tensor(seen), as_tensors, positions)
+    first = ops.convert_to_numpy(first)
+    state = RowState.empty(model, 2, 16, steps=2)
+    seen[[0, 1], first] += 2
+    state.admit(filled, [0, 1], [0, 1], seen)
+    for row, (prompt, config) in enumerate(zip(prompts, configs)):
+        state.start(row, prompt, len(prompt), row_values(config, seeds[row]), first=int(first[row]))
+    chunk = continuous.decode_chunk(model, features, 2)
+    taken = first[:, None]
+    for _ in range(3):
+        cache, seen_after, generated = chunk(*state.chunk_inputs(2))
+        taken = np.concatenate([taken, state.advance(cache, seen_after, ops.convert_to_numpy(generated))[0]], axis=1)
+    for row, (prompt, config) in enumerate(zip(prompts, configs)):
+        expected = model.generate(prompt[None], max_new_tokens=7, config=config)
+        np.testing.assert_array_equal(np.asarray(expected)[0, len(prompt) :], taken[row], err_msg=f"row {row}")
 
 
 def test_openai_penalties_are_the_formula_on_the_models_logits(rng):

@@ -46,7 +46,8 @@ def test_rows_whose_shape_is_not_compiled_use_the_smallest_compiled_shape_that_h
 
 @pytest.mark.backend_independent
 def test_the_warm_up_makes_one_row_ready_for_every_length_and_setting_before_the_rest():
-    """Before ready: the longest prefill, chunk and write of one row; beside, every other shape."""
+    """Before ready: the longest prefill, chunk and write of one row, and its first token's choice; beside,
+    every other shape."""
 
     class Model:
         max_length = 512
@@ -54,11 +55,16 @@ def test_the_warm_up_makes_one_row_ready_for_every_length_and_setting_before_the
     greedy, sampling = Features(), Features(sampling=True, top_k=32)
     first, beside = warm_up_plan(Model(), 16, 100, [greedy, sampling, greedy, Features(penalty=True)], 4)
     merged = Features(sampling=True, top_k=32, penalty=True)
-    assert first == [(("prefill",), (1, 128)), (("chunk", merged, 4), (1, 128)), (("admit", (1, 128)), (1, 128))]
+    assert first == [(("prefill",), (1, 128)), (("chunk", merged, 4), (1, 128)), (("admit", (1, 128)), (1, 128)),
+                     (("first", merged), (1, 0))]  # fmt: skip
     chunks = [item for item in beside if item[0][0] == "chunk"]
     assert len(chunks) == 3 * 3 * 3 and len(set(beside)) == len(beside) and not set(first) & set(beside)
     assert {shape for _, shape in chunks} == {(rows, size) for rows in (1, 4, 16) for size in (32, 64, 128)}
     assert (("prefill",), (1, 32)) in beside and (("admit", (1, 32)), (16, 64)) in beside
+    firsts = {item for item in beside if item[0][0] == "first"}
+    assert firsts == {
+        (("first", kind), (rows, 0)) for kind in (greedy, sampling, Features(penalty=True)) for rows in (1, 4, 16)
+    }
 
 
 @pytest.mark.backend_independent

@@ -162,21 +162,22 @@ def test_warm_up_then_a_request_joins_decoding_rows_while_its_shape_compiles_bes
         release.set()
         assert engine.ready.wait(120) and httpx.get(server.url + "/health").status_code == 200
         # ready after one row, cache length 32: a prefill, a chunk of the defaults' sampling (greedy rows too),
-        # and the write of 1 prompt into 1 row; then beside, the greedy chunk, the same for 2 rows, and the
-        # writes of 1 and 2 prompts into 2 rows
-        assert lines[2].startswith("warm-up 3/3") and {shape[0] for _, shape in engine.compiled.ready} == {1}
+        # the write of 1 prompt into 1 row and the choice of its first token; then beside, the greedy chunk and
+        # first tokens, the same for 2 rows, and the writes of 1 and 2 prompts into 2 rows
+        assert lines[3].startswith("warm-up 4/4") and {shape[0] for _, shape in engine.compiled.ready} == {1}
         deadline = time.time() + 120
-        while len(lines) < 9 and time.time() < deadline:
+        while len(lines) < 13 and time.time() < deadline:
             time.sleep(0.05)
-        assert len(lines) == 9 and all(line.startswith("warm-up beside") for line in lines[3:]), lines
+        assert len(lines) == 13 and all(line.startswith("warm-up beside") for line in lines[4:]), lines
         slowed(engine, monkeypatch, 0.4)  # 10 chunks of 4 tokens: four seconds of stream, beside a loaded machine
         compile, during = engine.compiled.compile, []
 
         def slow_compile(key, shape):  # a compile of a second, at least: two chunks or more go on beside it
-            chunks = sum(engine.rows_per_chunk.values())
+            chunks, beside = sum(engine.rows_per_chunk.values()), bool(engine.busy_rows())
             time.sleep(1.0)
             compile(key, shape)
-            during.append(sum(engine.rows_per_chunk.values()) - chunks)
+            if beside:  # (the stream's own chunk compiles before its first token, with no row decoding)
+                during.append(sum(engine.rows_per_chunk.values()) - chunks)
 
         monkeypatch.setattr(engine.compiled, "compile", slow_compile)
         streamed = []
@@ -222,17 +223,19 @@ def test_a_short_request_right_after_the_warm_up_decodes_in_the_longer_cache_com
 
 
 @pytest.mark.backend_independent
-def test_a_prompt_just_past_a_width_is_prefilled_at_that_width(model):
-    """A new row's first chunk (4 steps) feeds the prompt's tokens past the prefill, so a prompt of 35
-    tokens fills a width of 32, not 64, and the answer is still `generate`'s."""
+def test_a_prompt_alone_is_prefilled_whole_and_its_first_token_comes_from_the_prefill(model):
+    """A request alone: a prompt of 35 tokens fills a width of 64, and its first token is chosen from the
+    prefill (no chunk feeds its last token); the answer is still `generate`'s."""
     text = ("to be or not to be " * 2)[:35]
     assert len(model.tokenizer.encode_prompt(text)) == 35
     expected = model.generate(text, max_new_tokens=8)[len(text) :]
     with Server(model) as server:
         body = {"prompt": text, "max_tokens": 8, "temperature": 0}
         answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
-        prefills = {shape for key, shape in server.app.state.engine.compiled.ready if key == ("prefill",)}
-    assert answer["choices"][0]["text"] == expected and prefills == {(1, 32)}
+        ready = server.app.state.engine.compiled.ready
+        prefills = {shape for key, shape in ready if key == ("prefill",)}
+        firsts = {shape for key, shape in ready if key[0] == "first"}
+    assert answer["choices"][0]["text"] == expected and prefills == {(1, 64)} and firsts == {(1, 0)}
 
 
 @pytest.mark.backend_independent
