@@ -290,7 +290,8 @@ class Engine:
             key,
             shape,
             others_wait,
-            ops.take(logits, ops.convert_to_tensor(np.asarray(sources + sources[-1:] * extra, "int32")), axis=0),
+            # gathered on the host: one program per count of new rows, and no eager operation to compile (JAX)
+            ops.convert_to_tensor(ops.convert_to_numpy(logits)[sources + sources[-1:] * extra]),
             ops.convert_to_tensor(np.concatenate([seen, np.repeat(seen[-1:], extra, axis=0)])),
             continuous.RowSettings(*(ops.convert_to_tensor(column) for column in settings)),
             ops.convert_to_tensor(np.asarray(positions, "int32")),
