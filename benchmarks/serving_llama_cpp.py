@@ -2,7 +2,7 @@
 (random weights, float32) written once as an F32 GGUF file that both servers load, a SentencePiece
 vocabulary of one character per token (so both tokenize a prompt alike), greedy completions of 32-token
 prompts and 64 new tokens, each client sending two requests one after another. Throughput (new tokens/s
-over the run), time to the first streamed token of a request alone (the median of three; and of 8-character
+over the run), time to the first streamed token of a request alone (the median of five; and of 8-character
 prompts, `first_token_short_s`), p50 latency, the process's peak
 resident memory (and the resident memory after each load), and the start-up time to ready (`/health` 200: llama.cpp loads and warms up; ours
 loads, then compiles the shapes of one row) and to every shape compiled (ours compiles the other row counts
@@ -181,8 +181,9 @@ def serve_and_measure(name: str, command: list[str], port: int, prompts, clients
     # one client, made before the clock starts: making one takes 25-40 ms (its TLS context), none of it the server's
     client = httpx.Client(timeout=1800, limits=httpx.Limits(max_connections=max(clients) + 1))
     try:
-        first = float(np.median([first_token_seconds(client, url, prompt) for prompt in prompts[-3:]]))  # unseen
-        short = float(np.median([first_token_seconds(client, url, prompt[:SHORT]) for prompt in prompts[-6:-3]]))
+        # prompts no run sends: none is in llama-server's prefix cache
+        first = float(np.median([first_token_seconds(client, url, prompt) for prompt in prompts[-5:]]))
+        short = float(np.median([first_token_seconds(client, url, prompt[:SHORT]) for prompt in prompts[-10:-5]]))
         for count in clients:
             result, answered = run(client, url, count, prompts)
             texts.update(answered)
@@ -213,7 +214,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     vocabulary = 49152 - len(SPECIAL)
-    prompts = ["".join(chr(FIRST + i) for i in rng.integers(0, vocabulary, PROMPT_TOKENS)) for _ in range(40)]
+    prompts = ["".join(chr(FIRST + i) for i in rng.integers(0, vocabulary, PROMPT_TOKENS)) for _ in range(42)]
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "smollm2-135m-shape-f32.gguf")
         weights = write_gguf(path)
