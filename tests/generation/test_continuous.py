@@ -9,11 +9,12 @@ from keras import ops
 
 import keras_tfm
 from keras_tfm.errors import InputError
-from keras_tfm.generation import compiled, continuous
+from keras_tfm.generation import compiled, continuous, sampling
 from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.rows import RowState
 from keras_tfm.generation.sampling import RowSettings, bias_of, choose, features_of, row_values
 from keras_tfm.layers.attention import LARGE_NEGATIVE
+from tests.checks import one_program
 
 VOCABULARY = 50
 
@@ -147,6 +148,11 @@ def test_each_row_draws_from_its_own_distribution_and_stream():
     positions = ops.convert_to_tensor(np.full(rows, 7, "int32"))
     sampled = continuous.Features(sampling=True)
     seeds = np.arange(rows)
+
+    def choose(logits, seen, row_settings, positions, features):  # one program per call's shapes
+        run = one_program(lambda *inputs: sampling.choose(inputs[0], seen, inputs[1], inputs[2], features))
+        return run(logits, row_settings, positions)
+
     drawn = ops.convert_to_numpy(choose(logits, None, settings(rows, 1.0, seed=seeds), positions, sampled)[0])
     tolerance = 4 * np.sqrt(probabilities * (1 - probabilities) / rows)
     assert np.all(np.abs(np.bincount(drawn, minlength=5) / rows - probabilities) < tolerance)

@@ -25,6 +25,7 @@ from keras_tfm.generation.sampling import (
     warp,
 )
 from keras_tfm.layers.attention import LARGE_NEGATIVE
+from tests.checks import one_program
 
 SETTINGS = [
     dict(temperature=0.7),
@@ -116,11 +117,14 @@ def test_draws_follow_the_softmax_across_blocks_and_never_take_a_masked_token(rn
     sparse = np.full(width, LARGE_NEGATIVE, "float32")
     sparse[allowed] = [0.0, 1.0, -0.5, 2.0]
     dense = rng.normal(size=width).astype("float32")
+    drawing = one_program(draw)
     for logits in (sparse, dense):
         counts = np.zeros(width)
         for position in range(4):
             seeds = ops.convert_to_tensor(row_seeds(position, rows))
-            drawn = draw(ops.convert_to_tensor(np.tile(logits, (rows, 1))), seeds, ops.full((rows,), position, "int32"))
+            drawn = drawing(
+                ops.convert_to_tensor(np.tile(logits, (rows, 1))), seeds, ops.full((rows,), position, "int32")
+            )
             counts += np.bincount(ops.convert_to_numpy(drawn), minlength=width)
         share = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         expected = counts.sum() * share
