@@ -137,16 +137,19 @@ class CompiledShapes:
         """Features of a chunk compiled for `shape` that computes what `features` asks (the same, or more: a
         row is unchanged by features it does not use, and a wider top-k cut holds every narrower one), fewest
         first; None where none is compiled."""
-        fits = [key[1] for key, ready_shape in self.ready if ready_shape == shape and _serves(key, features, steps)]
-        return min(fits, key=sum) if fits else None
+        return self._fewest(("chunk",), features, shape, steps)
 
     def usable_first(self, features: continuous.Features, rows: int) -> continuous.Features | None:
         """Features of a compiled `("first", features)` for `rows` rows that computes what `features` asks,
         fewest first; None where none is compiled."""
+        return self._fewest(("first",), features, (rows, 0))
+
+    def _fewest(self, kind: tuple, features: continuous.Features, shape: Shape, *rest) -> continuous.Features | None:
+        """The fewest features of a compiled `(*kind, features', *rest)` for `shape` covering `features`."""
         fits = [
             key[1]
-            for key, shape in self.ready
-            if key[0] == "first" and shape == (rows, 0) and _covers(key[1], features)
+            for key, ready_shape in self.ready
+            if ready_shape == shape and key[:1] == kind and key[2:] == rest and _covers(key[1], features)
         ]
         return min(fits, key=sum) if fits else None
 
