@@ -75,6 +75,12 @@ def decoding_functions(step: Callable, model: keras.Model) -> tuple[Callable, Ca
     return step, traced_while_loop(model)
 
 
+def takes_branches() -> bool:
+    """Whether a compiled loop runs `ops.cond` as a branch taken per call: XLA's conditional (JAX,
+    TensorFlow). PyTorch's traced loop replays the branch its trace took, so it computes both."""
+    return keras.backend.backend() != "torch"
+
+
 def _module(fn: Callable, model: keras.Model):
     import torch
 

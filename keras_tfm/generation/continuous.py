@@ -71,13 +71,16 @@ class Loop(NamedTuple):
     - `ngram`: the size of an n-gram ban (each row keeps its tokens by position, its `history`);
     - `largest`: how a top-k cut reads the largest scores (a sort in an exported SavedModel);
     - `aligned`: every row is at the same position (prompts of one length), so the model takes one position for
-      all rows (fewer operations a step than a position per row)."""
+      all rows (fewer operations a step than a position per row);
+    - `branch`: a step whose rows are all greedy skips the sampling its chooser computes for others (`choose`),
+      where the backend compiles branches: the server's chunks, which greedy and sampling rows share."""
 
     ends: bool = False
     scores: bool = False
     ngram: int = 0
     largest: Callable = top_k_largest
     aligned: bool = False
+    branch: bool = False
 
 
 class Rows(NamedTuple):
@@ -94,7 +97,7 @@ class Rows(NamedTuple):
     context: tuple = ()
 
 
-SERVER, NO_ROWS = Loop(), Rows()  # the server's engine's loop: it ends its rows and keeps no more
+SERVER, NO_ROWS = Loop(branch=True), Rows()  # the server's engine's loop: it ends its rows and keeps no more
 
 
 def decode_chunk(model, features: Features, steps: int, loop: Loop = SERVER):
@@ -137,7 +140,8 @@ def chunk_body(model, features: Features, steps: int, loop: Loop = SERVER):
         made = fed[2] + i - fed[1]  # the new tokens before this step's (negative while it feeds its prompt)
         banned = banned_ngrams(rows.history, positions + 1, logits.shape[-1], loop.ngram) if loop.ngram else None
         chosen, warped = choose(logits, seen, settings, positions, features, bias, banned, made,
-                                rows.stops if loop.ends else stops, largest=loop.largest)  # fmt: skip
+                                rows.stops if loop.ends else stops, largest=loop.largest,
+                                branch=loop.branch and compiled.takes_branches())  # fmt: skip
         prompted = i < fed[1]
         following = ops.where(prompted, ops.take(fed[0], i, axis=1), chosen)
         generated = ops.slice_update(generated, (0, i), ops.expand_dims(following, 1))

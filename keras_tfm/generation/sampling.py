@@ -260,21 +260,28 @@ class Features(NamedTuple):
 
 
 def choose(logits, seen, settings: RowSettings, positions, features: Features, bias=None, banned=None,
-           new_tokens=None, stop_token_ids=None, largest=top_k_largest):  # fmt: skip
+           new_tokens=None, stop_token_ids=None, largest=top_k_largest, branch: bool = False):  # fmt: skip
     """The one chooser of every decoding loop: each row's next token from its `logits` `(rows, vocabulary)`,
     `(token (rows,) int32, warped)`, `warped` the scores it was drawn from (greedy rows: the controlled
     ones). First `controlled`, then greedy (temperature 0) or a draw from the warped scores (`warp`, with
-    `largest` and the width `features.top_k`), keyed by the row's seed and position."""
+    `largest` and the width `features.top_k`), keyed by the row's seed and position. With `branch` (a
+    compiled loop that takes branches, `compiled.takes_branches`), a call in which no row samples skips the
+    warps and the draw: rows of greedy requests then cost what a greedy chooser's do beside a sampling one."""
     scores = controlled(logits, seen, settings, features, bias, banned, new_tokens, stop_token_ids)
     greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
     if not features.sampling:
         return greedy, scores
-    warped = warp(scores, _column(settings.temperature), top_k=_column(settings.top_k) if features.top_k else None,
-                  top_p=_column(settings.top_p) if features.nucleus else None,
-                  min_p=_column(settings.min_p) if features.min_p else None, largest=largest,
-                  top_k_width=features.top_k, uncut=features.uncut)  # fmt: skip
-    drawn = draw(warped, ops.zeros_like(greedy) + ops.cast(settings.seed, "int32"), positions)
-    return ops.where(ops.convert_to_tensor(settings.temperature) > 0, drawn, greedy), warped
+    sampling = ops.convert_to_tensor(settings.temperature) > 0
+
+    def sampled():
+        warped = warp(scores, _column(settings.temperature), top_k=_column(settings.top_k) if features.top_k else None,
+                      top_p=_column(settings.top_p) if features.nucleus else None,
+                      min_p=_column(settings.min_p) if features.min_p else None, largest=largest,
+                      top_k_width=features.top_k, uncut=features.uncut)  # fmt: skip
+        drawn = draw(warped, ops.zeros_like(greedy) + ops.cast(settings.seed, "int32"), positions)
+        return ops.where(sampling, drawn, greedy), warped
+
+    return ops.cond(ops.any(sampling), sampled, lambda: (greedy, scores)) if branch else sampled()
 
 
 def controlled(logits, seen, settings: RowSettings, features: Features, bias=None, banned=None, new_tokens=None,

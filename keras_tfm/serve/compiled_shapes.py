@@ -16,7 +16,7 @@ from keras import ops
 
 from keras_tfm import compat
 from keras_tfm.convert.variables import return_freed_memory
-from keras_tfm.generation import continuous
+from keras_tfm.generation import compiled, continuous
 from keras_tfm.generation.sampling import tracks_seen
 
 # A function's key: ("prefill",), ("first", Features), ("chunk", Features, steps) or ("admit", prefill shape);
@@ -110,14 +110,14 @@ class CompiledShapes:
         """Compiles every `(key, shape)` of `plan` on the side, in order, telling `progress` after each; a
         request that needs one waits for it (`available`, `call`), and `settle` makes those done ready."""
 
-        def compiled(done: int, key: Key, shape: Shape) -> None:
+        def compile_and_tell(done: int, key: Key, shape: Shape) -> None:
             self.compile(key, shape)
             if progress is not None:
                 progress(f"warm-up beside {done}/{len(plan)}: {_described(key, shape)}")
 
         for done, item in enumerate(plan, 1):
             if item not in self.ready and item not in self._pending:
-                self._pending[item] = self._pool.submit(compiled, done, *item)
+                self._pending[item] = self._pool.submit(compile_and_tell, done, *item)
 
     def compiling(self) -> int:
         """How many shapes are compiling on the side now (0: the warm-up's plan is all compiled)."""
@@ -236,17 +236,19 @@ def warm_up_plan(
     and reply), `(first, beside)`. First, what serves one row of any such request: the prefill of one prompt
     at the longest width, the chunk of one row at that cache length that computes each of `features` (say,
     greedy rows' and those of a request that names no settings), the write of the prompt into it, and the
-    choice of a row's first token. Beside: each row count with each cache length up to `length`'s, for each of
-    `features`."""
+    choice of a row's first token. Beside: each row count with each cache length up to `length`'s. Each
+    shape's chunk and first-token choice compute every one of `features`: where the backend takes branches,
+    a chunk whose rows are all greedy skips the sampling (`Loop.branch`), and elsewhere each kind has its own."""
     top = cache_length(length, model.max_length)
     lengths = sorted({cache_length(WIDTH_STEP << p, model.max_length) for p in range(top.bit_length())} - {0})
     rows = sorted({rows_bucket(count, max_batch_size) for count in range(1, max_batch_size + 1)})
     lengths = [size for size in lengths if size <= top]
     kinds = list(dict.fromkeys(features))
-    longest = (1, lengths[-1])
-    first = [(("prefill",), longest), (("chunk", merged(kinds), steps), longest), (("admit", longest), longest),
-             (("first", merged(kinds)), (1, 0))]  # fmt: skip
-    plan = [(("first", kind), (count, 0)) for count in rows for kind in kinds]
+    longest, every = (1, lengths[-1]), merged(kinds)
+    first = [(("prefill",), longest), (("chunk", every, steps), longest), (("admit", longest), longest),
+             (("first", every), (1, 0))]  # fmt: skip
+    kinds = [every] if compiled.takes_branches() else kinds
+    plan = [(("first", every), (count, 0)) for count in rows]
     for size in lengths:
         for count in rows:
             plan.append((("prefill",), (count, size)))
