@@ -31,7 +31,7 @@ from keras_tfm.generation.grammar import Constraint
 from keras_tfm.generation.rows import RowState
 from keras_tfm.generation.sampling import bias_of, features_of, row_seeds, row_values, tracks_seen
 from keras_tfm.generation.text import TextDecoder
-from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, rows_bucket, warm_up_plan
+from keras_tfm.serve.compiled_shapes import CompiledShapes, cache_length, prefill_length, rows_bucket, warm_up_plan
 from keras_tfm.serve.requests import Job, RequestError
 from keras_tfm.serve.tickets import Choice, Logprob, Row, Ticket
 from keras_tfm.serve.workers import close_at_exit
@@ -304,8 +304,9 @@ class Engine:
         """The prefill's width for `prompts` before a chunk of `steps` steps: the fewest positions after
         which each prompt has at most `steps` tokens left, which the chunk feeds (`RowState.start`). So beside
         rows decoding, a prompt of 34 tokens (a start token, a word mark and 32 more) fills a width of 32, not
-        64; with `steps` 0, every prompt whole."""
-        return min(cache_length(max(len(prompt) - steps for prompt in prompts), self.model.max_length), length)
+        64; with `steps` 0, every prompt whole (one of up to 16 tokens alone: 16 wide)."""
+        size = max(len(prompt) - steps for prompt in prompts)
+        return min(prefill_length(size, self.model.max_length, len(prompts)), length)
 
     def _jobs(self, slots: list[int]) -> list[Job]:
         return [self._slots[slot].ticket.job for slot in slots]

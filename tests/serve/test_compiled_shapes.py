@@ -6,7 +6,7 @@ import pytest
 
 from keras_tfm.generation import compiled
 from keras_tfm.generation.sampling import Features
-from keras_tfm.serve.compiled_shapes import CompiledShapes, warm_up_plan
+from keras_tfm.serve.compiled_shapes import CompiledShapes, prefill_length, warm_up_plan
 
 
 @pytest.mark.backend_independent
@@ -64,10 +64,20 @@ def test_the_warm_up_makes_one_row_ready_for_every_length_and_setting_before_the
     assert len(chunks) == 3 * 3 * len(kinds) + (merged not in kinds)
     assert {key[1] for key, _ in chunks} == kinds | {merged}
     assert len(set(beside)) == len(beside) and not set(first) & set(beside)
-    assert {shape for _, shape in chunks} == {(rows, size) for rows in (1, 4, 16) for size in (32, 64, 128)}
+    shapes = [(rows, size) for size in (32, 64, 128) for rows in (1, 4, 16)]
+    assert {shape for _, shape in chunks} == set(shapes)
     assert (("prefill",), (1, 32)) in beside and (("admit", (1, 32)), (16, 64)) in beside
+    # first beside: the prefill of a short prompt alone, for its first token, and its writes into every cache
+    assert beside[:10] == [(("prefill",), (1, 16))] + [(("admit", (1, 16)), shape) for shape in shapes]
     firsts = {item for item in beside if item[0][0] == "first"}
     assert firsts == {(("first", merged), (rows, 0)) for rows in (4, 16)}
+
+
+@pytest.mark.backend_independent
+def test_a_short_prompt_alone_is_prefilled_narrower_than_the_shortest_cache():
+    assert prefill_length(10, 512, 1) == 16 and prefill_length(16, 512, 1) == 16
+    assert prefill_length(17, 512, 1) == 32 and prefill_length(10, 512, 2) == 32  # prompts together: a cache's
+    assert prefill_length(10, 12, 1) == 12 and prefill_length(40, 512, 1) == 64  # never past the context
 
 
 @pytest.mark.backend_independent
