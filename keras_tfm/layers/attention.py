@@ -12,53 +12,15 @@ from keras_tfm.compat import get_keras_mask, on_xla_cpu
 from keras_tfm.errors import InputError
 from keras_tfm.layers import kv_cache
 from keras_tfm.layers.arguments import check_arguments
+from keras_tfm.layers.attention_inputs import check_inputs, check_per_row, shown, static_dims_differ
 from keras_tfm.layers.attention_masks import position_mask
 from keras_tfm.layers.feed_forward import projection
-from keras_tfm.layers.positions import is_per_row
 from keras_tfm.layers.quantization import QuantizationConfigMixin
 from keras_tfm.layers.rotary import RotaryEmbedding
 
 # Masked logits, and scores of what must never be chosen in decoding; softmax is taken in float32,
 # where exp(-1e9) == 0 exactly.
 LARGE_NEGATIVE = -1e9
-
-
-def _check_inputs(query, value, key) -> None:
-    """Refuses keys and values of another batch than the query's, or of different lengths."""
-    for name, tensor in (("value", value), ("key", key)):
-        if len(tensor.shape) != 3 or _static_dims_differ(tensor.shape[:1], query.shape[:1]):
-            raise InputError(
-                f"`{name}` must have shape (batch, length, features) with the query's "
-                f"batch {_shown(query.shape[:1])[0]}; received shape {tuple(tensor.shape)}.",
-                caller="MultiHeadAttention",
-            )
-    if _static_dims_differ(key.shape[:2], value.shape[:2]):  # PyTorch's einsum would broadcast a length of 1
-        raise InputError(
-            f"`key` and `value` must have the same batch and length; received shapes "
-            f"{tuple(key.shape)} and {tuple(value.shape)}.",
-            caller="MultiHeadAttention",
-        )
-
-
-def _static_dims_differ(received, expected) -> bool:
-    """Whether two shapes differ in a dimension both know (ints; None or a tensor is unknown)."""
-    return any(isinstance(r, int) and isinstance(e, int) and r != e for r, e in zip(received, expected))
-
-
-def _shown(shape) -> tuple:
-    """A shape for an error message: unknown dimensions (tensors while tracing) as None."""
-    return tuple(d if isinstance(d, int) else None for d in shape)
-
-
-def _check_per_row(index, value) -> None:
-    """Refuses a per-row `cache_update_index` (a `(batch,)` tensor) of another batch than `value`'s, or
-    with more than one new position per row."""
-    if is_per_row(index) and (value.shape[1] != 1 or _static_dims_differ(index.shape, value.shape[:1])):
-        raise InputError(
-            f"a `cache_update_index` per row, of shape (batch,), writes one position per row; received "
-            f"shape {tuple(index.shape)} for `value` of shape {tuple(value.shape)}.",
-            caller="MultiHeadAttention",
-        )
 
 
 @keras.saving.register_keras_serializable(package="keras_tfm")
@@ -260,7 +222,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
                     f"received {index}.",
                     caller="MultiHeadAttention",
                 )
-        _check_per_row(index, value)
+        check_per_row(index, value)
         new_entries = self.precompute_key_value(value, key, start_index=cache_update_index, angles=angles)
         # one update of the joint cache: a functional update copies its input (PyTorch)
         return kv_cache.write(cache, cache_update_index, ops.cast(new_entries, cache.dtype))
@@ -274,7 +236,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             )
         if cache is not None and (
             len(cache.shape) != 5
-            or _static_dims_differ(cache.shape, (None, 2, self.num_key_value_heads, None, self.key_dim))
+            or static_dims_differ(cache.shape, (None, 2, self.num_key_value_heads, None, self.key_dim))
         ):
             raise InputError(
                 f"`cache` must have shape (batch, 2, num_key_value_heads, cache_length, "
@@ -298,10 +260,10 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         Sizes are ints, or scalar tensors where a traced function leaves them unknown."""
         masks = []
         if value_mask is not None:
-            if len(value_mask.shape) != 2 or _static_dims_differ(value_mask.shape, (batch, key_length)):
+            if len(value_mask.shape) != 2 or static_dims_differ(value_mask.shape, (batch, key_length)):
                 raise InputError(
                     f"`value_mask` must have shape (batch, key_length) = "
-                    f"{_shown((batch, key_length))}; received shape {tuple(value_mask.shape)}.",
+                    f"{shown((batch, key_length))}; received shape {tuple(value_mask.shape)}.",
                     caller="MultiHeadAttention",
                 )
             # expand_dims, not `[:, None, None, :]`: LiteRT has no strided slice that adds axes
@@ -311,12 +273,12 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             expected = (batch, query_length, key_length) if rank == 3 else (batch, None, query_length, key_length)
             if (
                 rank not in (3, 4)
-                or _static_dims_differ(attention_mask.shape, expected)
+                or static_dims_differ(attention_mask.shape, expected)
                 or (rank == 4 and attention_mask.shape[1] not in (None, 1, self.num_heads))
             ):
                 raise InputError(
                     f"`attention_mask` must have shape (batch, query_length, "
-                    f"key_length) = {_shown((batch, query_length, key_length))} or (batch, num_heads "
+                    f"key_length) = {shown((batch, query_length, key_length))} or (batch, num_heads "
                     f"or 1, query_length, key_length); received shape {tuple(attention_mask.shape)}.",
                     caller="MultiHeadAttention",
                 )
@@ -350,7 +312,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             value = query
             value_mask = query_mask if value_mask is None else value_mask
         key = value if key is None else key
-        _check_inputs(query, value, key)
+        check_inputs(query, value, key)
         if value_mask is None:
             value_mask = get_keras_mask(value)
 
@@ -407,7 +369,7 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         """The query, key and value heads (the keys and values from the cache, written first when
         `cache_update_index` is given) and the cache (None without one)."""
         start_index = 0 if cache_update_index is None else cache_update_index
-        _check_per_row(start_index, query)
+        check_per_row(start_index, query)
         angles = self._angles(query, start_index)
         query_heads = self._split_heads(self.query_dense(query), self.key_dim)
         query_heads = self._positioned(query_heads, getattr(self, "query_norm", None), angles)

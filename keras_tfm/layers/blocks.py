@@ -11,7 +11,7 @@ import keras
 from keras_tfm.compat import get_keras_mask, set_keras_mask
 from keras_tfm.errors import InputError
 from keras_tfm.layers.arguments import check_arguments
-from keras_tfm.layers.attention import _static_dims_differ
+from keras_tfm.layers.attention_inputs import static_dims_differ
 from keras_tfm.layers.block_base import _Block
 from keras_tfm.layers.remat import rematerializable
 from keras_tfm.layers.residual import residual
@@ -156,7 +156,7 @@ class EncoderBlock(_Block):
 
     @staticmethod
     def _checked_positions(positions, inputs):
-        if len(positions.shape) != 2 or _static_dims_differ(positions.shape[:1], inputs.shape[:1]):
+        if len(positions.shape) != 2 or static_dims_differ(positions.shape[:1], inputs.shape[:1]):
             raise InputError(
                 f"`output_positions` must have shape (batch, num_positions) with batch = "
                 f"{inputs.shape[0]}; received shape {tuple(positions.shape)}.",
