@@ -1,8 +1,11 @@
 """`keras_tfm.generation.compiled`: what is kept of the programs it compiles."""
 
+import gc
 import os
 
 import keras
+import numpy as np
+import pytest
 
 from keras_tfm.generation import compiled
 
@@ -23,3 +26,53 @@ def test_compiled_programs_are_kept_where_asked_on_jax_only(tmp_path, monkeypatc
         assert compiled.keep_compiled_programs(None) is None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_programs_by_shape_trace_each_shape_once_and_keep_no_trace():
+    """JAX's programs, one a shape: each shape traced once and computed in float32, the donated argument
+    spent, and none of a trace's equations kept (a `jax.jit` keeps every shape's)."""
+    if keras.backend.backend() != "jax":
+        pytest.skip("JAX's programs")
+    import jax.numpy as jnp
+    from jax.extend import core
+
+    def live_equations():
+        gc.collect()
+        return sum(isinstance(item, core.JaxprEqn) for item in gc.get_objects())
+
+    traced = []
+
+    def fn(x, y):
+        traced.append(x.shape)
+        for _ in range(50):
+            x = x * 2.0 + y
+        return x
+
+    expected = np.float32(1.0)
+    for _ in range(50):
+        expected = expected * np.float32(2.0) + np.float32(0.5)
+    programs, before = compiled.programs_by_shape(fn, donated=(0,)), live_equations()
+    for size in (2, 3, 4, 2, 3):
+        donated = jnp.ones(size)
+        np.testing.assert_array_equal(programs(donated, jnp.full(size, 0.5)), np.full(size, expected))
+        assert donated.is_deleted()
+    assert traced == [(2,), (3,), (4,)]
+    assert live_equations() - before < 100  # one trace of `fn` is 100 equations
+
+
+def test_decoding_functions_trace_without_operation_stacks_on_tensorflow():
+    """A compiled function's operations carry no Python stack on TensorFlow (XLA keeps a frozen copy of each);
+    those traced elsewhere still do, also after an error inside the switch."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("TensorFlow's graphs")
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((2,), tf.float32)
+    function = compiled.compile_function(lambda x: x * 2.0 + 1.0, keras.Sequential())
+    computed = ("Mul", "AddV2")  # the inputs and outputs are made outside `fn`
+    graph = function.get_concrete_function(spec).graph
+    assert [op.traceback for op in graph.get_operations() if op.type in computed] == [None, None]
+    with pytest.raises(ValueError, match="inside"), compiled.op_stacks_unrecorded():
+        raise ValueError("inside")
+    elsewhere = tf.function(lambda x: x * 2.0 + 1.0).get_concrete_function(spec).graph
+    assert all(op.traceback for op in elsewhere.get_operations() if op.type in computed)
