@@ -317,14 +317,14 @@ def op_stacks_unrecorded():
     function its graph builder calls (and does nothing where that moved)."""
     from tensorflow.python.framework import ops as graph_ops
 
-    session = getattr(graph_ops, "pywrap_tf_session", None)
-    if not hasattr(session, "TF_SetOpStackTrace"):
+    c_api = getattr(graph_ops, "pywrap_tf_session", None)
+    if not hasattr(c_api, "TF_SetOpStackTrace"):
         yield
         return
     with _UNRECORDED["lock"]:
         if _UNRECORDED["depth"] == 0:
-            _UNRECORDED["record"] = session.TF_SetOpStackTrace
-            session.TF_SetOpStackTrace = _not_recorded
+            _UNRECORDED["record"] = c_api.TF_SetOpStackTrace
+            c_api.TF_SetOpStackTrace = _not_recorded
         _UNRECORDED["depth"] += 1
     try:
         yield
@@ -332,7 +332,7 @@ def op_stacks_unrecorded():
         with _UNRECORDED["lock"]:
             _UNRECORDED["depth"] -= 1
             if _UNRECORDED["depth"] == 0:
-                session.TF_SetOpStackTrace = _UNRECORDED["record"]
+                c_api.TF_SetOpStackTrace = _UNRECORDED["record"]
 
 
 def _not_recorded(operation, stack) -> None:
