@@ -244,8 +244,9 @@ def written_in_place(fn: Callable) -> Callable:
 
 
 def compile_function(fn: Callable, model: keras.Model, donated: tuple[int, ...] = ()) -> Callable:
-    """Compiles `fn` once for this backend: XLA through `jax.jit` (the model's variables passed in
-    as state) or `tf.function(jit_compile=True)`. PyTorch runs the loop in Python without autograd
+    """Compiles `fn` once for this backend: XLA ahead of time for each shape (`programs_by_shape`, the
+    model's variables passed in as state) or `tf.function(jit_compile=True)` traced without operation
+    stacks (`op_stacks_unrecorded`). PyTorch runs the loop in Python without autograd
     (see `decoding_functions` for what it traces), its int8 products on the CPU's int8 kernel and its
     float32 ones on oneDNN's (`compat.mend_torch_products`).
 
