@@ -253,9 +253,8 @@ def warm_up_plan(
              (("first", every), (1, 0))]  # fmt: skip
     kinds = [every] if compiled.takes_branches() else kinds
     shapes = [(count, size) for size in lengths for count in rows]
-    plan = []
-    if prefill_length(1, model.max_length, 1) < lengths[0]:
-        short = (1, prefill_length(1, model.max_length, 1))
+    short, plan = (1, prefill_length(1, model.max_length, 1)), []
+    if short[1] < lengths[0]:
         plan += [(("prefill",), short)] + [(("admit", short), cache) for cache in shapes]
     plan += [(("first", every), (count, 0)) for count in rows]
     for size in lengths:
