@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 from keras import ops
 
 from keras_tfm.layers.positions import is_per_row
@@ -36,14 +37,17 @@ def write(cache, index, entries):
 def write_rows(cache, start: tuple, entries):
     """`cache` `(batch, 2, heads, length, dim)` with each row's one new position `entries[b, :, :, 0]`
     written at its own position `start[3][b]`: a scatter of the new entries only."""
-    positions = start[3]
     rows, _, heads, _, dim = ops.shape(entries)
     count = rows * 2 * heads
-    row = ops.repeat(ops.arange(rows), 2 * heads)
-    kind = ops.tile(ops.repeat(ops.arange(2), heads), [rows])
-    head = ops.tile(ops.arange(heads), [2 * rows])
-    position = ops.repeat(ops.cast(positions, "int32"), 2 * heads)
-    indices = ops.stack([row, kind, head, position], axis=1)
+    positions = ops.reshape(ops.cast(start[3], "int32"), (rows, 1))
+    position = ops.reshape(ops.broadcast_to(positions, (rows, 2 * heads)), (count, 1))
+    if isinstance(rows, int):  # the (row, kind, head) of each entry as one constant: a few graph operations
+        # in each layer rather than a hundred (TensorFlow traces and compiles every one)
+        places = np.stack(np.unravel_index(np.arange(count), (rows, 2, heads)), axis=1).astype("int32")
+    else:
+        places = ops.stack([ops.arange(count) // (2 * heads), ops.arange(count) // heads % 2,
+                            ops.arange(count) % heads], axis=1)  # fmt: skip
+    indices = ops.concatenate([ops.convert_to_tensor(places, "int32"), position], axis=1)
     return ops.scatter_update(cache, indices, ops.reshape(entries, (count, dim)))
 
 
