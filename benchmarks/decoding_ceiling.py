@@ -116,14 +116,14 @@ def products_only(framework: str) -> dict:
 
 
 def _eager_operations(framework: str, hidden: int) -> tuple:
-    """`(matmul, silu, pad, first input, context)` of eager PyTorch (its float32 products on oneDNN's kernel, as
-    keras_tfm's decoding step runs them: `compat.mend_torch_products`) or NumPy."""
+    """`(matmul, silu, pad, first input, context)` of eager PyTorch (its float32 products on the kernel
+    keras_tfm's decoding step runs them on: `compat.decoding_linear`) or NumPy."""
     if framework == "torch":
         import torch
 
-        from keras_tfm.compat import _onednn_linear
+        from keras_tfm.compat import decoding_linear
 
-        onednn = _onednn_linear()
+        onednn = decoding_linear()
         matmul = (lambda x, w: onednn(x, w.t())) if onednn is not None else torch.matmul
         pad = lambda x, width: torch.nn.functional.pad(x, (0, width))  # noqa: E731
         return matmul, torch.nn.functional.silu, pad, torch.ones((1, hidden)), torch.no_grad

@@ -23,6 +23,8 @@ from keras.src.backend import get_keras_mask, get_stateless_scope, set_keras_mas
 # model on placeholders whose dtype need not be the data's: there is no public flag for it (Keras 3.15).
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from keras_tfm import processor
+
 __all__ = [
     "BuildBeforeQuantizeCheck",
     "build_before_distributed_fit",
@@ -32,12 +34,12 @@ __all__ = [
     "jax_live_processes",
     "child_layers",
     "concrete_values",
+    "decoding_linear",
     "get_keras_mask",
     "get_stateless_scope",
     "host_call",
     "in_symbolic_scope",
     "int8_kernels_by_column",
-    "int8_products_are_fast",
     "mend_torch_products",
     "on_xla_cpu",
     "one_garbage_collection",
@@ -156,10 +158,11 @@ def mend_torch_products() -> None:
       define, so the function runs as itself and is traced like any other op.
     - `ops.matmul` of int8 by int8 off CUDA casts both to int32 for a generic product.
       `torch._int_mm` gives the same int32 sums with the CPU's int8 kernel (VNNI on x86).
-    - `ops.matmul` of float32 by a float32 matrix runs MKL's product, which on AMD processors takes a
-      generic path: 1.6-2.3x slower than oneDNN's (`_onednn_linear`) at the decoding steps' shapes, and 3x
-      on the output head. With autograd off, on an x86 CPU, oneDNN computes it (float32 sums in
-      another order: differences of a few float32 ulps).
+    - `ops.matmul` of float32 by a float32 matrix runs MKL's product, which on processors not made by Intel
+      (AMD's) takes a generic path: 1.6-2.3x slower than oneDNN's (`_onednn_linear`) at the decoding
+      steps' shapes, and 3x on the output head. With autograd off, on such an x86 CPU, oneDNN computes it
+      (float32 sums in another order: differences of a few float32 ulps). On Intel's, MKL's own is faster
+      (a SmolLM2-135M step of one row: 28 against 37 ms on a 2-core Xeon) and stays.
     - `ops.dot_product_attention` copies its keys and values (`.contiguous()`) before PyTorch's fused
       attention, which reads strided tensors as they are. A decoding step's keys and values are a slice
       of the cache: every layer copied the whole cache at every step, 60% of a 16-row step's time.
@@ -180,8 +183,17 @@ def _mend_torch_products() -> tuple:
             output, _ = self.forward_fn(*args, **kwargs)
             return output
 
-    keras_matmul = numpy.matmul
-    onednn = _onednn_linear()
+    core.custom_gradient = custom_gradient
+    numpy.matmul = _float_matmul(numpy.matmul, decoding_linear())
+    nn.dot_product_attention = _attention_of_views(nn.dot_product_attention)
+    return custom_gradient, numpy.matmul, nn.dot_product_attention
+
+
+def _float_matmul(keras_matmul, onednn):
+    """Keras' PyTorch `matmul`, with int8 products on `torch._int_mm` and, where `onednn` is given,
+    float32 ones without autograd on that kernel."""
+    import torch
+    from keras.src.backend.torch import numpy
 
     def matmul(x1, x2):
         x1, x2 = numpy.convert_to_tensor(x1), numpy.convert_to_tensor(x2)
@@ -194,9 +206,7 @@ def _mend_torch_products() -> tuple:
             return onednn(x1, x2.t())  # the weights as they lie: oneDNN reads the transposed view
         return keras_matmul(x1, x2)
 
-    core.custom_gradient, numpy.matmul = custom_gradient, matmul
-    nn.dot_product_attention = _attention_of_views(nn.dot_product_attention)
-    return custom_gradient, matmul, nn.dot_product_attention
+    return matmul
 
 
 def _attention_of_views(keras_attention):
@@ -229,15 +239,19 @@ def _attention_of_views(keras_attention):
     return attention
 
 
+def decoding_linear():
+    """oneDNN's float32 product (`_onednn_linear`) where PyTorch's decoding takes it, an x86 CPU not made by
+    Intel; None elsewhere, where MKL's (Keras' `matmul`) is the faster."""
+    return None if processor.made_by_intel() else _onednn_linear()
+
+
 def _onednn_linear():
     """`(x, weights (outputs, inputs)) -> x @ weights.T` by oneDNN, PyTorch's inference kernel for
     `torch.compile` (`mkldnn::_linear_pointwise`), or None off x86 or without oneDNN. Scripted because
     `torch.jit.trace` cannot record the op's empty list of arguments; a trace calls the script."""
-    import platform
-
     import torch
 
-    usable = platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+    usable = processor.is_x86() and torch.backends.mkldnn.is_available()
     if not usable or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return None
 
@@ -304,23 +318,6 @@ def torch_parallel_here() -> None:
         import torch
 
         torch.set_num_threads(_TORCH_THREADS[0])
-
-
-def int8_products_are_fast() -> bool:
-    """Whether PyTorch's int8 products (`torch._int_mm`) are fast on this machine's processor: an x86
-    CPU with VNNI (`avx512_vnni` or `avx_vnni` in /proc/cpuinfo), any CPU that is not x86, or a GPU."""
-    import platform
-
-    if keras.backend.backend() == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            return True
-    if platform.machine().lower() not in ("x86_64", "amd64") or not os.path.isfile("/proc/cpuinfo"):
-        return True
-    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as file:
-        flags = next((line.split(":", 1)[1].split() for line in file if line.startswith("flags")), [])
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def int8_kernels_by_column(model: keras.layers.Layer) -> None:

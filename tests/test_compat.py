@@ -3,7 +3,6 @@ changes what it relies on."""
 
 import contextlib
 import gc
-import os
 
 import keras
 import numpy as np
@@ -170,27 +169,34 @@ def test_torch_int8_products_are_keras_own_and_traceable(rng):
 
 
 def test_torch_float_products_go_to_onednn_without_autograd(rng):
-    """A float32 product with autograd off runs oneDNN's kernel on an x86 CPU, is recorded as that op by
-    `torch.jit.trace` (through its script), and gives NumPy's product; with autograd on, Keras' own with its
-    gradient. Its weights are read as they lie: a transposed view, as a tied output head passes them."""
+    """A float32 product with autograd off, on oneDNN's kernel (as decoding runs it on an x86 CPU not made
+    by Intel), is recorded as that op by `torch.jit.trace` (through its script) and gives NumPy's product;
+    with autograd on, Keras' own with its gradient. Its weights are read as they lie: a transposed view, as
+    a tied output head passes them. Keras' `matmul` takes the kernel only where `decoding_linear` gives it."""
     if keras.backend.backend() != "torch":
         pytest.skip("a fault of Keras' PyTorch backend")
     import torch
+    from keras.src.backend.torch import numpy
 
     compat.mend_torch_products()
-    if compat._onednn_linear() is None:
+    onednn = compat._onednn_linear()
+    if onednn is None:
         pytest.skip("oneDNN's product is used on x86 CPUs only")
+    matmul = compat._float_matmul(numpy.matmul, onednn)
     x, weights = rng.normal(size=(2, 3, 40)).astype("float32"), rng.normal(size=(24, 40)).astype("float32")
     expected = x @ weights.T
     with torch.no_grad():
-        product = keras.ops.matmul(torch.tensor(x), keras.ops.transpose(torch.tensor(weights)))
+        product = matmul(torch.tensor(x), keras.ops.transpose(torch.tensor(weights)))
         np.testing.assert_allclose(product.numpy(), expected, rtol=1e-5, atol=1e-5)
-        traced = torch.jit.trace(lambda v: keras.ops.matmul(v, torch.tensor(weights).T), (torch.tensor(x),))
+        traced = torch.jit.trace(lambda v: matmul(v, torch.tensor(weights).T), (torch.tensor(x),))
+        mended = torch.jit.trace(lambda v: keras.ops.matmul(v, torch.tensor(weights).T), (torch.tensor(x),))
     kinds = {node.kind() for node in traced.inlined_graph.nodes()}
     assert "mkldnn::_linear_pointwise" in kinds and "aten::matmul" not in kinds
     np.testing.assert_allclose(traced(torch.tensor(x)).numpy(), expected, rtol=1e-5, atol=1e-5)
+    mended_kinds = {node.kind() for node in mended.inlined_graph.nodes()}
+    assert ("mkldnn::_linear_pointwise" in mended_kinds) == (compat.decoding_linear() is not None)
     inputs = torch.tensor(x, requires_grad=True)
-    keras.ops.matmul(inputs, torch.tensor(weights).T).sum().backward()
+    matmul(inputs, torch.tensor(weights).T).sum().backward()
     np.testing.assert_allclose(inputs.grad.numpy(), np.broadcast_to(weights.sum(0), x.shape), rtol=1e-5)
 
 
@@ -286,17 +292,6 @@ def test_variables_added_after_build_are_tracked_again():
     model.layers[0].enable_lora(2)
     compat.track_variables_again(model)
     assert len(list(model.parameters())) == len(model.variables) == 4
-
-
-def test_int8_products_are_fast_where_an_x86_cpu_has_vnni():
-    import platform
-
-    if not os.path.isfile("/proc/cpuinfo") or platform.machine().lower() not in ("x86_64", "amd64"):
-        assert compat.int8_products_are_fast()
-        return
-    flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
-    on_gpu = keras.backend.backend() == "torch" and __import__("torch").cuda.is_available()
-    assert compat.int8_products_are_fast() == (on_gpu or "avx512_vnni" in flags or "avx_vnni" in flags)
 
 
 def test_variables_made_as_zeros_skip_the_initializer_until_assigned_and_only_inside():

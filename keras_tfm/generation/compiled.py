@@ -248,7 +248,7 @@ def compile_function(fn: Callable, model: keras.Model, donated: tuple[int, ...] 
     model's variables passed in as state) or `tf.function(jit_compile=True)` traced without operation
     stacks (`op_stacks_unrecorded`). PyTorch runs the loop in Python without autograd
     (see `decoding_functions` for what it traces), its int8 products on the CPU's int8 kernel and its
-    float32 ones on oneDNN's (`compat.mend_torch_products`).
+    float32 ones on oneDNN's off Intel processors (`compat.mend_torch_products`).
 
     `donated`: the positions of arguments the caller never reads again (a cache it replaces by the
     one returned). JAX then writes the result into their buffers, rather than copying them into
