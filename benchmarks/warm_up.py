@@ -41,6 +41,7 @@ def measure() -> dict:
 
     imported_mb = resident_mb()
     compiled.keep_compiled_programs(os.environ.get("KERAS_TFM_BENCHMARK_CACHE"))  # as the server does
+    keras_tfm.compat.torch_server_process()  # PyTorch's threads and traces as the server sets them
     model = keras_tfm.smollm2_135m(max_length=2048)
     model.build()
     loaded = time.monotonic() - start

@@ -76,3 +76,26 @@ def test_decoding_functions_trace_without_operation_stacks_on_tensorflow():
         raise ValueError("inside")
     elsewhere = tf.function(lambda x: x * 2.0 + 1.0).get_concrete_function(spec).graph
     assert all(op.traceback for op in elsewhere.get_operations() if op.type in computed)
+
+
+def test_traced_where_replays_the_shapes_it_wants_and_runs_the_others_as_they_are():
+    """On PyTorch a wanted shape runs its Python once (the trace) and is replayed after, each call's
+    results its own (a replay writes none into an earlier one's); another shape runs its Python at every
+    call. Elsewhere, every shape compiles (the Python runs once per shape)."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    runs = []
+
+    def fn(x):
+        runs.append(tuple(x.shape))
+        return model(x) * 2.0
+
+    function = compiled.traced_where(lambda x: keras.ops.shape(x)[0] == 1, fn, model)
+    one, two = np.ones((1, 3), "float32"), np.ones((2, 3), "float32")
+    first = function(keras.ops.convert_to_tensor(one))
+    second = function(keras.ops.convert_to_tensor(3 * one))
+    for _ in range(2):
+        function(keras.ops.convert_to_tensor(two))
+    for result, x in ((first, one), (second, 3 * one)):
+        expected = keras.ops.convert_to_numpy(model(x)) * 2.0
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(result), expected, rtol=1e-6)
+    assert runs == [(1, 3)] + [(2, 3)] * (2 if keras.backend.backend() == "torch" else 1)
