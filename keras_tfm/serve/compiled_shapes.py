@@ -42,6 +42,7 @@ class CompiledShapes:
         self.stalls = 0  # shapes compiled on the engine's thread while other requests' rows waited
         self._pending: dict[tuple[Key, Shape], concurrent.futures.Future] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self._pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="keras_tfm-compile", initializer=compat.torch_serial_here
         )
@@ -99,8 +100,8 @@ class CompiledShapes:
         side (call again later). A compile that failed raises here."""
         missing = [item for item in wanted if item not in self.ready]
         for item in missing:
-            if item not in self._pending:
-                self._pending[item] = self._pool.submit(self.compile, *item)
+            if item not in self._pending and not self._submit(item, self.compile, *item):
+                return False  # closed: the request is answered as the engine stops
         if not all(self._pending[item].done() for item in missing):
             return False
         for item in missing:
@@ -119,8 +120,20 @@ class CompiledShapes:
                 progress(f"warm-up beside {done}/{len(plan)}: {_described(key, shape)}")
 
         for done, item in enumerate(plan, 1):
-            if item not in self.ready and item not in self._pending:
-                self._pending[item] = self._pool.submit(compile_and_tell, done, *item)
+            if (
+                item not in self.ready
+                and item not in self._pending
+                and not self._submit(item, compile_and_tell, done, *item)
+            ):
+                return  # closed
+
+    def _submit(self, item: tuple[Key, Shape], compile: Callable, *arguments) -> bool:
+        """Compiles `item` on the side (`compile(*arguments)`); False where `close` came first."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._pending[item] = self._pool.submit(compile, *arguments)
+            return True
 
     def compiling(self) -> int:
         """How many shapes are compiling on the side now (0: the warm-up's plan is all compiled)."""
@@ -202,7 +215,10 @@ class CompiledShapes:
                 progress(f"warm-up {done}/{len(plan)}: {_described(key, shape)} ({seconds:.0f} s)")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Cancels the compiles not yet started; one asked for after this is not started."""
+        with self._lock:  # against a compile asked for on the engine's thread meanwhile
+            self._closed = True
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _serves(key: Key, features: continuous.Features, steps: int) -> bool:

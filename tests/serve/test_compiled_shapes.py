@@ -93,3 +93,15 @@ def test_the_shapes_compiling_beside_are_counted_until_each_is_done():
         assert shapes.compiling() == 0
     finally:
         shapes.close()
+
+
+@pytest.mark.backend_independent
+def test_nothing_compiles_once_closed_and_asking_raises_nothing():
+    """An engine closed just as its warm-up ends asks for the rest after `close`: nothing starts."""
+    shapes = CompiledShapes(None)
+    started = []
+    shapes.compile = lambda key, shape: started.append(shape)
+    shapes.close()
+    shapes.compile_later([(("prefill",), (1, 32))], None)
+    assert not shapes.available([(("prefill",), (1, 64))])
+    assert shapes.compiling() == 0 and not started
