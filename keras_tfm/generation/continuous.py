@@ -272,9 +272,9 @@ def prefill(model):
         cache, _, logits = filled(model, token_ids, ops.shape(token_ids)[1], last=last)
         return cache, logits
 
-    # one prompt's (a request alone, waiting for its first token) is replayed from a trace on PyTorch;
-    # several prompts' are products enough that Keras' own operations cost little beside them
-    return compiled.traced_where(lambda token_ids, last: ops.shape(token_ids)[0] == 1, fill, model)
+    # one prompt's (a request alone, waiting for its first token) has a program of its own width; several
+    # prompts' are products enough that one program of any shape costs little more (`specialized_where`)
+    return compiled.specialized_where(lambda token_ids, last: ops.shape(token_ids)[0] == 1, fill, model)
 
 
 def first_tokens(model, features: Features):

@@ -78,10 +78,11 @@ def test_decoding_functions_trace_without_operation_stacks_on_tensorflow():
     assert all(op.traceback for op in elsewhere.get_operations() if op.type in computed)
 
 
-def test_traced_where_replays_the_shapes_it_wants_and_runs_the_others_as_they_are():
-    """On PyTorch a wanted shape runs its Python once (the trace) and is replayed after, each call's
-    results its own (a replay writes none into an earlier one's); another shape runs its Python at every
-    call. Elsewhere, every shape compiles (the Python runs once per shape)."""
+def test_specialized_where_gives_the_shapes_it_wants_programs_of_their_own():
+    """A wanted shape runs its Python once (XLA's trace, PyTorch's recording) and its results are each call's
+    own (a replay writes none into an earlier one's); the other shapes run one program of any shape on
+    TensorFlow (its Python once, sizes unknown), their Python at every call on PyTorch, and on JAX a program
+    each."""
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
     runs = []
 
@@ -89,13 +90,14 @@ def test_traced_where_replays_the_shapes_it_wants_and_runs_the_others_as_they_ar
         runs.append(tuple(x.shape))
         return model(x) * 2.0
 
-    function = compiled.traced_where(lambda x: keras.ops.shape(x)[0] == 1, fn, model)
-    one, two = np.ones((1, 3), "float32"), np.ones((2, 3), "float32")
-    first = function(keras.ops.convert_to_tensor(one))
-    second = function(keras.ops.convert_to_tensor(3 * one))
-    for _ in range(2):
-        function(keras.ops.convert_to_tensor(two))
-    for result, x in ((first, one), (second, 3 * one)):
+    function = compiled.specialized_where(lambda x: keras.ops.shape(x)[0] == 1, fn, model)
+    one = np.ones((1, 3), "float32")
+    results = {x.tobytes(): function(keras.ops.convert_to_tensor(x)) for x in (one, 3 * one)}
+    for rows in (2, 2, 5):
+        results[np.full((rows, 3), rows, "float32").tobytes()] = function(np.full((rows, 3), rows, "float32"))
+    for x, result in results.items():
+        x = np.frombuffer(x, "float32").reshape(-1, 3)
         expected = keras.ops.convert_to_numpy(model(x)) * 2.0
         np.testing.assert_allclose(keras.ops.convert_to_numpy(result), expected, rtol=1e-6)
-    assert runs == [(1, 3)] + [(2, 3)] * (2 if keras.backend.backend() == "torch" else 1)
+    others = {"jax": [(2, 3), (5, 3)], "tensorflow": [(None, None)], "torch": [(2, 3), (2, 3), (5, 3)]}
+    assert runs == [(1, 3)] + others[keras.backend.backend()]

@@ -242,12 +242,23 @@ def test_a_prompt_alone_is_prefilled_whole_and_its_first_token_comes_from_the_pr
 
 
 @pytest.mark.backend_independent
-def test_an_engine_left_open_is_closed_before_the_interpreter_ends(model):
+def test_an_engine_left_open_is_closed_before_the_interpreter_ends(model, monkeypatch):
     """A daemon thread still decoding at exit is stopped inside the runtime's C++, which aborts the process
     (JAX): an engine made without a server's lifespan is closed by an exit hook, its thread ended; one
     closed while it warms up stops after the shape it was compiling."""
     from keras_tfm.serve import workers
+    from keras_tfm.serve.compiled_shapes import CompiledShapes
     from keras_tfm.serve.engine import Engine
+
+    compiling = threading.Event()  # the engine's thread has begun its first shape: close it during that one
+    compile_shape = CompiledShapes.compile
+
+    def compile_telling(shapes, key, shape):
+        if threading.current_thread().name == "keras_tfm-engine":
+            compiling.set()
+        compile_shape(shapes, key, shape)
+
+    monkeypatch.setattr(CompiledShapes, "compile", compile_telling)
 
     def engine_threads():
         return [thread for thread in threading.enumerate() if thread.name == "keras_tfm-engine"]
@@ -262,7 +273,7 @@ def test_an_engine_left_open_is_closed_before_the_interpreter_ends(model):
 
     made.append(Engine(model, max_batch_size=2, warm_up_length=32, progress=progress))
     Engine(model, max_batch_size=2)
-    assert len(engine_threads()) >= 2
+    assert len(engine_threads()) >= 2 and compiling.wait(30)
     workers.close_open_workers()  # what `atexit` runs
     assert not engine_threads() and len(lines) == 1, lines
 
