@@ -162,7 +162,8 @@ def _program_per_shape(fn: Callable, model: keras.Model) -> Callable:
         return compile_function(fn, model)
     import torch
 
-    compile_function(fn, model)  # the products mended, int8 kernels laid out
+    compat.mend_torch_products()  # as `compile_function` does
+    compat.int8_kernels_by_column(model)
     traces: dict = {}
 
     def replayed(*args):
