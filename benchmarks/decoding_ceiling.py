@@ -1,19 +1,20 @@
-"""Single-stream decoding beside the bound of its matrix products, on this machine: a SmolLM2-135M-shaped model
-(random weights, float32), batch 1, a 128-token prompt, then 128 new tokens, greedy; each contender in its own
-process, and the decoding rate alone (new tokens after the first / their seconds, as llama.cpp's
-`timings.predicted_per_second` counts them):
+"""Decoding beside the bound of its matrix products, on this machine: a SmolLM2-135M-shaped model (random
+weights, float32), 1, 4 and 16 rows at once, each a 128-token prompt, then 128 new tokens, greedy; each
+contender in its own process, and the decoding rate alone (new tokens of every row after the first / their
+seconds, as llama.cpp counts its own):
 
-- llama.cpp: `llama-server` with one slot on the model written as an F32 GGUF file (`serving_llama_cpp`);
-- keras_tfm's `generate` on JAX and on PyTorch;
-- the bound: only the model's matrix products, each weight read once per new token (no attention, norms or
-  cache), in JAX (one `jax.jit` loop, as `generate` compiles), in PyTorch (eager products, as its traced step
-  runs them) and in NumPy (its BLAS's matrix-vector products).
+- llama.cpp on the model written as an F32 GGUF file (`serving_llama_cpp`): `llama-server` with one slot for one
+  row, `llama-batched-bench` (built beside it: `make llama-batched-bench`) for several;
+- keras_tfm's `generate` on JAX and on PyTorch, the rows as one batch;
+- the bound: only the model's matrix products, each weight read once per step (no attention, norms or cache),
+  in JAX (one `jax.jit` loop, as `generate` compiles), in PyTorch (eager products, as its traced step runs
+  them) and in NumPy (its BLAS's matrix-vector and matrix products).
 
 Where the bound of a framework is below llama.cpp's rate, no decoding loop in that framework can reach it.
 
-    python benchmarks/decoding_ceiling.py --llama-server PATH/llama-server
+    python benchmarks/decoding_ceiling.py --llama-server PATH/llama-server [--rows 1 4 16]
 
-Writes benchmarks/results/decoding_ceiling.json; its title names the processor's vector flags.
+Writes benchmarks/results/decoding_ceiling.json; its titles name the processor's vector flags.
 """
 
 from __future__ import annotations
@@ -35,26 +36,26 @@ PROMPT, NEW, REPEATS = 128, 128, 3
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
 
 
-def rate(decode_seconds) -> dict:
-    """New tokens/s after the first: `decode_seconds(n)` decodes n new tokens; the best of REPEATS of
-    `(NEW - 1) / (seconds(NEW) - seconds(1))`, after a call of each that compiles."""
+def rate(decode_seconds, rows: int) -> dict:
+    """New tokens/s after the first: `decode_seconds(n)` decodes n new tokens in each of `rows` rows; the
+    best of REPEATS of `rows * (NEW - 1) / (seconds(NEW) - seconds(1))`, after a call of each that compiles."""
     decode_seconds(1), decode_seconds(NEW)
-    rates = [(NEW - 1) / (decode_seconds(NEW) - decode_seconds(1)) for _ in range(REPEATS)]
+    rates = [rows * (NEW - 1) / (decode_seconds(NEW) - decode_seconds(1)) for _ in range(REPEATS)]
     return {"value": max(rates), "windows": [round(r, 1) for r in rates]}
 
 
-def keras_tfm_generate() -> dict:
-    from decoder_lm import prompt_ids, smollm_shaped
+def keras_tfm_generate(rows: int) -> dict:
+    from decoder_lm import CONFIG, smollm_shaped
 
     model = smollm_shaped(PROMPT + NEW)
-    prompt = prompt_ids().astype("int32")[:, :PROMPT]
+    prompt = np.random.default_rng(rows).integers(0, CONFIG["vocabulary_size"], (rows, PROMPT)).astype("int32")
 
     def seconds(new: int) -> float:
         with Timer() as timer:
             model.generate(prompt, max_new_tokens=new)
         return timer.seconds
 
-    return rate(seconds)
+    return rate(seconds, rows)
 
 
 def weights():
@@ -70,8 +71,8 @@ def weights():
     return layers, rng.normal(size=(CONFIG["vocabulary_size"], hidden)).astype("float32") * 0.02
 
 
-def products_only(framework: str) -> dict:
-    """The matrix products of `NEW` decoding steps alone, in `framework` (jax, torch or numpy)."""
+def products_only(framework: str, rows: int) -> dict:
+    """The matrix products of `NEW` decoding steps of `rows` rows alone, in `framework` (jax, torch or numpy)."""
     layers, table = weights()
     hidden, kv = layers[0][0].shape[0], layers[0][1].shape[1]
     if framework == "jax":
@@ -87,15 +88,15 @@ def products_only(framework: str) -> dict:
             return h + (h @ table.T)[:, :hidden] * 1e-3
 
         compiled = {n: jax.jit(lambda h, n=n: jax.lax.fori_loop(0, n, lambda _, h: step(h), h)) for n in (1, NEW)}
-        start = jnp.ones((1, hidden), "float32")
+        start = jnp.ones((rows, hidden), "float32")
 
         def seconds(new: int) -> float:
             with Timer() as timer:
                 compiled[new](start).block_until_ready()
             return timer.seconds
 
-        return rate(seconds)
-    matmul, silu, pad, start, context = _eager_operations(framework, hidden)
+        return rate(seconds, rows)
+    matmul, silu, pad, start, context = _eager_operations(framework, (rows, hidden))
     if framework == "torch":
         import torch
 
@@ -112,12 +113,12 @@ def products_only(framework: str) -> dict:
                 h = h + matmul(h, table.T)[:, :hidden] * 1e-3
         return timer.seconds
 
-    return rate(seconds)
+    return rate(seconds, rows)
 
 
-def _eager_operations(framework: str, hidden: int) -> tuple:
-    """`(matmul, silu, pad, first input, context)` of eager PyTorch (its float32 products on the kernel
-    keras_tfm's decoding step runs them on: `compat.decoding_linear`) or NumPy."""
+def _eager_operations(framework: str, shape: tuple[int, int]) -> tuple:
+    """`(matmul, silu, pad, first input of `shape`, context)` of eager PyTorch (its float32 products on the
+    kernel keras_tfm's decoding step runs them on: `compat.decoding_linear`) or NumPy."""
     if framework == "torch":
         import torch
 
@@ -126,9 +127,9 @@ def _eager_operations(framework: str, hidden: int) -> tuple:
         onednn = decoding_linear()
         matmul = (lambda x, w: onednn(x, w.t())) if onednn is not None else torch.matmul
         pad = lambda x, width: torch.nn.functional.pad(x, (0, width))  # noqa: E731
-        return matmul, torch.nn.functional.silu, pad, torch.ones((1, hidden)), torch.no_grad
+        return matmul, torch.nn.functional.silu, pad, torch.ones(shape), torch.no_grad
     pad = lambda x, width: np.pad(x, ((0, 0), (0, width)))  # noqa: E731
-    return np.matmul, lambda x: x / (1 + np.exp(-x)), pad, np.ones((1, hidden), "float32"), contextlib.nullcontext
+    return np.matmul, lambda x: x / (1 + np.exp(-x)), pad, np.ones(shape, "float32"), contextlib.nullcontext
 
 
 def llama_cpp(binary: str, path: str) -> dict:
@@ -156,24 +157,33 @@ def llama_cpp(binary: str, path: str) -> dict:
         process.wait()
 
 
-def worker(contender: str, argument: str) -> dict:
-    if contender == "keras_tfm":
-        return keras_tfm_generate()
-    if contender == "products":
-        return products_only(argument)
-    return llama_cpp(*argument.split(os.pathsep))
+def llama_cpp_batched(binary: str, path: str, rows: int) -> dict:
+    """llama-batched-bench: `rows` sequences of a PROMPT-token prompt, then NEW tokens each, decoded at once; its
+    own decoding rate (`speed_tg`: every sequence's new tokens over the decoding's seconds), the best of REPEATS."""
+    command = [binary, "-m", path, "-c", str(rows * (PROMPT + NEW)), "-npp", str(PROMPT), "-ntg", str(NEW),
+               "-npl", str(rows), "-t", str(os.cpu_count()), "--output-format", "jsonl"]  # fmt: skip
+    environment = {**os.environ, "LD_LIBRARY_PATH": os.path.dirname(binary)}
+    rates = []
+    for _ in range(REPEATS):
+        done = subprocess.run(command, env=environment, capture_output=True, text=True, check=True)
+        rates.append(json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])["speed_tg"])
+    return {"value": max(rates), "windows": [round(r, 1) for r in rates]}
 
 
-def measured(name: str, contender: str, argument: str, backend: str = "jax") -> dict:
-    """`worker(contender, argument)` in a fresh process with `KERAS_BACKEND=backend`."""
+WORKERS = {"keras_tfm": keras_tfm_generate, "products": products_only, "llama_cpp": llama_cpp,
+           "llama_cpp_batched": llama_cpp_batched}  # fmt: skip
+
+
+def measured(name: str, task: str, contender: str, backend: str = "jax", **arguments) -> dict:
+    """`WORKERS[contender](**arguments)` in a fresh process with `KERAS_BACKEND=backend`."""
     environment = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, __file__, "--worker", contender, argument], env=environment,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    command = [sys.executable, __file__, "--worker", contender, json.dumps(arguments)]
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"{name}: {result['value']:.1f} new tokens/s {result['windows']}", flush=True)
-    return {"contender": name, "task": "single_stream", "unit": "new tokens/s", **result}
+    print(f"{task}, {name}: {result['value']:.1f} new tokens/s {result['windows']}", flush=True)
+    return {"contender": name, "task": task, "unit": "new tokens/s", **result}
 
 
 def cpu_flags() -> list[str]:
@@ -182,33 +192,57 @@ def cpu_flags() -> list[str]:
     return [flag for flag in FLAGS if flag in flags]
 
 
+def task_of(rows: int) -> str:
+    return "single_stream" if rows == 1 else f"rows_{rows}"
+
+
+def contenders(rows: int, llama: dict) -> list[dict]:
+    """Every contender's result at `rows` rows, llama.cpp's first (`llama`: its binary and the GGUF file), each
+    compared with it."""
+    task = task_of(rows)
+    if rows == 1:
+        results = [measured("llama.cpp llama-server, one slot", task, "llama_cpp", **llama)]
+    else:
+        results = [measured("llama.cpp llama-batched-bench", task, "llama_cpp_batched", **llama, rows=rows)]
+    for backend in ("jax", "torch"):
+        results.append(measured(f"keras_tfm generate ({backend})", task, "keras_tfm", backend, rows=rows))
+    for framework in ("jax", "torch", "numpy"):
+        results.append(
+            measured(f"matrix products only ({framework})", task, "products", framework=framework, rows=rows)
+        )
+    for result in results:
+        result["vs_llama_cpp"] = f"{result['value'] / results[0]['value']:.2f}x"
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--llama-server", help="the llama-server binary")
+    parser.add_argument("--llama-server", help="the llama-server binary (llama-batched-bench beside it for --rows > 1)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16], help="rows decoded at once")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker)))
+        print(json.dumps(WORKERS[args.worker[0]](**json.loads(args.worker[1]))))
         return
     if not args.llama_server:
         parser.error("--llama-server is required")
+    batched = os.path.join(os.path.dirname(os.path.abspath(args.llama_server)), "llama-batched-bench")
+    if any(rows > 1 for rows in args.rows) and not os.path.exists(batched):
+        parser.error(f"--rows above 1 need {batched} (in llama.cpp's build folder: make llama-batched-bench)")
     from serving_llama_cpp import write_gguf
 
+    flags, results, tasks = cpu_flags(), [], {}
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "smollm2-135m-shape-f32.gguf")
         write_gguf(path)
-        binary = os.path.abspath(args.llama_server)
-        results = [measured("llama.cpp llama-server, one slot", "llama_cpp", os.pathsep.join([binary, path]))]
-    for backend in ("jax", "torch"):
-        results.append(measured(f"keras_tfm generate ({backend})", "keras_tfm", "", backend))
-    for framework in ("jax", "torch", "numpy"):
-        results.append(measured(f"matrix products only ({framework})", "products", framework))
-    llama, flags = results[0]["value"], cpu_flags()
-    for result in results:
-        result["vs_llama_cpp"] = f"{result['value'] / llama:.2f}x"
-    title = (f"Decoding alone, SmolLM2-135M shape (float32), batch 1, {PROMPT}-token prompt + {NEW} new tokens, "
-             f"greedy; CPU flags: {', '.join(flags) or 'none of ' + ', '.join(FLAGS)}")  # fmt: skip
-    write_results("decoding_ceiling", results, tasks={"single_stream": title})
+        for rows in args.rows:
+            server = os.path.abspath(args.llama_server)
+            results += contenders(rows, {"binary": server if rows == 1 else batched, "path": path})
+            tasks[task_of(rows)] = (
+                f"Decoding alone, SmolLM2-135M shape (float32), {rows} row{'s' * (rows > 1)} at once, each a "
+                f"{PROMPT}-token prompt + {NEW} new tokens, greedy; CPU flags: {', '.join(flags) or 'none of ' + ', '.join(FLAGS)}"
+            )
+    write_results("decoding_ceiling", results, tasks=tasks)
 
 
 if __name__ == "__main__":
