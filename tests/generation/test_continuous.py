@@ -188,6 +188,22 @@ def test_rows_that_all_cut_read_the_widths_largest_and_choose_as_a_sort_does(rng
     assert features_of(RowSettings(*(ops.convert_to_numpy(value) for value in settings(2, 0.0, top_k=5)))).top_k == 0
 
 
+def test_admitted_rows_hold_their_prompts_keys_and_values_then_zeros_and_the_others_are_kept(rng):
+    """`admit` replaces whole rows of every layer's cache (JAX's program, PyTorch's write where they lie,
+    TensorFlow's graph): the prefilled positions, zeros past them (a stale entry could be NaN, which a masked
+    product still reads), and the other rows as they were."""
+    cache = tuple(rng.normal(size=(3, 2, 2, 8, 4)).astype("float32") for _ in range(2))
+    filled = tuple(rng.normal(size=(2, 2, 2, 5, 4)).astype("float32") for _ in range(2))
+    seen, seen_rows = rng.integers(0, 3, (3, 6)).astype("int32"), rng.integers(0, 3, (2, 6)).astype("int32")
+    given = keras.tree.map_structure(ops.convert_to_tensor, (cache, seen))
+    written, written_seen = continuous.admit(*given, filled, [1, 0], [2, 0], seen_rows)
+    for layer, before, new in zip(written, cache, filled, strict=True):
+        expected = before.copy()
+        expected[[2, 0]] = np.pad(new[[1, 0]], ((0, 0), (0, 0), (0, 0), (0, 3), (0, 0)))
+        np.testing.assert_array_equal(ops.convert_to_numpy(layer), expected)
+    np.testing.assert_array_equal(ops.convert_to_numpy(written_seen), np.stack([seen_rows[1], seen[1], seen_rows[0]]))
+
+
 def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     """`logit_bias`'s and constrained decoding's hook: a chunk takes a bias per row from the host; a row
     allowed one token (every other at LARGE_NEGATIVE) takes it, a row of zero bias chooses as without."""
