@@ -303,8 +303,8 @@ def admit(cache, seen, filled, sources, slots, seen_rows):
     spent (JAX and PyTorch write the rows into them, a layer at a time)."""
     indices = ops.expand_dims(ops.convert_to_tensor(slots, "int32"), 1)
     sources = ops.convert_to_tensor(sources, "int32")
-    torch = keras.backend.backend() == "torch"
-    write = compiled.rows_replaced_in_place if torch else compiled.written_in_place(_rows_written)
+    on_torch = keras.backend.backend() == "torch"
+    write = compiled.rows_replaced_in_place if on_torch else compiled.written_in_place(_rows_written)
     updated = tuple(write(layer, new, sources, indices) for layer, new in zip(cache, filled))
     return updated, compiled.written_in_place(ops.scatter_update)(
         seen, indices, ops.convert_to_tensor(seen_rows, "int32")
