@@ -226,7 +226,8 @@ def main() -> None:
         return
     if not args.llama_server:
         parser.error("--llama-server is required")
-    batched = os.path.join(os.path.dirname(os.path.abspath(args.llama_server)), "llama-batched-bench")
+    server = os.path.abspath(args.llama_server)
+    batched = os.path.join(os.path.dirname(server), "llama-batched-bench")
     if any(rows > 1 for rows in args.rows) and not os.path.exists(batched):
         parser.error(f"--rows above 1 need {batched} (in llama.cpp's build folder: make llama-batched-bench)")
     from serving_llama_cpp import write_gguf
@@ -236,7 +237,6 @@ def main() -> None:
         path = os.path.join(directory, "smollm2-135m-shape-f32.gguf")
         write_gguf(path)
         for rows in args.rows:
-            server = os.path.abspath(args.llama_server)
             results += contenders(rows, {"binary": server if rows == 1 else batched, "path": path})
             tasks[task_of(rows)] = (
                 f"Decoding alone, SmolLM2-135M shape (float32), {rows} row{'s' * (rows > 1)} at once, each a "
