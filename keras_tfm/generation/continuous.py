@@ -35,6 +35,8 @@ from keras_tfm.generation.sampling import (
     top_k_largest,
 )
 
+WIDTH_STEP = 32  # the shortest cache of the server's rows (and prefill width of several prompts); longer ones double
+
 
 def settings_of(configs: Sequence[GenerationConfig], seeds: Sequence[int]) -> RowSettings:
     """`RowSettings` (NumPy columns) of rows decoding with these `configs` and `seeds`, one each."""
@@ -266,16 +268,42 @@ def function(model, key: tuple):
 
 def prefill(model):
     """A compiled `(token_ids, last) -> (cache, logits)`: right-padded prompts `(rows, width)` in a cache of
-    `width` positions, which `admit` writes into rows of the server's, and the logits `(rows, vocabulary)` of
-    each row's token at index `last` `(rows,)` (a prompt's last: its first new token's, `first_tokens`)."""
+    `cache_length(width)` positions, which `admit` writes into rows of the server's, and the logits
+    `(rows, vocabulary)` of each row's token at index `last` `(rows,)` (a prompt's last: its first new token's,
+    `first_tokens`). A prompt alone is prefilled nearly at its own width, its cache is one a cache length's:
+    the writes into the server's rows are those of the cache lengths, not one set more for each width."""
 
     def fill(token_ids, last):
-        cache, _, logits = filled(model, token_ids, ops.shape(token_ids)[1], last=last)
+        cache, _, logits = filled(model, token_ids, _held(ops.shape(token_ids)[1], model.max_length), last=last)
         return cache, logits
 
     # one prompt's (a request alone, waiting for its first token) has a program of its own width; several
     # prompts' are products enough that one program of any shape costs little more (`specialized_where`)
     return compiled.specialized_where(lambda token_ids, last: ops.shape(token_ids)[0] == 1, fill, model)
+
+
+def grown(size: int, limit: int, growth: int) -> int:
+    """The smallest power of `growth` that holds `size`, but not past `limit` (and never below `size`)."""
+    rounded = 1
+    while rounded < size:
+        rounded *= growth
+    return max(size, min(rounded, limit))
+
+
+def cache_length(size: int, context: int) -> int:
+    """The server's cache length (and several prompts' prefill width) that holds `size` positions: a power of
+    two from `WIDTH_STEP`, never past the `context` (a position table has no row beyond)."""
+    return max(min(WIDTH_STEP, context), grown(size, context, 2))
+
+
+def _held(width, context: int):
+    """`cache_length(width, context)`, also of a `width` a traced function leaves unknown (a scalar tensor:
+    TensorFlow's graph of several prompts)."""
+    if isinstance(width, int):
+        return cache_length(width, context)
+    lengths = sorted({cache_length(WIDTH_STEP << power, context) for power in range(context.bit_length())})
+    lengths = ops.convert_to_tensor(np.asarray(lengths, "int32"))
+    return ops.min(ops.where(lengths >= width, lengths, context))
 
 
 def first_tokens(model, features: Features):

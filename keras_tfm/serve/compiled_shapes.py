@@ -17,16 +17,17 @@ from keras import ops
 from keras_tfm import compat
 from keras_tfm.convert.variables import return_freed_memory
 from keras_tfm.generation import compiled, continuous
+from keras_tfm.generation.continuous import WIDTH_STEP, cache_length, grown
 from keras_tfm.generation.sampling import tracks_seen
 
-# A function's key: ("prefill",), ("first", Features), ("chunk", Features, steps) or ("admit", prefill shape);
+# A function's key: ("prefill",), ("first", Features), ("chunk", Features, steps) or ("admit", prefilled cache shape);
 # a shape: (rows, width or cache length; 0 for "first")
 Key = tuple
 Shape = tuple[int, int]
-WIDTH_STEP = 32  # the shortest cache (and prefill width); longer ones double
-# A prompt alone of up to 16 tokens is prefilled 16 wide, for the soonest first token (SmolLM2's shape on JAX:
-# 45 ms against 64 ms 32 wide): one program and its writes more, for one row only.
-SHORT_PREFILL = 16
+# A prompt alone (a request waiting for its first token) of up to 64 tokens is prefilled at the next multiple of
+# 8 from 16, not of a cache length: its products are its time (SmolLM2's shape on JAX: 56, 72, 90 and 102 ms at
+# 16, 32, 48 and 64 wide). Its cache is a cache length's (`continuous.prefill`): one program more a width.
+ALONE_STEP, ALONE_SHORTEST, ALONE_LONGEST = 8, 16, 64
 # Row counts grow four times (1, 4, 16, ..., and the batch limit): a step of 4 rows reads the same weights
 # as one of 2, while each compiled shape costs seconds of warm-up and tens of MB resident (JAX, SmolLM2).
 ROW_GROWTH = 4
@@ -255,8 +256,8 @@ def warm_up_plan(
     and reply), `(first, beside)`. First, what serves one row of any such request: the prefill of one prompt
     at the longest width, the chunk of one row at that cache length that computes each of `features` (say,
     greedy rows' and those of a request that names no settings), the write of the prompt into it, and the
-    choice of a row's first token. Beside: first the prefill of a short prompt alone (`SHORT_PREFILL`) and its
-    writes, then each row count with each cache length up to `length`'s. Each
+    choice of a row's first token. Beside: first the prefills of a prompt alone at the widths between the cache
+    lengths (`prefill_length`), then each row count with each cache length up to `length`'s. Each
     shape's chunk and first-token choice compute every one of `features`: where the backend takes branches,
     a chunk whose rows are all greedy skips the sampling (`Loop.branch`), and elsewhere each kind has its own."""
     top = cache_length(length, model.max_length)
@@ -269,9 +270,8 @@ def warm_up_plan(
              (("first", every), (1, 0))]  # fmt: skip
     kinds = [every] if compiled.takes_branches() else kinds
     shapes = [(count, size) for size in lengths for count in rows]
-    short, plan = (1, prefill_length(1, model.max_length, 1)), []
-    if short[1] < lengths[0]:
-        plan += [(("prefill",), short)] + [(("admit", short), cache) for cache in shapes]
+    alone = {prefill_length(size, model.max_length, 1) for size in range(1, ALONE_LONGEST + 1)}
+    plan = [(("prefill",), (1, width)) for width in sorted(alone - set(lengths)) if width < top]
     plan += [(("first", every), (count, 0)) for count in rows]
     for size in lengths:
         for count in rows:
@@ -282,14 +282,6 @@ def warm_up_plan(
     return first, [item for item in plan if item not in first]
 
 
-def grown(size: int, limit: int, growth: int) -> int:
-    """The smallest power of `growth` that holds `size`, but not past `limit` (and never below `size`)."""
-    rounded = 1
-    while rounded < size:
-        rounded *= growth
-    return max(size, min(rounded, limit))
-
-
 def rows_bucket(rows: int, limit: int) -> int:
     """The compiled row count that holds `rows`: a power of `ROW_GROWTH`, but not past `limit`."""
     return grown(rows, limit, ROW_GROWTH)
@@ -297,13 +289,8 @@ def rows_bucket(rows: int, limit: int) -> int:
 
 def prefill_length(size: int, context: int, prompts: int) -> int:
     """The width to prefill `prompts` prompts of up to `size` tokens: `cache_length`'s, or for one prompt of up
-    to `SHORT_PREFILL` tokens, that (never past the `context`)."""
-    if prompts == 1 and size <= SHORT_PREFILL:
-        return min(SHORT_PREFILL, context)
+    to `ALONE_LONGEST` tokens, the next multiple of `ALONE_STEP` from `ALONE_SHORTEST` (never past the
+    `context`)."""
+    if prompts == 1 and size <= ALONE_LONGEST:
+        return min(max(ALONE_SHORTEST, -(-size // ALONE_STEP) * ALONE_STEP), context)
     return cache_length(size, context)
-
-
-def cache_length(size: int, context: int) -> int:
-    """The cache length (and prefill width) that holds `size` positions: a power of two from
-    `WIDTH_STEP`, never past the `context` (a position table has no row beyond)."""
-    return max(min(WIDTH_STEP, context), grown(size, context, 2))

@@ -5,9 +5,9 @@ settings, and requests that ended (a stop token or string, their `max_tokens`, a
 their rows back. Streams get their text after every chunk.
 
 Every compiled loop is for one cache shape, so the cache keeps a few shapes: rows 1, 4, 16, ... (up to
-`max_batch_size`), length a power of two from 32 (up to the context; prefill widths alike: a request alone
-is prefilled whole and takes its first token from the prefill, one beside rows decoding leaves its prompt's
-last few tokens to its first chunk), grown when a
+`max_batch_size`), length a power of two from 32 (up to the context; several prompts' prefill widths alike: a
+request alone is prefilled whole, up to 64 tokens at the next multiple of 8, and takes its first token from the
+prefill, one beside rows decoding leaves its prompt's last few tokens to its first chunk), grown when a
 request needs more and shrunk when the rows that are left fit a smaller one that is compiled. A request
 that needs a shape not compiled yet waits while it compiles on another thread (`compiled_shapes`), and
 the rows decoding go on. The device side is `generation.continuous`; this file keeps the books."""
@@ -210,8 +210,9 @@ class Engine:
         prefill = (("prefill",), (count, self.compiled.prefill_width(count, width, shape[1])))
         prefilled = [min(len(prompt), prefill[1][1]) for prompt in prompts]
         first = self._first_key(jobs) if any(size == len(p) for size, p in zip(prefilled, prompts)) else None
+        written = ("admit", (count, cache_length(prefill[1][1], self.model.max_length))), shape  # the prefill's cache
         if busy:
-            wanted = [prefill, (("admit", prefill[1]), shape), *[first] * (first is not None)]
+            wanted = [prefill, written, *[first] * (first is not None)]
             wanted += [(chunk, shape)] * (self.compiled.usable_chunk(*chunk[1:], shape) is None)
             if not self.compiled.available(wanted):
                 return False
@@ -244,9 +245,9 @@ class Engine:
         # as many writes as the cache has rows (the last one repeated): one shape of writes per cache shape,
         # which the warm-up compiles, not one per count of new rows
         extra = len(self._slots) - len(slots)
-        written = (sources + sources[-1:] * extra, slots + slots[-1:] * extra)
-        self._state.admit(filled, *written, np.concatenate([seen_rows, np.repeat(seen_rows[-1:], extra, axis=0)]))
-        self.compiled.ready.add((("admit", prefill[1]), shape))
+        rows = (sources + sources[-1:] * extra, slots + slots[-1:] * extra)
+        self._state.admit(filled, *rows, np.concatenate([seen_rows, np.repeat(seen_rows[-1:], extra, axis=0)]))
+        self.compiled.ready.add(written)
         for index in np.flatnonzero(whole):
             taken = None if scores is None else [part[index : index + 1] for part in scores]
             self._took(slots[index], chosen[index : index + 1], taken)

@@ -212,7 +212,7 @@ def test_a_host_bias_constrains_its_rows_at_each_step(rng):
     filled = prefilled_cache(model, np.stack([np.pad(p, (0, 3)) for p in prompts]))
 
     def admitted():  # a chunk and `admit` spend the cache and `seen` they are given (JAX reuses their buffers)
-        empty = model.empty_cache(2, 16), ops.zeros((2, VOCABULARY), "int32")
+        empty = model.empty_cache(2, 32), ops.zeros((2, VOCABULARY), "int32")
         written = continuous.admit(*empty, filled, [0, 1], [0, 1], np.zeros((2, 50), "int32"))
         if keras.backend.backend() == "jax":
             assert all(layer.is_deleted() for layer in empty[0]) and empty[1].is_deleted()
@@ -247,7 +247,7 @@ def test_a_rows_stop_token_waits_for_its_min_new_tokens_across_chunks(rng):
     model.generation_config = {"eos_token_id": 7}
     prompt = rng.integers(0, VOCABULARY, 5).astype("int32")
     configs = [GenerationConfig(logit_bias={7: 100.0}, min_new_tokens=minimum) for minimum in (0, 3)]
-    state = RowState.empty(model, 2, 16, steps=2)
+    state = RowState.empty(model, 2, 32, steps=2)
     filled = prefilled_cache(model, np.stack([prompt[:4]] * 2))
     state.admit(filled, [0, 1], [0, 1], np.zeros((2, VOCABULARY), "int32"))
     for row, config in enumerate(configs):
@@ -276,6 +276,7 @@ def test_rows_whose_first_token_comes_from_the_prefill_continue_as_a_step_would(
     seeds = [11, 12]
     ids = np.stack([np.pad(p, (0, 8 - len(p))) for p in prompts])
     filled, logits = continuous.prefill(model)(ops.convert_to_tensor(ids), ops.convert_to_tensor(np.array([4, 2])))
+    assert [layer.shape for layer in filled] == [(2, 2, 2, 32, 8)] * 2  # 8 wide, in a cache of the shortest length
     settings = continuous.settings_of(configs, seeds)
     features = features_of(settings)
     seen = np.zeros((2, VOCABULARY), "int32")
@@ -284,7 +285,7 @@ def test_rows_whose_first_token_comes_from_the_prefill_continue_as_a_step_would(
     chunk = continuous.decode_chunk(model, features, 2)
 
     def decoded(first) -> np.ndarray:  # 7 new tokens of each row, its first chosen by `first_tokens` or a step
-        state = RowState.empty(model, 2, 16, steps=2)
+        state = RowState.empty(model, 2, 32, steps=2)
         state.admit(filled, [0, 1], [0, 1], seen + 2 * np.eye(VOCABULARY, dtype="int32")[first] * (first >= 0)[:, None])
         for row, prompt in enumerate(prompts):
             settings = row_values(configs[row], seeds[row])

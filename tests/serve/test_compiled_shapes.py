@@ -67,17 +67,20 @@ def test_the_warm_up_makes_one_row_ready_for_every_length_and_setting_before_the
     shapes = [(rows, size) for size in (32, 64, 128) for rows in (1, 4, 16)]
     assert {shape for _, shape in chunks} == set(shapes)
     assert (("prefill",), (1, 32)) in beside and (("admit", (1, 32)), (16, 64)) in beside
-    # first beside: the prefill of a short prompt alone, for its first token, and its writes into every cache
-    assert beside[:10] == [(("prefill",), (1, 16))] + [(("admit", (1, 16)), shape) for shape in shapes]
+    # first beside: the prefills of a prompt alone between the cache lengths, for its first token; their
+    # caches are the cache lengths', so they add no writes
+    assert beside[:5] == [(("prefill",), (1, width)) for width in (16, 24, 40, 48, 56)]
+    assert {key[1] for key, _ in beside if key[0] == "admit"} == set(shapes)
     firsts = {item for item in beside if item[0][0] == "first"}
     assert firsts == {(("first", merged), (rows, 0)) for rows in (4, 16)}
 
 
 @pytest.mark.backend_independent
-def test_a_short_prompt_alone_is_prefilled_narrower_than_the_shortest_cache():
+def test_a_prompt_alone_is_prefilled_at_the_next_multiple_of_8_up_to_64_tokens():
     assert prefill_length(10, 512, 1) == 16 and prefill_length(16, 512, 1) == 16
-    assert prefill_length(17, 512, 1) == 32 and prefill_length(10, 512, 2) == 32  # prompts together: a cache's
-    assert prefill_length(10, 12, 1) == 12 and prefill_length(40, 512, 1) == 64  # never past the context
+    assert prefill_length(17, 512, 1) == 24 and prefill_length(34, 512, 1) == 40 and prefill_length(64, 512, 1) == 64
+    assert prefill_length(65, 512, 1) == 128 and prefill_length(10, 512, 2) == 32  # prompts together: a cache's
+    assert prefill_length(10, 12, 1) == 12 and prefill_length(40, 32, 1) == 32  # never past the context
 
 
 @pytest.mark.backend_independent
