@@ -297,11 +297,13 @@ def cache_length(size: int, context: int) -> int:
 
 
 def _held(width, context: int):
-    """`cache_length(width, context)`, also of a `width` a traced function leaves unknown (a scalar tensor:
-    TensorFlow's graph of several prompts)."""
+    """`cache_length(width, context)`, also of a `width` a traced function reads as a scalar tensor (TensorFlow's
+    graph of several prompts, PyTorch's trace of one)."""
     if isinstance(width, int):
         return cache_length(width, context)
-    lengths = sorted({cache_length(WIDTH_STEP << power, context) for power in range(context.bit_length())})
+    lengths = sorted(
+        {min(cache_length(WIDTH_STEP << power, context), context) for power in range(context.bit_length())}
+    )
     lengths = ops.convert_to_tensor(np.asarray(lengths, "int32"))
     return ops.min(ops.where(lengths >= width, lengths, context))
 
