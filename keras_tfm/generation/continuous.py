@@ -270,8 +270,8 @@ def prefill(model):
     """A compiled `(token_ids, last) -> (cache, logits)`: right-padded prompts `(rows, width)` in a cache of
     `cache_length(width)` positions, which `admit` writes into rows of the server's, and the logits
     `(rows, vocabulary)` of each row's token at index `last` `(rows,)` (a prompt's last: its first new token's,
-    `first_tokens`). A prompt alone is prefilled nearly at its own width, its cache is one a cache length's:
-    the writes into the server's rows are those of the cache lengths, not one set more for each width."""
+    `first_tokens`). A prompt alone is prefilled nearly at its own width into a cache of a cache length, so the
+    writes into the server's rows are those of the cache lengths, not one set more for each width."""
 
     def fill(token_ids, last):
         cache, _, logits = filled(model, token_ids, _held(ops.shape(token_ids)[1], model.max_length), last=last)
