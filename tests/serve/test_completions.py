@@ -226,22 +226,32 @@ def test_a_short_request_right_after_the_warm_up_decodes_in_the_longer_cache_com
 
 
 @pytest.mark.backend_independent
-def test_a_prompt_alone_is_prefilled_whole_and_its_first_token_comes_from_the_prefill(model):
+def test_a_prompt_alone_is_prefilled_whole_and_its_first_token_comes_from_the_prefill(model, monkeypatch):
     """A request alone: a prompt of 35 tokens fills a width of 40 (the next multiple of 8) in a cache of 64,
     which is written into its row, and its first token is chosen from the prefill (no chunk feeds its last
-    token); the answer is still `generate`'s."""
-    text = ("to be or not to be " * 2)[:35]
-    assert len(model.tokenizer.encode_prompt(text)) == 35
-    expected = model.generate(text, max_new_tokens=8)[len(text) :]
+    token); the answer is still `generate`'s. The row is kept while the server idles: the next request alone
+    of the same cache shape is written into it, over what the last one left there, and answered as
+    `generate` answers it."""
+    from keras_tfm.generation.rows import RowState
+
+    made = []
+    empty = RowState.empty.__func__
+    monkeypatch.setattr(RowState, "empty", classmethod(lambda cls, *a, **k: made.append(a[1:3]) or empty(cls, *a, **k)))
+    texts = [("to be or not to be " * 2)[:35], ("or not to be, to be " * 2)[:35]]
+    assert [len(model.tokenizer.encode_prompt(text)) for text in texts] == [35, 35]
+    expected = [model.generate(text, max_new_tokens=8)[len(text) :] for text in texts]
     with Server(model) as server:
-        body = {"prompt": text, "max_tokens": 8, "temperature": 0}
-        answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        answers = [
+            httpx.post(server.url + "/v1/completions", json={"prompt": text, "max_tokens": 8, "temperature": 0},
+                       timeout=60).json()["choices"][0]["text"]
+            for text in texts
+        ]  # fmt: skip
         ready = server.app.state.engine.compiled.ready
         prefills = {shape for key, shape in ready if key == ("prefill",)}
         firsts = {shape for key, shape in ready if key[0] == "first"}
         writes = {key[1] for key, _ in ready if key[0] == "admit"}
-    assert answer["choices"][0]["text"] == expected and prefills == {(1, 40)} and firsts == {(1, 0)}
-    assert writes == {(1, 64)}
+    assert answers == expected and prefills == {(1, 40)} and firsts == {(1, 0)}
+    assert writes == {(1, 64)} and made == [(1, 64)], made
 
 
 @pytest.mark.backend_independent
