@@ -31,6 +31,7 @@ __all__ = [
     "builds_wrapped",
     "collections_of_new_objects",
     "configs_without_tensorflow",
+    "jax_exit_barrier",
     "jax_live_processes",
     "child_layers",
     "concrete_values",
@@ -352,10 +353,18 @@ def build_before_distributed_fit(model: keras.Model, batch: tuple, multi_worker:
         setattr(model, name, with_axis)
 
 
+def jax_exit_barrier(timeout: float) -> None:
+    """Waits, at most `timeout` seconds, until every process of a `jax.distributed` run calls it
+    (jaxlib's client, `wait_at_barrier`; no public accessor in JAX 0.10). Raises on timeout."""
+    from jax._src import distributed
+
+    distributed.global_state.client.wait_at_barrier("keras_tfm_exit", int(timeout * 1000))
+
+
 def jax_live_processes(count: int) -> list[int]:
     """The processes of a `jax.distributed` run that its coordinator still hears from (jaxlib's client,
-    `jax._src.distributed.global_state.client.get_live_nodes`; no public accessor in JAX 0.10).
-    Raises if the coordinator itself cannot be reached."""
+    `jax._src.distributed.global_state.client.get_live_nodes`; no public accessor in JAX 0.10). It
+    returns once every live process has called it or left. Raises if the coordinator cannot be reached."""
     from jax._src import distributed
 
     live = distributed.global_state.client.get_live_nodes(list(range(count)))

@@ -14,6 +14,7 @@ mesh; each process feeds only its rows of every global batch (`local_rows`), and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import hashlib
@@ -164,6 +165,10 @@ def initialize_processes(
         start = time.monotonic()
         if process_id != 0:  # jaxlib ends the process, without saying why, when the coordinator never answers
             _wait_for_coordinator(coordinator_address, process_id, num_processes, timeout)
+        # Without it the coordinator aborts every process once a lost one misses its heartbeats, often
+        # before the failed collective lets this process name the lost one and exit cleanly.
+        recoverable = jax.config.jax_enable_recoverability
+        jax.config.update("jax_enable_recoverability", True)
         try:
             jax.distributed.initialize(
                 coordinator_address,
@@ -181,7 +186,10 @@ def initialize_processes(
                 "other process with the same address and number of processes.",
                 "coordinator_address",
             ) from None
+        finally:
+            jax.config.update("jax_enable_recoverability", recoverable)
         _processes = Processes(jax.process_index(), jax.process_count(), "jax")
+        atexit.register(_leave_together, _processes.index, _processes.count, timeout)  # before JAX's shutdown
     elif backend == "tensorflow" and len(_tf_config_workers()) > 1:
         import tensorflow as tf
 
@@ -192,6 +200,18 @@ def initialize_processes(
         resolver = _strategy.cluster_resolver
         _processes = Processes(int(resolver.task_id), len(_tf_config_workers()), "tf_config")
     return _processes
+
+
+def _leave_together(index: int, count: int, timeout: float) -> None:
+    """At exit: the processes of a JAX run wait for each other (at most `timeout` s), then process 0, which
+    holds the coordinator, waits for the others to disconnect. A coordinator that tolerates lost processes
+    does not hold its own shutdown for them, and a process that finds it gone while shutting down aborts."""
+    from keras_tfm.compat import jax_exit_barrier, jax_live_processes
+
+    with contextlib.suppress(Exception):  # one lost or stuck: ending anyway, as the shutdown would
+        jax_exit_barrier(timeout)
+        if index == 0:
+            jax_live_processes(count)  # returns once every other process has left
 
 
 def _wait_for_coordinator(address: str, process_id: int, num_processes: int, timeout: float) -> None:

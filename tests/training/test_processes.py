@@ -149,6 +149,48 @@ def test_two_processes_lose_one_then_resume_to_the_run_of_one(tmp_path):
             assert weights(tmp_path / run / "checkpoint" / "epoch-00006.weights.h5")["optimizer/vars/0"] == 24
 
 
+# Process 1 dies after a first gather; process 0 stays out of collectives past the heartbeat timeout.
+LOST_PEER = """
+import os, signal, sys, time
+import keras
+from jax.experimental import multihost_utils
+from keras_tfm.training import initialize_processes
+from keras_tfm.training.distribute import lost_processes
+
+index = int(sys.argv[2])
+initialize_processes(sys.argv[1], 2, index, timeout=4)
+multihost_utils.process_allgather(keras.ops.ones(2))
+if index == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(12)
+try:
+    multihost_utils.process_allgather(keras.ops.ones(2))
+except Exception as error:
+    print("lost:", lost_processes(10, error), flush=True)
+    os._exit(4)
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX processes")
+def test_a_process_busy_past_the_heartbeat_timeout_names_its_lost_peer():
+    """The coordinator notices the lost process (5 s without heartbeats) while process 0 computes:
+    process 0 is not ended for it, and its next gather fails and names process 1."""
+    address = f"localhost:{free_port()}"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOST_PEER, address, str(index)],
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    output = runs[0].communicate(timeout=120)[0]
+    runs[1].communicate(timeout=60)
+    assert runs[0].returncode == 4 and "lost: [1]" in output, output[-3000:]
+
+
 @pytest.mark.backend_independent
 def test_bad_process_settings_are_refused_by_name(monkeypatch):
     for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS"):
