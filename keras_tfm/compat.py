@@ -31,8 +31,7 @@ __all__ = [
     "builds_wrapped",
     "collections_of_new_objects",
     "configs_without_tensorflow",
-    "jax_exit_barrier",
-    "jax_live_processes",
+    "jax_coordination_client",
     "child_layers",
     "concrete_values",
     "decoding_linear",
@@ -353,24 +352,12 @@ def build_before_distributed_fit(model: keras.Model, batch: tuple, multi_worker:
         setattr(model, name, with_axis)
 
 
-def jax_exit_barrier(timeout: float) -> None:
-    """Waits, at most `timeout` seconds, until every process of a `jax.distributed` run calls it
-    (jaxlib's client, `wait_at_barrier`; no public accessor in JAX 0.10). Raises on timeout."""
+def jax_coordination_client():
+    """jaxlib's client of a `jax.distributed` run's coordination service (`get_live_nodes`,
+    `wait_at_barrier`): `jax._src.distributed.global_state.client`, no public accessor in JAX 0.10."""
     from jax._src import distributed
 
-    distributed.global_state.client.wait_at_barrier("keras_tfm_exit", int(timeout * 1000))
-
-
-def jax_live_processes(count: int) -> list[int]:
-    """The processes of a `jax.distributed` run that its coordinator still hears from (jaxlib's client,
-    `jax._src.distributed.global_state.client.get_live_nodes`; no public accessor in JAX 0.10). It
-    returns once every live process has called it or left. Raises if the coordinator cannot be reached."""
-    from jax._src import distributed
-
-    live = distributed.global_state.client.get_live_nodes(list(range(count)))
-    if isinstance(live, dict):
-        return sorted(int(index) for index in live)
-    return sorted(int(getattr(node, "process_id", node)) for node in live)
+    return distributed.global_state.client
 
 
 def patch_tf2onnx() -> None:

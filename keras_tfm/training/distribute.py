@@ -206,12 +206,23 @@ def _leave_together(index: int, count: int, timeout: float) -> None:
     """At exit: the processes of a JAX run wait for each other (at most `timeout` s), then process 0, which
     holds the coordinator, waits for the others to disconnect. A coordinator that tolerates lost processes
     does not hold its own shutdown for them, and a process that finds it gone while shutting down aborts."""
-    from keras_tfm.compat import jax_exit_barrier, jax_live_processes
+    from keras_tfm.compat import jax_coordination_client
 
     with contextlib.suppress(Exception):  # one lost or stuck: ending anyway, as the shutdown would
-        jax_exit_barrier(timeout)
+        jax_coordination_client().wait_at_barrier("keras_tfm_exit", int(timeout * 1000))
         if index == 0:
-            jax_live_processes(count)  # returns once every other process has left
+            _live_processes(count)  # returns once every other process has left
+
+
+def _live_processes(count: int) -> list[int]:
+    """The processes of a JAX run that its coordinator still hears from; returns once every live process has
+    asked or left. Raises if the coordinator cannot be reached."""
+    from keras_tfm.compat import jax_coordination_client
+
+    live = jax_coordination_client().get_live_nodes(list(range(count)))
+    if isinstance(live, dict):
+        return sorted(int(index) for index in live)
+    return sorted(int(getattr(node, "process_id", node)) for node in live)
 
 
 def _wait_for_coordinator(address: str, process_id: int, num_processes: int, timeout: float) -> None:
@@ -326,13 +337,11 @@ def lost_processes(timeout: float, error: Exception) -> list[int] | None:
         return sorted({int(task) for task in named} - {_processes.index})
     if _processes.engine != "jax":
         return None
-    from keras_tfm.compat import jax_live_processes
-
     everyone = set(range(_processes.count))
     deadline = time.monotonic() + timeout
     while True:
         try:
-            lost = sorted(everyone - set(jax_live_processes(_processes.count)))
+            lost = sorted(everyone - set(_live_processes(_processes.count)))
         except Exception:  # the coordination service runs in process 0
             return [0] if _processes.index != 0 else None
         if lost or time.monotonic() > deadline:
