@@ -20,6 +20,7 @@ import numpy as np
 from keras import ops
 
 from keras_tfm.errors import InputError
+from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig, check_setting
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.attention import LARGE_NEGATIVE
@@ -268,7 +269,7 @@ def choose(logits, seen, settings: RowSettings, positions, features: Features, b
     compiled loop that takes branches, `compiled.takes_branches`), a call in which no row samples skips the
     warps and the draw: rows of greedy requests then cost what a greedy chooser's do beside a sampling one."""
     scores = controlled(logits, seen, settings, features, bias, banned, new_tokens, stop_token_ids)
-    greedy = ops.cast(ops.argmax(scores, axis=-1), "int32")
+    greedy = first_largest(scores)
     if not features.sampling:
         return greedy, scores
     sampling = ops.convert_to_tensor(settings.temperature) > 0
@@ -282,6 +283,17 @@ def choose(logits, seen, settings: RowSettings, positions, features: Features, b
         return ops.where(sampling, drawn, greedy), warped
 
     return ops.cond(ops.any(sampling), sampled, lambda: (greedy, scores)) if branch else sampled()
+
+
+def first_largest(scores):
+    """`(rows,)` int32: the index of each row's largest score, the first where several tie (`argmax`'s; a row with
+    a NaN: 0 or a NaN's). Where XLA compiles it (`compiled.argmax_in_pairs`), as two plain reductions: its argmax
+    is 5x slower (16 rows of 49,152 scores: 2.0 against 0.4 ms, JAX, 2-core AMD EPYC)."""
+    if not compiled.argmax_in_pairs():
+        return ops.cast(ops.argmax(scores, axis=-1), "int32")
+    width = ops.shape(scores)[-1]
+    hits = ops.logical_not(scores < ops.max(scores, axis=-1, keepdims=True))  # never empty, NaNs or not
+    return ops.min(ops.where(hits, ops.arange(width, dtype="int32")[None, :], width), axis=-1)
 
 
 def controlled(logits, seen, settings: RowSettings, features: Features, bias=None, banned=None, new_tokens=None,

@@ -18,6 +18,7 @@ from keras_tfm.generation.sampling import (
     controlled,
     draw,
     features_of,
+    first_largest,
     nucleus,
     row_seeds,
     row_uniforms,
@@ -147,6 +148,22 @@ def test_a_draw_never_picks_a_masked_token_whatever_its_noise():
     warped[:, 20:30] = np.linspace(-1.0, 1.0, 10)  # ten tokens allowed
     chosen = draw(ops.convert_to_tensor(warped), seeds, positions)
     assert set(ops.convert_to_numpy(chosen).tolist()) <= set(range(20, 30))
+
+
+def test_the_greedy_choice_is_argmax_with_its_ties_and_stays_in_range_past_a_nan(rng):
+    """Greedy rows take the first of their largest scores, as argmax does, also where several tie, at either
+    end of the vocabulary and in a row of one value; a row with a NaN still gets a token of the vocabulary."""
+    scores = rng.normal(size=(6, 1000)).astype("float32")
+    scores[1, [3, 700]] = 9.0  # a tie: the first
+    scores[2, -1] = 9.0
+    scores[3] = LARGE_NEGATIVE  # every token masked but one value
+    scores[4, 0] = 9.0
+    chosen = ops.convert_to_numpy(one_program(first_largest)(ops.convert_to_tensor(scores)))
+    np.testing.assert_array_equal(chosen, scores.argmax(-1))
+    assert chosen.dtype == np.int32 and chosen[1] == 3
+    scores[5, 10] = np.nan
+    chosen = ops.convert_to_numpy(first_largest(ops.convert_to_tensor(scores)))
+    assert 0 <= chosen[5] < 1000 and (chosen[:5] == scores[:5].argmax(-1)).all()
 
 
 @pytest.mark.backend_independent
