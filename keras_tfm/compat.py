@@ -261,6 +261,19 @@ def _onednn_linear():
     return torch.jit.script(linear)
 
 
+def int8_products_are_fast() -> bool:
+    """Whether PyTorch's int8 products (`torch._int_mm`) are fast on this machine: an x86 CPU with VNNI
+    (`avx512_vnni` or `avx_vnni`), any CPU that is not x86 or whose flags are unknown, or a GPU."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return True
+    if not processor.is_x86() or not processor.cpu_fields():
+        return True
+    return bool({"avx512_vnni", "avx_vnni"} & processor.cpu_flags())
+
+
 _TORCH_THREADS: list = []  # the process's PyTorch intra-op threads, once one thread gave them up
 _NO_SOURCE_LOCATIONS: list = []  # the tracer's hook that records none (kept alive: PyTorch calls it)
 

@@ -7,8 +7,6 @@ import functools
 import os
 import platform
 
-import keras
-
 
 def cpu_fields(text: str | None = None) -> dict[str, str]:
     """The first processor's fields in `text`, a /proc/cpuinfo (this machine's by default; {} without one).
@@ -55,16 +53,3 @@ def made_by_intel(fields: dict[str, str] | None = None) -> bool:
     if "vendor_id" in fields:
         return fields["vendor_id"] == "GenuineIntel"
     return "GenuineIntel" in platform.processor()
-
-
-def int8_products_are_fast() -> bool:
-    """Whether PyTorch's int8 products (`torch._int_mm`) are fast on this machine: an x86 CPU with VNNI
-    (`avx512_vnni` or `avx_vnni`), any CPU that is not x86 or whose flags are unknown, or a GPU."""
-    if keras.backend.backend() == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            return True
-    if not is_x86() or not cpu_fields():
-        return True
-    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())

@@ -3,12 +3,13 @@ changes what it relies on."""
 
 import contextlib
 import gc
+import os
 
 import keras
 import numpy as np
 import pytest
 
-from keras_tfm import compat
+from keras_tfm import compat, processor
 
 
 def test_keras_masks_are_read_and_written_on_tensors():
@@ -372,3 +373,12 @@ def test_a_saved_model_holds_each_weight_once_with_the_shim(tmp_path):
         sizes.append(round(sum(path.stat().st_size for path in data) / 240_000))  # in kernels
         np.testing.assert_allclose(loaded.serve(np.ones((1, 3), "float32")), model(np.ones((1, 3))), rtol=1e-6)
     assert sizes[0] >= 2 and sizes[1] == 1, f"the SavedModel's weights without and with the shim, in kernels: {sizes}"
+
+
+def test_int8_products_are_fast_where_an_x86_cpu_has_vnni():
+    if not os.path.isfile("/proc/cpuinfo") or not processor.is_x86():
+        assert compat.int8_products_are_fast()
+        return
+    flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    on_gpu = keras.backend.backend() == "torch" and __import__("torch").cuda.is_available()
+    assert compat.int8_products_are_fast() == (on_gpu or "avx512_vnni" in flags or "avx_vnni" in flags)

@@ -1,8 +1,5 @@
 """`keras_tfm.processor`: what the machine's processor is, read from /proc/cpuinfo's text."""
 
-import os
-
-import keras
 import pytest
 
 from keras_tfm import processor
@@ -18,12 +15,3 @@ def test_the_maker_and_flags_are_those_of_the_first_processor():
     assert processor.cpu_flags(intel) == {"fpu", "avx2", "avx512f", "avx512_vnni"}
     assert "avx512_vnni" not in processor.cpu_flags(amd)
     assert processor.cpu_fields("") == {} and processor.cpu_flags({}) == set()
-
-
-def test_int8_products_are_fast_where_an_x86_cpu_has_vnni():
-    if not os.path.isfile("/proc/cpuinfo") or not processor.is_x86():
-        assert processor.int8_products_are_fast()
-        return
-    flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
-    on_gpu = keras.backend.backend() == "torch" and __import__("torch").cuda.is_available()
-    assert processor.int8_products_are_fast() == (on_gpu or "avx512_vnni" in flags or "avx_vnni" in flags)

@@ -84,12 +84,6 @@ def takes_branches() -> bool:
     return keras.backend.backend() != "torch"
 
 
-def argmax_in_pairs() -> bool:
-    """Whether the backend's compiler runs an argmax as one reduction of (value, index) pairs, several times slower
-    than two plain reductions (XLA: JAX, TensorFlow); PyTorch's is one kernel, faster than the two."""
-    return keras.backend.backend() != "torch"
-
-
 def _module(fn: Callable, model: keras.Model):
     import torch
 

@@ -19,8 +19,8 @@ from typing import NamedTuple
 import numpy as np
 from keras import ops
 
+from keras_tfm.compat import on_xla_cpu
 from keras_tfm.errors import InputError
-from keras_tfm.generation import compiled
 from keras_tfm.generation.config import GenerationConfig, check_setting
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.attention import LARGE_NEGATIVE
@@ -287,9 +287,9 @@ def choose(logits, seen, settings: RowSettings, positions, features: Features, b
 
 def first_largest(scores):
     """`(rows,)` int32: the index of each row's largest score, the first where several tie (`argmax`'s; a row with
-    a NaN: 0 or a NaN's). Where XLA compiles it (`compiled.argmax_in_pairs`), as two plain reductions: its argmax
-    is 5x slower (16 rows of 49,152 scores: 2.0 against 0.4 ms, JAX, 2-core AMD EPYC)."""
-    if not compiled.argmax_in_pairs():
+    a NaN: 0 or a NaN's). On XLA:CPU, as two plain reductions: its argmax, one reduction of (value, index) pairs,
+    is 5x slower (16 rows of 49,152 scores: 2.0 against 0.4 ms, JAX, 2-core AMD EPYC); PyTorch's is faster alone."""
+    if not on_xla_cpu():
         return ops.cast(ops.argmax(scores, axis=-1), "int32")
     width = ops.shape(scores)[-1]
     hits = ops.logical_not(scores < ops.max(scores, axis=-1, keepdims=True))  # never empty, NaNs or not

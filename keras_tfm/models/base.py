@@ -9,14 +9,13 @@ import warnings
 
 import keras
 
-from keras_tfm.compat import BuildBeforeQuantizeCheck, sublayers
+from keras_tfm.compat import BuildBeforeQuantizeCheck, int8_products_are_fast, sublayers
 from keras_tfm.errors import InputError
 from keras_tfm.export import formats
 from keras_tfm.layers.blocks import DecoderBlock, EncoderBlock
 from keras_tfm.layers.quantization import QuantizationConfigMixin, one_garbage_collection
 from keras_tfm.models import lora
 from keras_tfm.models.inputs import check_data, check_ids, check_not_empty, check_weights_file
-from keras_tfm.processor import int8_products_are_fast
 
 
 class ZooModel(BuildBeforeQuantizeCheck, QuantizationConfigMixin, keras.Model):
