@@ -10,7 +10,7 @@ from keras import ops
 
 from keras_tfm.compat import get_keras_mask, on_xla_cpu
 from keras_tfm.errors import InputError
-from keras_tfm.layers import kv_cache
+from keras_tfm.layers import kv_cache, shared_positions
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.layers.attention_inputs import check_inputs, check_per_row, shown, static_dims_differ
 from keras_tfm.layers.attention_masks import position_mask
@@ -183,7 +183,13 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
         rotary positions. `angles`: ones already computed for these positions."""
         if self.rotary is None or angles is not None:
             return angles
-        return self.rotary.angles(ops.shape(x)[1], self.key_dim, self.compute_dtype, start_index)
+        length = ops.shape(x)[1]
+        # not `get_config`: Keras' own part of it, called in a JAX trace, cost a server 0.45 GB (SmolLM2)
+        return shared_positions.shared(
+            ("angles", tuple(self.rotary.rotation().items()), self.key_dim, self.compute_dtype),
+            (length, start_index),
+            lambda: self.rotary.angles(length, self.key_dim, self.compute_dtype, start_index),
+        )
 
     def _positioned(self, heads, norm, angles):
         """Queries or keys `(batch, length, heads, key_dim)` after the QK-norm and the rotation."""
@@ -286,7 +292,13 @@ class MultiHeadAttention(QuantizationConfigMixin, keras.layers.Layer):
             masks.append(ops.expand_dims(attention_mask, 1) if rank == 3 else attention_mask)
         if use_causal_mask or has_cache:
             offset = 0 if cache_update_index is None else cache_update_index
-            masks.append(position_mask(query_length, key_length, offset, use_causal_mask, self.sliding_window))
+            masks.append(
+                shared_positions.shared(
+                    ("position_mask", use_causal_mask, self.sliding_window),
+                    (query_length, key_length, offset),
+                    lambda: position_mask(query_length, key_length, offset, use_causal_mask, self.sliding_window),
+                )
+            )
         if not masks:
             return None
         mask = masks[0]

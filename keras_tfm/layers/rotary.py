@@ -247,9 +247,9 @@ class RotaryEmbedding(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(
+    def rotation(self) -> dict:
+        """The arguments that set the angles: two layers with equal ones rotate alike."""
+        return dict(
             max_wavelength=self.max_wavelength,
             rotary_fraction=self.rotary_fraction,
             scaling=self.scaling,
@@ -262,4 +262,8 @@ class RotaryEmbedding(keras.layers.Layer):
             truncate=self.truncate,
             attention_factor=self.attention_factor,
         )
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(self.rotation())
         return config

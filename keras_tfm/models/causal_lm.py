@@ -19,6 +19,7 @@ from keras_tfm.generation.config import GenerationConfig
 from keras_tfm.generation.request import Request, check_return_scores
 from keras_tfm.generation.sampling import check_pad_id
 from keras_tfm.generation.text import TextDecoder
+from keras_tfm.layers import shared_positions
 from keras_tfm.layers.arguments import is_integer
 from keras_tfm.layers.initializers import own_initializer
 from keras_tfm.models.base import ZooModel
@@ -87,12 +88,13 @@ class CausalLM(ZooModel):
         that index of `token_ids` alone, `(batch, vocabulary)` (a prefill whose rows choose their first token)."""
         x = self._embed(token_ids, start_index=cache_update_index)
         updated = []
-        for i, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
-            if not output_logits and i == len(self.blocks) - 1:  # nothing reads the last block's output
-                updated.append(block.update_cache(x, layer_cache, cache_update_index))
-                return None, tuple(updated)
-            x, layer_cache = block(x, self_attention_cache=layer_cache, cache_update_index=cache_update_index)
-            updated.append(layer_cache)
+        with shared_positions.computed_once():  # one rotation and one mask for every layer
+            for i, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
+                if not output_logits and i == len(self.blocks) - 1:  # nothing reads the last block's output
+                    updated.append(block.update_cache(x, layer_cache, cache_update_index))
+                    return None, tuple(updated)
+                x, layer_cache = block(x, self_attention_cache=layer_cache, cache_update_index=cache_update_index)
+                updated.append(layer_cache)
         if logits_at is not None:
             x = ops.take_along_axis(x, ops.reshape(logits_at, (-1, 1, 1)), axis=1)[:, 0]
         return self._logits(x), tuple(updated)

@@ -29,6 +29,7 @@ from keras_tfm.layers import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
     TokenEmbedding,
+    shared_positions,
 )
 from keras_tfm.layers.arguments import check_arguments
 from keras_tfm.models.base import ZooModel
@@ -267,18 +268,19 @@ class Translator(ZooModel):
         int32: the logits of each row's token at that index alone, `(batch, vocabulary)`."""
         x = self._embed(token_ids, self.target_embedding, self.target_positions, start_index=cache_update_index)
         updated = []
-        for i, (block, layer_cache, layer_cross_cache) in enumerate(zip(self.decoder_blocks, cache, cross_cache)):
-            if not output_logits and i == len(self.decoder_blocks) - 1:  # nothing reads the last block's output
-                updated.append(block.update_cache(x, layer_cache, cache_update_index))
-                return None, tuple(updated)
-            x, layer_cache, _ = block(
-                x,
-                encoder_padding_mask=source_mask,
-                self_attention_cache=layer_cache,
-                cache_update_index=cache_update_index,
-                cross_attention_cache=layer_cross_cache,
-            )
-            updated.append(layer_cache)
+        with shared_positions.computed_once():  # one mask of positions for every layer
+            for i, (block, layer_cache, layer_cross) in enumerate(zip(self.decoder_blocks, cache, cross_cache)):
+                if not output_logits and i == len(self.decoder_blocks) - 1:  # nothing reads the last block's output
+                    updated.append(block.update_cache(x, layer_cache, cache_update_index))
+                    return None, tuple(updated)
+                x, layer_cache, _ = block(
+                    x,
+                    encoder_padding_mask=source_mask,
+                    self_attention_cache=layer_cache,
+                    cache_update_index=cache_update_index,
+                    cross_attention_cache=layer_cross,
+                )
+                updated.append(layer_cache)
         if logits_at is not None:
             x = ops.take_along_axis(x, ops.reshape(logits_at, (-1, 1, 1)), axis=1)[:, 0]
         return self._logits(x), tuple(updated)
